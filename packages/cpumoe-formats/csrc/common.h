@@ -1,0 +1,125 @@
+// Shared numerics and the per-tier variant mechanism for the format kernels.
+//
+// Every file in csrc/formats/ is compiled once per ISA tier with
+//   -DCPUMOE_TIER=<cpumoe_tier> -DCPUMOE_TIER_TAG=<tag>
+// and the matching -m flags (hatch_build.py). It defines
+//   bool CPUMOE_INIT_FN(<fmt>)(cpumoe_kernel* k)
+// which installs that tier's functions into k and returns true, or returns
+// false when the format has nothing specific at this tier (or for this mode),
+// so the registry falls back to the next lower usable tier.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "cpumoe_formats/abi.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#ifndef CPUMOE_TIER
+#define CPUMOE_TIER 0
+#define CPUMOE_TIER_TAG scalar
+#endif
+// Preprocessor-usable tier numbers (the enum in abi.h is invisible to #if).
+#define CPUMOE_T_SCALAR 0
+#define CPUMOE_T_AVX2 1
+#define CPUMOE_T_AVXVNNI 2
+#define CPUMOE_T_AVX512F 3
+#define CPUMOE_T_AVX512VNNI 4
+#define CPUMOE_T_AVX512BF16 5
+#define CPUMOE_CAT2(a, b) a##b
+#define CPUMOE_CAT(a, b) CPUMOE_CAT2(a, b)
+#define CPUMOE_INIT_FN(fmt) CPUMOE_CAT(CPUMOE_CAT(cpumoe_init_, fmt), CPUMOE_CAT(_, CPUMOE_TIER_TAG))
+
+// Kernels live in a per-tier namespace so identical inline helpers compiled
+// with different -m flags never merge across translation units (ODR).
+#define CPUMOE_NS CPUMOE_CAT(tier_, CPUMOE_TIER_TAG)
+
+#if defined(__GNUC__)
+#define CPUMOE_INLINE inline __attribute__((always_inline))
+#define CPUMOE_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 0)
+#else
+#define CPUMOE_INLINE inline
+#define CPUMOE_PREFETCH(p) ((void)0)
+#endif
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+
+CPUMOE_INLINE float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+CPUMOE_INLINE uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+CPUMOE_INLINE float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+// fp32 -> bf16, round to nearest even; NaN stays a quiet NaN of the same sign.
+CPUMOE_INLINE uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+CPUMOE_INLINE float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// IEEE half -> float, exact for every code (subnormals, inf, NaN).
+CPUMOE_INLINE float fp16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  if (exp == 0x1F) return bits_f32(sign | 0x7F800000u | (man << 13));
+  if (exp == 0) {
+    float v = (float)man * 5.9604644775390625e-08f;  // man * 2^-24, exact
+    return sign ? -v : v;
+  }
+  return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// e4m3fn -> float: bias 7, subnormal m*2^-9, no NaN case: 0x7F/0xFF -> +-480
+// (the reference executor's LUT semantics; see docs/formats.md).
+CPUMOE_INLINE float e4m3_to_f32(uint8_t b) {
+  uint32_t exp = (b >> 3) & 0xFu, man = b & 7u;
+  float v = exp == 0 ? (float)man * 0.001953125f : bits_f32(((exp + 120u) << 23) | (man << 20));
+  return (b & 0x80u) ? -v : v;
+}
+
+// e8m0 -> float: 2^(s-127), s clamped to 254 (255 is NaN in OCP MX; the formats clamp it).
+// s = 0 gives 2^-127, an fp32 subnormal, exactly.
+CPUMOE_INLINE float e8m0_to_f32(uint8_t s) {
+  if (s == 0) return bits_f32(0x00400000u);
+  return bits_f32((uint32_t)(s > 254 ? 254 : s) << 23);
+}
+
+// e2m1 magnitudes; bit 3 is the sign.
+static constexpr float kE2M1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                                    -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+// Activation epilogue, computed in double (cheap: O(I) per route, against
+// O(I*H) weight bytes) so the only rounding before bf16 is the dot's fp32.
+CPUMOE_INLINE float activate(const cpumoe_params& p, float gate_f, float up_f) {
+  double gate = gate_f, up = up_f;
+  switch (p.act) {
+    case CPUMOE_ACT_SILU: return (float)(gate / (1.0 + std::exp(-gate)) * up);
+    case CPUMOE_ACT_GELU: return (float)(0.5 * gate * (1.0 + std::erf(gate * 0.70710678118654752440)) * up);
+    case CPUMOE_ACT_GELU_TANH: {
+      const double c = 0.79788456080286535588;  // sqrt(2/pi)
+      return (float)(0.5 * gate * (1.0 + std::tanh(c * (gate + 0.044715 * gate * gate * gate))) * up);
+    }
+    default: {  // swigluoai / swiglu_clamp
+      double lim = p.limit;
+      if (gate > lim) gate = lim;
+      if (up > lim) up = lim;
+      if (up < -lim) up = -lim;
+      double s = gate / (1.0 + std::exp(-(double)p.alpha * gate));
+      return (float)(p.act == CPUMOE_ACT_SWIGLUOAI ? s * (up + 1.0) : s * up);
+    }
+  }
+}
+
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
+
+// Bank helpers (byte strides from the Python side).
+template <class T>
+CPUMOE_INLINE const T* bank_row(const cpumoe_bank& b, int64_t e, int64_t row) {
+  return (const T*)((const char*)b.ptr + e * b.expert_stride + row * b.row_stride);
+}

@@ -1,0 +1,105 @@
+// Run-time ISA detection: CPUID feature bits AND the OS's XCR0 state
+// (a CPU with AVX-512 under an OS that does not save ZMM state must not run it),
+// AND what this build compiled (CPUMOE_BUILT_<tag> from hatch_build.py).
+#include <cstdlib>
+#include <cstring>
+
+#include "tiers.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+namespace cpumoe {
+namespace {
+struct Features {
+  bool avx2 = false, avxvnni = false, avx512 = false, avx512vnni = false, avx512bf16 = false;
+};
+
+Features probe() {
+  Features f;
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & (1u << 27), avx = c & (1u << 28), fma = c & (1u << 12), f16c = c & (1u << 29);
+  if (!osxsave || !avx) return f;
+  unsigned xlo, xhi;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  const bool os_ymm = (xlo & 0x6u) == 0x6u;             // SSE + AVX state
+  const bool os_zmm = os_ymm && (xlo & 0xE0u) == 0xE0u;  // opmask, ZMM_Hi256, Hi16_ZMM
+  unsigned max_leaf = __get_cpuid_max(0, nullptr);
+  if (max_leaf < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = b & (1u << 5), bmi1 = b & (1u << 3), bmi2 = b & (1u << 8);
+  const bool f512 = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
+  const bool vnni512 = c & (1u << 11);
+  unsigned a1 = 0, b1, c1, d1;
+  __cpuid_count(7, 1, a1, b1, c1, d1);
+  f.avx2 = os_ymm && avx2 && fma && f16c && bmi1 && bmi2;
+  f.avxvnni = f.avx2 && (a1 & (1u << 4));
+  f.avx512 = f.avx2 && os_zmm && f512 && dq && bw && vl;
+  f.avx512vnni = f.avx512 && vnni512;
+  f.avx512bf16 = f.avx512vnni && (a1 & (1u << 5));
+#endif
+  return f;
+}
+
+unsigned built_mask() {
+  unsigned m = 1u << CPUMOE_TIER_SCALAR;
+#ifdef CPUMOE_BUILT_avx2
+  m |= 1u << CPUMOE_TIER_AVX2;
+#endif
+#ifdef CPUMOE_BUILT_avxvnni
+  m |= 1u << CPUMOE_TIER_AVXVNNI;
+#endif
+#ifdef CPUMOE_BUILT_avx512f
+  m |= 1u << CPUMOE_TIER_AVX512F;
+#endif
+#ifdef CPUMOE_BUILT_avx512vnni
+  m |= 1u << CPUMOE_TIER_AVX512VNNI;
+#endif
+#ifdef CPUMOE_BUILT_avx512bf16
+  m |= 1u << CPUMOE_TIER_AVX512BF16;
+#endif
+  return m;
+}
+
+const char* const kNames[CPUMOE_TIER_COUNT] = {"scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16"};
+}  // namespace
+
+unsigned usable_tier_mask() {
+  static const unsigned mask = [] {
+    Features f = probe();
+    unsigned m = 1u << CPUMOE_TIER_SCALAR;
+    if (f.avx2) m |= 1u << CPUMOE_TIER_AVX2;
+    if (f.avxvnni) m |= 1u << CPUMOE_TIER_AVXVNNI;
+    if (f.avx512) m |= 1u << CPUMOE_TIER_AVX512F;
+    if (f.avx512vnni) m |= 1u << CPUMOE_TIER_AVX512VNNI;
+    if (f.avx512bf16) m |= 1u << CPUMOE_TIER_AVX512BF16;
+    return m & built_mask();
+  }();
+  return mask;
+}
+
+int detected_tier() {
+  unsigned m = usable_tier_mask();
+  for (int t = CPUMOE_TIER_COUNT - 1; t > 0; --t)
+    if (m & (1u << t)) return t;
+  return CPUMOE_TIER_SCALAR;
+}
+
+const char* tier_name(int tier) { return tier >= 0 && tier < CPUMOE_TIER_COUNT ? kNames[tier] : "invalid"; }
+
+int tier_from_name(const char* name) {
+  for (int t = 0; t < CPUMOE_TIER_COUNT; ++t)
+    if (std::strcmp(name, kNames[t]) == 0) return t;
+  if (std::strcmp(name, "avx512") == 0) return CPUMOE_TIER_AVX512F;  // reference executor's spelling
+  return -1;
+}
+
+int env_tier_cap() {
+  const char* v = std::getenv("CPUMOE_ISA");
+  if (!v || !*v || std::strcmp(v, "auto") == 0) return CPUMOE_TIER_COUNT - 1;
+  return tier_from_name(v);
+}
+}  // namespace cpumoe

@@ -1,0 +1,124 @@
+// The format registry: one line per format (constraints), the per-tier
+// variant table, and kernel creation by tier ladder with a cap.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+
+#include "registry.h"
+#include "tiers.h"
+
+#define CPUMOE_DECL(fmt, tag) bool cpumoe_init_##fmt##_##tag(cpumoe_kernel*);
+#define CPUMOE_DECL_ALL(tag) \
+  CPUMOE_DECL(bf16, tag) CPUMOE_DECL(nvfp4, tag) CPUMOE_DECL(mxfp4, tag) \
+  CPUMOE_DECL(ds_fp4, tag) CPUMOE_DECL(q4_0, tag) CPUMOE_DECL(fp8_block, tag)
+CPUMOE_DECL_ALL(scalar)
+#ifdef CPUMOE_BUILT_avx2
+CPUMOE_DECL_ALL(avx2)
+#define V_avx2(f) &cpumoe_init_##f##_avx2
+#else
+#define V_avx2(f) nullptr
+#endif
+#ifdef CPUMOE_BUILT_avxvnni
+CPUMOE_DECL_ALL(avxvnni)
+#define V_avxvnni(f) &cpumoe_init_##f##_avxvnni
+#else
+#define V_avxvnni(f) nullptr
+#endif
+#ifdef CPUMOE_BUILT_avx512f
+CPUMOE_DECL_ALL(avx512f)
+#define V_avx512f(f) &cpumoe_init_##f##_avx512f
+#else
+#define V_avx512f(f) nullptr
+#endif
+#ifdef CPUMOE_BUILT_avx512vnni
+CPUMOE_DECL_ALL(avx512vnni)
+#define V_avx512vnni(f) &cpumoe_init_##f##_avx512vnni
+#else
+#define V_avx512vnni(f) nullptr
+#endif
+#ifdef CPUMOE_BUILT_avx512bf16
+CPUMOE_DECL_ALL(avx512bf16)
+#define V_avx512bf16(f) &cpumoe_init_##f##_avx512bf16
+#else
+#define V_avx512bf16(f) nullptr
+#endif
+
+namespace cpumoe {
+namespace {
+using InitFn = bool (*)(cpumoe_kernel*);
+#define ROW(f) {&cpumoe_init_##f##_scalar, V_avx2(f), V_avxvnni(f), V_avx512f(f), V_avx512vnni(f), V_avx512bf16(f)}
+const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(nvfp4), ROW(mxfp4),
+                                                              ROW(ds_fp4), ROW(q4_0),  ROW(fp8_block)};
+#undef ROW
+}  // namespace
+
+// name, banks, K multiple (H and I), router weight on input, modes (bit set)
+const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
+    {"bf16", 2, 1, true, 1u << CPUMOE_MODE_NATIVE},
+    {"nvfp4", 6, 16, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8)},
+    {"mxfp4", 6, 32, false, 1u << CPUMOE_MODE_NATIVE},
+    {"ds_fp4", 4, 128, false, 1u << CPUMOE_MODE_NATIVE},
+    {"q4_0", 2, 32, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8)},
+    {"fp8_block", 4, 1, true, 1u << CPUMOE_MODE_NATIVE},
+};
+
+static const char* const kModeNames[CPUMOE_MODE_COUNT] = {"native", "w4a8"};
+const char* mode_name(int mode) { return mode >= 0 && mode < CPUMOE_MODE_COUNT ? kModeNames[mode] : "invalid"; }
+
+int32_t kernel_create(const cpumoe_params* p, int32_t cap, cpumoe_kernel** out, char* err, size_t errlen) {
+  *out = nullptr;
+#define FAIL(...) do { std::snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+  if (p->format < 0 || p->format >= CPUMOE_FMT_COUNT) FAIL("format id %d is not in [0, %d)", p->format, CPUMOE_FMT_COUNT);
+  const FormatInfo& f = kFormats[p->format];
+  if (p->act < 0 || p->act >= CPUMOE_ACT_COUNT) FAIL("activation id %d is not in [0, %d)", p->act, CPUMOE_ACT_COUNT);
+  if (p->mode < 0 || p->mode >= CPUMOE_MODE_COUNT || !(f.modes & (1u << p->mode)))
+    FAIL("format %s does not support mode %s", f.name, mode_name(p->mode));
+  if (p->num_experts <= 0 || p->hidden <= 0 || p->inter <= 0)
+    FAIL("E=%d, H=%d, I=%d must be positive", p->num_experts, p->hidden, p->inter);
+  if (p->hidden % f.k_multiple || p->inter % f.k_multiple)
+    FAIL("format %s needs H and I to be multiples of %d (got H=%d, I=%d)", f.name, f.k_multiple, p->hidden, p->inter);
+  if (p->apply_router_weight_on_input && !f.input_weight)
+    FAIL("format %s applies the router weight on the output; apply_router_weight_on_input is not supported", f.name);
+  if (!(p->limit > 0.f)) FAIL("limit must be > 0 (use +inf for no clamp), got %g", (double)p->limit);
+  if (!std::isfinite(p->alpha)) FAIL("alpha must be finite, got %g", (double)p->alpha);
+  if (cap < 0) {
+    cap = env_tier_cap();
+    if (cap < 0) {
+      const char* v = std::getenv("CPUMOE_ISA");
+      FAIL("CPUMOE_ISA=%s is not a tier; expected one of scalar, avx2, avxvnni, avx512f, avx512vnni, avx512bf16, auto",
+           v ? v : "");
+    }
+  }
+  if (cap >= CPUMOE_TIER_COUNT) FAIL("tier cap %d is not in [0, %d)", cap, CPUMOE_TIER_COUNT);
+  const unsigned usable = usable_tier_mask();
+  cpumoe_kernel* k = new (std::nothrow) cpumoe_kernel();
+  if (!k) FAIL("out of memory");
+  for (int t = cap; t >= 0; --t) {
+    if (!(usable & (1u << t)) || !kVariants[p->format][t]) continue;
+    *k = cpumoe_kernel();
+    k->struct_size = sizeof(cpumoe_kernel);
+    k->params = *p;
+    k->block_hint = 32;
+    if (!kVariants[p->format][t](k)) continue;
+    k->tier = t;
+    std::snprintf(k->name_buf, sizeof k->name_buf, "%s%s", tier_name(t), p->mode == CPUMOE_MODE_W4A8 ? "+w4a8" : "");
+    k->name = k->name_buf;
+    *out = k;
+    return 0;
+  }
+  delete k;
+  FAIL("format %s has no kernel for mode %s at or below tier %s", f.name, mode_name(p->mode), tier_name(cap));
+#undef FAIL
+}
+
+void kernel_destroy(cpumoe_kernel* k) {
+  if (!k) return;
+  std::free(k->state);
+  delete k;
+}
+
+int32_t format_bank_count(int32_t format) {
+  return format >= 0 && format < CPUMOE_FMT_COUNT ? kFormats[format].banks : -1;
+}
+}  // namespace cpumoe

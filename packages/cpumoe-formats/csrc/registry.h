@@ -1,0 +1,25 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "cpumoe_formats/abi.h"
+
+namespace cpumoe {
+struct FormatInfo {
+  const char* name;
+  int banks;
+  int k_multiple;     // H and I must be multiples of this
+  bool input_weight;  // supports apply_router_weight_on_input
+  unsigned modes;     // bit set of cpumoe_mode
+};
+extern const FormatInfo kFormats[CPUMOE_FMT_COUNT];
+const char* mode_name(int mode);
+int32_t kernel_create(const cpumoe_params* p, int32_t cap, cpumoe_kernel** out, char* err, size_t errlen);
+void kernel_destroy(cpumoe_kernel* k);
+int32_t format_bank_count(int32_t format);
+size_t step_scratch_bytes(const cpumoe_kernel* k, int32_t T, int32_t top_k);
+int32_t moe_step(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t T, int32_t top_k, const uint16_t* x,
+                 const int32_t* ids, const float* w, uint16_t* y, void* scratch, char* err, size_t errlen);
+const cpumoe_formats_api* api_table();
+double read_bandwidth_gbps(const void* p, size_t n, int reps);
+}  // namespace cpumoe

@@ -1,0 +1,16 @@
+// Tier tags and the variant table, shared by registry.cpp and dispatch.cpp.
+#pragma once
+#include "cpumoe_formats/abi.h"
+
+#define CPUMOE_FOR_EACH_TIER(X) X(scalar) X(avx2) X(avxvnni) X(avx512f) X(avx512vnni) X(avx512bf16)
+#define CPUMOE_FOR_EACH_FORMAT(X) X(bf16) X(nvfp4) X(mxfp4) X(ds_fp4) X(q4_0) X(fp8_block)
+
+namespace cpumoe {
+// Tiers the CPU, the OS (XCR0) and this build can run, as a bit set.
+unsigned usable_tier_mask();
+int detected_tier();
+// Parse CPUMOE_ISA; returns the cap, CPUMOE_TIER_COUNT-1 when unset, -1 when invalid.
+int env_tier_cap();
+const char* tier_name(int tier);
+int tier_from_name(const char* name);
+}  // namespace cpumoe

@@ -1,0 +1,66 @@
+"""cpumoe-formats: the six expert weight formats of CPU MoE decode.
+
+Bank schemas and validation, quantizers from float weights, float64
+references, and CPU kernels for every ISA tier behind a versioned C ABI.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import _native, reference
+from ._arrays import aligned_copy, aligned_empty
+from .activations import ACTIVATIONS
+from .formats import FORMATS, get_format
+from .kernels import TIERS, Kernel, detected_tier, moe_forward, selected_tier, usable_tiers
+
+__version__ = "0.1.0"
+ABI_VERSION = (_native.ABI_MAJOR, _native.ABI_MINOR)
+C_API_CAPSULE = _native._C_API_v1
+BUILD_INFO = _native.BUILD_INFO
+
+
+def get_include() -> str:
+    """Directory holding cpumoe_formats/abi.h (the versioned C ABI)."""
+    return str(Path(__file__).resolve().parent / "include")
+
+
+def require_abi(major: int, minor: int = 0) -> None:
+    """For Python-level consumers: raise ImportError naming both versions on a mismatch."""
+    if major != ABI_VERSION[0] or minor > ABI_VERSION[1]:
+        raise ImportError(f"cpumoe-formats ABI mismatch: installed cpumoe-formats {__version__} provides ABI "
+                          f"{ABI_VERSION[0]}.{ABI_VERSION[1]}, the caller needs ABI {major}.{minor}; "
+                          f"install a cpumoe-formats providing ABI {major}.x with x >= {minor}")
+
+
+def quantize(fmt, gate_up, down, **opts) -> dict:
+    """Float weights gate_up [E, 2I, H] (gate rows, then up rows) and down [E, H, I] -> banks."""
+    import numpy as np
+
+    from ._arrays import as_array
+
+    spec = get_format(fmt)
+    gu = np.asarray(as_array(gate_up, "gate_up"), np.float32)
+    dn = np.asarray(as_array(down, "down"), np.float32)
+    if gu.ndim != 3 or gu.shape[1] % 2 or dn.ndim != 3:
+        raise ValueError(f"gate_up must be [E, 2I, H] and down [E, H, I], got {gu.shape} and {dn.shape}")
+    E, I2, H = gu.shape
+    if dn.shape != (E, H, I2 // 2):
+        raise ValueError(f"down: shape {dn.shape}, expected {(E, H, I2 // 2)} to match gate_up {gu.shape}")
+    spec.check_dims(H, I2 // 2)
+    banks = spec.quantize(gu, dn, **opts)
+    spec.validate(banks)
+    return banks
+
+
+def validate_banks(fmt, banks, E: int | None = None, H: int | None = None, I: int | None = None):  # noqa: E741
+    """Check banks against the format's schema; returns (E, H, I)."""
+    return get_format(fmt).validate(banks, E, H, I)[1]
+
+
+if os.environ.get("CPUMOE_DEBUG_INFO"):
+    print(f"cpumoe_formats {__version__} ABI {ABI_VERSION} {BUILD_INFO} usable tiers {usable_tiers()}")
+
+__all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "TIERS", "Kernel", "aligned_copy",
+           "aligned_empty", "detected_tier", "get_format", "get_include", "moe_forward", "quantize", "reference",
+           "require_abi", "selected_tier", "usable_tiers", "validate_banks"]

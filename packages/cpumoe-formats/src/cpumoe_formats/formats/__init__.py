@@ -1,0 +1,23 @@
+"""The format registry: one line per format. A format lives in formats/<name>.py
+(schema, quantizer, float64 dequantizer) and csrc/formats/<name>.cpp (kernels)."""
+from __future__ import annotations
+
+from ..schema import FormatSpec
+from . import bf16, ds_fp4, fp8_block, mxfp4, nvfp4, q4_0
+
+FORMATS: dict[str, FormatSpec] = {
+    m.SPEC.name: m.SPEC for m in (bf16, nvfp4, mxfp4, ds_fp4, q4_0, fp8_block)
+}
+_ALIASES = {a: s.name for s in FORMATS.values() for a in s.aliases}
+
+
+def get_format(name) -> FormatSpec:
+    """The FormatSpec for a format name (or alias); ValueError naming the valid ones."""
+    if isinstance(name, FormatSpec):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"format must be a format name (str), got {type(name).__name__}")
+    key = _ALIASES.get(name, name)
+    if key not in FORMATS:
+        raise ValueError(f"format={name!r} is not a known weight format; expected one of {sorted(FORMATS)}")
+    return FORMATS[key]

@@ -1,0 +1,42 @@
+"""bf16 experts: gate_up [E, 2I, H] and down [E, H, I], bf16, row-major.
+
+gate_up rows 0..I-1 are gate, I..2I-1 up. Any H, I (ragged tails are scalar).
+Activations are consumed as bf16 values; accumulation is fp32.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..numerics import BF16, bf16_decode, to_bf16
+from ..schema import BankSpec, FormatSpec
+
+
+class Bf16Format(FormatSpec):
+    def dims(self, banks):
+        gu, dn = banks["gate_up"], banks["down"]
+        if gu.ndim != 3 or dn.ndim != 3:
+            raise ValueError(f"bf16 banks must be 3-D, got gate_up {gu.shape}, down {dn.shape}")
+        if gu.shape[1] % 2:
+            raise ValueError(f"bf16 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2*I (even)")
+        return gu.shape[0], gu.shape[2], gu.shape[1] // 2
+
+    def quantize(self, gate_up, down, **opts):
+        if opts:
+            raise TypeError(f"bf16 quantize takes no options, got {sorted(opts)}")
+        return {"gate_up": to_bf16(gate_up), "down": to_bf16(down)}
+
+    def random_banks(self, E, H, I, rng):  # noqa: E741
+        gu = (rng.standard_normal((E, 2 * I, H), np.float32) * 0.02).astype(BF16)
+        dn = (rng.standard_normal((E, H, I), np.float32) * 0.02).astype(BF16)
+        return {"gate_up": gu, "down": dn}
+
+    def dequantize(self, banks):
+        return bf16_decode(banks["gate_up"]), bf16_decode(banks["down"])
+
+
+SPEC = Bf16Format(
+    name="bf16", id=0,
+    banks=(BankSpec("gate_up", (BF16, np.uint16), lambda E, H, I: (E, 2 * I, H), align=2),
+           BankSpec("down", (BF16, np.uint16), lambda E, H, I: (E, H, I), align=2)),
+    description="bf16 weights, fp32 accumulation (W16A16)",
+)

@@ -1,0 +1,184 @@
+/* cpumoe-formats versioned C ABI (design principle 2).
+ *
+ * The Python module cpumoe_formats._native exports a PyCapsule named
+ * CPUMOE_FORMATS_CAPSULE_NAME holding a `const cpumoe_formats_api*`. A consumer
+ * (the executor) includes this header, fetches the capsule and calls
+ * cpumoe_formats_check_api(); a mismatch is an error naming both versions.
+ *
+ * Rules: enums and format ids are append-only; new API functions are appended
+ * to the end of the struct with a minor bump; a major bump renames the capsule.
+ */
+#ifndef CPUMOE_FORMATS_ABI_H
+#define CPUMOE_FORMATS_ABI_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CPUMOE_FORMATS_ABI_MAJOR 1
+#define CPUMOE_FORMATS_ABI_MINOR 0
+#define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
+
+/* Weight formats. Ids follow the reference executor (FlashML numbering). */
+enum cpumoe_format_id {
+  CPUMOE_FMT_BF16 = 0,
+  CPUMOE_FMT_NVFP4 = 1,
+  CPUMOE_FMT_MXFP4 = 2, /* gpt-oss / Triton transposed split-K layout */
+  CPUMOE_FMT_DS_FP4 = 3,
+  CPUMOE_FMT_Q4_0 = 4,
+  CPUMOE_FMT_FP8_BLOCK = 5,
+  CPUMOE_FMT_COUNT = 6
+};
+
+enum cpumoe_act_id {
+  CPUMOE_ACT_SILU = 0,
+  CPUMOE_ACT_GELU = 1,
+  CPUMOE_ACT_GELU_TANH = 2,
+  CPUMOE_ACT_SWIGLUOAI = 3,   /* min(g,lim)*sigmoid(a*min(g,lim))*(clamp(u,+-lim)+1) */
+  CPUMOE_ACT_SWIGLU_CLAMP = 4, /* same without the +1 */
+  CPUMOE_ACT_COUNT = 5
+};
+
+/* ISA tiers, a ladder: a tier is usable when the CPU and OS support all of its
+ * features; CPUMOE_ISA caps the ladder. A format uses its best kernel at or
+ * below the selected tier and reports that kernel's tier. */
+enum cpumoe_tier {
+  CPUMOE_TIER_SCALAR = 0,
+  CPUMOE_TIER_AVX2 = 1,       /* AVX2 + FMA + F16C */
+  CPUMOE_TIER_AVXVNNI = 2,    /* + AVX-VNNI (VEX vpdpbusd, 256-bit) */
+  CPUMOE_TIER_AVX512F = 3,    /* AVX-512 F/BW/DQ/VL (Skylake-SP baseline) */
+  CPUMOE_TIER_AVX512VNNI = 4, /* + AVX512-VNNI */
+  CPUMOE_TIER_AVX512BF16 = 5, /* + AVX512-BF16 (vdpbf16ps) */
+  CPUMOE_TIER_COUNT = 6
+};
+
+/* Activation precision modes. Each format lists the modes it supports; the
+ * mode is part of the kernel name ("avx2+w4a8"), never switched silently. */
+enum cpumoe_mode {
+  CPUMOE_MODE_NATIVE = 0, /* the format's own activation precision: bf16/fp32 activations (W16A16, W8A16, W4A16) */
+  CPUMOE_MODE_W4A8 = 1,   /* activations quantized to int8 per block (nvfp4: 16, q4_0: 32) */
+  CPUMOE_MODE_COUNT = 2
+};
+
+#define CPUMOE_MAX_BANKS 8
+
+/* One bank of one layer: base of expert 0, byte strides between experts and
+ * between rows (rows = dim 1). The innermost dimension is contiguous. */
+typedef struct cpumoe_bank {
+  const void *ptr;
+  int64_t expert_stride;
+  int64_t row_stride;
+} cpumoe_bank;
+
+typedef struct cpumoe_params {
+  int32_t format;      /* cpumoe_format_id */
+  int32_t act;         /* cpumoe_act_id */
+  int32_t mode;        /* cpumoe_mode */
+  int32_t apply_router_weight_on_input;
+  int32_t num_experts; /* E */
+  int32_t hidden;      /* H */
+  int32_t inter;       /* I */
+  float alpha;         /* swiglu alpha */
+  float limit;         /* swiglu limit; +inf = none */
+} cpumoe_params;
+
+/* A route for the down pass: token row `token` of acc gets
+ * weight * down[expert] . act, where act is a prepared intermediate vector. */
+typedef struct cpumoe_route {
+  int32_t token;
+  int32_t expert;
+  float weight;
+  int32_t reserved;
+  const void *act;
+} cpumoe_route;
+
+typedef struct cpumoe_kernel cpumoe_kernel;
+
+/* Bytes of one prepared activation vector of length K (K = H for x, I for g). */
+typedef size_t (*cpumoe_act_bytes_fn)(const cpumoe_kernel *k, int32_t K);
+/* Prepare a bf16 activation vector (x row or g row) for this kernel. */
+typedef void (*cpumoe_prep_act_fn)(const cpumoe_kernel *k, const uint16_t *src, int32_t K, void *dst);
+/* Pass 1 work item: intermediate rows [i0, i1) of expert e for n tokens routed
+ * to e (any 0 <= i0 < i1 <= I; several tokens share each weight read).
+ * xs[j] is token j's prepared x (length H), w_in[j] its input weight (1 unless
+ * apply_router_weight_on_input); the kernel writes bf16 g[j][i0..i1) of the
+ * length-I row g[j]: g = bf16(act(gate * w_in, up * w_in)). */
+typedef void (*cpumoe_gate_up_fn)(const cpumoe_kernel *k, const cpumoe_bank *banks, int32_t e, int32_t i0,
+                                  int32_t i1, int32_t n, const void *const *xs, const float *w_in,
+                                  uint16_t *const *g);
+/* Pass 2 work item: output rows [h0, h1) for n routes; routes of one expert
+ * are adjacent, so each weight row is read once per group. For each route r
+ * and h in [h0, h1):
+ *   acc[r.token * acc_stride + (h - h0)] += r.weight * dot(down[r.expert, h], r.act)
+ * (fp32; ds_fp4 rounds each route's term to bf16 first). */
+typedef void (*cpumoe_down_fn)(const cpumoe_kernel *k, const cpumoe_bank *banks, int32_t h0, int32_t h1,
+                               const cpumoe_route *routes, int32_t n, float *acc, int64_t acc_stride);
+
+struct cpumoe_kernel {
+  uint32_t struct_size;
+  int32_t tier;            /* cpumoe_tier of the code that runs */
+  cpumoe_params params;
+  const char *name;        /* e.g. "avx512bf16", "avx2+w4a8" */
+  cpumoe_act_bytes_fn act_bytes;
+  cpumoe_prep_act_fn prep_act;
+  cpumoe_gate_up_fn gate_up;
+  cpumoe_down_fn down;
+  int32_t block_hint;      /* preferred multiple for i/h work-item blocks (rows) */
+  int32_t reserved;
+  void *state;             /* format-private, freed with free() by kernel_destroy */
+  char name_buf[48];
+};
+
+typedef struct cpumoe_formats_api {
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  uint32_t struct_size;
+  const char *build_info;
+  /* Tiers */
+  int32_t (*detected_tier)(void);           /* best tier of CPU+OS+build, before the cap */
+  int32_t (*tier_cap)(void);                /* from CPUMOE_ISA, -1 if the value was invalid */
+  const char *(*tier_name)(int32_t tier);
+  /* Kernels: returns 0 on success, else writes a message to err. tier_cap < 0 = default cap. */
+  int32_t (*kernel_create)(const cpumoe_params *p, int32_t tier_cap, cpumoe_kernel **out, char *err,
+                           size_t errlen);
+  void (*kernel_destroy)(cpumoe_kernel *k);
+  /* Number of banks the format reads, in slot order (see docs/formats.md). */
+  int32_t (*format_bank_count)(int32_t format);
+  /* Single-threaded whole MoE step through the kernels (reference runner):
+   * x [T,H] bf16, ids [T,top_k] int32 (-1 = skip), w [T,top_k] fp32, y [T,H] bf16.
+   * scratch: at least step_scratch_bytes(). Returns 0 or -1 (bad expert id, message in err). */
+  size_t (*step_scratch_bytes)(const cpumoe_kernel *k, int32_t T, int32_t top_k);
+  int32_t (*moe_step)(const cpumoe_kernel *k, const cpumoe_bank *banks, int32_t T, int32_t top_k,
+                      const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y, void *scratch,
+                      char *err, size_t errlen);
+} cpumoe_formats_api;
+
+/* Consumer-side check against the version the consumer was built with.
+ * Returns 0 if usable, else writes a message naming both versions and what to do. */
+static inline int cpumoe_formats_check_api_as(const cpumoe_formats_api *api, uint32_t major, uint32_t minor,
+                                              size_t size, char *err, size_t errlen) {
+  if (!api) {
+    snprintf(err, errlen, "cpumoe-formats: capsule holds no API table");
+    return -1;
+  }
+  if (api->abi_major != major || api->abi_minor < minor || api->struct_size < size) {
+    snprintf(err, errlen,
+             "cpumoe-formats ABI mismatch: the installed cpumoe-formats provides ABI %u.%u (table %u bytes) but "
+             "this consumer was built against ABI %u.%u (table %zu bytes); rebuild/reinstall the consumer against "
+             "the installed cpumoe-formats, or install a cpumoe-formats that provides ABI %u.x with x >= %u",
+             api->abi_major, api->abi_minor, api->struct_size, major, minor, size, major, minor);
+    return -1;
+  }
+  return 0;
+}
+#define cpumoe_formats_check_api(api, err, errlen)                                                        \
+  cpumoe_formats_check_api_as((api), CPUMOE_FORMATS_ABI_MAJOR, CPUMOE_FORMATS_ABI_MINOR,                  \
+                              sizeof(cpumoe_formats_api), (err), (errlen))
+
+#ifdef __cplusplus
+}
+#endif
+#endif

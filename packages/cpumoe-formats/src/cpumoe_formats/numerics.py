@@ -1,0 +1,96 @@
+"""Float64 decoders and rounding encoders for the number formats the banks use.
+
+Decoders follow the kernels' semantics exactly (docs/formats.md):
+e4m3 codes 0x7F/0xFF decode to +-480 (no NaN), e8m0 clamps 255 to 254 and
+decodes 0 to 2**-127.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+E2M1 = np.dtype(ml_dtypes.float4_e2m1fn)
+
+
+def _e4m3_table() -> np.ndarray:
+    t = np.empty(256, np.float64)
+    for b in range(256):
+        exp, man = (b >> 3) & 0xF, b & 7
+        v = man * 2.0**-9 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7)
+        t[b] = -v if b & 0x80 else v
+    return t
+
+
+E4M3_TABLE = _e4m3_table()  # 0x7F -> 480, 0xFF -> -480
+E2M1_TABLE = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)
+E8M0_TABLE = np.array([2.0 ** (min(s, 254) - 127) for s in range(256)], np.float64)
+
+
+def codes(a: np.ndarray) -> np.ndarray:
+    """The raw uint8 codes of a 1-byte array (uint8 or an ml_dtypes fp8 view)."""
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def e4m3_decode(a) -> np.ndarray:
+    return E4M3_TABLE[codes(a)]
+
+
+def e8m0_decode(a) -> np.ndarray:
+    return E8M0_TABLE[codes(a)]
+
+
+def bf16_decode(a) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.uint16:
+        a = a.view(BF16)
+    return a.astype(np.float64)
+
+
+def fp16_decode(a) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.uint16:
+        a = a.view(np.float16)
+    return a.astype(np.float64)
+
+
+def to_bf16(a) -> np.ndarray:
+    """Round to bf16 (nearest even). float64 goes through float32 first, as a
+    kernel's fp32 value would (double rounding is what the kernels do too)."""
+    return np.asarray(a, np.float32).astype(BF16)
+
+
+def round_bf16(a) -> np.ndarray:
+    """float64 -> nearest bf16 value, as float64 (single rounding from f64)."""
+    a = np.asarray(a, np.float64)
+    return a.astype(BF16).astype(np.float64)
+
+
+def to_e4m3(a) -> np.ndarray:
+    """Round to e4m3fn, nearest even, saturating at +-448 (never NaN)."""
+    return np.clip(np.asarray(a, np.float32), -448.0, 448.0).astype(E4M3)
+
+
+def to_e2m1_codes(a) -> np.ndarray:
+    """Round to e2m1 (nearest even, saturating at +-6); returns 4-bit codes in uint8."""
+    q = np.clip(np.asarray(a, np.float32), -6.0, 6.0).astype(E2M1)
+    return q.view(np.uint8) & 0xF
+
+
+def e8m0_for(amax: np.ndarray, qmax: float) -> np.ndarray:
+    """Smallest power-of-two scale s with amax / s <= qmax, as e8m0 codes (uint8)."""
+    amax = np.asarray(amax, np.float64)
+    with np.errstate(divide="ignore"):
+        e = np.ceil(np.log2(np.where(amax > 0, amax / qmax, 1.0)))
+    return np.clip(e + 127, 0, 254).astype(np.uint8)
+
+
+def pack_nibbles(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return (lo.astype(np.uint8) & 0xF) | ((hi.astype(np.uint8) & 0xF) << 4)
+
+
+def unpack_nibbles(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    b = np.asarray(b, np.uint8)
+    return b & 0xF, b >> 4

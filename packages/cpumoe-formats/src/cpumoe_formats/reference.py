@@ -1,0 +1,70 @@
+"""float64 reference of a whole MoE step, for every format.
+
+It mirrors the kernels' defined roundings and nothing else: x and g are bf16
+values (g = bf16(act(gate, up))), the activation is consumed as the format's
+mode prepares it (FormatSpec.act_in), ds_fp4 rounds gate/up and each route's
+term to bf16. Everything else is exact float64, so the kernels' only
+deviation is fp32 accumulation (see docs/formats.md for the tolerances).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import activations
+from .formats import get_format
+from .inputs import check_routing, check_x
+from .numerics import round_bf16
+
+
+def dequantize(fmt, banks) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (gate_up [E, 2I, H] gate rows then up rows, down [E, H, I])."""
+    spec = get_format(fmt)
+    spec.validate(banks)
+    return spec.dequantize(banks)
+
+
+def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alpha: float | None = None,
+        limit: float | None = None, apply_router_weight_on_input: bool = False, mode: str | None = None,
+        dequantized: tuple | None = None) -> np.ndarray:
+    """y [T, H] float64, before the final bf16 rounding of the output.
+
+    `dequantized` may pass a cached `dequantize(fmt, banks)` result.
+    """
+    spec = get_format(fmt)
+    _, (E, H, I) = spec.validate(banks)
+    act = activations.resolve(activation, alpha, limit)
+    mode = spec.default_mode if mode is None else mode
+    if mode not in spec.modes:
+        raise ValueError(f"mode={mode!r} is not supported by format {spec.name!r}; expected one of {list(spec.modes)}")
+    if apply_router_weight_on_input and not spec.input_weight:
+        raise ValueError(f"format {spec.name!r} applies the router weight on the output; "
+                         "apply_router_weight_on_input=True is not supported")
+    xv = round_bf16(check_x(x, H))  # the kernel sees bf16 x
+    w, ids = check_routing(topk_weights, topk_ids, xv.shape[0], E)
+    gu, dn = dequantized if dequantized is not None else spec.dequantize(banks)
+    bgu, bdn = spec.biases(banks)
+    T, K = ids.shape
+    y = np.zeros((T, H), np.float64)
+    for t in range(T):
+        xa = spec.act_in(xv[t], mode)
+        for k in range(K):
+            e = int(ids[t, k])
+            if e < 0:
+                continue
+            wt = float(np.float32(w[t, k]))
+            w_in, w_out = (wt, 1.0) if apply_router_weight_on_input else (1.0, wt)
+            gate_up = gu[e] @ xa
+            if bgu is not None:
+                gate_up = gate_up + bgu[e]
+            gate, up = gate_up[:I] * w_in, gate_up[I:] * w_in
+            if spec.round_gate_up:
+                gate, up = round_bf16(gate), round_bf16(up)
+            g = round_bf16(act(gate, up))
+            o = dn[e] @ spec.act_in(g, mode)
+            if bdn is not None:
+                o = o + bdn[e]
+            o = o * w_out
+            if spec.round_route_term:
+                o = round_bf16(o)
+            y[t] += o
+    return y

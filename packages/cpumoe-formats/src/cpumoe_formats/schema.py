@@ -1,0 +1,145 @@
+"""Bank schemas: what each format's banks must look like, and their validation.
+
+A bank is one per-layer array `[E, rows, cols]` (or `[E, rows]`). Validation
+checks name, dtype, shape, strides (innermost contiguous, rows not overlapping)
+and base alignment, and raises naming the format, the bank and what was expected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ._arrays import as_array, describe
+
+Dims = tuple  # (E, H, I)
+
+
+@dataclass(frozen=True)
+class BankSpec:
+    name: str
+    dtypes: tuple  # accepted numpy dtypes; the first is the canonical one
+    shape: Callable[[int, int, int], tuple]  # expected shape from (E, H, I)
+    align: int = 16  # base-pointer alignment in bytes
+    padded_last: bool = False  # last dim may be larger than expected (padded scale rows)
+
+    def expected(self, E: int, H: int, I: int) -> tuple:  # noqa: E741 - I is the model's name for it
+        return tuple(int(v) for v in self.shape(E, H, I))
+
+
+@dataclass
+class FormatSpec:
+    """One weight format, Python side. Subclasses fill in the format's math."""
+
+    name: str
+    id: int
+    banks: tuple  # BankSpec in native slot order
+    k_multiple: int = 1
+    input_weight: bool = True
+    modes: tuple = ("native",)
+    default_mode: str = "native"
+    aliases: tuple = ()
+    round_gate_up: bool = False  # gate/up rounded to bf16 before the activation
+    round_route_term: bool = False  # each route's down term rounded to bf16 before the sum
+    description: str = ""
+    bank_names: tuple = field(init=False)
+
+    def __post_init__(self):
+        self.bank_names = tuple(b.name for b in self.banks)
+
+    # ---- dims and validation -------------------------------------------------
+    def dims(self, banks: Mapping) -> Dims:
+        """(E, H, I) read off the banks (the format knows which dims carry them)."""
+        raise NotImplementedError
+
+    def check_dims(self, H: int, I: int) -> None:  # noqa: E741
+        if H <= 0 or I <= 0:
+            raise ValueError(f"{self.name}: H={H} and I={I} must be positive")
+        m = self.k_multiple
+        if H % m or I % m:
+            raise ValueError(f"{self.name}: H and I must be multiples of {m} (got H={H}, I={I})")
+
+    def validate(self, banks, E: int | None = None, H: int | None = None, I: int | None = None  # noqa: E741
+                 ) -> tuple[list[np.ndarray], Dims]:
+        """Check every bank; returns the arrays in slot order and (E, H, I)."""
+        if not isinstance(banks, Mapping):
+            raise TypeError(f"banks for format {self.name!r} must be a mapping of bank name to array, "
+                            f"got {type(banks).__name__}")
+        missing = [n for n in self.bank_names if n not in banks]
+        extra = [n for n in banks if n not in self.bank_names]
+        if missing or extra:
+            raise ValueError(f"format {self.name!r} needs banks {list(self.bank_names)}; "
+                             f"missing {missing}, unexpected {extra}")
+        arrs = {n: as_array(banks[n], f"bank {n!r}") for n in self.bank_names}
+        for spec in self.banks:
+            a = arrs[spec.name]
+            if a.dtype not in [np.dtype(d) for d in spec.dtypes]:
+                raise TypeError(f"{self.name} bank {spec.name!r}: dtype {a.dtype}, expected "
+                                f"{' or '.join(str(np.dtype(d)) for d in spec.dtypes)}")
+        e, h, i = self.dims(arrs)
+        for want, got, nm in ((E, e, "E"), (H, h, "H"), (I, i, "I")):
+            if want is not None and int(want) != got:
+                raise ValueError(f"{self.name} banks have {nm}={got}, expected {nm}={want}")
+        self.check_dims(h, i)
+        for spec in self.banks:
+            self._check_bank(spec, arrs[spec.name], e, h, i)
+        return [arrs[n] for n in self.bank_names], (e, h, i)
+
+    def _check_bank(self, spec: BankSpec, a: np.ndarray, E: int, H: int, I: int) -> None:  # noqa: E741
+        exp = spec.expected(E, H, I)
+        where = f"{self.name} bank {spec.name!r}"
+        bad_shape = a.ndim != len(exp) or a.shape[:-1] != exp[:-1] or (
+            a.shape[-1] < exp[-1] if spec.padded_last else a.shape[-1] != exp[-1])
+        if bad_shape:
+            pad = " (last dim may be padded larger)" if spec.padded_last else ""
+            raise ValueError(f"{where}: {describe(a)}, expected shape {exp}{pad}")
+        item = a.dtype.itemsize
+        if a.strides[-1] != item:
+            raise ValueError(f"{where}: innermost stride {a.strides[-1]} bytes, expected {item} (contiguous rows)")
+        if a.ndim == 3 and a.shape[1] > 1 and a.strides[1] < a.shape[2] * item:
+            raise ValueError(f"{where}: row stride {a.strides[1]} bytes overlaps rows of {a.shape[2] * item} bytes")
+        row_bytes = a.strides[1] * (a.shape[1] - 1) + a.shape[-1] * item if a.ndim == 3 else a.shape[-1] * item
+        if a.shape[0] > 1 and a.strides[0] < row_bytes:
+            raise ValueError(f"{where}: expert stride {a.strides[0]} bytes overlaps experts of {row_bytes} bytes")
+        if a.ctypes.data % spec.align:
+            raise ValueError(f"{where}: data pointer {a.ctypes.data:#x} is not {spec.align}-byte aligned "
+                             f"(allocate with cpumoe_formats.aligned_empty)")
+
+    # ---- math the subclasses provide ------------------------------------------
+    def quantize(self, gate_up: np.ndarray, down: np.ndarray, **opts) -> dict:
+        """Float weights gate_up [E, 2I, H] (gate rows then up rows), down [E, H, I] -> banks."""
+        raise NotImplementedError
+
+    def random_banks(self, E: int, H: int, I: int, rng: np.random.Generator) -> dict:  # noqa: E741
+        """Valid banks with random codes and well-scaled scales (bench and fuzzing)."""
+        raise NotImplementedError
+
+    def dequantize(self, banks: Mapping) -> tuple[np.ndarray, np.ndarray]:
+        """float64 (gate_up [E, 2I, H] gate rows then up rows, down [E, H, I])."""
+        raise NotImplementedError
+
+    def biases(self, banks: Mapping) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """float64 (gate_up bias [E, 2I] in gate-then-up order, down bias [E, H]) or Nones."""
+        return None, None
+
+    def act_in(self, v: np.ndarray, mode: str) -> np.ndarray:
+        """The activation vector (bf16 values, float64) as the kernel consumes it in `mode`."""
+        return np.asarray(v, np.float64)
+
+    # ---- helpers ----------------------------------------------------------------
+    def bank_views(self, arrays: Sequence[np.ndarray]) -> list[tuple[int, int, int]]:
+        """(pointer, expert stride, row stride) per bank, the native slot order."""
+        out = []
+        for a in arrays:
+            rs = a.strides[1] if a.ndim == 3 else a.strides[-1]
+            out.append((a.ctypes.data, a.strides[0], rs))
+        return out
+
+    def bytes_per_expert(self, H: int, I: int) -> int:  # noqa: E741
+        """Bytes of weights (all banks) one expert reads, with the schema's default shapes."""
+        total = 0
+        for spec in self.banks:
+            shp = spec.expected(1, H, I)
+            total += int(np.prod(shp)) * np.dtype(spec.dtypes[0]).itemsize
+        return total
