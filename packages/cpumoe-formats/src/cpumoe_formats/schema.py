@@ -43,6 +43,9 @@ class FormatSpec:
     round_gate_up: bool = False  # gate/up rounded to bf16 before the activation
     round_route_term: bool = False  # each route's down term rounded to bf16 before the sum
     description: str = ""
+    # mode -> tiers at which the format has its own kernel for that mode (lowest first);
+    # forcing another tier runs the highest of these below it.
+    kernel_tiers: dict = field(default_factory=lambda: {"native": ("scalar",)})
     bank_names: tuple = field(init=False)
 
     def __post_init__(self):

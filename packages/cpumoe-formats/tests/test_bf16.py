@@ -1,0 +1,54 @@
+"""bf16 kernels vs the float64 reference, every tier forced in turn.
+
+Tolerance: y is bf16 (half-ulp 2^-9 relative) and g is rounded to bf16 in both
+kernel and reference; the kernel's fp32 accumulation over K <= 2880 adds
+~sqrt(K) * 2^-24 relative, and a g element whose fp32 value straddles a bf16
+rounding boundary differs by one bf16 ulp (2^-8) in a few of I elements. So
+rel = max|y - ref| / max|ref| <= 2^-9 + small: we allow 4e-3 (2x the half-ulp).
+"""
+import numpy as np
+import pytest
+from conftest import rel_err, routes, run_forced, tier_cases
+
+import cpumoe_formats as cf
+
+TOL = 4e-3
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases("bf16"))
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_qwen3_30b_shape(rng, mode, tier, T):
+    E, H, I, K = 4, 2048, 768, 8  # noqa: E741
+    banks = cf.get_format("bf16").random_banks(E, H, I, rng)
+    x = rng.standard_normal((T, H), dtype=np.float32)
+    w, ids = routes(rng, T, K, E)
+    y = run_forced("bf16", banks, x, w, ids, mode, tier)
+    ref = cf.reference.moe("bf16", banks, x, w, ids)
+    assert rel_err(y, ref) < TOL
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases("bf16"))
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"])
+@pytest.mark.parametrize("on_input", [False, True])
+def test_ragged_activations(rng, mode, tier, act, on_input):
+    E, H, I, K, T = 5, 259, 131, 4, 3  # noqa: E741 - ragged: not multiples of 8/16/32
+    gu = rng.standard_normal((E, 2 * I, H)).astype(np.float32) * 0.1
+    dn = rng.standard_normal((E, H, I)).astype(np.float32) * 0.1
+    banks = cf.quantize("bf16", gu, dn)
+    x = rng.standard_normal((T, H), dtype=np.float32)
+    w, ids = routes(rng, T, K, E)
+    kw = dict(activation=act, apply_router_weight_on_input=on_input)
+    if act.startswith("swiglu"):
+        kw.update(alpha=1.702, limit=1.5)  # a limit the data actually crosses
+    y = run_forced("bf16", banks, x, w, ids, mode, tier, **kw)
+    ref = cf.reference.moe("bf16", banks, x, w, ids, **kw)
+    assert rel_err(y, ref) < TOL
+
+
+def test_quantizer_roundtrip(rng):
+    gu = rng.standard_normal((2, 6, 10)).astype(np.float32)
+    dn = rng.standard_normal((2, 10, 3)).astype(np.float32)
+    b = cf.quantize("bf16", gu, dn)
+    dgu, ddn = cf.reference.dequantize("bf16", b)
+    assert np.abs(dgu - gu).max() <= np.abs(gu).max() * 2**-8
+    assert np.abs(ddn - dn).max() <= np.abs(dn).max() * 2**-8
