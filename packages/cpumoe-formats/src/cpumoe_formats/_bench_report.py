@@ -35,8 +35,8 @@ def text_table(report: dict) -> str:
 
     c = report["ceiling"]
     head = [line(HEADERS), line(["-" * w for w in widths])]
-    foot = [f"ceiling (single-thread read, all checkpoints): median {c['median']:.2f} GB/s "
-            f"[{c['min']:.2f}-{c['max']:.2f}]; * fastest kernel of the format, (d) its default kernel"]
+    foot = [(f"ceiling (single-thread read, all checkpoints): median {c['median']:.2f} GB/s "
+             f"[{c['min']:.2f}-{c['max']:.2f}]; * fastest kernel of the format, (d) its default kernel")]
     if report["settings"].get("quick"):
         foot.append("--quick: the working set fits in cache; these numbers are a smoke test, not a measurement")
     return "\n".join(head + [line(r) for r in body] + foot)
@@ -46,19 +46,19 @@ def markdown(report: dict) -> str:
     m, s, c = report["machine"], report["settings"], report["ceiling"]
     llc = f"{m['llc_bytes'] / 2**20:.0f} MiB" if m.get("llc_bytes") else "unknown"
     lines = [
-        f"Measured {m['date']} on {m['cpu']} ({m['logical_cpus']} logical CPUs, LLC {llc}), usable tiers "
+        (f"Measured {m['date']} on {m['cpu']} ({m['logical_cpus']} logical CPUs, LLC {llc}), usable tiers "
         f"{', '.join(m['usable_tiers'])}; cpumoe-formats {m['cpumoe_formats']}. Working set "
         f"{s['working_set_bytes'] / 2**20:.0f} MiB, {s['repeats']} repeats x {s['steps']} steps "
         f"(T = 1) after {s['warmup']} warm-up step(s), tiers `{s['tiers']}`. Single-thread read ceiling over all "
-        f"checkpoints: median {c['median']:.2f} GB/s [{c['min']:.2f}-{c['max']:.2f}].",
+        f"checkpoints: median {c['median']:.2f} GB/s [{c['min']:.2f}-{c['max']:.2f}]."),
         "",
         "| " + " | ".join(HEADERS) + " |",
         "|" + "|".join(["---"] * 3 + ["---:"] * 3) + "|",
     ]
     for r in rows(report):
         lines.append("| " + " | ".join(v.replace("|", "/") for v in r) + " |")
-    lines += ["", "`*` the format's fastest kernel (its `tier` in the JSON), `(d)` the kernel the format gets by "
-              "default on this machine."]
+    lines += ["", ("`*` the format's fastest kernel (its `tier` in the JSON), `(d)` the kernel the format gets by "
+                   "default on this machine.")]
     if s.get("quick"):
         lines.append("\n**--quick run: the working set fits in cache; not a measurement.**")
     return "\n".join(lines) + "\n"

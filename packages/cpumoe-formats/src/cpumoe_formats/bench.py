@@ -123,9 +123,10 @@ class Ceiling:
         self.buf[...] = 1  # first touch: page faults are not timed
         self.checkpoints: list[list[float]] = []
 
-    def sample(self, n: int) -> list[float]:
+    def sample(self, n: int, warm: bool = True) -> list[float]:
         ptr, size = self.buf.ctypes.data, self.buf.nbytes
-        _native.read_bandwidth(ptr, size, 1)  # warm-up pass
+        if warm:
+            _native.read_bandwidth(ptr, size, 1)  # warm-up pass
         got = [_native.read_bandwidth(ptr, size, 1) for _ in range(n)]
         self.checkpoints.append(got)
         return got
@@ -159,7 +160,7 @@ def kernel_plan(spec, tiers: str, usable: list[str]) -> list[tuple[str, str | No
 def make_kernels(spec, preset: Preset, E: int, plan) -> tuple[dict, dict, str | None]:
     """name -> (mode, isa, Kernel) for the plan (deduplicated by kernel name), failures, default name."""
     kernels, failed = {}, {}
-    act = dict(activation=preset.activation, alpha=preset.alpha, limit=preset.limit)
+    act = {"activation": preset.activation, "alpha": preset.alpha, "limit": preset.limit}
     for mode, isa in plan:
         try:
             k = Kernel(spec, E, preset.H, preset.I, mode=mode, isa=isa, **act)
@@ -197,7 +198,7 @@ def build_banks(spec, E: int, H: int, I: int, rng, label: str) -> dict:  # noqa:
 
 
 # ---- one format ------------------------------------------------------------------------------
-def bench_format(name: str, preset: Preset, opts, rng, label: str) -> dict:
+def bench_format(name: str, preset: Preset, opts, rng, label: str, ceiling: Ceiling | None = None) -> dict:
     """Time every planned kernel of one format; raises Skip with the reason if none can run."""
     spec = get_format(name)
     bpe = spec.bytes_per_expert(preset.H, preset.I)
@@ -238,14 +239,18 @@ def bench_format(name: str, preset: Preset, opts, rng, label: str) -> dict:
     for n in names:
         run(steps[n], opts.warmup)
     samples = {n: [] for n in names}
+    during = []
     gc_was = gc.isenabled()
     gc.disable()
     try:
         for r in range(opts.repeats):  # kernels interleaved per repeat: noise hits all of them alike
+            if ceiling is not None:  # and one ceiling pass per repeat, between the kernels' runs
+                during += ceiling.sample(1, warm=False)
             for n in names:
                 samples[n].append(step_bytes * opts.steps / run(steps[n], opts.steps) / 1e9)
-            log(f"{label}: repeat {r + 1}/{opts.repeats}: " + ", ".join(f"{n} {samples[n][-1]:.2f}" for n in names)
-                + " GB/s")
+            cs = f"ceiling {during[-1]:.2f}, " if during else ""
+            log(f"{label}: repeat {r + 1}/{opts.repeats}: {cs}"
+                + ", ".join(f"{n} {samples[n][-1]:.2f}" for n in names) + " GB/s")
     finally:
         if gc_was:
             gc.enable()
@@ -256,12 +261,13 @@ def bench_format(name: str, preset: Preset, opts, rng, label: str) -> dict:
     return {"model": preset.model, "bytes_per_expert": bpe, "working_set_bytes": E * bpe,
             "shape": {"H": preset.H, "I": preset.I, "E": E, "top_k": k, "activation": preset.activation,
                       "alpha": preset.alpha, "limit": preset.limit},
-            "default_kernel": default, "results": results, "failed": failed, "build_seconds": round(build_s, 2)}
+            "default_kernel": default, "results": results, "failed": failed, "build_seconds": round(build_s, 2),
+            "ceiling_during": during}
 
 
 def finish_format(entry: dict, ceiling_samples: list[float]) -> dict:
     """Fill in ceiling, ratios and the fastest kernel (`tier`, `gbps`) of a measured format."""
-    ceil = stats(ceiling_samples)
+    ceil = stats(ceiling_samples + entry.pop("ceiling_during", []))
     cg = ceil["median"]
     for r in entry["results"].values():
         r["ratio"] = r["gbps"]["median"] / cg
@@ -341,7 +347,7 @@ def run(opts) -> dict:
         try:
             if preset is None:
                 raise Skip(f"no model preset for format {name!r} in cpumoe_formats.bench.PRESETS")
-            entry = bench_format(name, preset, opts, rng, label)
+            entry = bench_format(name, preset, opts, rng, label, ceiling)
         except Skip as e:
             log(f"{label}: skipped: {e}")
             report["skipped"][name] = str(e)
