@@ -85,7 +85,8 @@ def plot(report: dict, path) -> None:
     import matplotlib.pyplot as plt
 
     fmts = list(report["formats"])
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * sum(len(report["formats"][f]["results"]) for f in fmts) + 2), 4.5))
+    nbars = sum(len(report["formats"][f]["results"]) for f in fmts)
+    fig, ax = plt.subplots(figsize=(min(16.0, max(6.0, 0.9 * nbars + 2)), 4.5))
     x, ticks, labels = 0.0, [], []
     for fi, fmt in enumerate(fmts):
         f = report["formats"][fmt]
@@ -101,10 +102,12 @@ def plot(report: dict, path) -> None:
             labels.append(f"{fmt}\n{name}")
             x += 1
         ax.hlines(f["ceiling_gbps"], x0 - 0.45, x - 0.55, colors="k", linestyles="dashed", linewidth=1)
+        ax.fill_between([x0 - 0.45, x - 0.55], f["ceiling"]["min"], f["ceiling"]["max"], color="k", alpha=0.08,
+                        linewidth=0)
         ax.annotate(f"{f['ceiling_gbps']:.1f}", (x - 0.55, f["ceiling_gbps"]), fontsize=8, va="bottom", ha="right")
         x += 0.6
-    ax.plot([], [], "k--", linewidth=1, label="single-thread read ceiling (same run)")
-    ax.set_xticks(ticks, labels, fontsize=8)
+    ax.plot([], [], "k--", linewidth=1, label="single-thread read ceiling, same run (band: min-max)")
+    ax.set_xticks(ticks, labels, fontsize=8, rotation=0 if nbars <= 12 else 60)
     ax.set_ylabel("effective GB/s of weights read (1 thread)")
     s = report["settings"]
     ax.set_title(f"{report['machine']['cpu']}: one thread, decode step T=1, working set "
