@@ -126,3 +126,23 @@ def test_bind_matches_forward(rng):
         step(x, w, np.full((3, k), E, np.int32), out)  # range-checked natively
     with pytest.raises(ValueError, match="banks have"):
         cf.Kernel("bf16", E + 1, H, I).bind(banks)
+
+
+def test_failing_kernel_is_skipped(monkeypatch):
+    def bind(self, banks):
+        def step(*a):
+            raise ValueError("boom")
+        return step
+
+    monkeypatch.setattr(cf.Kernel, "bind", bind)
+    monkeypatch.setattr(bench, "build_banks", lambda *a, **k: {})
+    opts = bench.parse_args(["--quick", "--formats", "bf16"])
+    with pytest.raises(bench.Skip, match="every kernel failed its first step.*boom"):
+        bench.bench_format("bf16", bench.PRESETS["bf16"], opts, np.random.default_rng(0), "t")
+
+
+def test_plot(quick_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    report, _, _ = quick_run
+    _bench_report.plot(report, tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 1000

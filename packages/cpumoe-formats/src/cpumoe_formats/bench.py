@@ -215,7 +215,10 @@ def bench_format(name: str, preset: Preset, opts, rng, label: str, ceiling: Ceil
         build_s = time.perf_counter() - t0
     except NotImplementedError as e:
         raise Skip(f"format {name!r} cannot build random banks yet ({e or 'random_banks not implemented'})") from e
-    steps = {n: kk.bind(banks) for n, (_, _, kk) in kernels.items()}  # validates the banks once per kernel
+    try:
+        steps = {n: kk.bind(banks) for n, (_, _, kk) in kernels.items()}  # validates the banks once per kernel
+    except (ValueError, TypeError) as e:
+        raise Skip(f"format {name!r}: its random banks fail validation: {e}") from e
 
     nw = E // k
     ids = np.arange(nw * k, dtype=np.int32).reshape(nw, 1, k)
@@ -236,8 +239,16 @@ def bench_format(name: str, preset: Preset, opts, rng, label: str, ceiling: Ceil
     names = list(kernels)
     log(f"{label}: timing {len(names)} kernel(s) {', '.join(names)}: {opts.warmup} warm-up + "
         f"{opts.repeats} x {opts.steps} steps of {step_bytes / 1e6:.1f} MB each")
-    for n in names:
-        run(steps[n], opts.warmup)
+    for n in list(names):  # at least one untimed step each: a kernel that fails is reported, not timed
+        try:
+            run(steps[n], max(1, opts.warmup))
+        except (ValueError, RuntimeError) as e:
+            failed[n] = f"step failed: {e}"
+            log(f"{label}: {n}: step failed: {e}")
+            names.remove(n)
+            del kernels[n]
+    if not names:
+        raise Skip("every kernel failed its first step: " + "; ".join(f"{m}: {r}" for m, r in failed.items()))
     samples = {n: [] for n in names}
     during = []
     gc_was = gc.isenabled()
@@ -290,7 +301,7 @@ def parse_args(argv=None):
                         "kernel of each mode; or a comma list of tiers (default: all)")
     p.add_argument("--repeats", type=int, help="timed repeats per kernel (default 5; --quick 2)")
     p.add_argument("--steps", type=int, help="decode steps per repeat (default 20; --quick 3)")
-    p.add_argument("--warmup", type=int, help="untimed steps per kernel first (default 3; --quick 1)")
+    p.add_argument("--warmup", type=int, help="untimed steps per kernel first, at least 1 (default 3; --quick 1)")
     p.add_argument("--working-set-mb", type=float,
                    help="MiB of experts the routes rotate through (default max(4 x LLC, 256); --quick 16)")
     p.add_argument("--ceiling-samples", type=int, help="read-bandwidth passes per checkpoint (default 5; --quick 2)")
