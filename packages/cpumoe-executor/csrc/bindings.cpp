@@ -74,7 +74,7 @@ PYBIND11_MODULE(_native, m) {
         const int64_t until = mono_ns() + (int64_t)(timeout_s * 1e9);
         for (unsigned i = 0; __atomic_load_n(d, __ATOMIC_ACQUIRE) < 1; ++i) {
           if ((i & 1023) == 0 && mono_ns() > until) return false;
-          cpu_relax();
+          spin_pause(i);
         }
         return true;
       },
@@ -123,6 +123,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("coordinator_running", [](PyExecutor& s) { return s.ex->coordinator_running(); })
       .def("hostfn_arg", [](PyExecutor& s, uint32_t layer, uint32_t T) { return (uint64_t)(uintptr_t)s.ex->hostfn_arg(layer, T); })
       .def_property_readonly("served", [](PyExecutor& s) { return s.ex->served(); })
+      .def_property_readonly("pool_runs", [](PyExecutor& s) { return s.ex->pool_runs(); })
       .def_property_readonly("busy_ns", [](PyExecutor& s) { return s.ex->busy_ns(); })
       .def("last_error", [](PyExecutor& s) { return s.ex->last_error(); })
       .def("clear_error", [](PyExecutor& s) { s.ex->clear_error(); })

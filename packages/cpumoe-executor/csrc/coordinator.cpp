@@ -1,5 +1,7 @@
 // The doorbell coordinator (protocol v1, docs/protocol.md) and the host-function
 // entry points of the fallback path.
+#include <sched.h>
+
 #include <chrono>
 #include <thread>
 
@@ -52,6 +54,7 @@ void Executor::coordinator_loop(int core) {
       cpu_relax();
       continue;
     }
+    sched_yield();  // every 1024 polls: let an oversubscribed core run the ringer
     if (mono_ns() - last < kSpinWindowNs) continue;
     // Idle: doze with exponential backoff so an idle engine does not burn a core.
     std::this_thread::sleep_for(std::chrono::microseconds(doze_us));
@@ -83,9 +86,6 @@ void Executor::hostfn_submit(uint64_t task) {
 
 void Executor::hostfn_wait() {
   if (!coordinator_running()) return;
-  for (unsigned i = 0; load(done_) < CPUMOE_DONE_COMPLETE; ++i) {
-    if (i < 4096) cpu_relax();
-    else std::this_thread::yield();
-  }
+  for (unsigned i = 0; load(done_) < CPUMOE_DONE_COMPLETE; ++i) spin_pause(i);
 }
 }  // namespace cpumoe_exec

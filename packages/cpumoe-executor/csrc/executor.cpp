@@ -135,6 +135,7 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   c0_ = 0, c1_ = 0, c2_ = 0, c3_ = 0;
   busy_since_.store(mono_ns(), std::memory_order_release);
   pool_.run(&Executor::body_tramp, this);
+  pool_runs_.fetch_add(1, std::memory_order_acq_rel);
   busy_since_.store(0, std::memory_order_release);
   return CPUMOE_ERR_NONE;
 }

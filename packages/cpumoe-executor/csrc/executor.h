@@ -47,6 +47,7 @@ class Executor {
 
   // Health: doorbells served, whether a task runs now and for how long.
   uint64_t served() const { return served_.load(std::memory_order_acquire); }
+  uint64_t pool_runs() const { return pool_runs_.load(std::memory_order_acquire); }
   int64_t busy_ns() const;
   std::string last_error();
   void clear_error();
@@ -97,7 +98,7 @@ class Executor {
   uint64_t *ready_ = nullptr, *done_ = nullptr, *error_ = nullptr;
   std::thread coord_;
   std::atomic<bool> coord_stop_{false}, coord_running_{false};
-  std::atomic<uint64_t> served_{0};
+  std::atomic<uint64_t> served_{0}, pool_runs_{0};
   std::atomic<int64_t> busy_since_{0};
   std::mutex err_mu_;
   std::string last_error_;

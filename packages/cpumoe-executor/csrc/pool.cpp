@@ -4,6 +4,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <sched.h>
+
 #include <chrono>
 #include <climits>
 
@@ -22,6 +24,11 @@ int64_t now_us() {
       .count();
 }
 }  // namespace
+
+void spin_pause(unsigned i) {
+  if ((i & 1023) == 1023) sched_yield();
+  else cpu_relax();
+}
 
 Pool::Pool(const std::vector<int>& cores, bool pin, int64_t spin_us)
     : n_((int)std::max<size_t>(1, cores.size())), spin_us_(spin_us) {
@@ -43,8 +50,8 @@ void Pool::worker(int tid, int core, bool pin) {
     if (g == seen) {
       // Spin first (the next layer usually arrives within microseconds), then sleep.
       const int64_t until = now_us() + spin_us_;
-      for (int i = 0; (g = gen_.load(std::memory_order_acquire)) == seen; ++i) {
-        cpu_relax();
+      for (unsigned i = 0; (g = gen_.load(std::memory_order_acquire)) == seen; ++i) {
+        spin_pause(i);
         if ((i & 255) == 255 && now_us() > until) {
           sleepers_.fetch_add(1, std::memory_order_seq_cst);
           if (gen_.load(std::memory_order_seq_cst) == seen) futex_wait(&gen_, seen);
@@ -67,7 +74,7 @@ void Pool::run(Fn fn, void* ctx) {
   gen_.fetch_add(1, std::memory_order_seq_cst);  // publishes fn_/ctx_ (release)
   if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&gen_);
   fn(ctx, 0);
-  while (finished_.load(std::memory_order_acquire) < n_ - 1) cpu_relax();
+  for (unsigned i = 0; finished_.load(std::memory_order_acquire) < n_ - 1; ++i) spin_pause(i);
 }
 
 void Pool::barrier() {
@@ -77,7 +84,7 @@ void Pool::barrier() {
     bar_count_.store(0, std::memory_order_relaxed);
     bar_gen_.store(g + 1, std::memory_order_release);
   } else {
-    while (bar_gen_.load(std::memory_order_acquire) == g) cpu_relax();
+    for (unsigned i = 0; bar_gen_.load(std::memory_order_acquire) == g; ++i) spin_pause(i);
   }
 }
 }  // namespace cpumoe_exec

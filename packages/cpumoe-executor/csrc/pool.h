@@ -41,6 +41,10 @@ class Pool {
   std::atomic<int> pinned_{0};
 };
 
+// Spin-wait step: pause, and yield the core every 1024 spins so waiters do not
+// starve the thread they wait for when threads outnumber cores.
+void spin_pause(unsigned i);
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
