@@ -120,6 +120,11 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release nogil;
              s.ex->stop_coordinator();
            })
+      .def("read_bandwidth",
+           [](PyExecutor& s, uint64_t p, size_t n, int reps) {
+             py::gil_scoped_release nogil;
+             return s.ex->read_bandwidth((const void*)(uintptr_t)p, n, reps);
+           })
       .def_property_readonly("coordinator_running", [](PyExecutor& s) { return s.ex->coordinator_running(); })
       .def("hostfn_arg", [](PyExecutor& s, uint32_t layer, uint32_t T) { return (uint64_t)(uintptr_t)s.ex->hostfn_arg(layer, T); })
       .def_property_readonly("served", [](PyExecutor& s) { return s.ex->served(); })

@@ -206,6 +206,29 @@ int Executor::run_task(uint64_t task) {
   return rc;
 }
 
+std::vector<double> Executor::read_bandwidth(const void* p, size_t n, int reps) {
+  struct Ctx {
+    const cpumoe_formats_api* api;
+    const char* p;
+    size_t n;
+    int nt;
+    std::atomic<uint64_t> sink{0};
+  } ctx{api_, (const char*)p, n & ~(size_t)127, pool_.size()};
+  auto fn = [](void* c, int tid) {
+    auto* x = static_cast<Ctx*>(c);
+    const size_t a = x->n / x->nt * tid / 128 * 128, b = tid == x->nt - 1 ? x->n : x->n / x->nt * (tid + 1) / 128 * 128;
+    x->sink.fetch_add(x->api->read_sum(x->p + a, b - a), std::memory_order_relaxed);
+  };
+  std::lock_guard<std::mutex> g(run_mu_);
+  std::vector<double> out;
+  for (int r = 0; r < reps; ++r) {
+    const int64_t t0 = mono_ns();
+    pool_.run(fn, &ctx);
+    out.push_back(ctx.n / ((mono_ns() - t0) * 1e-9) / 1e9);
+  }
+  return out;
+}
+
 int64_t Executor::busy_ns() const {
   const int64_t s = busy_since_.load(std::memory_order_acquire);
   return s ? mono_ns() - s : 0;

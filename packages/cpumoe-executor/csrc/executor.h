@@ -52,6 +52,10 @@ class Executor {
   std::string last_error();
   void clear_error();
 
+  // Multi-thread read bandwidth of [p, p+n) with this executor's threads: one
+  // GB/s sample per repeat (the bench's ceiling, measured like the decode runs).
+  std::vector<double> read_bandwidth(const void* p, size_t n, int reps);
+
   const cpumoe_kernel* kernel() const { return k_; }
   const Config& config() const { return cfg_; }
   int threads() const { return pool_.size(); }
