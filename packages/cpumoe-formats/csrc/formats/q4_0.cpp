@@ -18,7 +18,6 @@
 // output rows in pairs, so two weight rows stream against one activation (shared activation loads, two
 // independent dependency chains). A row's arithmetic does not depend on how rows are grouped.
 #include <cfloat>
-#include <cstdlib>
 
 #include "../rowmajor.h"
 
@@ -44,13 +43,14 @@ constexpr int QK = 32, QB = 18;
 #define Q4_UNROLL
 #endif
 
-int g_pf = 768, g_hint = 0;  // EXPERIMENT
-struct PfInit { PfInit() { if (const char* v = std::getenv("Q4PF")) g_pf = std::atoi(v); if (const char* v = std::getenv("Q4HINT")) g_hint = std::atoi(v); } } g_pfinit;
-CPUMOE_INLINE void pf3(const uint8_t* p) {
-  if (g_pf <= 0) return;
-  const uint8_t* a = p + g_pf;
-  if (g_hint == 3) { __builtin_prefetch(a, 0, 3); __builtin_prefetch(a + 64, 0, 3); __builtin_prefetch(a + 128, 0, 3); }
-  else { __builtin_prefetch(a, 0, 0); __builtin_prefetch(a + 64, 0, 0); __builtin_prefetch(a + 128, 0, 0); }
+// Software prefetch of the weight stream: prefetcht0 (locality 3) 3 KB ahead of each row's read position, 3 lines
+// per 8-block step (144 bytes) so every line is covered. Measured at the gemma shape on a Sapphire Rapids core
+// (single thread, T = 1): no prefetch ~58% of read bandwidth, prefetchnta at any distance <= 61%, prefetcht0 at
+// 768 / 1536 / 3072 / 6144 bytes 68-73% / 85% / 95-101% / 72-79%. The hardware streamers stop at 4 KB pages
+// and the gate/up rows are two streams; far enough ahead, the prefetches hide the DRAM latency of both.
+constexpr int kPrefetchBytes = 3072;
+CPUMOE_INLINE void prefetch_ahead(const uint8_t* p, int lines = 3) {
+  for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
 }
 
 CPUMOE_INLINE uint16_t ld16(const uint8_t* p) {
@@ -291,7 +291,7 @@ struct RowsW4A8 {
       __m256 s8[R];
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
-        pf3(w[r] + (size_t)b * QB);
+        prefetch_ahead(w[r] + (size_t)b * QB);
         s8[r] = _mm256_mul_ps(d8_f32(w[r] + (size_t)b * QB), da8);  // fp16(d) * d_a, 8 blocks
       }
       __m256i idx = i0;
@@ -308,8 +308,10 @@ struct RowsW4A8 {
       const __m128 da4 = _mm_loadu_ps(a.da + b);
       __m256 s4[R];
       Q4_UNROLL
-      for (int r = 0; r < R; ++r)  // lanes 4..7 unused: the permutes read lanes 0..3
+      for (int r = 0; r < R; ++r) {  // lanes 4..7 unused: the permutes read lanes 0..3
+        prefetch_ahead(w[r] + (size_t)b * QB, 2);
         s4[r] = _mm256_castps128_ps256(_mm_mul_ps(d4_f32(w[r] + (size_t)b * QB), da4));
+      }
       __m256i idx = i0;
       Q4_UNROLL
       for (int j = 0; j < 2; ++j, idx = _mm256_add_epi32(idx, two)) {
@@ -326,6 +328,7 @@ struct RowsW4A8 {
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 1);
         const __m256 s = _mm256_set_m128(_mm_set1_ps(d1_f32(p + QB) * a.da[b + 1]), _mm_set1_ps(d1_f32(p) * a.da[b]));
         acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(p, A)), s, acc[r][0]);
       }
@@ -381,7 +384,7 @@ struct RowsW4A8 {
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
-        pf3(p);
+        prefetch_ahead(p);
         const __m512 s8 = _mm512_castps256_ps512(_mm256_mul_ps(d8_f32(p), da8));  // permutes read lanes 0..7
         acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p, A0)), _mm512_permutexvar_ps(i0, s8), acc[r][0]);
         acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p + 4 * QB, A1)), _mm512_permutexvar_ps(i4, s8), acc[r][1]);
@@ -393,6 +396,7 @@ struct RowsW4A8 {
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 2);
         const __m512 s4 = _mm512_castps128_ps512(_mm_mul_ps(d4_f32(p), da4));  // permute reads lanes 0..3
         acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p, A)), _mm512_permutexvar_ps(i0, s4), acc[r][0]);
       }
@@ -438,7 +442,7 @@ struct RowsNative {
     for (; b + 8 <= nb; b += 8) {
       __m256 d8[R];
       Q4_UNROLL
-      for (int r = 0; r < R; ++r) pf3(w[r] + (size_t)b * QB), d8[r] = d8_f32(w[r] + (size_t)b * QB);
+      for (int r = 0; r < R; ++r) prefetch_ahead(w[r] + (size_t)b * QB), d8[r] = d8_f32(w[r] + (size_t)b * QB);
       Q4_UNROLL
       for (int j = 0; j < 8; ++j) {
         const float* xb = x + (size_t)(b + j) * QK;
@@ -458,6 +462,7 @@ struct RowsNative {
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 1);
         acc[r][0] = _mm256_fmadd_ps(native_block(p, xv), _mm256_set1_ps(d1_f32(p)), acc[r][0]);
       }
     }
@@ -489,7 +494,7 @@ struct RowsNative {
       __m512 d8[R];
       Q4_UNROLL
       for (int r = 0; r < R; ++r)  // permutes read lanes 0..7
-        pf3(w[r] + (size_t)b * QB), d8[r] = _mm512_castps256_ps512(d8_f32(w[r] + (size_t)b * QB));
+        prefetch_ahead(w[r] + (size_t)b * QB), d8[r] = _mm512_castps256_ps512(d8_f32(w[r] + (size_t)b * QB));
       Q4_UNROLL
       for (int j = 0; j < 8; ++j) {
         const float* xb = x + (size_t)(b + j) * QK;
@@ -507,6 +512,7 @@ struct RowsNative {
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 1);
         acc[r][0] = _mm512_fmadd_ps(native_block(p, xlo, xhi), _mm512_set1_ps(d1_f32(p)), acc[r][0]);
       }
     }
