@@ -473,12 +473,13 @@ struct RowsNative {
 #endif
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512F
-// native: the 16 qs bytes as int32 lanes; low nibbles are elements 0..15, high nibbles 16..31.
-CPUMOE_INLINE __m512 native_block(const uint8_t* p, __m512 xlo, __m512 xhi) {
+// native: the 16 qs bytes as int32 lanes; low nibbles are elements 0..15, high nibbles 16..31. vpermps reads the
+// low 4 bits of each index, so a 16-entry table of (n - 8) as fp32 turns a nibble into its exact weight factor in
+// one instruction (no mask for the low nibble, one shift for the high one).
+CPUMOE_INLINE __m512 native_block(const uint8_t* p, __m512 xlo, __m512 xhi, __m512 tbl) {
   const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p + 2)));
-  const __m512i m = _mm512_set1_epi32(0xF), k8 = _mm512_set1_epi32(8);
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, m), k8));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), k8));
+  const __m512 lo = _mm512_permutexvar_ps(v, tbl);
+  const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
   return _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
 }
 struct RowsNative {
@@ -489,6 +490,7 @@ struct RowsNative {
     __m512 acc[R][2];
     Q4_UNROLL
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const __m512 tbl = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
       __m512 d8[R];
@@ -502,7 +504,7 @@ struct RowsNative {
         const __m512i idx = _mm512_set1_epi32(j);
         Q4_UNROLL
         for (int r = 0; r < R; ++r)
-          acc[r][j & 1] = _mm512_fmadd_ps(native_block(w[r] + (size_t)(b + j) * QB, xlo, xhi),
+          acc[r][j & 1] = _mm512_fmadd_ps(native_block(w[r] + (size_t)(b + j) * QB, xlo, xhi, tbl),
                                           _mm512_permutexvar_ps(idx, d8[r]), acc[r][j & 1]);
       }
     }
@@ -513,7 +515,7 @@ struct RowsNative {
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
         prefetch_ahead(p, 1);
-        acc[r][0] = _mm512_fmadd_ps(native_block(p, xlo, xhi), _mm512_set1_ps(d1_f32(p)), acc[r][0]);
+        acc[r][0] = _mm512_fmadd_ps(native_block(p, xlo, xhi, tbl), _mm512_set1_ps(d1_f32(p)), acc[r][0]);
       }
     }
     Q4_UNROLL
