@@ -34,6 +34,13 @@ constexpr int kMaxCols = 128;   // columns per tile pass (stack accumulators)
 constexpr int kMaxTok = 4;      // tokens per tile pass
 constexpr int kPrefetchRows = 16;
 
+// Fully unroll the compile-time loops over vectors and tokens so accumulators live in registers.
+#define MX_UNROLL _Pragma("GCC unroll 16")
+#ifndef MX_PF_HINT
+#define MX_PF_HINT 3
+#endif
+#define MX_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, MX_PF_HINT)
+
 struct Tile {
   const uint8_t* blk;  // blocks row 0 at the tile's first column
   int64_t bs;          // bytes between K-pair rows
@@ -82,24 +89,24 @@ struct V256 {
   static CPUMOE_INLINE I load(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
   static CPUMOE_INLINE I lut(const uint8_t* t) { return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)t)); }
   static CPUMOE_INLINE I set1_8(int v) { return _mm256_set1_epi8((char)v); }
+  static CPUMOE_INLINE I set1_32(int v) { return _mm256_set1_epi32(v); }
   static CPUMOE_INLINE I zero() { return _mm256_setzero_si256(); }
   static CPUMOE_INLINE I band(I a, I b) { return _mm256_and_si256(a, b); }
   static CPUMOE_INLINE I srl4(I a) { return _mm256_srli_epi16(a, 4); }
   static CPUMOE_INLINE I shuf(I t, I i) { return _mm256_shuffle_epi8(t, i); }
   static CPUMOE_INLINE I ulo8(I a, I b) { return _mm256_unpacklo_epi8(a, b); }
   static CPUMOE_INLINE I uhi8(I a, I b) { return _mm256_unpackhi_epi8(a, b); }
-  static CPUMOE_INLINE I ulo16(I a, I b) { return _mm256_unpacklo_epi16(a, b); }
-  static CPUMOE_INLINE I uhi16(I a, I b) { return _mm256_unpackhi_epi16(a, b); }
+  static CPUMOE_INLINE I sll16(I a) { return _mm256_slli_epi32(a, 16); }
   static CPUMOE_INLINE I minu8(I a, int v) { return _mm256_min_epu8(a, _mm256_set1_epi8((char)v)); }
   static CPUMOE_INLINE F cast(I a) { return _mm256_castsi256_ps(a); }
   static CPUMOE_INLINE F fzero() { return _mm256_setzero_ps(); }
   static CPUMOE_INLINE F bcast(const float* p) { return _mm256_broadcast_ss(p); }
   static CPUMOE_INLINE F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static CPUMOE_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v); }
-  // dwords holding s in [0, 254] -> 2^(s-127), s = 0 -> 2^-127 (0x00400000)
+  // dwords holding s << 24 (s in [0, 254]) -> 2^(s-127); s = 0 -> 2^-127 (0x00400000)
   static CPUMOE_INLINE F e8m0(I d) {
     const I z = _mm256_cmpeq_epi32(d, _mm256_setzero_si256());
-    return cast(_mm256_or_si256(_mm256_slli_epi32(d, 23), _mm256_and_si256(z, _mm256_set1_epi32(0x00400000))));
+    return cast(_mm256_or_si256(_mm256_srli_epi32(d, 1), _mm256_and_si256(z, _mm256_set1_epi32(0x00400000))));
   }
 };
 #endif
@@ -112,14 +119,14 @@ struct V512 {
   static CPUMOE_INLINE I load(const uint8_t* p) { return _mm512_loadu_si512((const void*)p); }
   static CPUMOE_INLINE I lut(const uint8_t* t) { return _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)t)); }
   static CPUMOE_INLINE I set1_8(int v) { return _mm512_set1_epi8((char)v); }
+  static CPUMOE_INLINE I set1_32(int v) { return _mm512_set1_epi32(v); }
   static CPUMOE_INLINE I zero() { return _mm512_setzero_si512(); }
   static CPUMOE_INLINE I band(I a, I b) { return _mm512_and_si512(a, b); }
   static CPUMOE_INLINE I srl4(I a) { return _mm512_srli_epi16(a, 4); }
   static CPUMOE_INLINE I shuf(I t, I i) { return _mm512_shuffle_epi8(t, i); }
   static CPUMOE_INLINE I ulo8(I a, I b) { return _mm512_unpacklo_epi8(a, b); }
   static CPUMOE_INLINE I uhi8(I a, I b) { return _mm512_unpackhi_epi8(a, b); }
-  static CPUMOE_INLINE I ulo16(I a, I b) { return _mm512_unpacklo_epi16(a, b); }
-  static CPUMOE_INLINE I uhi16(I a, I b) { return _mm512_unpackhi_epi16(a, b); }
+  static CPUMOE_INLINE I sll16(I a) { return _mm512_slli_epi32(a, 16); }
   static CPUMOE_INLINE I minu8(I a, int v) { return _mm512_min_epu8(a, _mm512_set1_epi8((char)v)); }
   static CPUMOE_INLINE F cast(I a) { return _mm512_castsi512_ps(a); }
   static CPUMOE_INLINE F fzero() { return _mm512_setzero_ps(); }
@@ -128,22 +135,29 @@ struct V512 {
   static CPUMOE_INLINE void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static CPUMOE_INLINE F e8m0(I d) {
     const __mmask16 z = _mm512_cmpeq_epi32_mask(d, _mm512_setzero_si512());
-    return cast(_mm512_mask_mov_epi32(_mm512_slli_epi32(d, 23), z, _mm512_set1_epi32(0x00400000)));
+    return cast(_mm512_mask_mov_epi32(_mm512_srli_epi32(d, 1), z, _mm512_set1_epi32(0x00400000)));
   }
 };
 #endif
 
 #if CPUMOE_TIER >= CPUMOE_T_AVX2
-// Four fp32 vectors from 4-bit codes (one per byte, 0..15), in the lane order described above.
+// Column of lane l of vector q (0..3) within one load of W columns: the byte unpacks
+// interleave per 128-bit lane (16 columns), the word split takes even then odd columns.
+CPUMOE_INLINE int lane_col(int q, int l) { return 16 * (l / 4) + 8 * (q / 2) + 2 * (l % 4) + (q % 2); }
+
+// Four fp32 vectors from 4-bit codes (one per byte, 0..15), vector q lane l = lane_col(q, l).
+// Bytes hi/lo of the code's bf16 bits -> words (column order within the 128-bit lane) ->
+// even columns = word << 16, odd columns = word & 0xFFFF0000.
 template <class V>
-CPUMOE_INLINE void decode4(typename V::I codes, typename V::I lh, typename V::I ll, typename V::F* w) {
+CPUMOE_INLINE void decode4(typename V::I codes, typename V::I lh, typename V::I ll, typename V::I mhi,
+                           typename V::F* w) {
   using I = typename V::I;
-  const I hi = V::shuf(lh, codes), lo = V::shuf(ll, codes), z = V::zero();
+  const I hi = V::shuf(lh, codes), lo = V::shuf(ll, codes);
   const I w0 = V::ulo8(lo, hi), w1 = V::uhi8(lo, hi);  // bf16 words
-  w[0] = V::cast(V::ulo16(z, w0));
-  w[1] = V::cast(V::uhi16(z, w0));
-  w[2] = V::cast(V::ulo16(z, w1));
-  w[3] = V::cast(V::uhi16(z, w1));
+  w[0] = V::cast(V::sll16(w0));
+  w[1] = V::cast(V::band(w0, mhi));
+  w[2] = V::cast(V::sll16(w1));
+  w[3] = V::cast(V::band(w1, mhi));
 }
 
 // Tile of NCV*W columns starting at column c0 for NT tokens.
@@ -152,53 +166,72 @@ void tile_simd(const Tile& T, int c0, const float* const* xs, float* out) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int W = V::W, NV = 4 * NCV, L = W / 4;  // L = fp32 lanes per vector
-  const I m0f = V::set1_8(0x0F), lh = V::lut(kLutHi), ll = V::lut(kLutLo);
+  const I m0f = V::set1_8(0x0F), lh = V::lut(kLutHi), ll = V::lut(kLutLo), mhi = V::set1_32((int)0xFFFF0000u);
   F tot[NT][NV];
+  MX_UNROLL
   for (int t = 0; t < NT; ++t)
+    MX_UNROLL
     for (int v = 0; v < NV; ++v) tot[t][v] = V::fzero();
   const uint8_t* blk = T.blk + c0;
   const uint8_t* scl = T.scl + c0;
   const int ng = T.nkp / kGroupRows;
   for (int g = 0; g < ng; ++g) {
     F acc[NT][NV];
+    MX_UNROLL
     for (int t = 0; t < NT; ++t)
+      MX_UNROLL
       for (int v = 0; v < NV; ++v) acc[t][v] = V::fzero();
     const uint8_t* p = blk + (int64_t)g * kGroupRows * T.bs;
     for (int r = 0; r < kGroupRows; ++r, p += T.bs) {
       const uint8_t* pf = p + kPrefetchRows * T.bs;
-      for (int o = 0; o < NCV * W; o += 64) CPUMOE_PREFETCH(pf + o);
-      CPUMOE_PREFETCH(pf + NCV * W - 1);
+      MX_UNROLL
+      for (int o = 0; o < NCV * W; o += 64) MX_PREFETCH(pf + o);
+      MX_PREFETCH(pf + NCV * W - 1);
       const int kb = g * kGroupRows + r;
       F x0[NT], x1[NT];
+      MX_UNROLL
       for (int t = 0; t < NT; ++t) x0[t] = V::bcast(xs[t] + 2 * kb), x1[t] = V::bcast(xs[t] + 2 * kb + 1);
+      MX_UNROLL
       for (int c = 0; c < NCV; ++c) {
         const I b = V::load(p + c * W);
         F w[4];
-        decode4<V>(V::band(b, m0f), lh, ll, w);
+        decode4<V>(V::band(b, m0f), lh, ll, mhi, w);
+        MX_UNROLL
         for (int t = 0; t < NT; ++t)
+          MX_UNROLL
           for (int q = 0; q < 4; ++q) acc[t][4 * c + q] = V::fma(w[q], x0[t], acc[t][4 * c + q]);
-        decode4<V>(V::band(V::srl4(b), m0f), lh, ll, w);
+        decode4<V>(V::band(V::srl4(b), m0f), lh, ll, mhi, w);
+        MX_UNROLL
         for (int t = 0; t < NT; ++t)
+          MX_UNROLL
           for (int q = 0; q < 4; ++q) acc[t][4 * c + q] = V::fma(w[q], x1[t], acc[t][4 * c + q]);
       }
     }
+    // Scales in the same lane order: byte s -> word s << 8 -> dword s << 24 -> e8m0.
     const uint8_t* sp = scl + (int64_t)g * T.ss;
+    MX_UNROLL
     for (int c = 0; c < NCV; ++c) {
       const I s = V::minu8(V::load(sp + c * W), 254), z = V::zero();
-      const I s0 = V::ulo8(s, z), s1 = V::uhi8(s, z);
-      const F sc[4] = {V::e8m0(V::ulo16(s0, z)), V::e8m0(V::uhi16(s0, z)), V::e8m0(V::ulo16(s1, z)),
-                       V::e8m0(V::uhi16(s1, z))};
+      const I s0 = V::ulo8(z, s), s1 = V::uhi8(z, s);
+      const F sc[4] = {V::e8m0(V::sll16(s0)), V::e8m0(V::band(s0, mhi)), V::e8m0(V::sll16(s1)),
+                       V::e8m0(V::band(s1, mhi))};
+      MX_UNROLL
       for (int t = 0; t < NT; ++t)
+        MX_UNROLL
         for (int q = 0; q < 4; ++q) tot[t][4 * c + q] = V::fma(acc[t][4 * c + q], sc[q], tot[t][4 * c + q]);
     }
   }
   alignas(64) float tmp[L];
+  MX_UNROLL
   for (int t = 0; t < NT; ++t)
+    MX_UNROLL
     for (int c = 0; c < NCV; ++c)
+      MX_UNROLL
       for (int q = 0; q < 4; ++q) {
         V::store(tmp, tot[t][4 * c + q]);
-        float* o = out + t * kMaxCols + c0 + c * W + 4 * q;
-        for (int l = 0; l < L; ++l) o[16 * (l / 4) + l % 4] = tmp[l];
+        float* o = out + t * kMaxCols + c0 + c * W;
+        MX_UNROLL
+        for (int l = 0; l < L; ++l) o[lane_col(q, l)] = tmp[l];
       }
 }
 
