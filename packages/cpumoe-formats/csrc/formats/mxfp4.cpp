@@ -32,14 +32,11 @@ namespace {
 constexpr int kGroupRows = 16;  // K-pair rows per e8m0 scale (32 K)
 constexpr int kMaxCols = 128;   // columns per tile pass (stack accumulators)
 constexpr int kMaxTok = 4;      // tokens per tile pass
-constexpr int kPrefetchRows = 16;
+constexpr int kPrefetchRows = 32;  // K rows ahead (row stride = N bytes): ~100-200 ns of DRAM latency
 
 // Fully unroll the compile-time loops over vectors and tokens so accumulators live in registers.
 #define MX_UNROLL _Pragma("GCC unroll 16")
-#ifndef MX_PF_HINT
-#define MX_PF_HINT 3
-#endif
-#define MX_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, MX_PF_HINT)
+#define MX_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
 
 struct Tile {
   const uint8_t* blk;  // blocks row 0 at the tile's first column
@@ -111,6 +108,7 @@ struct V256 {
 };
 #endif
 
+
 #if CPUMOE_TIER >= CPUMOE_T_AVX512F
 struct V512 {
   using F = __m512;
@@ -160,79 +158,87 @@ CPUMOE_INLINE void decode4(typename V::I codes, typename V::I lh, typename V::I 
   w[3] = V::cast(V::band(w1, mhi));
 }
 
-// Tile of NCV*W columns starting at column c0 for NT tokens.
+// nch chunks of NCV*W columns starting at column c0, for NT tokens. The chunks are walked
+// group by group (16 K-pair rows of every chunk, then the next group), so a work item wider
+// than one chunk still reads its rows once, as whole contiguous runs.
 template <class V, int NCV, int NT>
-void tile_simd(const Tile& T, int c0, const float* const* xs, float* out) {
+void tile_simd(const Tile& T, int c0, int nch, const float* const* xs, float* out) {
   using F = typename V::F;
   using I = typename V::I;
-  constexpr int W = V::W, NV = 4 * NCV, L = W / 4;  // L = fp32 lanes per vector
+  constexpr int W = V::W, NV = 4 * NCV, L = W / 4, CW = NCV * W;  // L = fp32 lanes per vector
   const I m0f = V::set1_8(0x0F), lh = V::lut(kLutHi), ll = V::lut(kLutLo), mhi = V::set1_32((int)0xFFFF0000u);
-  F tot[NT][NV];
-  MX_UNROLL
+  F tot[NT][kMaxCols / L];
   for (int t = 0; t < NT; ++t)
-    MX_UNROLL
-    for (int v = 0; v < NV; ++v) tot[t][v] = V::fzero();
+    for (int v = 0; v < nch * NV; ++v) tot[t][v] = V::fzero();
   const uint8_t* blk = T.blk + c0;
   const uint8_t* scl = T.scl + c0;
+  const int64_t pfd = kPrefetchRows * T.bs;
+  for (int r = 0; r < kPrefetchRows && r < T.nkp; ++r)  // prologue: the first rows of every chunk
+    for (int o = 0; o < nch * CW; o += 64) MX_PREFETCH(blk + r * T.bs + o);
   const int ng = T.nkp / kGroupRows;
   for (int g = 0; g < ng; ++g) {
-    F acc[NT][NV];
-    MX_UNROLL
-    for (int t = 0; t < NT; ++t)
-      MX_UNROLL
-      for (int v = 0; v < NV; ++v) acc[t][v] = V::fzero();
-    const uint8_t* p = blk + (int64_t)g * kGroupRows * T.bs;
-    for (int r = 0; r < kGroupRows; ++r, p += T.bs) {
-      const uint8_t* pf = p + kPrefetchRows * T.bs;
-      MX_UNROLL
-      for (int o = 0; o < NCV * W; o += 64) MX_PREFETCH(pf + o);
-      MX_PREFETCH(pf + NCV * W - 1);
-      const int kb = g * kGroupRows + r;
-      F x0[NT], x1[NT];
-      MX_UNROLL
-      for (int t = 0; t < NT; ++t) x0[t] = V::bcast(xs[t] + 2 * kb), x1[t] = V::bcast(xs[t] + 2 * kb + 1);
-      MX_UNROLL
-      for (int c = 0; c < NCV; ++c) {
-        const I b = V::load(p + c * W);
-        F w[4];
-        decode4<V>(V::band(b, m0f), lh, ll, mhi, w);
-        MX_UNROLL
-        for (int t = 0; t < NT; ++t)
-          MX_UNROLL
-          for (int q = 0; q < 4; ++q) acc[t][4 * c + q] = V::fma(w[q], x0[t], acc[t][4 * c + q]);
-        decode4<V>(V::band(V::srl4(b), m0f), lh, ll, mhi, w);
-        MX_UNROLL
-        for (int t = 0; t < NT; ++t)
-          MX_UNROLL
-          for (int q = 0; q < 4; ++q) acc[t][4 * c + q] = V::fma(w[q], x1[t], acc[t][4 * c + q]);
-      }
-    }
-    // Scales in the same lane order: byte s -> word s << 8 -> dword s << 24 -> e8m0.
-    const uint8_t* sp = scl + (int64_t)g * T.ss;
-    MX_UNROLL
-    for (int c = 0; c < NCV; ++c) {
-      const I s = V::minu8(V::load(sp + c * W), 254), z = V::zero();
-      const I s0 = V::ulo8(z, s), s1 = V::uhi8(z, s);
-      const F sc[4] = {V::e8m0(V::sll16(s0)), V::e8m0(V::band(s0, mhi)), V::e8m0(V::sll16(s1)),
-                       V::e8m0(V::band(s1, mhi))};
+    const int kb0 = g * kGroupRows;
+    for (int ch = 0; ch < nch; ++ch) {
+      F acc[NT][NV];
       MX_UNROLL
       for (int t = 0; t < NT; ++t)
         MX_UNROLL
-        for (int q = 0; q < 4; ++q) tot[t][4 * c + q] = V::fma(acc[t][4 * c + q], sc[q], tot[t][4 * c + q]);
+        for (int v = 0; v < NV; ++v) acc[t][v] = V::fzero();
+      const uint8_t* p = blk + (int64_t)kb0 * T.bs + ch * CW;
+      for (int r = 0; r < kGroupRows; ++r, p += T.bs) {
+        MX_UNROLL
+        for (int o = 0; o < CW; o += 64) MX_PREFETCH(p + pfd + o);
+        if (CW % 64 == 0) MX_PREFETCH(p + pfd + CW - 1);  // the tile may not start on a line
+        const int kb = kb0 + r;
+        F x0[NT], x1[NT];
+        MX_UNROLL
+        for (int t = 0; t < NT; ++t) x0[t] = V::bcast(xs[t] + 2 * kb), x1[t] = V::bcast(xs[t] + 2 * kb + 1);
+        MX_UNROLL
+        for (int c = 0; c < NCV; ++c) {
+          const I b = V::load(p + c * W);
+          F w[4];
+          decode4<V>(V::band(b, m0f), lh, ll, mhi, w);
+          MX_UNROLL
+          for (int t = 0; t < NT; ++t)
+            MX_UNROLL
+            for (int q = 0; q < 4; ++q) acc[t][4 * c + q] = V::fma(w[q], x0[t], acc[t][4 * c + q]);
+          decode4<V>(V::band(V::srl4(b), m0f), lh, ll, mhi, w);
+          MX_UNROLL
+          for (int t = 0; t < NT; ++t)
+            MX_UNROLL
+            for (int q = 0; q < 4; ++q) acc[t][4 * c + q] = V::fma(w[q], x1[t], acc[t][4 * c + q]);
+        }
+      }
+      // Scales in the same lane order: byte s -> word s << 8 -> dword s << 24 -> e8m0.
+      const uint8_t* sp = scl + (int64_t)g * T.ss + ch * CW;
+      MX_UNROLL
+      for (int c = 0; c < NCV; ++c) {
+        const I s = V::minu8(V::load(sp + c * W), 254), z = V::zero();
+        const I s0 = V::ulo8(z, s), s1 = V::uhi8(z, s);
+        const F sc[4] = {V::e8m0(V::sll16(s0)), V::e8m0(V::band(s0, mhi)), V::e8m0(V::sll16(s1)),
+                         V::e8m0(V::band(s1, mhi))};
+        MX_UNROLL
+        for (int t = 0; t < NT; ++t)
+          MX_UNROLL
+          for (int q = 0; q < 4; ++q) {
+            F& d = tot[t][ch * NV + 4 * c + q];
+            d = V::fma(acc[t][4 * c + q], sc[q], d);
+          }
+      }
     }
   }
   alignas(64) float tmp[L];
-  MX_UNROLL
   for (int t = 0; t < NT; ++t)
-    MX_UNROLL
-    for (int c = 0; c < NCV; ++c)
+    for (int ch = 0; ch < nch; ++ch)
       MX_UNROLL
-      for (int q = 0; q < 4; ++q) {
-        V::store(tmp, tot[t][4 * c + q]);
-        float* o = out + t * kMaxCols + c0 + c * W;
+      for (int c = 0; c < NCV; ++c)
         MX_UNROLL
-        for (int l = 0; l < L; ++l) o[lane_col(q, l)] = tmp[l];
-      }
+        for (int q = 0; q < 4; ++q) {
+          V::store(tmp, tot[t][ch * NV + 4 * c + q]);
+          float* o = out + t * kMaxCols + c0 + ch * CW + c * W;
+          MX_UNROLL
+          for (int l = 0; l < L; ++l) o[lane_col(q, l)] = tmp[l];
+        }
 }
 
 // Columns [c, nc) that fill whole vectors of V; returns the first column not done.
@@ -240,18 +246,23 @@ template <class V, int NTG>
 int tile_run(const Tile& T, int c, int nc, int nt, const float* const* xs, float* out) {
   constexpr int W = V::W;
   static_assert(NTG >= 2 && NTG <= 4, "token group");
-  if (nt == 1)
-    for (; c + 2 * W <= nc; c += 2 * W) tile_simd<V, 2, 1>(T, c, xs, out);
-  for (; c + W <= nc; c += W) {
+  if (nt == 1 && nc - c >= 2 * W) {  // one token: two vectors' worth of columns per chunk
+    const int nch = (nc - c) / (2 * W);
+    tile_simd<V, 2, 1>(T, c, nch, xs, out);
+    c += nch * 2 * W;
+  }
+  if (nc - c >= W) {
+    const int nch = (nc - c) / W;
     int t = 0;
-    for (; t + NTG <= nt; t += NTG) tile_simd<V, 1, NTG>(T, c, xs + t, out + t * kMaxCols);
+    for (; t + NTG <= nt; t += NTG) tile_simd<V, 1, NTG>(T, c, nch, xs + t, out + t * kMaxCols);
     float* o = out + t * kMaxCols;
     switch (nt - t) {
-      case 1: tile_simd<V, 1, 1>(T, c, xs + t, o); break;
-      case 2: tile_simd<V, 1, NTG >= 3 ? 2 : 1>(T, c, xs + t, o); break;
-      case 3: tile_simd<V, 1, NTG >= 4 ? 3 : 1>(T, c, xs + t, o); break;
+      case 1: tile_simd<V, 1, 1>(T, c, nch, xs + t, o); break;
+      case 2: tile_simd<V, 1, NTG >= 3 ? 2 : 1>(T, c, nch, xs + t, o); break;
+      case 3: tile_simd<V, 1, NTG >= 4 ? 3 : 1>(T, c, nch, xs + t, o); break;
       default: break;
     }
+    c += nch * W;
   }
   return c;
 }
