@@ -11,12 +11,13 @@
 // the column's scale and added to the tile's totals. The tokens of a work item share each
 // weight read (accumulators per token; tokens in groups for register room).
 //
-// SIMD decode (avx2 32 columns per load, avx512f 64): nibbles -> two pshufb LUTs giving the
-// high and low byte of the code's bf16 bits (e2m1 values are exact bf16), then byte/word
-// unpacks with zero build fp32 directly. The unpacks leave columns in a per-128-bit-lane
-// order: vector q lane l holds column 16*(l/4) + 4*q + l%4 of the load; the scales are
-// expanded with the same unpacks, and the totals are un-permuted once per tile.
-// Columns that do not fill a vector run through the scalar tile.
+// SIMD decode (avx2: 32 columns per 256-bit load, avx512f: 64 per 512-bit load, the same
+// template): nibbles -> two pshufb LUTs giving the high and low byte of the code's bf16 bits
+// (e2m1 values are exact bf16) -> byte unpack to bf16 words -> even columns = word << 16, odd
+// columns = word & 0xFFFF0000 (fp32). The unpacks leave columns in a per-128-bit-lane order
+// (lane_col below); the scales are expanded the same way and the totals are un-permuted once
+// per tile. Columns that do not fill a vector (work items not on 32-column boundaries) run
+// through the scalar tile.
 #include "../rowmajor.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && CPUMOE_TIER >= CPUMOE_T_AVX512F
