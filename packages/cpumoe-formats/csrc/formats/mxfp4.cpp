@@ -31,7 +31,7 @@ namespace CPUMOE_NS {
 namespace {
 
 constexpr int kGroupRows = 16;  // K-pair rows per e8m0 scale (32 K)
-constexpr int kMaxCols = 128;   // columns per tile pass (stack accumulators)
+constexpr int kMaxCols = 512;   // columns per tile pass (accumulators on the stack)
 constexpr int kMaxTok = 4;      // tokens per tile pass
 constexpr int kPrefetchRows = 32;  // K rows ahead (row stride = N bytes): ~100-200 ns of DRAM latency
 
@@ -362,7 +362,7 @@ bool CPUMOE_INIT_FN(mxfp4)(cpumoe_kernel* k) {
   k->prep_act = &prep_act_f32;
   k->gate_up = &gate_up;
   k->down = &down;
-  k->block_hint = 64;  // a down work item reads whole 64-byte lines per K row
+  k->block_hint = 64;  // >= whole 64-byte lines per K row; wider items (the single-thread step uses 256) read longer runs
   return true;
 #endif
 }
