@@ -91,7 +91,8 @@ def check_g(g, gate, up, dgate, dup, act, round_gate_up=False):
             ga, ua = gate + sg * dgate, up + su * dup
             if round_gate_up:  # bf16 rounding is monotone: the box maps to a box
                 ga, ua = round_bf16(ga), round_bf16(ua)
-            cands.append(act(ga, ua))
+            with np.errstate(over="ignore"):  # exp(-gate) overflows for hugely negative gates: act -> -0
+                cands.append(act(ga, ua))
     c = np.stack(cands)
     lo, hi = round_bf16(c.min(axis=0)), round_bf16(c.max(axis=0))
     bad = np.flatnonzero((g < lo) | (g > hi) | ~np.isfinite(g))
