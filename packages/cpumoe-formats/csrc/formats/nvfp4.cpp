@@ -213,6 +213,7 @@ struct DotW4A8 {
 #elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
     const __m512i ts = tbl512(w2_signed()), ta = tbl512(w2_abs()), m = _mm512_set1_epi8(0x0F);
     const __m512i z = _mm512_setzero_si512();
+    const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     for (int32_t g = 0; g < ng; ++g) {
       const uint8_t* p = r.p + 64 * g;
@@ -221,17 +222,21 @@ struct DotW4A8 {
       const __m512i b = _mm512_loadu_si512((const void*)p);
       const __m512i lo = _mm512_and_si512(b, m), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
       const __m512i ae = _mm512_loadu_si512((const void*)ag), ao = _mm512_loadu_si512((const void*)(ag + 64));
+      // sign(w) * a: negate a where the signed weight is negative (no vpsignb in AVX-512)
       const __m512i sl = _mm512_mask_sub_epi8(ae, _mm512_movepi8_mask(_mm512_shuffle_epi8(ts, lo)), z, ae);
       const __m512i sh = _mm512_mask_sub_epi8(ao, _mm512_movepi8_mask(_mm512_shuffle_epi8(ts, hi)), z, ao);
       const __m512i P = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, _mm512_shuffle_epi8(ta, lo), sl),
                                             _mm512_shuffle_epi8(ta, hi), sh);
-      // lanes 2b, 2b+1 -> block b, natural order
-      const __m256i S = _mm512_cvtepi64_epi32(_mm512_add_epi32(P, _mm512_srli_epi64(P, 32)));
+      // lanes 2b, 2b+1 -> block b (natural order), then the avx2 path's lane order and float
+      // operations, so avx512vnni, avxvnni and avx2 give bit-identical results
+      const __m256i S = _mm256_permutevar8x32_epi32(
+          _mm512_cvtepi64_epi32(_mm512_add_epi32(P, _mm512_srli_epi64(P, 32))), perm);
       const __m256 comb = _mm256_mul_ps(e4m3x8(load8(r.s + 8 * g)), _mm256_loadu_ps(as + 8 * g));
+      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_permutevar8x32_ps(comb, perm));
       if (g & 1)
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), comb, acc1);
+        acc1 = _mm256_add_ps(acc1, f);
       else
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), comb, acc0);
+        acc0 = _mm256_add_ps(acc0, f);
     }
     return (hsum256(_mm256_add_ps(acc0, acc1)) + w4a8_blocks_scalar(r, a, as, ng * 8)) * (0.5f * r.g);
 #else  // avx2 / avxvnni
