@@ -57,12 +57,9 @@ void prep(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 }
 
 struct Dot {
+  static constexpr int kBanks = 2;
   static constexpr bool kRoundGateUp = true, kRoundRouteTerm = true;
-  static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act) {
-    const int b = pass ? 2 : 0;
-    const uint8_t* P = bank_row<uint8_t>(banks[b], e, row);
-    const uint8_t* Sc = bank_row<uint8_t>(banks[b + 1], e, row);
-    const int32_t K = pass ? k->params.inter : k->params.hidden;
+  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float, int32_t K, const void* act) {
     const float* x = (const float*)act;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
     float acc = 0.f;
@@ -89,7 +86,7 @@ struct Dot {
     int32_t c = 0;
     for (; c + 2 <= nc; c += 2) {
       const uint8_t* p = P + 64 * c;
-      CPUMOE_PREFETCH(p + 1024);
+      prefetch_stream(p, 2, Sc + 4 * c, 16);
       const __m256 S = e8m0x8(load8(Sc + 4 * c));
       chunk(p, x + 128 * c, bcast4x4(S, 0, 1, 2, 3), a0);
       chunk(p + 64, x + 128 * c + 128, bcast4x4(S, 4, 5, 6, 7), a1);
@@ -116,7 +113,7 @@ struct Dot {
     int32_t c = 0;
     for (; c + 4 <= nc; c += 4) {
       const uint8_t* p = P + 32 * c;
-      CPUMOE_PREFETCH(p + 1024);
+      prefetch_stream(p, 2, Sc + 2 * c, 16);
       const __m256 S = e8m0x8(load8(Sc + 2 * c));
       chunk(p, x + 64 * c, bcast2x4(S, 0, 1), a0);
       chunk(p + 32, x + 64 * c + 64, bcast2x4(S, 2, 3), a1);
@@ -143,7 +140,7 @@ bool CPUMOE_INIT_FN(ds_fp4)(cpumoe_kernel* k) {
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
   k->act_bytes = &act_bytes;
   k->prep_act = &prep;
-  install_rowmajor<Dot>(k);
+  install_fp4<Dot>(k);
   return true;
 #else
   (void)k;

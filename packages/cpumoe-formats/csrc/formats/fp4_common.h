@@ -32,6 +32,17 @@ constexpr int kNL = 2;
 constexpr int kNL = 0;
 #endif
 
+// Software prefetch of the weight streams: prefetcht0 (locality 3) kPrefetchBytes ahead
+// of the packed-code read position, every 64-byte line, and the matching point of the
+// (8x / 16x thinner) scale stream. Rows are contiguous, so this runs on into the next
+// rows. The hardware streamers stop at 4 KB pages and gate_up reads two row streams;
+// prefetchnta or short distances leave DRAM latency exposed (see q4_0.cpp's numbers).
+constexpr int kPrefetchBytes = 3072;
+CPUMOE_INLINE void prefetch_stream(const uint8_t* p, int lines, const uint8_t* s, int scale_ratio) {
+  for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
+  __builtin_prefetch(s + kPrefetchBytes / scale_ratio, 0, 3);
+}
+
 // ---- prepared fp32 layout --------------------------------------------------
 
 // Position of element k (0 <= k < K, K % 16 == 0) in the prepared vector.
@@ -197,6 +208,80 @@ CPUMOE_INLINE __m512 bcast4x4(__m256 a, int i0, int i1, int i2, int i3) {
                                _mm512_castps256_ps512(a));
 }
 #endif  // __AVX512F__
+
+// ---- work-item loops ------------------------------------------------------------
+// The rowmajor.h loops with the row pointers walked incrementally and the format's row
+// dot inlined, so the per-row cost is the dot itself (short rows, e.g. I = 512 down rows
+// of 256 bytes, were paying ~40 cycles of pointer math, constant setup and calls).
+// Same semantics and same fp32 operations as rowmajor_gate_up / rowmajor_down.
+//
+// A format's policy D provides:
+//   static constexpr int kBanks;                 // banks per pass: packed, scale (, fp16 global)
+//   static constexpr bool kRoundGateUp, kRoundRouteTerm;
+//   static float dot(const uint8_t* p, const uint8_t* s, float global, int32_t K, const void* act);
+template <int NB>
+struct Rows {
+  const uint8_t *p, *s, *g;
+  int64_t ps, ss, gs;
+  CPUMOE_INLINE Rows(const cpumoe_bank* b, int32_t e, int32_t row) {
+    p = bank_row<uint8_t>(b[0], e, row), ps = b[0].row_stride;
+    s = bank_row<uint8_t>(b[1], e, row), ss = b[1].row_stride;
+    g = NB > 2 ? bank_row<uint8_t>(b[NB > 2 ? 2 : 0], e, row) : nullptr, gs = NB > 2 ? b[NB > 2 ? 2 : 0].row_stride : 0;
+  }
+  CPUMOE_INLINE void next() { p += ps, s += ss, g += gs; }
+  CPUMOE_INLINE float global() const {
+    if (NB <= 2) return 1.f;
+    uint16_t h;
+    std::memcpy(&h, g, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);  // exact for every code, subnormals included
+#else
+    return fp16_to_f32(h);
+#endif
+  }
+};
+
+template <class D>
+void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+                 const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& P = k->params;
+  Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);
+  for (int32_t i = i0; i < i1; ++i, rg.next(), ru.next()) {
+    const float sg = rg.global(), su = ru.global();
+    for (int32_t j = 0; j < n; ++j) {
+      float gate = D::dot(rg.p, rg.s, sg, P.hidden, xs[j]) * w_in[j];
+      float up = D::dot(ru.p, ru.s, su, P.hidden, xs[j]) * w_in[j];
+      if (D::kRoundGateUp) gate = round_bf16(gate), up = round_bf16(up);
+      g[j][i] = f32_to_bf16(activate(P, gate, up));
+    }
+  }
+}
+
+template <class D>
+void fp4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+              int32_t n, float* acc, int64_t acc_stride) {
+  const int32_t I = k->params.inter;
+  for (int32_t a = 0; a < n;) {
+    int32_t b = a + 1;
+    while (b < n && routes[b].expert == routes[a].expert) ++b;
+    Rows<D::kBanks> r(banks + D::kBanks, routes[a].expert, h0);
+    for (int32_t h = h0; h < h1; ++h, r.next()) {
+      const float gl = r.global();
+      for (int32_t q = a; q < b; ++q) {
+        float t = D::dot(r.p, r.s, gl, I, routes[q].act) * routes[q].weight;
+        if (D::kRoundRouteTerm) t = round_bf16(t);
+        acc[routes[q].token * acc_stride + (h - h0)] += t;
+      }
+    }
+    a = b;
+  }
+}
+
+template <class D>
+void install_fp4(cpumoe_kernel* k) {
+  k->gate_up = &fp4_gate_up<D>;
+  k->down = &fp4_down<D>;
+}
 
 }  // namespace fp4
 }  // namespace CPUMOE_NS

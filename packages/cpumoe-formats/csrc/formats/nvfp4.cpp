@@ -19,17 +19,13 @@ namespace CPUMOE_NS {
 namespace {
 using namespace fp4;
 
+// One row: packed codes, e4m3 block scales, its global (already decoded), K.
 struct Row {
-  const uint8_t* p;  // packed codes
-  const uint8_t* s;  // e4m3 block scales
-  float g;           // global
+  const uint8_t* p;
+  const uint8_t* s;
+  float g;
   int32_t K;
 };
-CPUMOE_INLINE Row row_of(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row) {
-  const int b = pass ? 3 : 0;
-  return Row{bank_row<uint8_t>(banks[b], e, row), bank_row<uint8_t>(banks[b + 1], e, row),
-             fp16_to_f32(*bank_row<uint16_t>(banks[b + 2], e, row)), pass ? k->params.inter : k->params.hidden};
-}
 
 // ============================== native (W4A16) ==============================
 size_t act_bytes_native(const cpumoe_kernel*, int32_t K) { return (size_t)K * sizeof(float); }
@@ -39,9 +35,10 @@ void prep_native(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst
 }
 
 struct DotNative {
+  static constexpr int kBanks = 3;
   static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
-  static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act) {
-    const Row r = row_of(k, banks, pass, e, row);
+  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* act) {
+    const Row r{P, Sc, gl, K};
     const float* x = (const float*)act;
     const int32_t nb = r.K / 16;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
@@ -57,7 +54,7 @@ struct DotNative {
     for (int32_t c = 0; c < nc; ++c) {
       const uint8_t* p = r.p + 64 * c;
       const float* xc = x + 128 * c;
-      CPUMOE_PREFETCH(p + 1024);
+      prefetch_stream(p, 1, r.s + 8 * c, 8);
       const Chunk16 w = decode_chunk_512(p, t2, t3);
       const __m256 S = e4m3x8(load8(r.s + 8 * c));
       __m512 ta = _mm512_mul_ps(w.v0, _mm512_loadu_ps(xc));
@@ -97,7 +94,7 @@ struct DotNative {
     int32_t c = 0;
     for (; c + 2 <= nc; c += 2) {
       const uint8_t* p = r.p + 32 * c;
-      CPUMOE_PREFETCH(p + 1024);
+      prefetch_stream(p, 1, r.s + 4 * c, 8);
       const __m256 S = e4m3x8(load8(r.s + 4 * c));
       chunk(p, x + 64 * c, bcast2x4(S, 0, 2), bcast2x4(S, 1, 3));
       chunk(p + 32, x + 64 * c + 64, bcast2x4(S, 4, 6), bcast2x4(S, 5, 7));
@@ -200,10 +197,11 @@ CPUMOE_INLINE __m256i quad_i8(const uint8_t* p, const int8_t* ae, const int8_t* 
 #endif
 
 struct DotW4A8 {
+  static constexpr int kBanks = 3;
   static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
   // Returns sum_b isum_b * (e4m3(scale_b) * s_b) * (0.5 * global).
-  static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act) {
-    const Row r = row_of(k, banks, pass, e, row);
+  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* act) {
+    const Row r{P, Sc, gl, K};
     const int8_t* a = (const int8_t*)act;
     const float* as = (const float*)((const char*)act + w4a8_scale_off(r.K));
     const int32_t ng = r.K / 128;
@@ -218,7 +216,7 @@ struct DotW4A8 {
     for (int32_t g = 0; g < ng; ++g) {
       const uint8_t* p = r.p + 64 * g;
       const int8_t* ag = a + 128 * g;
-      CPUMOE_PREFETCH(p + 1024);
+      prefetch_stream(p, 1, r.s + 8 * g, 8);
       const __m512i b = _mm512_loadu_si512((const void*)p);
       const __m512i lo = _mm512_and_si512(b, m), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
       const __m512i ae = _mm512_loadu_si512((const void*)ag), ao = _mm512_loadu_si512((const void*)(ag + 64));
@@ -246,7 +244,7 @@ struct DotW4A8 {
     for (int32_t g = 0; g < ng; ++g) {
       const uint8_t* p = r.p + 64 * g;
       const int8_t* ag = a + 128 * g;
-      CPUMOE_PREFETCH(p + 1024);
+      prefetch_stream(p, 1, r.s + 8 * g, 8);
       const __m256i P = quad_i8(p, ag, ag + 64, ts, ta);            // blocks 0..3
       const __m256i Q = quad_i8(p + 32, ag + 32, ag + 96, ts, ta);  // blocks 4..7
       const __m256i S = _mm256_hadd_epi32(P, Q);                     // blocks 0,1,4,5,2,3,6,7
@@ -282,11 +280,11 @@ bool CPUMOE_INIT_FN(nvfp4)(cpumoe_kernel* k) {
   if (w4a8) {
     k->act_bytes = &act_bytes_w4a8;
     k->prep_act = &prep_w4a8;
-    install_rowmajor<DotW4A8>(k);
+    install_fp4<DotW4A8>(k);
   } else {
     k->act_bytes = &act_bytes_native;
     k->prep_act = &prep_native;
-    install_rowmajor<DotNative>(k);
+    install_fp4<DotNative>(k);
   }
   return true;
 }
