@@ -8,10 +8,13 @@
 //     fp4_common.h; per 16-block scale, per-row global at the end.
 //     scalar, avx2 (64 elements per decode), avx512f (128 per decode).
 //   w4a8: x/g quantized per 16-block to int8 (s = amax/127, q = rint(v * (1/s)));
-//     weights exact int8 2*E2M1; integer block dots (sign trick |w| u8 x sign(w)*a s8),
-//     per-block float scale e4m3(scale_b) * s_b, final * 0.5 * global.
-//     scalar, avx2 (vpmaddubsw + vpmaddwd), avxvnni (256-bit vpdpbusd),
-//     avx512vnni (512-bit vpdpbusd). Every tier computes the same integer block sums.
+//     weights exact int8 w = 2*E2M1; exact integer block sums sum(w * q), per-block float
+//     scale e4m3(scale_b) * s_b, final * 0.5 * global.
+//     scalar (signed products), avx2 (vpmaddubsw + vpmaddwd), avxvnni (256-bit vpdpbusd),
+//     avx512vnni (512-bit vpdpbusd). The SIMD tiers feed u = w + 12 (0..24) as the unsigned
+//     operand and q as the signed one, and subtract 12 * sum(q) (from prep): sum(w q) =
+//     sum((w + 12) q) - 12 sum(q). The same integers as the |w| x sign(w)*q sign trick,
+//     with two instructions less per 32 codes; every tier computes identical block sums.
 #include "fp4_common.h"
 
 namespace cpumoe {
@@ -111,11 +114,17 @@ struct DotNative {
 };
 
 // =================================== w4a8 ===================================
-// Prepared vector: int8 codes [K] then (at a 64-byte boundary) fp32 block scales [K/16]
-// in natural block order. Codes: groups of 128 elements as ae[64] ao[64] (ae[j] =
-// q(x[2j]), group-local), then the K % 128 tail per 16-block as ae[8] ao[8].
+// Prepared vector: int8 codes [K]; then (at a 64-byte boundary) fp32 block scales [K/16]
+// in natural block order; then int32 corrections 12 * sum(q) per block, for the full
+// 128-groups in the avx2 lane order (blocks 0,1,4,5,2,3,6,7 of each group), natural for
+// the tail. Codes: groups of 128 elements as ae[64] ao[64] (ae[j] = q(x[2j]),
+// group-local), then the K % 128 tail per 16-block as ae[8] ao[8].
 CPUMOE_INLINE size_t w4a8_scale_off(int32_t K) { return ((size_t)K + 63) & ~(size_t)63; }
-size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_scale_off(K) + (size_t)(K / 16) * sizeof(float); }
+CPUMOE_INLINE size_t w4a8_corr_off(int32_t K) { return w4a8_scale_off(K) + (size_t)(K / 16) * sizeof(float); }
+size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_corr_off(K) + (size_t)(K / 16) * sizeof(int32_t); }
+constexpr int kW2Offset = 12;  // u = w + 12 in [0, 24]
+// avx2 lane order of a group's 8 block sums after vphaddd (blocks 0..3 from P, 4..7 from Q).
+constexpr int kHaddOrder[8] = {0, 1, 4, 5, 2, 3, 6, 7};
 
 CPUMOE_INLINE int32_t i8_pos(int32_t k, int32_t K) {
   const int32_t main = K / 128 * 128;
@@ -130,7 +139,10 @@ CPUMOE_INLINE int32_t i8_pos(int32_t k, int32_t K) {
 void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   int8_t* q = (int8_t*)dst;
   float* sc = (float*)((char*)dst + w4a8_scale_off(K));
+  int32_t* corr = (int32_t*)((char*)dst + w4a8_corr_off(K));
+  const int32_t nmain = K / 128 * 8;
   for (int32_t b = 0; b < K / 16; ++b) {
+    int32_t qsum = 0;
     float v[16], amax = 0.f;
     for (int i = 0; i < 16; ++i) {
       v[i] = bf16_to_f32(src[16 * b + i]);
@@ -142,8 +154,14 @@ void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) 
       float t = std::nearbyint(v[i] * inv);  // round half to even (default rounding mode)
       t = t != t ? 0.f : (t > 127.f ? 127.f : (t < -127.f ? -127.f : t));  // NaN (0 * inf) -> 0
       q[i8_pos(16 * b + i, K)] = (int8_t)t;
+      qsum += (int32_t)t;
     }
     sc[b] = s;
+    int32_t slot = b;
+    if (b < nmain)
+      for (int j = 0; j < 8; ++j)
+        if (kHaddOrder[j] == (b & 7)) slot = (b & ~7) + j;
+    corr[slot] = kW2Offset * qsum;
   }
 }
 
@@ -170,27 +188,23 @@ CPUMOE_INLINE float w4a8_blocks_scalar(const Row& r, const int8_t* a, const floa
 }
 
 #if defined(__AVX2__)
-CPUMOE_INLINE __m256i w2_signed() {
-  return _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2,
-                          -3, -4, -6, -8, -12);
+// u = 2 * E2M1 + 12 for each code (unsigned operand of vpmaddubsw / vpdpbusd).
+CPUMOE_INLINE __m256i w2_offset() {
+  return _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16, 18, 20, 24, 12,
+                          11, 10, 9, 8, 6, 4, 0);
 }
-CPUMOE_INLINE __m256i w2_abs() {
-  return _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6,
-                          8, 12);
-}
-// 32 packed bytes (4 blocks) against ae[32], ao[32]: int32 lane i = sum over bytes 4i..4i+3
-// (lanes 2b, 2b+1 belong to block b).
-CPUMOE_INLINE __m256i quad_i8(const uint8_t* p, const int8_t* ae, const int8_t* ao, __m256i ts, __m256i ta) {
+// 32 packed bytes (4 blocks) against ae[32], ao[32]: int32 lane i = sum of u * q over bytes
+// 4i..4i+3 (lanes 2b, 2b+1 belong to block b).
+CPUMOE_INLINE __m256i quad_i8(const uint8_t* p, const int8_t* ae, const int8_t* ao, __m256i tu) {
   const __m256i m = _mm256_set1_epi8(0x0F), b = _mm256_loadu_si256((const __m256i*)p);
-  const __m256i lo = _mm256_and_si256(b, m), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
-  const __m256i ul = _mm256_shuffle_epi8(ta, lo), uh = _mm256_shuffle_epi8(ta, hi);
-  const __m256i sl = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)ae), _mm256_shuffle_epi8(ts, lo));
-  const __m256i sh = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)ao), _mm256_shuffle_epi8(ts, hi));
+  const __m256i ul = _mm256_shuffle_epi8(tu, _mm256_and_si256(b, m));
+  const __m256i uh = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(b, 4), m));
+  const __m256i ql = _mm256_loadu_si256((const __m256i*)ae), qh = _mm256_loadu_si256((const __m256i*)ao);
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ul, sl), uh, sh);
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ul, ql), uh, qh);
 #else
-  // |pair sums| <= 2 * 12 * 127 = 3048 per vpmaddubsw, <= 6096 after the add: no saturation.
-  const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(ul, sl), _mm256_maddubs_epi16(uh, sh));
+  // |pair sums| <= 2 * 24 * 127 = 6096 per vpmaddubsw, <= 12192 after the add: no saturation.
+  const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(ul, ql), _mm256_maddubs_epi16(uh, qh));
   return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
 #endif
 }
@@ -204,12 +218,13 @@ struct DotW4A8 {
     const Row r{P, Sc, gl, K};
     const int8_t* a = (const int8_t*)act;
     const float* as = (const float*)((const char*)act + w4a8_scale_off(r.K));
+    const int32_t* corr = (const int32_t*)((const char*)act + w4a8_corr_off(r.K));
     const int32_t ng = r.K / 128;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
-    (void)ng;
+    (void)ng, (void)corr;
     return w4a8_blocks_scalar(r, a, as, 0) * (0.5f * r.g);
 #elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-    const __m512i ts = tbl512(w2_signed()), ta = tbl512(w2_abs()), m = _mm512_set1_epi8(0x0F);
+    const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F);
     const __m512i z = _mm512_setzero_si512();
     const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
@@ -220,15 +235,13 @@ struct DotW4A8 {
       const __m512i b = _mm512_loadu_si512((const void*)p);
       const __m512i lo = _mm512_and_si512(b, m), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
       const __m512i ae = _mm512_loadu_si512((const void*)ag), ao = _mm512_loadu_si512((const void*)(ag + 64));
-      // sign(w) * a: negate a where the signed weight is negative (no vpsignb in AVX-512)
-      const __m512i sl = _mm512_mask_sub_epi8(ae, _mm512_movepi8_mask(_mm512_shuffle_epi8(ts, lo)), z, ae);
-      const __m512i sh = _mm512_mask_sub_epi8(ao, _mm512_movepi8_mask(_mm512_shuffle_epi8(ts, hi)), z, ao);
-      const __m512i P = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, _mm512_shuffle_epi8(ta, lo), sl),
-                                            _mm512_shuffle_epi8(ta, hi), sh);
-      // lanes 2b, 2b+1 -> block b (natural order), then the avx2 path's lane order and float
-      // operations, so avx512vnni, avxvnni and avx2 give bit-identical results
-      const __m256i S = _mm256_permutevar8x32_epi32(
-          _mm512_cvtepi64_epi32(_mm512_add_epi32(P, _mm512_srli_epi64(P, 32))), perm);
+      const __m512i P = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, _mm512_shuffle_epi8(tu, lo), ae),
+                                            _mm512_shuffle_epi8(tu, hi), ao);
+      // lanes 2b, 2b+1 -> block b (natural order), then the avx2 path's lane order, correction
+      // and float operations, so avx512vnni, avxvnni and avx2 give bit-identical results
+      const __m256i S = _mm256_sub_epi32(
+          _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(_mm512_add_epi32(P, _mm512_srli_epi64(P, 32))), perm),
+          _mm256_loadu_si256((const __m256i*)(corr + 8 * g)));
       const __m256 comb = _mm256_mul_ps(e4m3x8(load8(r.s + 8 * g)), _mm256_loadu_ps(as + 8 * g));
       const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_permutevar8x32_ps(comb, perm));
       if (g & 1)
@@ -238,16 +251,17 @@ struct DotW4A8 {
     }
     return (hsum256(_mm256_add_ps(acc0, acc1)) + w4a8_blocks_scalar(r, a, as, ng * 8)) * (0.5f * r.g);
 #else  // avx2 / avxvnni
-    const __m256i ts = w2_signed(), ta = w2_abs();
+    const __m256i tu = w2_offset();
     const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     for (int32_t g = 0; g < ng; ++g) {
       const uint8_t* p = r.p + 64 * g;
       const int8_t* ag = a + 128 * g;
       prefetch_stream(p, 1, r.s + 8 * g, 8);
-      const __m256i P = quad_i8(p, ag, ag + 64, ts, ta);            // blocks 0..3
-      const __m256i Q = quad_i8(p + 32, ag + 32, ag + 96, ts, ta);  // blocks 4..7
-      const __m256i S = _mm256_hadd_epi32(P, Q);                     // blocks 0,1,4,5,2,3,6,7
+      const __m256i P = quad_i8(p, ag, ag + 64, tu);            // blocks 0..3
+      const __m256i Q = quad_i8(p + 32, ag + 32, ag + 96, tu);  // blocks 4..7
+      // block sums in the order 0,1,4,5,2,3,6,7, minus 12 * sum(q) of each block
+      const __m256i S = _mm256_sub_epi32(_mm256_hadd_epi32(P, Q), _mm256_loadu_si256((const __m256i*)(corr + 8 * g)));
       const __m256 comb = _mm256_mul_ps(e4m3x8(load8(r.s + 8 * g)), _mm256_loadu_ps(as + 8 * g));
       const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_permutevar8x32_ps(comb, perm));
       if (g & 1)
