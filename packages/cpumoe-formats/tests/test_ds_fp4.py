@@ -45,7 +45,7 @@ from cpumoe_formats.numerics import BF16, E8M0, round_bf16
 
 FMT = "ds_fp4"
 SPEC = cf.get_format(FMT)
-DSV4 = dict(activation="swiglu_clamp", alpha=1.0, limit=10.0)
+DSV4 = {"activation": "swiglu_clamp", "alpha": 1.0, "limit": 10.0}
 TINY = 2.0**-149  # fp32 subnormal step: absolute error of one product with a subnormal result
 
 

@@ -74,7 +74,7 @@ def test_ragged_quantized(rng, mode, tier, act, on_input):
     banks = cf.quantize(FMT, gu, dn)
     x = rng.standard_normal((T, H), dtype=np.float32)
     w, ids = routes(rng, T, K, E)
-    kw = dict(activation=act, apply_router_weight_on_input=on_input)
+    kw = {"activation": act, "apply_router_weight_on_input": on_input}
     if act.startswith("swiglu"):
         kw.update(alpha=1.702, limit=1.5)
     y = run_forced(FMT, banks, x, w, ids, mode, tier, **kw)

@@ -20,6 +20,13 @@
 #pragma once
 #include "../rowmajor.h"
 
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the AVX-512 intrinsics' internal _mm512_undefined_* operands as
+// maybe-uninitialized (a false positive of the headers, not of this code).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace fp4 {
