@@ -23,6 +23,8 @@
 //               an 8-entry table via a masked vpermw; reduced by vdpbf16ps against bf16 x.
 // Every SIMD tier sums each 128-K block in its own 4 accumulator chains and then
 // adds block_sum * scale to the row total with one FMA per block.
+#include <vector>
+
 #include "../rowmajor.h"
 
 namespace cpumoe {
@@ -89,6 +91,13 @@ void install(cpumoe_kernel* k) {
 // ---------------------------------------------------------------- fp16 bit trick (fp32 FMA)
 // Prepared activation: xe[0..P) then xo[0..P), P = 64 * nb(K) floats, zero padded,
 // so a chunk that starts inside the row never reads x past the prepared vector.
+//
+// Block scales are folded into the activation, not into the dot: the rows of one
+// 128-row block share one scale per K block, so for each (row block, token) the
+// kernel forms xs = x * (256 * scale[row block][k / 128]) once (exact: bf16 x bf16
+// fits fp32's 24 bits, and 256 is a power of two) and then every row of the block
+// is a plain stream of FMAs with no per-block reduction. Products e4m3 * 2^-8 * xs
+// are exact too (4 + 16 significant bits); only the fp32 sums round.
 CPUMOE_INLINE size_t half_len(int32_t K) { return (size_t)64 * nblocks(K); }
 size_t act_bytes_eo(const cpumoe_kernel*, int32_t K) { return 2 * half_len(K) * sizeof(float); }
 void prep_act_eo(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
@@ -101,15 +110,27 @@ void prep_act_eo(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst
     xo[m] = i + 1 < (size_t)K ? bf16_to_f32(src[i + 1]) : 0.f;
   }
 }
-constexpr float kUnscale = 256.f;  // the fp16 trick decodes e4m3 * 2^-8
-constexpr int kPfBytes = 768;      // software prefetch distance in the weight row
+#ifndef CPUMOE_FP8_PF
+#define CPUMOE_FP8_PF 1024  // software prefetch distance in the weight row (bytes; 0 = off)
+#endif
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 constexpr int kChunk = 32;  // codes per chunk: 16 even + 16 odd
+using Vec = __m256;
+CPUMOE_INLINE Vec vzero() { return _mm256_setzero_ps(); }
+CPUMOE_INLINE Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+CPUMOE_INLINE float vhsum(Vec v) { return hsum256(v); }
+// Scales P floats: dst[i] = src[i] * f[i / 64] (a block's 64 even or odd entries).
+CPUMOE_INLINE void scale_half(const float* src, const float* f, int nb, float* dst) {
+  for (int b = 0; b < nb; ++b) {
+    const __m256 s = _mm256_set1_ps(f[b]);
+    for (int i = 0; i < 64; i += 8) _mm256_storeu_ps(dst + 64 * b + i, _mm256_mul_ps(_mm256_loadu_ps(src + 64 * b + i), s));
+  }
+}
 struct Acc {
-  __m256 a0, a1, a2, a3;
-  CPUMOE_INLINE void zero() { a0 = a1 = a2 = a3 = _mm256_setzero_ps(); }
-  CPUMOE_INLINE __m256 sum() const { return _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)); }
+  Vec a0, a1, a2, a3;
+  CPUMOE_INLINE void zero() { a0 = a1 = a2 = a3 = vzero(); }
+  CPUMOE_INLINE Vec sum() const { return vadd(vadd(a0, a1), vadd(a2, a3)); }
 };
 CPUMOE_INLINE void chunk_w(__m256i w, const float* xe, const float* xo, Acc& A) {
   const __m256i m = _mm256_set1_epi16((short)0xBF80);
@@ -129,16 +150,22 @@ CPUMOE_INLINE void chunk_tail(const uint8_t* p, int n, const float* xe, const fl
   std::memcpy(t, p, (size_t)n);
   chunk_w(_mm256_load_si256((const __m256i*)t), xe, xo, A);
 }
-using Vec = __m256;
-CPUMOE_INLINE Vec vzero() { return _mm256_setzero_ps(); }
-CPUMOE_INLINE Vec vfma_scale(Vec s, uint16_t sc, Vec t) { return _mm256_fmadd_ps(s, _mm256_set1_ps(bf16_to_f32(sc)), t); }
-CPUMOE_INLINE float vhsum(Vec v) { return hsum256(v); }
 #else  // AVX512F
 constexpr int kChunk = 64;  // codes per chunk: 32 even + 32 odd
+using Vec = __m512;
+CPUMOE_INLINE Vec vzero() { return _mm512_setzero_ps(); }
+CPUMOE_INLINE Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+CPUMOE_INLINE float vhsum(Vec v) { return hsum512(v); }
+CPUMOE_INLINE void scale_half(const float* src, const float* f, int nb, float* dst) {
+  for (int b = 0; b < nb; ++b) {
+    const __m512 s = _mm512_set1_ps(f[b]);
+    for (int i = 0; i < 64; i += 16) _mm512_storeu_ps(dst + 64 * b + i, _mm512_mul_ps(_mm512_loadu_ps(src + 64 * b + i), s));
+  }
+}
 struct Acc {
-  __m512 a0, a1, a2, a3;
-  CPUMOE_INLINE void zero() { a0 = a1 = a2 = a3 = _mm512_setzero_ps(); }
-  CPUMOE_INLINE __m512 sum() const { return _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)); }
+  Vec a0, a1, a2, a3;
+  CPUMOE_INLINE void zero() { a0 = a1 = a2 = a3 = vzero(); }
+  CPUMOE_INLINE Vec sum() const { return vadd(vadd(a0, a1), vadd(a2, a3)); }
 };
 CPUMOE_INLINE void chunk_w(__m512i w, const float* xe, const float* xo, Acc& A) {
   const __m512i m = _mm512_set1_epi16((short)0xBF80);
@@ -156,49 +183,115 @@ CPUMOE_INLINE void chunk_tail(const uint8_t* p, int n, const float* xe, const fl
   const __mmask64 msk = (n >= 64) ? ~0ull : ((1ull << n) - 1ull);
   chunk_w(_mm512_maskz_loadu_epi8(msk, p), xe, xo, A);  // masked-off bytes are not read
 }
-using Vec = __m512;
-CPUMOE_INLINE Vec vzero() { return _mm512_setzero_ps(); }
-CPUMOE_INLINE Vec vfma_scale(Vec s, uint16_t sc, Vec t) { return _mm512_fmadd_ps(s, _mm512_set1_ps(bf16_to_f32(sc)), t); }
-CPUMOE_INLINE float vhsum(Vec v) { return hsum512(v); }
 #endif
 
-struct Dot {
-  static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
-  static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act) {
-    const RowRef r = row_ref(k, banks, pass, e, row);
-    const float* xe = (const float*)act;
-    const float* xo = xe + half_len(r.K);
-    const int nfull = r.K / kBlk;
-    Vec tot = vzero();
-    Acc A;
-    for (int b = 0; b < nfull; ++b) {
-      const uint8_t* w = r.w + b * kBlk;
-      CPUMOE_PREFETCH(w + kPfBytes);
-      CPUMOE_PREFETCH(w + kPfBytes + 64);
-      A.zero();
-#pragma GCC unroll 4
-      for (int c = 0; c < kBlk; c += kChunk) chunk(w + c, xe + b * 64 + c / 2, xo + b * 64 + c / 2, A);
-      tot = vfma_scale(A.sum(), r.s[b], tot);
-    }
-    const int rem = r.K - nfull * kBlk;
-    if (rem) {  // partial last block: whole chunks, then the zero-extended tail chunk
-      const uint8_t* w = r.w + nfull * kBlk;
-      const float* be = xe + nfull * 64;
-      const float* bo = xo + nfull * 64;
-      A.zero();
-      int c = 0;
-      for (; c + kChunk <= rem; c += kChunk) chunk(w + c, be + c / 2, bo + c / 2, A);
-      if (c < rem) chunk_tail(w + c, rem - c, be + c / 2, bo + c / 2, A);
-      tot = vfma_scale(A.sum(), r.s[nfull], tot);
-    }
-    return vhsum(tot) * kUnscale;
+// dot(row w of K codes, pre-scaled xs = [xe | xo] halves of length P).
+CPUMOE_INLINE float dot_scaled(const uint8_t* w, int K, const float* xe, const float* xo) {
+  Acc A, B;
+  A.zero();
+  B.zero();
+  int c = 0;
+  for (; c + 2 * kChunk <= K; c += 2 * kChunk) {  // two chunks, 8 independent chains
+#if CPUMOE_FP8_PF
+    CPUMOE_PREFETCH(w + c + CPUMOE_FP8_PF);
+#if CPUMOE_TIER == CPUMOE_T_AVX512F
+    CPUMOE_PREFETCH(w + c + CPUMOE_FP8_PF + 64);
+#endif
+#endif
+    chunk(w + c, xe + c / 2, xo + c / 2, A);
+    chunk(w + c + kChunk, xe + c / 2 + kChunk / 2, xo + c / 2 + kChunk / 2, B);
   }
-};
+  if (c + kChunk <= K) {
+    chunk(w + c, xe + c / 2, xo + c / 2, A);
+    c += kChunk;
+  }
+  if (c < K) chunk_tail(w + c, K - c, xe + c / 2, xo + c / 2, B);
+  return vhsum(vadd(A.sum(), B.sum()));
+}
+
+// Per-thread scratch for the pre-scaled activations (grown on demand, reused).
+float* scratch(size_t floats) {
+  static thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+// xs = x * 256 * scale row `srow` (nb(K) bf16 entries), both halves.
+CPUMOE_INLINE void scale_act(const float* x, const uint16_t* srow, int K, float* xs) {
+  const int nb = nblocks(K);
+  const size_t P = half_len(K);
+  float f[64];
+  for (int b0 = 0; b0 < nb; b0 += 64) {
+    const int m = nb - b0 < 64 ? nb - b0 : 64;
+    for (int b = 0; b < m; ++b) f[b] = bf16_to_f32(srow[b0 + b]) * 256.f;  // 2^8 undoes the fp16 trick's 2^-8
+    scale_half(x + 64 * b0, f, m, xs + 64 * b0);
+    scale_half(x + P + 64 * b0, f, m, xs + P + 64 * b0);
+  }
+}
+
+void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+             const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& p = k->params;
+  const int H = p.hidden, I = p.inter;
+  const size_t P = half_len(H);
+  float* sx = scratch((size_t)n * 4 * P);  // token j: gate xs at 4Pj, up xs at 4Pj + 2P
+  for (int i = i0; i < i1;) {
+    // a segment of rows whose gate rows share a row block and whose up rows share one
+    const int rg = i / kBlk, ru = (I + i) / kBlk;
+    int iend = (rg + 1) * kBlk;
+    if ((ru + 1) * kBlk - I < iend) iend = (ru + 1) * kBlk - I;
+    if (i1 < iend) iend = i1;
+    const uint16_t* sg = bank_row<uint16_t>(banks[1], e, rg);
+    const uint16_t* su = bank_row<uint16_t>(banks[1], e, ru);
+    for (int j = 0; j < n; ++j) {
+      scale_act((const float*)xs[j], sg, H, sx + 4 * P * j);
+      scale_act((const float*)xs[j], su, H, sx + 4 * P * j + 2 * P);
+    }
+    for (; i < iend; ++i) {
+      const uint8_t* wg = bank_row<uint8_t>(banks[0], e, i);
+      const uint8_t* wu = bank_row<uint8_t>(banks[0], e, I + i);
+      for (int j = 0; j < n; ++j) {
+        const float* xg = sx + 4 * P * j;
+        const float* xu = xg + 2 * P;
+        const float gate = dot_scaled(wg, H, xg, xg + P) * w_in[j];
+        const float up = dot_scaled(wu, H, xu, xu + P) * w_in[j];
+        g[j][i] = f32_to_bf16(activate(p, gate, up));
+      }
+    }
+  }
+}
+
+void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+          int32_t n, float* acc, int64_t acc_stride) {
+  const int I = k->params.inter;
+  const size_t P = half_len(I);
+  for (int a = 0; a < n;) {
+    int b = a + 1;
+    while (b < n && routes[b].expert == routes[a].expert) ++b;
+    const int e = routes[a].expert;
+    float* sx = scratch((size_t)(b - a) * 2 * P);
+    for (int h = h0; h < h1;) {
+      const int rb = h / kBlk;
+      const int hend = (rb + 1) * kBlk < h1 ? (rb + 1) * kBlk : h1;
+      const uint16_t* srow = bank_row<uint16_t>(banks[3], e, rb);
+      for (int r = a; r < b; ++r) scale_act((const float*)routes[r].act, srow, I, sx + 2 * P * (r - a));
+      for (; h < hend; ++h) {
+        const uint8_t* w = bank_row<uint8_t>(banks[2], e, h);
+        for (int r = a; r < b; ++r) {
+          const float* x = sx + 2 * P * (r - a);
+          acc[routes[r].token * acc_stride + (h - h0)] += dot_scaled(w, I, x, x + P) * routes[r].weight;
+        }
+      }
+    }
+    a = b;
+  }
+}
 
 void install(cpumoe_kernel* k) {
   k->act_bytes = &act_bytes_eo;
   k->prep_act = &prep_act_eo;
-  install_rowmajor<Dot>(k);
+  k->gate_up = &gate_up;
+  k->down = &down;
 }
 
 #elif CPUMOE_TIER == CPUMOE_T_AVX512BF16
