@@ -88,31 +88,148 @@ void install(cpumoe_kernel* k) {
 }
 
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
-// ---------------------------------------------------------------- bias-free bf16 patterns (fp32 FMA)
-// Decode: for a code b, P(b) = (b & 0x80) << 8 | (b & 0x7F) << 4 is the bf16 encoding of
-// e4m3(b) * 2^-120 for EVERY code: normals get exponent field E (value 2^(E-127)(1+m/8)),
-// E == 0 gives the bf16/fp32 subnormal m * 2^-129 = (m * 2^-9) * 2^-120, 0x7F gives
-// 480 * 2^-120. In a 16-bit lane holding two codes (odd << 8 | even), srai(4) & 0x87F0
-// builds P(odd) and slli(8) first builds P(even); in each 32-bit lane the low pattern
-// becomes fp32 by << 16 and the high one by & 0xFFFF0000. So 32 codes cost 9 integer
-// ops for 4 fp32 vectors holding codes 4i, 4i+1, 4i+2, 4i+3: x is prepared as four
-// de-interleaved fp32 streams xq[j][m] = x[4m + j].
+// ---------------------------------------------------------------- fp32 FMA tiers
+// Block scales are folded into the activation, not into the dot: the rows of one
+// 128-row block share one scale per K block, so per (row block, token) the kernel
+// forms xs = x * scale[row block][k / 128] * 2^c once, in the layout the decoder
+// wants (exact: bf16 x bf16 fits fp32's 24 bits and 2^c is a power of two), and every
+// row of the block is then a plain stream of FMAs with 8 independent chains and no
+// per-block reduction. Each product is exact (4 significant bits x 16) and equals
+// w * x * 2^(c - e) where the decoder yields e4m3 * 2^-e; only the fp32 sums round.
 //
-// The 2^120 and the block scales are folded into the activation: rows of one 128-row
-// block share one scale per K block, so per (row block, token) the kernel forms
-// xs = x * scale[row block][k / 128] * 2^c once (exact: bf16 x bf16 fits fp32, 2^c is a
-// power of two) and every row is then a plain stream of FMAs. Products are exact
-// (4 significant bits x 16) and are the true w * x when c = 120; only the fp32 sums round.
-// c = 120 unless max|x| * max(scale) >= 2^7 (xs would overflow fp32); then c is lowered
-// and the dot multiplied by 2^(120 - c). Subnormal codes are fp32 subnormal inputs to
-// the FMA (exact; never FTZ/DAZ); the products and sums are normal numbers.
+// Two decoders (CPUMOE_FP8_FP16 picks; avx2 defaults to the first, avx512f to the second):
 //
-// Prepared activation: 4 streams of Q = 32 * nb(K) floats, zero padded (a chunk that
-// starts inside the row never reads x past the vector), then max|x| (for the guard).
-CPUMOE_INLINE size_t qlen(int32_t K) { return (size_t)32 * nblocks(K); }
-size_t act_bytes_q(const cpumoe_kernel*, int32_t K) { return (4 * qlen(K) + 16) * sizeof(float); }
-void prep_act_q(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  const size_t Q = qlen(K);
+// bf16 patterns (e = 120): for a code b, (b & 0x80) << 8 | (b & 0x7F) << 4 is the bf16
+//   encoding of e4m3(b) * 2^-120 for EVERY code: normals get exponent field E, E == 0 gives
+//   the subnormal m * 2^-129 = (m * 2^-9) * 2^-120, 0x7F gives 480 * 2^-120. In a 16-bit lane
+//   holding two codes (odd << 8 | even), srai(4) & 0x87F0 builds the odd code's pattern and
+//   slli(8) first the even one's; in each 32-bit lane the low pattern becomes fp32 by << 16
+//   and the high one by & 0xFFFF0000: 9 integer ops and no conversion for 4 fp32 vectors of
+//   codes 4i, 4i+1, 4i+2, 4i+3, so x is prepared as four de-interleaved fp32 streams
+//   xq[j][m] = x[4m + j]. c = 120 unless max|x| * max(scale) >= 2^7 (xs would overflow);
+//   then c is lowered and the dot multiplied by 2^(120 - c). Subnormal codes are fp32
+//   subnormal inputs to the FMA (exact, never FTZ/DAZ; free on AMD Zen, an FP assist on
+//   some Intel cores, which is why avx512f defaults to the fp16 decoder).
+// fp16 patterns (e = 8, the seed's trick): (b & 0x80) << 8 | (b & 0x7F) << 7 is the fp16
+//   encoding of e4m3(b) * 2^-8 (subnormals included, 0x7F -> 1.875), so srai(1) & 0xBF80
+//   builds the odd code's half and slli(8) first the even one's; vcvtph2ps widens them
+//   (exact, hardware handles the fp16 subnormals). x is prepared as even/odd fp32 halves
+//   xe[m] = x[2m], xo[m] = x[2m+1]; c = 8.
+#ifndef CPUMOE_FP8_FP16
+#if CPUMOE_TIER == CPUMOE_T_AVX512F
+#define CPUMOE_FP8_FP16 1
+#else
+#define CPUMOE_FP8_FP16 0
+#endif
+#endif
+#ifndef CPUMOE_FP8_PF
+#define CPUMOE_FP8_PF 1024  // software prefetch distance in the weight row (bytes; 0 = off)
+#endif
+
+// ---- ISA primitives
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+constexpr int kChunk = 32;  // codes per chunk (one 256-bit load)
+constexpr int VL = 8;       // floats per vector
+using Vec = __m256;
+using WVec = __m256i;
+CPUMOE_INLINE Vec vzero() { return _mm256_setzero_ps(); }
+CPUMOE_INLINE Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+CPUMOE_INLINE Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+CPUMOE_INLINE Vec vset1(float f) { return _mm256_set1_ps(f); }
+CPUMOE_INLINE Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+CPUMOE_INLINE void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+CPUMOE_INLINE Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+CPUMOE_INLINE float vhsum(Vec v) { return hsum256(v); }
+CPUMOE_INLINE WVec wload(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+// the last n < kChunk codes of a row, zero extended (never reads past the row)
+CPUMOE_INLINE WVec wload_tail(const uint8_t* p, int n) {
+  alignas(32) uint8_t t[kChunk] = {0};
+  std::memcpy(t, p, (size_t)n);
+  return _mm256_load_si256((const __m256i*)t);
+}
+CPUMOE_INLINE WVec wand(WVec a, WVec b) { return _mm256_and_si256(a, b); }
+CPUMOE_INLINE WVec srai16(WVec a, int n) { return _mm256_srai_epi16(a, n); }
+CPUMOE_INLINE WVec slli16(WVec a, int n) { return _mm256_slli_epi16(a, n); }
+CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm256_slli_epi32(a, n); }
+CPUMOE_INLINE WVec set16(uint16_t v) { return _mm256_set1_epi16((short)v); }
+CPUMOE_INLINE WVec set32(uint32_t v) { return _mm256_set1_epi32((int)v); }
+CPUMOE_INLINE Vec as_ps(WVec a) { return _mm256_castsi256_ps(a); }
+CPUMOE_INLINE Vec cvt_lo(WVec a) { return _mm256_cvtph_ps(_mm256_castsi256_si128(a)); }
+CPUMOE_INLINE Vec cvt_hi(WVec a) { return _mm256_cvtph_ps(_mm256_extracti128_si256(a, 1)); }
+#else  // AVX512F (+BW)
+constexpr int kChunk = 64;
+constexpr int VL = 16;
+using Vec = __m512;
+using WVec = __m512i;
+CPUMOE_INLINE Vec vzero() { return _mm512_setzero_ps(); }
+CPUMOE_INLINE Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+CPUMOE_INLINE Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+CPUMOE_INLINE Vec vset1(float f) { return _mm512_set1_ps(f); }
+CPUMOE_INLINE Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+CPUMOE_INLINE void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+CPUMOE_INLINE Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+CPUMOE_INLINE float vhsum(Vec v) { return hsum512(v); }
+CPUMOE_INLINE WVec wload(const uint8_t* p) { return _mm512_loadu_si512(p); }
+CPUMOE_INLINE WVec wload_tail(const uint8_t* p, int n) {  // masked-off bytes are not read
+  return _mm512_maskz_loadu_epi8(n >= 64 ? ~0ull : ((1ull << n) - 1ull), p);
+}
+CPUMOE_INLINE WVec wand(WVec a, WVec b) { return _mm512_and_si512(a, b); }
+CPUMOE_INLINE WVec srai16(WVec a, int n) { return _mm512_srai_epi16(a, (unsigned)n); }
+CPUMOE_INLINE WVec slli16(WVec a, int n) { return _mm512_slli_epi16(a, (unsigned)n); }
+CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
+CPUMOE_INLINE WVec set16(uint16_t v) { return _mm512_set1_epi16((short)v); }
+CPUMOE_INLINE WVec set32(uint32_t v) { return _mm512_set1_epi32((int)v); }
+CPUMOE_INLINE Vec as_ps(WVec a) { return _mm512_castsi512_ps(a); }
+CPUMOE_INLINE Vec cvt_lo(WVec a) { return _mm512_cvtph_ps(_mm512_castsi512_si256(a)); }
+CPUMOE_INLINE Vec cvt_hi(WVec a) { return _mm512_cvtph_ps(_mm512_extracti64x4_epi64(a, 1)); }
+#endif
+
+struct Acc {
+  Vec a0, a1, a2, a3;
+  CPUMOE_INLINE void zero() { a0 = a1 = a2 = a3 = vzero(); }
+  CPUMOE_INLINE Vec sum() const { return vadd(vadd(a0, a1), vadd(a2, a3)); }
+};
+
+// ---- decoder families: act layout, activation prep, scaling, one chunk of the dot
+#if CPUMOE_FP8_FP16
+// Layout: xe[0..P) then xo[0..P), P = 64 nb(K), zero padded.
+constexpr int kStreams = 2, kPerBlock = 64;
+CPUMOE_INLINE size_t slen(int32_t K) { return (size_t)kPerBlock * nblocks(K); }
+CPUMOE_INLINE size_t act_len(int32_t K) { return kStreams * slen(K); }
+size_t act_bytes_v(const cpumoe_kernel*, int32_t K) { return act_len(K) * sizeof(float); }
+void prep_act_v(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  const size_t P = slen(K);
+  float* x = (float*)dst;
+  for (size_t m = 0; m < P; ++m)
+    for (size_t j = 0; j < 2; ++j) {
+      const size_t i = 2 * m + j;
+      x[j * P + m] = i < (size_t)K ? bf16_to_f32(src[i]) : 0.f;
+    }
+}
+CPUMOE_INLINE float scale_factor(const float*, const uint16_t*, int, float* two_c) {
+  *two_c = 256.f;  // undoes the decoder's 2^-8
+  return 1.f;
+}
+// kChunk codes at chunk offset c (a multiple of kChunk): streams read at c / 2.
+CPUMOE_INLINE void chunk(WVec w, const float* xs, size_t S, int c, Acc& A) {
+  const WVec m = set16(0xBF80);
+  const WVec od = wand(srai16(w, 1), m);
+  const WVec ev = wand(srai16(slli16(w, 8), 1), m);
+  const float* xe = xs + c / 2;
+  const float* xo = xe + S;
+  A.a0 = vfma(cvt_lo(ev), vload(xe), A.a0);
+  A.a1 = vfma(cvt_hi(ev), vload(xe + VL), A.a1);
+  A.a2 = vfma(cvt_lo(od), vload(xo), A.a2);
+  A.a3 = vfma(cvt_hi(od), vload(xo + VL), A.a3);
+}
+#else
+// Layout: 4 streams of Q = 32 nb(K) floats, zero padded, then max|x| (for the guard).
+constexpr int kStreams = 4, kPerBlock = 32;
+CPUMOE_INLINE size_t slen(int32_t K) { return (size_t)kPerBlock * nblocks(K); }
+CPUMOE_INLINE size_t act_len(int32_t K) { return kStreams * slen(K) + 16; }
+size_t act_bytes_v(const cpumoe_kernel*, int32_t K) { return act_len(K) * sizeof(float); }
+void prep_act_v(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  const size_t Q = slen(K);
   float* x = (float*)dst;
   float amax = 0.f;
   for (size_t m = 0; m < Q; ++m)
@@ -124,113 +241,74 @@ void prep_act_q(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst)
     }
   x[4 * Q] = amax;
 }
-#ifndef CPUMOE_FP8_PF
-#define CPUMOE_FP8_PF 1024  // software prefetch distance in the weight row (bytes; 0 = off)
-#endif
-
-#if CPUMOE_TIER == CPUMOE_T_AVX2
-constexpr int kChunk = 32;  // codes per chunk: 8 per stream
-using Vec = __m256;
-CPUMOE_INLINE Vec vzero() { return _mm256_setzero_ps(); }
-CPUMOE_INLINE Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-CPUMOE_INLINE float vhsum(Vec v) { return hsum256(v); }
-// dst[j*Q + 32b + i] = src[j*Q + 32b + i] * f[b] for the 4 streams (f: one factor per K block).
-CPUMOE_INLINE void scale_streams(const float* src, const float* f, int nb, size_t Q, float* dst) {
-  for (int j = 0; j < 4; ++j)
-    for (int b = 0; b < nb; ++b) {
-      const __m256 s = _mm256_set1_ps(f[b]);
-      const float* a = src + j * Q + 32 * b;
-      float* d = dst + j * Q + 32 * b;
-      for (int i = 0; i < 32; i += 8) _mm256_storeu_ps(d + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), s));
-    }
+// Picks c: 2^c goes into xs, the returned 2^(120 - c) multiplies the dot.
+CPUMOE_INLINE float scale_factor(const float* x, const uint16_t* srow, int K, float* two_c) {
+  const int nb = nblocks(K);
+  float smax = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const float s = std::fabs(bf16_to_f32(srow[b]));
+    smax = s > smax ? s : smax;
+  }
+  const float amax = x[4 * slen(K)] > 1.f ? x[4 * slen(K)] : 1.f;
+  const float m = amax * smax;  // >= max |x * s| and >= max |s|
+  int shift = 0;                // c = 120 - shift
+  if (m >= 128.f) shift = std::ilogb(m) - 6;  // then m * 2^c < 2^127
+  *two_c = std::ldexp(1.f, 120 - shift);
+  return std::ldexp(1.f, shift);
 }
-struct Acc {
-  Vec a0, a1, a2, a3;
-  CPUMOE_INLINE void zero() { a0 = a1 = a2 = a3 = vzero(); }
-  CPUMOE_INLINE Vec sum() const { return vadd(vadd(a0, a1), vadd(a2, a3)); }
-};
-// 32 codes at p; x points at stream 0 entry c/4 (streams Q apart).
-CPUMOE_INLINE void chunk_w(__m256i w, const float* x, size_t Q, Acc& A) {
-  const __m256i m16 = _mm256_set1_epi16((short)0x87F0);
-  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
-  const __m256i o16 = _mm256_and_si256(_mm256_srai_epi16(w, 4), m16);
-  const __m256i e16 = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 4), m16);
-  A.a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e16, 16)), _mm256_loadu_ps(x), A.a0);
-  A.a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(o16, 16)), _mm256_loadu_ps(x + Q), A.a1);
-  A.a2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(e16, hi)), _mm256_loadu_ps(x + 2 * Q), A.a2);
-  A.a3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(o16, hi)), _mm256_loadu_ps(x + 3 * Q), A.a3);
-}
-CPUMOE_INLINE void chunk(const uint8_t* p, const float* x, size_t Q, Acc& A) {
-  chunk_w(_mm256_loadu_si256((const __m256i*)p), x, Q, A);
-}
-// The last n < kChunk codes of a row: copied into a zeroed chunk (never reads past the row).
-CPUMOE_INLINE void chunk_tail(const uint8_t* p, int n, const float* x, size_t Q, Acc& A) {
-  alignas(32) uint8_t t[kChunk] = {0};
-  std::memcpy(t, p, (size_t)n);
-  chunk_w(_mm256_load_si256((const __m256i*)t), x, Q, A);
-}
-#else  // AVX512F (+BW)
-constexpr int kChunk = 64;  // codes per chunk: 16 per stream
-using Vec = __m512;
-CPUMOE_INLINE Vec vzero() { return _mm512_setzero_ps(); }
-CPUMOE_INLINE Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-CPUMOE_INLINE float vhsum(Vec v) { return hsum512(v); }
-CPUMOE_INLINE void scale_streams(const float* src, const float* f, int nb, size_t Q, float* dst) {
-  for (int j = 0; j < 4; ++j)
-    for (int b = 0; b < nb; ++b) {
-      const __m512 s = _mm512_set1_ps(f[b]);
-      const float* a = src + j * Q + 32 * b;
-      float* d = dst + j * Q + 32 * b;
-      _mm512_storeu_ps(d, _mm512_mul_ps(_mm512_loadu_ps(a), s));
-      _mm512_storeu_ps(d + 16, _mm512_mul_ps(_mm512_loadu_ps(a + 16), s));
-    }
-}
-struct Acc {
-  Vec a0, a1, a2, a3;
-  CPUMOE_INLINE void zero() { a0 = a1 = a2 = a3 = vzero(); }
-  CPUMOE_INLINE Vec sum() const { return vadd(vadd(a0, a1), vadd(a2, a3)); }
-};
-CPUMOE_INLINE void chunk_w(__m512i w, const float* x, size_t Q, Acc& A) {
-  const __m512i m16 = _mm512_set1_epi16((short)0x87F0);
-  const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
-  const __m512i o16 = _mm512_and_si512(_mm512_srai_epi16(w, 4), m16);
-  const __m512i e16 = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 4), m16);
-  A.a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(e16, 16)), _mm512_loadu_ps(x), A.a0);
-  A.a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(o16, 16)), _mm512_loadu_ps(x + Q), A.a1);
-  A.a2 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(e16, hi)), _mm512_loadu_ps(x + 2 * Q), A.a2);
-  A.a3 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(o16, hi)), _mm512_loadu_ps(x + 3 * Q), A.a3);
-}
-CPUMOE_INLINE void chunk(const uint8_t* p, const float* x, size_t Q, Acc& A) {
-  chunk_w(_mm512_loadu_si512(p), x, Q, A);
-}
-CPUMOE_INLINE void chunk_tail(const uint8_t* p, int n, const float* x, size_t Q, Acc& A) {
-  const __mmask64 msk = (n >= 64) ? ~0ull : ((1ull << n) - 1ull);
-  chunk_w(_mm512_maskz_loadu_epi8(msk, p), x, Q, A);  // masked-off bytes are not read
+CPUMOE_INLINE void chunk(WVec w, const float* xs, size_t S, int c, Acc& A) {
+  const WVec m16 = set16(0x87F0), hi = set32(0xFFFF0000u);
+  const WVec o16 = wand(srai16(w, 4), m16);
+  const WVec e16 = wand(srai16(slli16(w, 8), 4), m16);
+  const float* x = xs + c / 4;
+  A.a0 = vfma(as_ps(slli32(e16, 16)), vload(x), A.a0);
+  A.a1 = vfma(as_ps(slli32(o16, 16)), vload(x + S), A.a1);
+  A.a2 = vfma(as_ps(wand(e16, hi)), vload(x + 2 * S), A.a2);
+  A.a3 = vfma(as_ps(wand(o16, hi)), vload(x + 3 * S), A.a3);
 }
 #endif
 
-// dot(row w of K codes, pre-scaled streams xs (stride Q)).
-CPUMOE_INLINE float dot_scaled(const uint8_t* w, int K, const float* xs, size_t Q) {
+// dot(row w of K codes, pre-scaled activation xs), 8 independent chains.
+CPUMOE_INLINE float dot_scaled(const uint8_t* w, int K, const float* xs) {
+  const size_t S = slen(K);
   Acc A, B;
   A.zero();
   B.zero();
   int c = 0;
-  for (; c + 2 * kChunk <= K; c += 2 * kChunk) {  // two chunks, 8 independent chains
+  for (; c + 2 * kChunk <= K; c += 2 * kChunk) {
 #if CPUMOE_FP8_PF
     CPUMOE_PREFETCH(w + c + CPUMOE_FP8_PF);
 #if CPUMOE_TIER == CPUMOE_T_AVX512F
     CPUMOE_PREFETCH(w + c + CPUMOE_FP8_PF + 64);
 #endif
 #endif
-    chunk(w + c, xs + c / 4, Q, A);
-    chunk(w + c + kChunk, xs + c / 4 + kChunk / 4, Q, B);
+    chunk(wload(w + c), xs, S, c, A);
+    chunk(wload(w + c + kChunk), xs, S, c + kChunk, B);
   }
   if (c + kChunk <= K) {
-    chunk(w + c, xs + c / 4, Q, A);
+    chunk(wload(w + c), xs, S, c, A);
     c += kChunk;
   }
-  if (c < K) chunk_tail(w + c, K - c, xs + c / 4, Q, B);
+  if (c < K) chunk(wload_tail(w + c, K - c), xs, S, c, B);
   return vhsum(vadd(A.sum(), B.sum()));
+}
+
+// xs = x * scale row `srow` (nb(K) bf16 entries) * 2^c in every stream; returns the
+// factor the dot must be multiplied by.
+CPUMOE_INLINE float scale_act(const float* x, const uint16_t* srow, int K, float* xs) {
+  float two_c;
+  const float post = scale_factor(x, srow, K, &two_c);
+  const int nb = nblocks(K);
+  const size_t S = slen(K);
+  for (int b = 0; b < nb; ++b) {
+    const Vec f = vset1(bf16_to_f32(srow[b]) * two_c);
+    for (int j = 0; j < kStreams; ++j) {
+      const float* a = x + j * S + (size_t)kPerBlock * b;
+      float* d = xs + j * S + (size_t)kPerBlock * b;
+      for (int i = 0; i < kPerBlock; i += VL) vstore(d + i, vmul(vload(a + i), f));
+    }
+  }
+  return post;
 }
 
 // Per-thread scratch for the pre-scaled activations (grown on demand, reused).
@@ -240,37 +318,13 @@ float* scratch(size_t floats) {
   return buf.data();
 }
 
-// xs = x * scale row `srow` (nb(K) bf16 entries) * 2^c for the 4 streams; returns the
-// factor 2^(120 - c) the dot must be multiplied by (1 unless the guard lowered c).
-CPUMOE_INLINE float scale_act(const float* x, const uint16_t* srow, int K, float* xs) {
-  const int nb = nblocks(K);
-  const size_t Q = qlen(K);
-  float smax = 0.f;
-  for (int b = 0; b < nb; ++b) {
-    const float s = std::fabs(bf16_to_f32(srow[b]));
-    smax = s > smax ? s : smax;
-  }
-  const float amax = x[4 * Q] > 1.f ? x[4 * Q] : 1.f;
-  const float m = amax * smax;  // >= max |x * s| and >= max |s|
-  int shift = 0;                // c = 120 - shift
-  if (m >= 128.f) shift = std::ilogb(m) - 6;  // then m * 2^(120 - shift) < 2^128
-  const float two_c = std::ldexp(1.f, 120 - shift);
-  float f[64];
-  for (int b0 = 0; b0 < nb; b0 += 64) {
-    const int n = nb - b0 < 64 ? nb - b0 : 64;
-    for (int b = 0; b < n; ++b) f[b] = bf16_to_f32(srow[b0 + b]) * two_c;
-    scale_streams(x + 32 * b0, f, n, Q, xs + 32 * b0);
-  }
-  return std::ldexp(1.f, shift);
-}
-
 void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
              const void* const* xs, const float* w_in, uint16_t* const* g) {
   const cpumoe_params& p = k->params;
   const int H = p.hidden, I = p.inter;
-  const size_t Q = qlen(H), L = 4 * Q;
+  const size_t L = act_len(H);
   float* sx = scratch((size_t)n * 2 * (L + 1));  // token j: gate xs at 2Lj, up xs at 2Lj + L
-  float* postv = sx + (size_t)n * 2 * L;          // then the 2n post factors
+  float* post = sx + (size_t)n * 2 * L;          // then 2n factors (post * w_in)
   for (int i = i0; i < i1;) {
     // a segment of rows whose gate rows share a row block and whose up rows share one
     const int rg = i / kBlk, ru = (I + i) / kBlk;
@@ -280,16 +334,16 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
     const uint16_t* sg = bank_row<uint16_t>(banks[1], e, rg);
     const uint16_t* su = bank_row<uint16_t>(banks[1], e, ru);
     for (int j = 0; j < n; ++j) {
-      postv[2 * j] = scale_act((const float*)xs[j], sg, H, sx + 2 * L * j) * w_in[j];
-      postv[2 * j + 1] = scale_act((const float*)xs[j], su, H, sx + 2 * L * j + L) * w_in[j];
+      post[2 * j] = scale_act((const float*)xs[j], sg, H, sx + 2 * L * j) * w_in[j];
+      post[2 * j + 1] = scale_act((const float*)xs[j], su, H, sx + 2 * L * j + L) * w_in[j];
     }
     for (; i < iend; ++i) {
       const uint8_t* wg = bank_row<uint8_t>(banks[0], e, i);
       const uint8_t* wu = bank_row<uint8_t>(banks[0], e, I + i);
       for (int j = 0; j < n; ++j) {
         const float* xg = sx + 2 * L * j;
-        const float gate = dot_scaled(wg, H, xg, Q) * postv[2 * j];
-        const float up = dot_scaled(wu, H, xg + L, Q) * postv[2 * j + 1];
+        const float gate = dot_scaled(wg, H, xg) * post[2 * j];
+        const float up = dot_scaled(wu, H, xg + L) * post[2 * j + 1];
         g[j][i] = f32_to_bf16(activate(p, gate, up));
       }
     }
@@ -299,23 +353,23 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
 void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
           int32_t n, float* acc, int64_t acc_stride) {
   const int I = k->params.inter;
-  const size_t Q = qlen(I), L = 4 * Q;
+  const size_t L = act_len(I);
   for (int a = 0; a < n;) {
     int b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;
     const int e = routes[a].expert;
     float* sx = scratch((size_t)(b - a) * (L + 1));  // route r: xs at L(r - a)
-    float* postv = sx + (size_t)(b - a) * L;          // then the post factors
+    float* post = sx + (size_t)(b - a) * L;           // then the factors (post * weight)
     for (int h = h0; h < h1;) {
       const int rb = h / kBlk;
       const int hend = (rb + 1) * kBlk < h1 ? (rb + 1) * kBlk : h1;
       const uint16_t* srow = bank_row<uint16_t>(banks[3], e, rb);
       for (int r = a; r < b; ++r)
-        postv[r - a] = scale_act((const float*)routes[r].act, srow, I, sx + L * (r - a)) * routes[r].weight;
+        post[r - a] = scale_act((const float*)routes[r].act, srow, I, sx + L * (r - a)) * routes[r].weight;
       for (; h < hend; ++h) {
         const uint8_t* w = bank_row<uint8_t>(banks[2], e, h);
         for (int r = a; r < b; ++r)
-          acc[routes[r].token * acc_stride + (h - h0)] += dot_scaled(w, I, sx + L * (r - a), Q) * postv[r - a];
+          acc[routes[r].token * acc_stride + (h - h0)] += dot_scaled(w, I, sx + L * (r - a)) * post[r - a];
       }
     }
     a = b;
@@ -323,8 +377,8 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
 }
 
 void install(cpumoe_kernel* k) {
-  k->act_bytes = &act_bytes_q;
-  k->prep_act = &prep_act_q;
+  k->act_bytes = &act_bytes_v;
+  k->prep_act = &prep_act_v;
   k->gate_up = &gate_up;
   k->down = &down;
 }
