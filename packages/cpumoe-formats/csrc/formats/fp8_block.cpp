@@ -10,19 +10,17 @@
 // e4m3 decode follows common.h e4m3_to_f32: 0x7F/0xFF -> +-480, subnormals m*2^-9.
 //
 // Mode "native" only (W8A16). Tiers:
-//   scalar      256-entry fp32 LUT, x as fp32.
-//   avx2        fp16 bit trick: for a byte b, (b & 0x80) << 8 | (b & 0x7F) << 7 is the
-//               fp16 encoding of e4m3(b) * 2^-8 (subnormals included, 0x7F -> 1.875), so
-//               a 16-bit lane holding two codes gives the odd code's half by
-//               srai(1) & 0xBF80 and the even code's by slli(8) first; vcvtph2ps
-//               widens to fp32. x is prepared as de-interleaved fp32 halves
-//               (xe[m] = x[2m], xo[m] = x[2m+1]). The 2^8 is applied once per row.
-//   avx512f     the same with 512-bit vectors.
+//   scalar      256-entry fp32 LUT, x as fp32; per 128-K block sum * scale.
+//   avx2        bias-free bf16 patterns: (b & 0x80) << 8 | (b & 0x7F) << 4 is the bf16 of
+//               e4m3(b) * 2^-120 for every code; 9 integer ops per 32 codes, no conversion.
+//   avx512f     fp16 bit trick: (b & 0x80) << 8 | (b & 0x7F) << 7 is the fp16 of
+//               e4m3(b) * 2^-8 (subnormals included), widened by vcvtph2ps.
+//               Both fold the block scales (and the 2^120 / 2^8) into a per-(row block,
+//               token) pre-scaled activation, so a row is a plain FMA stream (see below).
 //   avx512bf16  e4m3 -> bf16 in-register (exact): bits = sign << 15 | ((code & 0x7F) << 4)
 //               + (120 << 7); the exp == 0 lanes (zero and subnormals m*2^-9) come from
-//               an 8-entry table via a masked vpermw; reduced by vdpbf16ps against bf16 x.
-// Every SIMD tier sums each 128-K block in its own 4 accumulator chains and then
-// adds block_sum * scale to the row total with one FMA per block.
+//               an 8-entry table via a masked vpermw; reduced by vdpbf16ps against bf16 x,
+//               each 128-K block in 4 fresh chains, then one FMA with its scale.
 #include <vector>
 
 #include "../rowmajor.h"
