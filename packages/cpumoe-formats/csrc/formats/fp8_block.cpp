@@ -123,6 +123,12 @@ void install(cpumoe_kernel* k) {
 #ifndef CPUMOE_FP8_PF
 #define CPUMOE_FP8_PF 2048  // software prefetch distance in the weight row (bytes; 0 = off)
 #endif
+#ifndef CPUMOE_FP8_GU_PAIR
+#define CPUMOE_FP8_GU_PAIR 1  // gate_up: the gate and up rows of an i in one loop (two streams)
+#endif
+#ifndef CPUMOE_FP8_PF_LOC
+#define CPUMOE_FP8_PF_LOC 0  // __builtin_prefetch locality (0 = prefetchnta)
+#endif
 
 // ---- ISA primitives
 #if CPUMOE_TIER == CPUMOE_T_AVX2
@@ -208,12 +214,12 @@ CPUMOE_INLINE float scale_factor(const float*, const uint16_t*, int, float* two_
   *two_c = 256.f;  // undoes the decoder's 2^-8
   return 1.f;
 }
-// kChunk codes at chunk offset c (a multiple of kChunk): streams read at c / 2.
-CPUMOE_INLINE void chunk(WVec w, const float* xs, size_t S, int c, Acc& A) {
+constexpr int kXStep = kChunk / 2;  // stream entries per chunk
+// kChunk codes; xe points at the chunk's first even entry (stream stride S).
+CPUMOE_INLINE void chunk(WVec w, const float* xe, size_t S, Acc& A) {
   const WVec m = set16(0xBF80);
   const WVec od = wand(srai16(w, 1), m);
   const WVec ev = wand(srai16(slli16(w, 8), 1), m);
-  const float* xe = xs + c / 2;
   const float* xo = xe + S;
   A.a0 = vfma(cvt_lo(ev), vload(xe), A.a0);
   A.a1 = vfma(cvt_hi(ev), vload(xe + VL), A.a1);
@@ -254,11 +260,12 @@ CPUMOE_INLINE float scale_factor(const float* x, const uint16_t* srow, int K, fl
   *two_c = std::ldexp(1.f, 120 - shift);
   return std::ldexp(1.f, shift);
 }
-CPUMOE_INLINE void chunk(WVec w, const float* xs, size_t S, int c, Acc& A) {
+constexpr int kXStep = kChunk / 4;  // stream entries per chunk
+// kChunk codes; x points at the chunk's stream-0 entry (stream stride S).
+CPUMOE_INLINE void chunk(WVec w, const float* x, size_t S, Acc& A) {
   const WVec m16 = set16(0x87F0), hi = set32(0xFFFF0000u);
   const WVec o16 = wand(srai16(w, 4), m16);
   const WVec e16 = wand(srai16(slli16(w, 8), 4), m16);
-  const float* x = xs + c / 4;
   A.a0 = vfma(as_ps(slli32(e16, 16)), vload(x), A.a0);
   A.a1 = vfma(as_ps(slli32(o16, 16)), vload(x + S), A.a1);
   A.a2 = vfma(as_ps(wand(e16, hi)), vload(x + 2 * S), A.a2);
@@ -266,29 +273,62 @@ CPUMOE_INLINE void chunk(WVec w, const float* xs, size_t S, int c, Acc& A) {
 }
 #endif
 
+CPUMOE_INLINE void prefetch_ahead(const uint8_t* p) {
+#if CPUMOE_FP8_PF
+  for (int o = 0; o < 2 * kChunk; o += 64) __builtin_prefetch(p + CPUMOE_FP8_PF + o, 0, CPUMOE_FP8_PF_LOC);
+#else
+  (void)p;
+#endif
+}
+
 // dot(row w of K codes, pre-scaled activation xs), 8 independent chains.
 CPUMOE_INLINE float dot_scaled(const uint8_t* w, int K, const float* xs) {
   const size_t S = slen(K);
+  const uint8_t* const end = w + K;
   Acc A, B;
   A.zero();
   B.zero();
-  int c = 0;
-  for (; c + 2 * kChunk <= K; c += 2 * kChunk) {
-#if CPUMOE_FP8_PF
-    CPUMOE_PREFETCH(w + c + CPUMOE_FP8_PF);
-#if CPUMOE_TIER == CPUMOE_T_AVX512F
-    CPUMOE_PREFETCH(w + c + CPUMOE_FP8_PF + 64);
-#endif
-#endif
-    chunk(wload(w + c), xs, S, c, A);
-    chunk(wload(w + c + kChunk), xs, S, c + kChunk, B);
+  for (; w + 2 * kChunk <= end; w += 2 * kChunk, xs += 2 * kXStep) {
+    prefetch_ahead(w);
+    chunk(wload(w), xs, S, A);
+    chunk(wload(w + kChunk), xs + kXStep, S, B);
   }
-  if (c + kChunk <= K) {
-    chunk(wload(w + c), xs, S, c, A);
-    c += kChunk;
+  if (w + kChunk <= end) {
+    chunk(wload(w), xs, S, A);
+    w += kChunk, xs += kXStep;
   }
-  if (c < K) chunk(wload_tail(w + c, K - c), xs, S, c, B);
+  if (w < end) chunk(wload_tail(w, (int)(end - w)), xs, S, B);
   return vhsum(vadd(A.sum(), B.sum()));
+}
+
+// Two rows at once (4 chains each): halves the per-row reduction and loop overhead,
+// which matters for short rows (the down pass, K = I = 512), and keeps two streams in flight.
+CPUMOE_INLINE void dot2_scaled(const uint8_t* w0, const uint8_t* w1, int K, const float* x0, const float* x1,
+                               float* r0, float* r1) {
+  const size_t S = slen(K);
+  const uint8_t* const end = w0 + K;
+  Acc A, B;
+  A.zero();
+  B.zero();
+  for (; w0 + kChunk <= end; w0 += kChunk, w1 += kChunk, x0 += kXStep, x1 += kXStep) {
+#if CPUMOE_FP8_PF
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+    if (!((uintptr_t)(end - w0) & 63))  // one prefetch per cache line and row
+#endif
+    {
+      __builtin_prefetch(w0 + CPUMOE_FP8_PF, 0, CPUMOE_FP8_PF_LOC);
+      __builtin_prefetch(w1 + CPUMOE_FP8_PF, 0, CPUMOE_FP8_PF_LOC);
+    }
+#endif
+    chunk(wload(w0), x0, S, A);
+    chunk(wload(w1), x1, S, B);
+  }
+  if (w0 < end) {
+    chunk(wload_tail(w0, (int)(end - w0)), x0, S, A);
+    chunk(wload_tail(w1, (int)(end - w0)), x1, S, B);
+  }
+  *r0 = vhsum(A.sum());
+  *r1 = vhsum(B.sum());
 }
 
 // xs = x * scale row `srow` (nb(K) bf16 entries) * 2^c in every stream; returns the
@@ -340,9 +380,14 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
       const uint8_t* wu = bank_row<uint8_t>(banks[0], e, I + i);
       for (int j = 0; j < n; ++j) {
         const float* xg = sx + 2 * L * j;
-        const float gate = dot_scaled(wg, H, xg) * post[2 * j];
-        const float up = dot_scaled(wu, H, xg + L) * post[2 * j + 1];
-        g[j][i] = f32_to_bf16(activate(p, gate, up));
+        float gate, up;
+#if CPUMOE_FP8_GU_PAIR
+        dot2_scaled(wg, wu, H, xg, xg + L, &gate, &up);
+#else
+        gate = dot_scaled(wg, H, xg);
+        up = dot_scaled(wu, H, xg + L);
+#endif
+        g[j][i] = f32_to_bf16(activate(p, gate * post[2 * j], up * post[2 * j + 1]));
       }
     }
   }
@@ -364,11 +409,12 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       const uint16_t* srow = bank_row<uint16_t>(banks[3], e, rb);
       for (int r = a; r < b; ++r)
         post[r - a] = scale_act((const float*)routes[r].act, srow, I, sx + L * (r - a)) * routes[r].weight;
-      for (; h < hend; ++h) {
+      for (; h < hend; ++h) {  // one row at a time: at DRAM rates this streams best
         const uint8_t* w = bank_row<uint8_t>(banks[2], e, h);
         for (int r = a; r < b; ++r)
           acc[routes[r].token * acc_stride + (h - h0)] += dot_scaled(w, I, sx + L * (r - a)) * post[r - a];
       }
+      h = hend;
     }
     a = b;
   }
