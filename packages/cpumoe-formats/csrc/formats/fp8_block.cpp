@@ -121,7 +121,7 @@ void install(cpumoe_kernel* k) {
 #endif
 #endif
 #ifndef CPUMOE_FP8_PF
-#define CPUMOE_FP8_PF 2048  // software prefetch distance in the weight row (bytes; 0 = off)
+#define CPUMOE_FP8_PF 4096  // software prefetch distance in the weight row (bytes; 0 = off)
 #endif
 #ifndef CPUMOE_FP8_GU_PAIR
 #define CPUMOE_FP8_GU_PAIR 1  // gate_up: the gate and up rows of an i in one loop (two streams)
@@ -436,7 +436,7 @@ void prep_act_bf16p(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* 
   std::memcpy(dst, src, (size_t)K * sizeof(uint16_t));
   std::memset((uint16_t*)dst + K, 0, (pad_len(K) - (size_t)K) * sizeof(uint16_t));
 }
-constexpr int kPfBytes = 2048;
+constexpr int kPfBytes = 4096;
 
 // bf16 bits of m * 2^-9 for m = 0..7 (the exp == 0 codes), indexed by the code's low 5 bits.
 struct SubTable {
