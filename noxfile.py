@@ -133,7 +133,7 @@ def _make_build(name: str):
         # wheel we test also proves the sdist is complete. PIP_FIND_LINKS lets build isolation
         # find our own packages (build requirements of consumers) in dist/.
         session.run("python", "-m", "build", "--outdir", str(DIST), str(ROOT / "packages" / name),
-                    env={"PIP_FIND_LINKS": str(DIST)})
+                    env={"PIP_FIND_LINKS": " ".join(filter(None, (os.environ.get("PIP_FIND_LINKS"), str(DIST))))})
         session.log("built: " + ", ".join(f.name for f in _dist_files(name)))
 
     build.__doc__ = f"Build the {name} sdist, then its wheel from that sdist, into dist/."

@@ -32,16 +32,19 @@ trap 'rm -rf "$work"' EXIT
 echo "== $pkg: fresh venv ($("$py" --version))"
 "$py" -m venv "$work/venv" 2>/dev/null || "$py" -m virtualenv -q "$work/venv"
 vpy=$work/venv/bin/python
-"$vpy" -m pip install -q --disable-pip-version-check --upgrade pip
 
 if [[ $build == 1 ]]; then
     echo "== $pkg: sdist, then wheel from the sdist -> $dist"
     "$vpy" -m pip install -q --disable-pip-version-check "build>=1.2"
-    PIP_FIND_LINKS=$dist "$vpy" -m build --outdir "$dist" "$pkg_dir"
+    PIP_FIND_LINKS="${PIP_FIND_LINKS:+$PIP_FIND_LINKS }$dist" "$vpy" -m build --outdir "$dist" "$pkg_dir"
 fi
 
 echo "== $pkg: inspect sdist and wheel"
-wheel=$("$vpy" "$ci/inspect_dist.py" "$pkg_dir" "$dist" | tee /dev/stderr | tail -n 1)
+status=0
+report=$("$vpy" "$ci/inspect_dist.py" "$pkg_dir" "$dist") || status=$?
+printf '%s\n' "$report"
+if [[ $status -ne 0 ]]; then exit "$status"; fi
+wheel=$(tail -n 1 <<<"$report")
 
 echo "== $pkg: install $(basename "$wheel") alone"
 "$vpy" -m pip install -q --disable-pip-version-check --find-links "$dist" --only-binary :all: "$wheel"

@@ -62,6 +62,9 @@ def main(pkg_dir: Path, dist: Path) -> int:
         lacking = sorted(set(tracked) - in_sdist)
         if lacking:
             problems.append(f"sdist lacks {len(lacking)} tracked file(s): {lacking[:20]}")
+        untracked = sorted(in_sdist - set(tracked) - {"PKG-INFO", ".gitignore"})
+        if untracked:
+            print(f"warning: sdist holds files git does not track (a fresh clone lacks them): {untracked[:20]}")
     junk = sorted(n for n in in_sdist if n.endswith((".so", ".o", ".pyc")) or n.startswith("build/")
                   or "/__pycache__/" in n)
     if junk:
