@@ -69,8 +69,8 @@ def main(pkg_dir: Path, dist: Path) -> int:
                   or "/__pycache__/" in n)
     if junk:
         problems.append(f"sdist holds build output: {junk[:20]}")
-    print(f"sdist {sdist.name}: {len(in_sdist)} files under {top}/"
-          + ("" if tracked is None else f", all {len(tracked)} git-tracked files present"))
+    present = "" if tracked is None else f", {len(set(tracked) & in_sdist)} of {len(tracked)} git-tracked files"
+    print(f"sdist {sdist.name}: {len(in_sdist)} files under {top}/{present}")
 
     native = (pkg_dir / "hatch_build.py").is_file() or (pkg_dir / "csrc").is_dir()
     tag = wheel.name[:-len(".whl")].split("-")[-3:]
