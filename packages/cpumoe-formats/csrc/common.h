@@ -55,12 +55,7 @@ CPUMOE_INLINE uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); r
 CPUMOE_INLINE float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
 // fp32 -> bf16, round to nearest even; NaN stays a quiet NaN of the same sign.
-CPUMOE_INLINE uint16_t f32_to_bf16(float f) {
-  uint32_t u = f32_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
+CPUMOE_INLINE uint16_t f32_to_bf16(float f) { return cpumoe_f32_to_bf16(f); }
 CPUMOE_INLINE float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 // IEEE half -> float, exact for every code (subnormals, inf, NaN).

@@ -22,4 +22,5 @@ int32_t moe_step(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t T, in
                  const int32_t* ids, const float* w, uint16_t* y, void* scratch, char* err, size_t errlen);
 const cpumoe_formats_api* api_table();
 double read_bandwidth_gbps(const void* p, size_t n, int reps);
+uint64_t read_sum(const void* p, size_t n);
 }  // namespace cpumoe

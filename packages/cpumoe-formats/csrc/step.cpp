@@ -109,14 +109,18 @@ static uint64_t read_scalar(const char* p, size_t n) {
   for (size_t i = 0; i + 8 <= n; i += 64) s += *(const volatile uint64_t*)(p + i);
   return s;
 }
+uint64_t read_sum(const void* p, size_t n) {
+  static const bool avx2 = usable_tier_mask() & (1u << CPUMOE_TIER_AVX2);
+  n &= ~(size_t)127;
+  return avx2 ? read_avx2((const char*)p, n) : read_scalar((const char*)p, n);
+}
 volatile uint64_t g_bw_sink;
 double read_bandwidth_gbps(const void* p, size_t n, int reps) {
-  const bool avx2 = usable_tier_mask() & (1u << CPUMOE_TIER_AVX2);
   double best = 0;
   n &= ~(size_t)127;
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    g_bw_sink += avx2 ? read_avx2((const char*)p, n) : read_scalar((const char*)p, n);
+    g_bw_sink += read_sum(p, n);
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, n / dt / 1e9);
   }
@@ -135,6 +139,7 @@ const cpumoe_formats_api kApi = {
     CPUMOE_FORMATS_ABI_MAJOR, CPUMOE_FORMATS_ABI_MINOR, sizeof(cpumoe_formats_api), CPUMOE_BUILD_INFO,
     &api_detected_tier,       &api_tier_cap,           &api_tier_name,             &kernel_create,
     &kernel_destroy,          &format_bank_count,      &step_scratch_bytes,        &moe_step,
+    &read_sum,
 };
 }  // namespace
 const cpumoe_formats_api* api_table() { return &kApi; }

@@ -86,6 +86,34 @@ class Kernel:
                              w.ctypes.data, out.ctypes.data)
         return out
 
+    def bind(self, banks):
+        """Validate `banks` once; returns step(x, topk_weights, topk_ids, out) -> out for tight loops (the bench).
+
+        The step takes C-contiguous numpy arrays only: x and out bf16 [T, H], topk_weights float32
+        [T, top_k], topk_ids int32 [T, top_k] (cheap dtype/shape checks; ids are range-checked natively).
+        The banks are not re-validated per call: keep them alive and unchanged while the step is used.
+        """
+        arrays, dims = self.spec.validate(banks)
+        if dims != (self.E, self.H, self.I):
+            raise ValueError(f"banks have (E, H, I) = {dims}, this kernel was made for {(self.E, self.H, self.I)}")
+        views, native, H = self.spec.bank_views(arrays), self._k.moe_step, self.H
+
+        def step(x, topk_weights, topk_ids, out):
+            T, k = topk_ids.shape
+            if not (x.dtype == BF16 and out.dtype == BF16 and topk_weights.dtype == np.float32
+                    and topk_ids.dtype == np.int32 and x.shape == (T, H) and out.shape == (T, H)
+                    and topk_weights.shape == (T, k) and x.flags.c_contiguous and out.flags.c_contiguous
+                    and topk_weights.flags.c_contiguous and topk_ids.flags.c_contiguous):
+                raise ValueError(f"bound step needs C-contiguous x, out bf16 [T, {H}], topk_weights float32 and "
+                                 f"topk_ids int32 [T, top_k]; got x {describe(x)}, out {describe(out)}, "
+                                 f"topk_weights {describe(topk_weights)}, topk_ids {describe(topk_ids)}")
+            if T:
+                native(views, T, k, x.ctypes.data, topk_ids.ctypes.data, topk_weights.ctypes.data, out.ctypes.data)
+            return out
+
+        step.arrays = arrays  # keeps the validated arrays alive with the step
+        return step
+
 
 def moe_forward(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alpha: float | None = None,
                 limit: float | None = None, apply_router_weight_on_input: bool = False, mode: str | None = None,

@@ -26,9 +26,10 @@ class Bf16Format(FormatSpec):
         return {"gate_up": to_bf16(gate_up), "down": to_bf16(down)}
 
     def random_banks(self, E, H, I, rng):  # noqa: E741
-        gu = (rng.standard_normal((E, 2 * I, H), np.float32) * 0.02).astype(BF16)
-        dn = (rng.standard_normal((E, H, I), np.float32) * 0.02).astype(BF16)
-        return {"gate_up": gu, "down": dn}
+        def rand(shape):  # N(0, 0.02) truncated to bf16 bits (fast; exact bf16 values)
+            f = rng.standard_normal(shape, np.float32) * np.float32(0.02)
+            return (f.view(np.uint32) >> 16).astype(np.uint16).view(BF16)
+        return {"gate_up": rand((E, 2 * I, H)), "down": rand((E, H, I))}
 
     def dequantize(self, banks):
         return bf16_decode(banks["gate_up"]), bf16_decode(banks["down"])

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -154,7 +155,20 @@ typedef struct cpumoe_formats_api {
   int32_t (*moe_step)(const cpumoe_kernel *k, const cpumoe_bank *banks, int32_t T, int32_t top_k,
                       const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y, void *scratch,
                       char *err, size_t errlen);
+  /* Read [p, p + n) at the widest usable load width, returning a checksum: the
+   * memory-read loop the benches' bandwidth ceilings are measured with. */
+  uint64_t (*read_sum)(const void *p, size_t n);
 } cpumoe_formats_api;
+
+/* fp32 -> bf16, round to nearest even; NaN stays a quiet NaN of the same sign.
+ * The one rounding every kernel and consumer uses for bf16 outputs. */
+static inline uint16_t cpumoe_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
 
 /* Consumer-side check against the version the consumer was built with.
  * Returns 0 if usable, else writes a message naming both versions and what to do. */

@@ -1,0 +1,140 @@
+// pybind11 module cpumoe_executor._native. Binds cpumoe-formats through its
+// versioned capsule at import (a mismatch is an ImportError naming both versions).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+
+#include "capi.h"
+#include "executor.h"
+#include "topology.h"
+
+namespace py = pybind11;
+using namespace cpumoe_exec;
+
+namespace {
+const cpumoe_formats_api* g_formats = nullptr;
+using BankTuple = std::tuple<uint64_t, int64_t, int64_t>;
+
+struct PyExecutor {
+  std::unique_ptr<Executor> ex;
+  PyExecutor(int format, int act, int mode, bool on_input, int E, int H, int I, float alpha, float limit,
+             int tier_cap, int num_layers, int top_k, int max_tokens, std::vector<int> cores, bool pin,
+             int64_t spin_us) {
+    if (num_layers < 1) throw py::value_error("num_layers must be >= 1");
+    if (top_k < 1 || top_k > 64) throw py::value_error("top_k must be in [1, 64]");
+    if (max_tokens < 1) throw py::value_error("max_tokens must be >= 1");
+    if (cores.empty()) throw py::value_error("at least one core");
+    Config c;
+    c.params = {format, act, mode, on_input ? 1 : 0, E, H, I, alpha, limit};
+    c.tier_cap = tier_cap, c.num_layers = num_layers, c.top_k = top_k, c.max_tokens = max_tokens;
+    c.cores = std::move(cores), c.pin = pin, c.spin_us = spin_us;
+    try {
+      ex = std::make_unique<Executor>(g_formats, c);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }
+};
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  g_formats = (const cpumoe_formats_api*)PyCapsule_Import(CPUMOE_FORMATS_CAPSULE_NAME, 0);
+  if (!g_formats) throw py::error_already_set();
+  char err[512] = {0};
+  if (cpumoe_formats_check_api(g_formats, err, sizeof err) != 0) throw py::import_error(err);
+
+  m.attr("ABI_MAJOR") = CPUMOE_EXECUTOR_ABI_MAJOR;
+  m.attr("ABI_MINOR") = CPUMOE_EXECUTOR_ABI_MINOR;
+  m.attr("PROTOCOL_VERSION") = CPUMOE_PROTOCOL_VERSION;
+  m.attr("IOB_MAGIC") = py::int_(CPUMOE_IOB_MAGIC);
+  m.attr("FORMATS_ABI") = py::make_tuple(g_formats->abi_major, g_formats->abi_minor);
+  m.attr("_C_API_v1") = py::capsule((void*)executor_api(), CPUMOE_EXECUTOR_CAPSULE_NAME);
+  m.def("physical_cores", &physical_cores);
+  m.def("allowed_cpus", &allowed_cpus);
+  m.def("cgroup_cpu_limit", &cgroup_cpu_limit);
+  m.def("default_cores", [] {
+    std::string why;
+    auto c = default_cores(&why);
+    return py::make_tuple(c, why);
+  });
+  // Atomic word access for tests and for a CPU thread playing the GPU's part.
+  m.def("load_u64", [](uint64_t a) { return __atomic_load_n((uint64_t*)(uintptr_t)a, __ATOMIC_ACQUIRE); });
+  m.def("store_u64", [](uint64_t a, uint64_t v) { __atomic_store_n((uint64_t*)(uintptr_t)a, v, __ATOMIC_RELEASE); });
+  m.def(
+      "play_gpu",
+      [](uint64_t ready, uint64_t done, uint64_t task, double timeout_s) {
+        // What the GPU stream does: done = 0, ready = task, wait done >= 1 (bounded).
+        py::gil_scoped_release nogil;
+        auto* r = (uint64_t*)(uintptr_t)ready;
+        auto* d = (uint64_t*)(uintptr_t)done;
+        __atomic_store_n(d, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(r, task, __ATOMIC_RELEASE);
+        const int64_t until = mono_ns() + (int64_t)(timeout_s * 1e9);
+        for (unsigned i = 0; __atomic_load_n(d, __ATOMIC_ACQUIRE) < 1; ++i) {
+          if ((i & 1023) == 0 && mono_ns() > until) return false;
+          spin_pause(i);
+        }
+        return true;
+      },
+      py::arg("ready"), py::arg("done"), py::arg("task"), py::arg("timeout_s"));
+  m.def("call_hostfn", [](uint64_t arg, bool submit) {
+    py::gil_scoped_release nogil;
+    const auto* api = executor_api();
+    (submit ? api->hostfn_submit : api->hostfn_wait)((void*)(uintptr_t)arg);
+  });
+
+  py::class_<PyExecutor>(m, "Executor")
+      .def(py::init<int, int, int, bool, int, int, int, float, float, int, int, int, int, std::vector<int>, bool,
+                    int64_t>())
+      .def("set_banks",
+           [](PyExecutor& s, int layer, const std::vector<BankTuple>& banks) {
+             std::vector<cpumoe_bank> b;
+             for (auto& t : banks) b.push_back({(const void*)(uintptr_t)std::get<0>(t), std::get<1>(t), std::get<2>(t)});
+             s.ex->set_banks(layer, b);
+           })
+      .def("decode",
+           [](PyExecutor& s, int layer, int T, uint64_t x, uint64_t ids, uint64_t w, uint64_t y) {
+             std::string err;
+             int rc;
+             {
+               py::gil_scoped_release nogil;
+               rc = s.ex->run(layer, T, (const uint16_t*)(uintptr_t)x, (const int32_t*)(uintptr_t)ids,
+                              (const float*)(uintptr_t)w, (uint16_t*)(uintptr_t)y, &err);
+             }
+             if (rc) throw py::value_error(err);
+           })
+      .def("run_task",
+           [](PyExecutor& s, uint64_t task) {
+             py::gil_scoped_release nogil;
+             return s.ex->run_task(task);
+           })
+      .def("start_coordinator",
+           [](PyExecutor& s, uint64_t ready, uint64_t done, uint64_t error, int core) {
+             s.ex->start_coordinator((uint64_t*)(uintptr_t)ready, (uint64_t*)(uintptr_t)done,
+                                     (uint64_t*)(uintptr_t)error, core);
+           })
+      .def("stop_coordinator",
+           [](PyExecutor& s) {
+             py::gil_scoped_release nogil;
+             s.ex->stop_coordinator();
+           })
+      .def("read_bandwidth",
+           [](PyExecutor& s, uint64_t p, size_t n, int reps) {
+             py::gil_scoped_release nogil;
+             return s.ex->read_bandwidth((const void*)(uintptr_t)p, n, reps);
+           })
+      .def_property_readonly("coordinator_running", [](PyExecutor& s) { return s.ex->coordinator_running(); })
+      .def("hostfn_arg", [](PyExecutor& s, uint32_t layer, uint32_t T) { return (uint64_t)(uintptr_t)s.ex->hostfn_arg(layer, T); })
+      .def_property_readonly("served", [](PyExecutor& s) { return s.ex->served(); })
+      .def_property_readonly("pool_runs", [](PyExecutor& s) { return s.ex->pool_runs(); })
+      .def_property_readonly("busy_ns", [](PyExecutor& s) { return s.ex->busy_ns(); })
+      .def("last_error", [](PyExecutor& s) { return s.ex->last_error(); })
+      .def("clear_error", [](PyExecutor& s) { s.ex->clear_error(); })
+      .def_property_readonly("iob", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex->iob(); })
+      .def_property_readonly("handle", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex.get(); })
+      .def_property_readonly("kernel_name", [](PyExecutor& s) { return std::string(s.ex->kernel()->name); })
+      .def_property_readonly("threads", [](PyExecutor& s) { return s.ex->threads(); })
+      .def_property_readonly("pinned", [](PyExecutor& s) { return s.ex->pinned(); });
+}

@@ -1,0 +1,236 @@
+// Batched decode step: routes grouped by expert, four phases separated by
+// barriers, work items taken from atomic counters. Every item is computed by
+// exactly one thread in a fixed order, so the output is bit-identical for any
+// thread count.
+#include "executor.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+namespace cpumoe_exec {
+namespace {
+constexpr size_t kAlign = 64;
+size_t up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+}  // namespace
+
+int64_t mono_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
+    : api_(api), cfg_(cfg), pool_(cfg.cores, cfg.pin, cfg.spin_us) {
+  char err[512] = {0};
+  if (api_->kernel_create(&cfg_.params, cfg_.tier_cap, &k_, err, sizeof err) != 0) throw std::invalid_argument(err);
+  const auto& p = cfg_.params;
+  const size_t T = cfg_.max_tokens, R = T * cfg_.top_k;
+  banks_.assign(cfg_.num_layers, {});
+  xa_ = up(k_->act_bytes(k_, p.hidden));
+  ga_ = up(k_->act_bytes(k_, p.inter));
+  xprep_.resize(xa_ * T + kAlign);
+  g_.resize(R * p.inter * sizeof(uint16_t) + kAlign);
+  gprep_.resize(ga_ * R + kAlign);
+  acc_.resize(T * p.hidden);
+  order_.resize(R);
+  gstart_.resize(R + 1);
+  gexpert_.resize(R);
+  count_.resize(p.num_experts + 1);
+  rxp_.resize(R);
+  rwin_.resize(R);
+  rg_.resize(R);
+  routes_.resize(R);
+
+  // IO block (protocol v1): page-aligned, header then 64-byte aligned arrays.
+  const size_t H = p.hidden, K = cfg_.top_k;
+  size_t off = sizeof(cpumoe_iob_header);
+  const size_t x_off = up(off), ids_off = up(x_off + T * H * 2), w_off = up(ids_off + T * K * 4),
+               y_off = up(w_off + T * K * 4), total = up(y_off + T * H * 2, 4096);
+  void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("cannot allocate the IO block");
+  iob_bytes_ = total;
+  iob_ = static_cast<cpumoe_iob_header*>(mem);
+  iob_->magic = CPUMOE_IOB_MAGIC;
+  iob_->version = CPUMOE_PROTOCOL_VERSION;
+  iob_->header_bytes = sizeof(cpumoe_iob_header);
+  iob_->hidden = (uint32_t)H;
+  iob_->top_k = (uint32_t)K;
+  iob_->max_tokens = (uint32_t)T;
+  iob_->num_layers = (uint32_t)cfg_.num_layers;
+  iob_->x_off = x_off, iob_->ids_off = ids_off, iob_->w_off = w_off, iob_->y_off = y_off, iob_->total_bytes = total;
+  ready_ = &iob_->ready, done_ = &iob_->done, error_ = &iob_->error;
+}
+
+Executor::~Executor() {
+  stop_coordinator();
+  for (auto* a : args_) delete a;
+  if (k_) api_->kernel_destroy(k_);
+  if (iob_) munmap(iob_, iob_bytes_);
+}
+
+void Executor::set_banks(int layer, const std::vector<cpumoe_bank>& banks) {
+  if (layer < 0 || layer >= cfg_.num_layers) throw std::out_of_range("layer out of range");
+  if (banks.size() > CPUMOE_MAX_BANKS) throw std::invalid_argument("too many banks");
+  std::lock_guard<std::mutex> g(run_mu_);
+  banks_[layer] = {};
+  std::copy(banks.begin(), banks.end(), banks_[layer].begin());
+}
+
+int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const float* w, uint16_t* y,
+                  std::string* err) {
+  const auto& p = cfg_.params;
+  const int K = cfg_.top_k, E = p.num_experts, H = p.hidden, I = p.inter;
+  if (layer < 0 || layer >= cfg_.num_layers) {
+    if (err) *err = "layer " + std::to_string(layer) + " is not in [0, " + std::to_string(cfg_.num_layers) + ")";
+    return CPUMOE_ERR_LAYER;
+  }
+  if (T < 1 || T > cfg_.max_tokens) {
+    if (err) *err = "num_tokens " + std::to_string(T) + " is not in [1, max_tokens=" + std::to_string(cfg_.max_tokens) + "]";
+    return CPUMOE_ERR_NUM_TOKENS;
+  }
+  for (int r = 0; r < T * K; ++r)
+    if (ids[r] < -1 || ids[r] >= E) {
+      if (err)
+        *err = "topk_ids[" + std::to_string(r / K) + ", " + std::to_string(r % K) + "] = " + std::to_string(ids[r]) +
+               " is not in [-1, " + std::to_string(E) + ")";
+      return CPUMOE_ERR_EXPERT_ID;
+    }
+  std::lock_guard<std::mutex> g(run_mu_);
+  if (!banks_[layer][0].ptr) {
+    if (err) *err = "banks of layer " + std::to_string(layer) + " are not set";
+    return CPUMOE_ERR_LAYER;
+  }
+  // Group routes by expert (counting sort, stable in (t, k)).
+  std::fill(count_.begin(), count_.end(), 0);
+  int nroutes = 0;
+  for (int r = 0; r < T * K; ++r)
+    if (ids[r] >= 0) ++count_[ids[r] + 1], ++nroutes;
+  if (nroutes == 0) {  // skip: nothing routed here, the pool stays asleep
+    std::memset(y, 0, (size_t)T * H * sizeof(uint16_t));
+    return CPUMOE_ERR_NONE;
+  }
+  for (int e = 0; e < E; ++e) count_[e + 1] += count_[e];
+  for (int r = 0; r < T * K; ++r)
+    if (ids[r] >= 0) order_[count_[ids[r]]++] = r;
+  int ngroups = 0;
+  for (int j = 0; j < nroutes; ++j)
+    if (j == 0 || ids[order_[j]] != ids[order_[j - 1]]) gstart_[ngroups] = j, gexpert_[ngroups++] = ids[order_[j]];
+  gstart_[ngroups] = nroutes;
+  char* xp = (char*)up((uintptr_t)xprep_.data());
+  uint16_t* gb = (uint16_t*)up((uintptr_t)g_.data());
+  char* gp = (char*)up((uintptr_t)gprep_.data());
+  const bool on_in = p.apply_router_weight_on_input != 0;
+  for (int j = 0; j < nroutes; ++j) {
+    const int r = order_[j];
+    rxp_[j] = xp + xa_ * (r / K);
+    rwin_[j] = on_in ? w[r] : 1.0f;
+    rg_[j] = gb + (size_t)j * I;
+    routes_[j] = {r / K, ids[r], on_in ? 1.0f : w[r], 0, gp + ga_ * j};
+  }
+  const int blk = std::max(1, k_->block_hint);
+  st_ = {layer, T, nroutes, ngroups, (I + blk - 1) / blk, (H + blk - 1) / blk, blk, x, y, banks_[layer].data()};
+  c0_ = 0, c1_ = 0, c2_ = 0, c3_ = 0;
+  busy_since_.store(mono_ns(), std::memory_order_release);
+  pool_.run(&Executor::body_tramp, this);
+  pool_runs_.fetch_add(1, std::memory_order_acq_rel);
+  busy_since_.store(0, std::memory_order_release);
+  return CPUMOE_ERR_NONE;
+}
+
+void Executor::body(int) {
+  const auto& p = cfg_.params;
+  const int H = p.hidden, I = p.inter;
+  const Step& s = st_;
+  char* xp = (char*)up((uintptr_t)xprep_.data());
+  // phase 0: prepare each token's x
+  for (int t; (t = c0_.fetch_add(1, std::memory_order_relaxed)) < s.T;)
+    k_->prep_act(k_, s.x + (size_t)t * H, H, xp + xa_ * t);
+  pool_.barrier();
+  // phase 1: gate_up + activation, one (expert group, row block) per item
+  for (int it; (it = c1_.fetch_add(1, std::memory_order_relaxed)) < s.ngroups * s.n_iblk;) {
+    const int grp = it / s.n_iblk, i0 = (it % s.n_iblk) * s.blk, a = gstart_[grp];
+    k_->gate_up(k_, s.banks, gexpert_[grp], i0, std::min(I, i0 + s.blk), gstart_[grp + 1] - a, &rxp_[a], &rwin_[a],
+                &rg_[a]);
+  }
+  pool_.barrier();
+  // phase 2: prepare each route's g for the down pass
+  for (int j; (j = c2_.fetch_add(1, std::memory_order_relaxed)) < s.nroutes;)
+    k_->prep_act(k_, rg_[j], I, const_cast<void*>(routes_[j].act));
+  pool_.barrier();
+  // phase 3: down over all routes, one output row block per item, then bf16 y
+  for (int hb; (hb = c3_.fetch_add(1, std::memory_order_relaxed)) < s.n_hblk;) {
+    const int h0 = hb * s.blk, h1 = std::min(H, h0 + s.blk);
+    for (int t = 0; t < s.T; ++t) std::fill(&acc_[(size_t)t * H + h0], &acc_[(size_t)t * H + h1], 0.0f);
+    k_->down(k_, s.banks, h0, h1, routes_.data(), s.nroutes, acc_.data() + h0, H);
+    for (int t = 0; t < s.T; ++t)
+      for (int h = h0; h < h1; ++h) s.y[(size_t)t * H + h] = cpumoe_f32_to_bf16(acc_[(size_t)t * H + h]);
+  }
+}
+
+void Executor::set_error(int code, const std::string& msg) {
+  std::lock_guard<std::mutex> g(err_mu_);
+  if (__atomic_load_n(error_, __ATOMIC_ACQUIRE) == 0) {
+    last_error_ = msg;
+    __atomic_store_n(error_, (uint64_t)code, __ATOMIC_RELEASE);
+  }
+}
+
+std::string Executor::last_error() {
+  std::lock_guard<std::mutex> g(err_mu_);
+  return last_error_;
+}
+
+void Executor::clear_error() {
+  std::lock_guard<std::mutex> g(err_mu_);
+  last_error_.clear();
+  __atomic_store_n(error_, 0, __ATOMIC_RELEASE);
+}
+
+int Executor::run_task(uint64_t task) {
+  const char* base = reinterpret_cast<const char*>(iob_);
+  const uint32_t layer = CPUMOE_TASK_LAYER(task), T = CPUMOE_TASK_TOKENS(task);
+  std::string err;
+  int rc;
+  if (layer >= (uint32_t)cfg_.num_layers) {
+    rc = CPUMOE_ERR_LAYER, err = "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(cfg_.num_layers);
+  } else if (T < 1 || T > (uint32_t)cfg_.max_tokens) {
+    rc = CPUMOE_ERR_NUM_TOKENS, err = "num_tokens " + std::to_string(T) + " > max_tokens";
+  } else {
+    rc = run((int)layer, (int)T, (const uint16_t*)(base + iob_->x_off), (const int32_t*)(base + iob_->ids_off),
+             (const float*)(base + iob_->w_off), (uint16_t*)(base + iob_->y_off), &err);
+  }
+  if (rc != CPUMOE_ERR_NONE) set_error(rc, "task layer=" + std::to_string(layer) + " num_tokens=" + std::to_string(T) + ": " + err);
+  return rc;
+}
+
+std::vector<double> Executor::read_bandwidth(const void* p, size_t n, int reps) {
+  struct Ctx {
+    const cpumoe_formats_api* api;
+    const char* p;
+    size_t n;
+    int nt;
+    std::atomic<uint64_t> sink{0};
+  } ctx{api_, (const char*)p, n & ~(size_t)127, pool_.size()};
+  auto fn = [](void* c, int tid) {
+    auto* x = static_cast<Ctx*>(c);
+    const size_t a = x->n / x->nt * tid / 128 * 128, b = tid == x->nt - 1 ? x->n : x->n / x->nt * (tid + 1) / 128 * 128;
+    x->sink.fetch_add(x->api->read_sum(x->p + a, b - a), std::memory_order_relaxed);
+  };
+  std::lock_guard<std::mutex> g(run_mu_);
+  std::vector<double> out;
+  for (int r = 0; r < reps; ++r) {
+    const int64_t t0 = mono_ns();
+    pool_.run(fn, &ctx);
+    out.push_back(ctx.n / ((mono_ns() - t0) * 1e-9) / 1e9);
+  }
+  return out;
+}
+
+int64_t Executor::busy_ns() const {
+  const int64_t s = busy_since_.load(std::memory_order_acquire);
+  return s ? mono_ns() - s : 0;
+}
+}  // namespace cpumoe_exec

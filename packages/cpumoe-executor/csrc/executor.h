@@ -1,0 +1,114 @@
+// The executor: a format kernel (cpumoe-formats C ABI), per-layer banks, the
+// worker pool, scratch sized for max_tokens, the IO block and the coordinator.
+#pragma once
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpumoe_executor/abi.h"
+#include "cpumoe_formats/abi.h"
+#include "pool.h"
+
+namespace cpumoe_exec {
+
+struct Config {
+  cpumoe_params params;
+  int tier_cap = -1;
+  int num_layers = 1;
+  int top_k = 1;
+  int max_tokens = 1;
+  std::vector<int> cores;  // cores[0]: caller/coordinator; size = threads
+  bool pin = true;
+  int64_t spin_us = 2000;
+};
+
+class Executor {
+ public:
+  Executor(const cpumoe_formats_api* api, const Config& cfg);
+  ~Executor();
+
+  void set_banks(int layer, const std::vector<cpumoe_bank>& banks);
+  // Synchronous step (one at a time per executor). Returns a cpumoe_error_code.
+  int run(int layer, int T, const uint16_t* x, const int32_t* ids, const float* w, uint16_t* y, std::string* err);
+  // A task on the IO block; on failure also sets the error word (first error sticks).
+  int run_task(uint64_t task);
+
+  cpumoe_iob_header* iob() const { return iob_; }
+  void start_coordinator(uint64_t* ready, uint64_t* done, uint64_t* error, int core);
+  void stop_coordinator();
+  bool coordinator_running() const { return coord_running_.load(std::memory_order_acquire); }
+  cpumoe_hostfn_arg* hostfn_arg(uint32_t layer, uint32_t T);
+  void hostfn_submit(uint64_t task);
+  void hostfn_wait();
+
+  // Health: doorbells served, whether a task runs now and for how long.
+  uint64_t served() const { return served_.load(std::memory_order_acquire); }
+  uint64_t pool_runs() const { return pool_runs_.load(std::memory_order_acquire); }
+  int64_t busy_ns() const;
+  std::string last_error();
+  void clear_error();
+
+  // Multi-thread read bandwidth of [p, p+n) with this executor's threads: one
+  // GB/s sample per repeat (the bench's ceiling, measured like the decode runs).
+  std::vector<double> read_bandwidth(const void* p, size_t n, int reps);
+
+  const cpumoe_kernel* kernel() const { return k_; }
+  const Config& config() const { return cfg_; }
+  int threads() const { return pool_.size(); }
+  int pinned() const { return pool_.pinned(); }
+
+ private:
+  static void body_tramp(void* self, int tid) { static_cast<Executor*>(self)->body(tid); }
+  void body(int tid);
+  void coordinator_loop(int core);
+  void set_error(int code, const std::string& msg);
+
+  const cpumoe_formats_api* api_;
+  Config cfg_;
+  cpumoe_kernel* k_ = nullptr;
+  Pool pool_;
+  std::vector<std::array<cpumoe_bank, CPUMOE_MAX_BANKS>> banks_;
+  std::mutex run_mu_;  // one task in flight
+
+  // scratch (max_tokens)
+  size_t xa_, ga_;
+  std::vector<char> xprep_, g_, gprep_;
+  std::vector<float> acc_;
+  std::vector<int32_t> order_, gstart_, gexpert_, count_;
+  std::vector<const void*> rxp_;
+  std::vector<float> rwin_;
+  std::vector<uint16_t*> rg_;
+  std::vector<cpumoe_route> routes_;
+
+  // the step being run (read by the workers)
+  struct Step {
+    int layer, T, nroutes, ngroups, n_iblk, n_hblk, blk;
+    const uint16_t* x;
+    uint16_t* y;
+    const cpumoe_bank* banks;
+  } st_{};
+  alignas(64) std::atomic<int> c0_{0};
+  alignas(64) std::atomic<int> c1_{0};
+  alignas(64) std::atomic<int> c2_{0};
+  alignas(64) std::atomic<int> c3_{0};
+
+  // IO block and coordinator
+  cpumoe_iob_header* iob_ = nullptr;
+  size_t iob_bytes_ = 0;
+  uint64_t *ready_ = nullptr, *done_ = nullptr, *error_ = nullptr;
+  std::thread coord_;
+  std::atomic<bool> coord_stop_{false}, coord_running_{false};
+  std::atomic<uint64_t> served_{0}, pool_runs_{0};
+  std::atomic<int64_t> busy_since_{0};
+  std::mutex err_mu_;
+  std::string last_error_;
+  std::mutex args_mu_;
+  std::vector<cpumoe_hostfn_arg*> args_;
+};
+
+int64_t mono_ns();
+}  // namespace cpumoe_exec

@@ -1,0 +1,97 @@
+// CPU topology from sysfs and the cgroup CPU limit (v2 cpu.max, v1 cfs quota).
+#include "topology.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace cpumoe_exec {
+namespace {
+std::string read_file(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+// "0-3,8,10-11" -> {0,1,2,3,8,10,11}
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    if (part.empty() || part == "\n") continue;
+    size_t dash = part.find('-');
+    try {
+      int a = std::stoi(part.substr(0, dash)), b = dash == std::string::npos ? a : std::stoi(part.substr(dash + 1));
+      for (int i = a; i <= b; ++i) out.push_back(i);
+    } catch (...) {
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+std::vector<int> physical_cores() {
+  std::vector<int> out;
+  std::set<std::vector<int>> seen;
+  for (int c : allowed_cpus()) {
+    auto sib = parse_list(read_file("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list"));
+    if (sib.empty()) sib = {c};
+    if (seen.insert(sib).second) out.push_back(c);
+  }
+  return out;
+}
+
+int cgroup_cpu_limit() {
+  std::string v2 = read_file("/sys/fs/cgroup/cpu.max");
+  if (!v2.empty()) {
+    std::stringstream ss(v2);
+    std::string quota;
+    double period = 0;
+    ss >> quota >> period;
+    if (quota != "max" && period > 0) return std::max(1, (int)std::ceil(std::stod(quota) / period));
+    return 0;
+  }
+  std::string q = read_file("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), p = read_file("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+  if (!q.empty() && !p.empty()) {
+    double quota = std::stod(q), period = std::stod(p);
+    if (quota > 0 && period > 0) return std::max(1, (int)std::ceil(quota / period));
+  }
+  return 0;
+}
+
+std::vector<int> default_cores(std::string* why) {
+  std::vector<int> cores = physical_cores();
+  if (cores.empty()) cores = allowed_cpus();
+  if (cores.empty()) cores = {0};
+  int lim = cgroup_cpu_limit();
+  std::string w = std::to_string(cores.size()) + " physical cores in the affinity mask";
+  if (lim > 0 && (size_t)lim < cores.size()) {
+    cores.resize(lim);
+    w += ", capped to " + std::to_string(lim) + " by the cgroup CPU limit";
+  }
+  if (why) *why = w;
+  return cores;
+}
+
+bool pin_current_thread(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+}  // namespace cpumoe_exec

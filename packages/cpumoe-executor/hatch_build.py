@@ -1,0 +1,100 @@
+"""Self-contained build of cpumoe_executor._native (hatchling hook and script).
+
+Needs the cpumoe-formats C ABI header: from the installed cpumoe_formats
+(get_include()), else from the monorepo checkout beside this package.
+Environment: CXX, CPUMOE_SANITIZE (e.g. "address,undefined" or "thread"),
+CPUMOE_DEBUG=1, CPUMOE_BUILD_JOBS.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CSRC = HERE / "csrc"
+PKG = HERE / "src" / "cpumoe_executor"
+
+
+def _formats_include() -> str:
+    try:
+        import cpumoe_formats
+
+        return cpumoe_formats.get_include()
+    except ImportError:
+        p = HERE.parent / "cpumoe-formats" / "src" / "cpumoe_formats" / "include"
+        if (p / "cpumoe_formats" / "abi.h").is_file():
+            return str(p)
+        raise RuntimeError("cpumoe-executor needs cpumoe-formats' C ABI header: install cpumoe-formats first "
+                           "(pip install packages/cpumoe-formats) or build from the monorepo") from None
+
+
+def build(out_dir: Path = PKG) -> Path:
+    import pybind11
+
+    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    debug = os.environ.get("CPUMOE_DEBUG") == "1"
+    san = os.environ.get("CPUMOE_SANITIZE", "")
+    flags = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-O1" if debug else "-O2",
+             "-g" if (debug or san) else "-g0", "-pthread", f"-I{CSRC}", f"-I{PKG / 'include'}",
+             f"-I{_formats_include()}", f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+    if san:
+        flags += [f"-fsanitize={san}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
+    cc = subprocess.run(cxx + ["--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    flags.append(f'-DCPUMOE_EXEC_BUILD_INFO="cpumoe-executor cxx={cc[0] if cc else "?"}"')
+    obj_dir = HERE / "build" / ("obj-" + (san or "rel").replace(",", "-"))
+    obj_dir.mkdir(parents=True, exist_ok=True)
+    hdr = max(p.stat().st_mtime for p in list(CSRC.glob("*.h")) + list((PKG / "include").rglob("*.h")) +
+              list(Path(_formats_include()).rglob("*.h")))
+    stamp, key = obj_dir / "flags.txt", " ".join(flags)
+    stale = not stamp.exists() or stamp.read_text() != key
+
+    def compile_one(src: Path) -> Path:
+        obj = obj_dir / f"{src.stem}.o"
+        if not stale and obj.exists() and obj.stat().st_mtime >= max(src.stat().st_mtime, hdr):
+            return obj
+        cmd = cxx + flags + ["-c", str(src), "-o", str(obj)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+        return obj
+
+    srcs = sorted(CSRC.glob("*.cpp"))
+    print(f"[cpumoe-executor] compiling {len(srcs)} objects", file=sys.stderr)
+    with ThreadPoolExecutor(int(os.environ.get("CPUMOE_BUILD_JOBS", "0")) or os.cpu_count() or 2) as ex:
+        objs = list(ex.map(compile_one, srcs))
+    stamp.write_text(key)
+    target = out_dir / f"_native{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    link = cxx + ["-shared", "-pthread", "-o", str(target)] + [str(o) for o in objs]
+    if san:
+        link.append(f"-fsanitize={san}")
+    r = subprocess.run(link, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"link failed: {' '.join(link)}\n{r.stdout}{r.stderr}")
+    return target
+
+
+try:
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+except ImportError:
+    BuildHookInterface = object  # type: ignore[assignment,misc]
+
+
+class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version, build_data):
+        if self.target_name != "wheel":
+            return
+        so = build()
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        build_data["force_include"][str(so)] = f"cpumoe_executor/{so.name}"
+
+
+if __name__ == "__main__":
+    print(build())

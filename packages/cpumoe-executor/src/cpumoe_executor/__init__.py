@@ -1,0 +1,21 @@
+"""cpumoe-executor: CPU MoE decode on a pinned worker pool, synchronously or
+through the doorbell protocol (v1, docs/protocol.md) from a GPU stream."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import _native
+from .executor import CpuMoeExecutor, resolve_cores
+
+__version__ = "0.1.0"
+ABI_VERSION = (_native.ABI_MAJOR, _native.ABI_MINOR)
+PROTOCOL_VERSION = _native.PROTOCOL_VERSION
+C_API_CAPSULE = _native._C_API_v1
+
+
+def get_include() -> str:
+    """Directory holding cpumoe_executor/abi.h and cpumoe_executor/protocol.h."""
+    return str(Path(__file__).resolve().parent / "include")
+
+
+__all__ = ["ABI_VERSION", "C_API_CAPSULE", "PROTOCOL_VERSION", "CpuMoeExecutor", "get_include", "resolve_cores"]

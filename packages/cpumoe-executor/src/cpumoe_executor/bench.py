@@ -1,0 +1,235 @@
+"""Multi-thread decode bench of the executor: steps/s and effective GB/s of
+expert weights read, next to this machine's multi-thread read bandwidth
+measured in the same run with the same threads.
+
+    python -m cpumoe_executor.bench [--format bf16,nvfp4] [--model qwen3-30b | --shape H,I,E,TOPK]
+        [--batch 1,4,8] [--threads N] [--working-set dram|cache] [--routing random|shared|both]
+        [--repeats 5] [--steps 20] [--json FILE] [--plot PNG] [--quick]
+
+dram: the bank holds disjoint windows of experts whose total is at least 4 x LLC
+and each step routes into the next window, so every step reads its experts
+from DRAM. cache: every step reuses the same window. random routing sends each
+token to top_k distinct random experts of the window (the experts a step reads
+are counted once: grouped decode reads each expert once per step); shared sends
+every token to the same top_k experts (the batch costs no extra weight bytes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+import cpumoe_formats as cf
+from cpumoe_formats.bench import PRESETS, build_banks, llc_bytes, machine_info, stats
+
+from .executor import CpuMoeExecutor, resolve_cores
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Model:
+    H: int
+    I: int  # noqa: E741
+    E: int
+    top_k: int
+    activation: str = "silu"
+    alpha: float | None = None
+    limit: float | None = None
+
+
+# Model shapes (spec §7): name -> (shape, formats it ships in)
+MODELS = {
+    "qwen3-30b": (Model(2048, 768, 128, 8), ("bf16",)),
+    "qwen3.6": (Model(2048, 512, 256, 8), ("bf16", "fp8_block", "nvfp4")),
+    "gemma4-26b": (Model(2816, 704, 128, 8, "gelu_tanh"), ("q4_0", "bf16", "nvfp4")),
+    "gpt-oss-120b": (Model(2880, 2880, 128, 4, "swigluoai", 1.702, 7.0), ("mxfp4",)),
+    "gpt-oss-20b": (Model(2880, 2880, 32, 4, "swigluoai", 1.702, 7.0), ("mxfp4",)),
+    "dsv4-flash": (Model(4096, 2048, 256, 6, "swiglu_clamp", 1.0, 10.0), ("ds_fp4",)),
+    "glm4.7": (Model(5120, 1536, 160, 8), ("nvfp4", "bf16")),
+    "minimax-m2.5": (Model(3072, 1536, 256, 8), ("nvfp4",)),
+}
+# Each format at its model shape (the acceptance shapes).
+FORMAT_MODEL = {"bf16": "qwen3-30b", "fp8_block": "qwen3.6", "nvfp4": "qwen3.6", "mxfp4": "gpt-oss-120b",
+                "ds_fp4": "dsv4-flash", "q4_0": "gemma4-26b"}
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def model_for(fmt: str, opts) -> Model:
+    if opts.shape:
+        H, I, E, K = (int(v) for v in opts.shape.split(","))  # noqa: E741
+        p = PRESETS.get(fmt)
+        return Model(H, I, E, K, *(asdict(p)[k] for k in ("activation", "alpha", "limit"))) if p else Model(H, I, E, K)
+    return MODELS[opts.model or FORMAT_MODEL[fmt]][0]
+
+
+def routes_for(rng, window: np.ndarray, T: int, K: int, shared: bool) -> np.ndarray:
+    if shared:
+        return np.tile(rng.choice(window, K, replace=False).astype(np.int32), (T, 1))
+    return np.stack([rng.choice(window, K, replace=False) for _ in range(T)]).astype(np.int32)
+
+
+def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
+    spec = cf.get_format(fmt)
+    bpe = spec.bytes_per_expert(m.H, m.I)
+    window = min(m.E, max(m.top_k * max(opts.batch), 1))  # experts one step can touch
+    if opts.working_set == "dram":
+        need = max(4 * llc, window * bpe * 2)
+        n_win = max(2, math.ceil(need / (window * bpe)))
+    else:
+        n_win = 1
+    E = window * n_win
+    banks = build_banks(spec, E, m.H, m.I, rng, f"{fmt} ({E} experts, {E * bpe / MiB:.0f} MiB)")
+    ex = CpuMoeExecutor(fmt, [banks], top_k=m.top_k, max_tokens=max(opts.batch), threads=threads,
+                        activation=m.activation, alpha=m.alpha, limit=m.limit)
+    ws = cf.aligned_empty((max(4 * llc, 64 * MiB),), np.uint8)
+    ws[:] = 1
+    ceiling = []
+    results = {}
+    for routing in opts.routings:
+        for T in opts.batch:
+            io = ex.io_arrays()  # steps run on the IO block as a doorbell task would (no Python per step)
+            io["x"][:T] = rng.standard_normal((T, m.H)).astype(np.float32).astype(cf.numerics.BF16)
+            io["w"][:T] = 1.0 / m.top_k
+            task = T  # layer 0
+            plans = [routes_for(rng, np.arange(j * window, (j + 1) * window), T, m.top_k, routing == "shared")
+                     for j in range(n_win)]
+            bytes_read = [len(np.unique(p)) * bpe for p in plans]
+            for s in range(3):  # warm-up
+                io["ids"][:T] = plans[s % n_win]
+                ex._x.run_task(task)
+            samples, times = [], []
+            for _ in range(opts.repeats):
+                ceiling += ex._x.read_bandwidth(ws.ctypes.data, ws.nbytes, 1)
+                t0, nbytes = time.perf_counter(), 0
+                for s in range(opts.steps):
+                    j = s % n_win
+                    io["ids"][:T] = plans[j]
+                    if ex._x.run_task(task):
+                        raise RuntimeError(ex.health()["error_message"])
+                    nbytes += bytes_read[j]
+                dt = time.perf_counter() - t0
+                samples.append(nbytes / dt / 1e9)
+                times.append(dt / opts.steps * 1e6)
+            results[f"{routing}/{T}"] = {"routing": routing, "batch": T, "gbps": stats(samples),
+                                         "step_us": stats(times), "steps_per_s": 1e6 / statistics.median(times)}
+            log(f"{fmt} {routing} batch {T}: {statistics.median(samples):.1f} GB/s, "
+                f"{statistics.median(times):.0f} us/step")
+    ceil = stats(ceiling)
+    base = results.get(f"{opts.routings[0]}/{opts.batch[0]}")
+    entry = {"gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"], "ratio": base["gbps"]["median"] / ceil["median"],
+             "batch": base["batch"], "threads": ex.threads, "step_us": base["step_us"]["median"], "isa": ex.isa,
+             "shape": asdict(m), "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "results": results}
+    for routing in opts.routings:
+        b1, b8 = results.get(f"{routing}/1"), results.get(f"{routing}/{max(opts.batch)}")
+        if b1 and b8 and b8 is not b1:
+            entry[f"{routing}_batch{b8['batch']}_over_batch1"] = b8["step_us"]["median"] / b1["step_us"]["median"]
+    return entry
+
+
+def table(report: dict) -> str:
+    lines = [f"{'format':<10} {'isa':<16} {'thr':>3} {'batch':>5} {'routing':<7} {'us/step':>8} {'GB/s':>7} "
+             f"{'ceiling':>8} {'%':>5}"]
+    for fmt, e in report["formats"].items():
+        for r in e["results"].values():
+            g = r["gbps"]["median"]
+            lines.append(f"{fmt:<10} {e['isa']:<16} {e['threads']:>3} {r['batch']:>5} {r['routing']:<7} "
+                         f"{r['step_us']['median']:>8.0f} {g:>7.1f} {e['ceiling_gbps']:>8.1f} "
+                         f"{100 * g / e['ceiling_gbps']:>4.0f}%")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: pip install 'cpumoe-executor[bench]' to draw plots")
+        return
+    fmts = list(report["formats"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    g = [report["formats"][f]["gbps"] for f in fmts]
+    c = [report["formats"][f]["ceiling_gbps"] for f in fmts]
+    a.bar(range(len(fmts)), c, color="#ddd", label="read ceiling (same threads)")
+    a.bar(range(len(fmts)), g, color="#3a7", label="decode, batch 1")
+    a.set_xticks(range(len(fmts)), fmts)
+    a.set_ylabel("GB/s of expert weights")
+    a.legend()
+    for f in fmts:
+        e = report["formats"][f]
+        for routing, style in (("random", "-o"), ("shared", "--s")):
+            pts = sorted((r["batch"], r["step_us"]["median"]) for r in e["results"].values() if r["routing"] == routing)
+            if pts:
+                b.plot([p[0] for p in pts], [p[1] / pts[0][1] for p in pts], style, label=f"{f} {routing}")
+    b.set_xlabel("batch")
+    b.set_ylabel("step time / batch-1 step time")
+    b.legend(fontsize=7)
+    fig.suptitle(f"cpumoe-executor decode, {report['machine'].get('cpu', '')}, {report['threads']} threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    log(f"plot written to {path}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m cpumoe_executor.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--format", default=None, help="comma list (default: every format with kernels)")
+    p.add_argument("--model", choices=sorted(MODELS), help="model preset (default: each format's own model)")
+    p.add_argument("--shape", help="H,I,E,TOPK instead of a preset")
+    p.add_argument("--batch", default="1,4,8", help="comma list of batch sizes")
+    p.add_argument("--threads", type=int, default=None, help="worker threads (default: one per physical core)")
+    p.add_argument("--working-set", choices=("dram", "cache"), default="dram")
+    p.add_argument("--routing", choices=("random", "shared", "both"), default="both")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the report here")
+    p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--quick", action="store_true", help="tiny run for smoke tests")
+    o = p.parse_args(argv)
+    o.batch = [int(v) for v in o.batch.split(",")]
+    o.routings = ["random", "shared"] if o.routing == "both" else [o.routing]
+    if o.quick:
+        o.repeats, o.steps = 2, 3
+    return o
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    fmts = opts.format.split(",") if opts.format else [n for n, s in cf.FORMATS.items() if s.banks]
+    llc = llc_bytes() or 32 * MiB
+    if opts.quick:
+        llc = 4 * MiB
+    cores, why = resolve_cores(opts.threads)
+    rng = np.random.default_rng(opts.seed)
+    report = {"machine": machine_info(llc), "threads": len(cores), "cores": cores, "cores_why": why,
+              "settings": {k: v for k, v in vars(opts).items() if k not in ("json", "plot")}, "formats": {}}
+    log(f"{len(cores)} threads on cores {cores} ({why}); working set {opts.working_set}, LLC {llc / MiB:.0f} MiB")
+    for fmt in fmts:
+        m = model_for(fmt, opts)
+        if opts.quick:
+            m = Model(max(m.H // 8, 256), max(m.I // 8, 256), min(m.E, 16), min(m.top_k, 4), m.activation, m.alpha,
+                      m.limit)
+        report["formats"][fmt] = bench_one(fmt, m, opts, rng, opts.threads, llc)
+    print(table(report))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(report, f, indent=1)
+        log(f"JSON written to {opts.json}")
+    if opts.plot:
+        plot(report, opts.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""CpuMoeExecutor: the Python face of the executor."""
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+import cpumoe_formats as cf
+from cpumoe_formats._arrays import as_array, describe
+from cpumoe_formats.inputs import MAX_TOP_K, check_routing, x_as_bf16
+from cpumoe_formats.kernels import TIERS
+from cpumoe_formats.numerics import BF16
+
+from . import _native
+
+log = logging.getLogger("cpumoe_executor")
+_MODES = ("native", "w4a8")
+
+
+def resolve_cores(threads: int | None = None, core_ids=None) -> tuple[list[int], str]:
+    """Worker cores and why: explicit core_ids; else `threads` cores taken from the
+    physical cores first, then the other logical CPUs; else one per physical core
+    (affinity mask and cgroup CPU limit respected)."""
+    if core_ids is not None:
+        cores = [int(c) for c in core_ids]
+        allowed = set(_native.allowed_cpus())
+        bad = [c for c in cores if c not in allowed]
+        if not cores or bad:
+            raise ValueError(f"core_ids={list(core_ids)!r}: every id must be in the affinity mask {sorted(allowed)}")
+        if threads is not None and threads != len(cores):
+            raise ValueError(f"threads={threads} disagrees with len(core_ids)={len(cores)}")
+        return cores, "core_ids given"
+    default, why = _native.default_cores()
+    if threads is None:
+        return list(default), why
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads={threads!r} must be a positive int or None")
+    phys = list(_native.physical_cores()) or list(default)
+    order = phys + [c for c in _native.allowed_cpus() if c not in phys]
+    return [order[i % len(order)] for i in range(threads)], f"threads={threads} requested ({len(phys)} physical cores)"
+
+
+class CpuMoeExecutor:
+    """MoE decode on the CPU for one model: every layer's banks in one format.
+
+    banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
+    """
+
+    def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,
+                 I: int | None = None, activation: str = "silu", alpha: float | None = None,  # noqa: E741
+                 limit: float | None = None, apply_router_weight_on_input: bool = False, max_tokens: int = 8,
+                 threads: int | None = None, core_ids=None, mode: str | None = None, isa: str | None = None,
+                 pin: bool = True, spin_us: int = 2000):
+        self.spec = cf.get_format(format)
+        if isinstance(banks, dict) or not hasattr(banks, "__len__") or len(banks) == 0:
+            raise TypeError("banks must be a non-empty list with one mapping of bank name -> array per layer")
+        if not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k={top_k!r} must be an int in [1, {MAX_TOP_K}]")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens!r} must be a positive int")
+        if apply_router_weight_on_input and not self.spec.input_weight:
+            raise ValueError(f"format {self.spec.name!r} applies the router weight on the output; "
+                             "apply_router_weight_on_input=True is not supported")
+        self._arrays = []
+        dims = (E, H, I)
+        for layer, b in enumerate(banks):
+            try:
+                arrays, d = self.spec.validate(b, *dims)
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"layer {layer}: {e}") from None
+            dims = d
+            self._arrays.append(arrays)
+        self.E, self.H, self.I = dims
+        self.act = cf.activations.resolve(activation, alpha, limit)
+        mode = self.spec.default_mode if mode is None else mode
+        if mode not in self.spec.modes:
+            raise ValueError(f"mode={mode!r} is not supported by format {self.spec.name!r}; "
+                             f"expected one of {list(self.spec.modes)}")
+        if isa is not None and isa not in TIERS:
+            raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
+        self.mode, self.top_k, self.max_tokens, self.num_layers = mode, top_k, max_tokens, len(banks)
+        self.core_ids, why = resolve_cores(threads, core_ids)
+        self._banks_ref = banks  # the arrays must outlive the executor
+        lim = self.act.limit if math.isfinite(self.act.limit) else float("inf")
+        self._x = _native.Executor(self.spec.id, self.act.id, _MODES.index(mode), bool(apply_router_weight_on_input),
+                                   self.E, self.H, self.I, self.act.alpha, lim,
+                                   -1 if isa is None else TIERS.index(isa), self.num_layers, top_k, max_tokens,
+                                   self.core_ids, bool(pin), int(spin_us))
+        for layer, arrays in enumerate(self._arrays):
+            self._x.set_banks(layer, self.spec.bank_views(arrays))
+        log.info("cpumoe_executor ready: format=%s isa=%s threads=%d cores=%s (%s) E=%d H=%d I=%d top_k=%d "
+                 "max_tokens=%d layers=%d act=%s", self.spec.name, self.isa, self.threads, self.core_ids, why,
+                 self.E, self.H, self.I, top_k, max_tokens, self.num_layers, self.act.name)
+
+    # ---- properties ---------------------------------------------------------------
+    @property
+    def isa(self) -> str:
+        """The kernel that runs: tier plus precision mode (e.g. 'avx512bf16', 'avx2+w4a8')."""
+        return self._x.kernel_name
+
+    @property
+    def threads(self) -> int:
+        return self._x.threads
+
+    @property
+    def handle(self) -> int:
+        """The native executor (cpumoe_executor*) for consumers of the C ABI."""
+        return self._x.handle
+
+    # ---- synchronous decode -------------------------------------------------------------
+    def decode(self, layer: int, x, topk_weights, topk_ids, out=None):
+        """y [T, H] bf16 for one layer's routed experts; synchronous on host arrays/tensors."""
+        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer={layer!r} is not in [0, {self.num_layers})")
+        torch_in = str(getattr(x, "dtype", "")).startswith("torch.")
+        xb = x_as_bf16(x, self.H)
+        T = xb.shape[0]
+        if not 1 <= T <= self.max_tokens:
+            raise ValueError(f"batch size {T} (x rows) is not in [1, max_tokens={self.max_tokens}]")
+        w, ids = check_routing(topk_weights, topk_ids, T, self.E)
+        if ids.shape[1] != self.top_k:
+            raise ValueError(f"topk_ids: {describe(ids)}, expected top_k={self.top_k} columns")
+        if out is None:
+            out = np.empty((T, self.H), BF16)
+        else:
+            out = as_array(out, "out")
+            if out.shape != (T, self.H) or out.dtype != BF16 or not out.flags.c_contiguous:
+                raise ValueError(f"out: {describe(out)}, expected C-contiguous bfloat16 of shape {(T, self.H)}")
+        self._x.decode(int(layer), T, xb.ctypes.data, ids.ctypes.data, w.ctypes.data, out.ctypes.data)
+        if torch_in:
+            import torch  # only when given torch tensors
+
+            return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+        return out
+
+    # ---- IO block and doorbell (protocol v1) ----------------------------------------------------
+    def io_block(self) -> dict:
+        """Addresses and layout of the IO block (docs/protocol.md)."""
+        base = self._x.iob
+        hdr = np.frombuffer((np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint64 * 16).from_address(base))),
+                            np.uint64)
+        x_off, ids_off, w_off, y_off, total = (int(v) for v in hdr[4:9])
+        return {
+            "version": _native.PROTOCOL_VERSION, "magic": _native.IOB_MAGIC, "base": base, "bytes": total,
+            "ready": base + 128, "done": base + 192, "error": base + 256, "served": base + 320,
+            "x": base + x_off, "ids": base + ids_off, "w": base + w_off, "y": base + y_off,
+            "layout": {"x": ("bfloat16", (self.max_tokens, self.H)), "ids": ("int32", (self.max_tokens, self.top_k)),
+                       "w": ("float32", (self.max_tokens, self.top_k)), "y": ("bfloat16", (self.max_tokens, self.H))},
+            "max_tokens": self.max_tokens, "hidden": self.H, "top_k": self.top_k, "num_layers": self.num_layers,
+        }
+
+    def io_arrays(self) -> dict:
+        """numpy views of x, ids, w, y inside the IO block."""
+        iob = self.io_block()
+        ct = np.ctypeslib.ctypes
+        out = {}
+        for name, (dt, shape) in iob["layout"].items():
+            dtype = BF16 if dt == "bfloat16" else np.dtype(dt)
+            n = int(np.prod(shape)) * dtype.itemsize
+            buf = (ct.c_uint8 * n).from_address(iob[name])
+            out[name] = np.frombuffer(buf, np.uint8).view(dtype).reshape(shape)
+        return out
+
+    def start_coordinator(self, ready: int | None = None, done: int | None = None, error: int | None = None,
+                          core: int | None = None) -> None:
+        """Start polling the doorbell (the IO block's words unless a sync backend gives its own)."""
+        c = self.core_ids[0] if core is None else int(core)
+        self._x.start_coordinator(ready or 0, done or 0, error or 0, c)
+        log.info("cpumoe_executor coordinator polling on core %d", c)
+
+    def stop_coordinator(self) -> None:
+        """Stop polling; writes done = SHUTDOWN so any waiter is released."""
+        self._x.stop_coordinator()
+
+    def hostfn_arg(self, layer: int, num_tokens: int) -> int:
+        a = self._x.hostfn_arg(layer, num_tokens)
+        if not a:
+            raise ValueError(f"layer={layer}, num_tokens={num_tokens}: need layer < {self.num_layers} and "
+                             f"1 <= num_tokens <= max_tokens={self.max_tokens}")
+        return a
+
+    # ---- health ----------------------------------------------------------------------------------
+    def health(self) -> dict:
+        iob = self.io_block()
+        return {"served": self._x.served, "busy_s": self._x.busy_ns / 1e9,
+                "ready": _native.load_u64(iob["ready"]), "done": _native.load_u64(iob["done"]),
+                "error": _native.load_u64(iob["error"]), "error_message": self._x.last_error(),
+                "coordinator_running": self._x.coordinator_running}
+
+    def raise_if_unhealthy(self, stuck_after_s: float = 10.0) -> None:
+        """Raise RuntimeError if a task failed (error word) or one has run longer than stuck_after_s."""
+        h = self.health()
+        if h["error"]:
+            raise RuntimeError(f"cpumoe executor task failed (error code {h['error']}): {h['error_message']}")
+        if h["busy_s"] > stuck_after_s:
+            raise RuntimeError(f"cpumoe executor step running for {h['busy_s']:.1f} s (> {stuck_after_s} s): stuck")
+
+    def clear_error(self) -> None:
+        self._x.clear_error()
+
+    def close(self) -> None:
+        self._x.stop_coordinator()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+

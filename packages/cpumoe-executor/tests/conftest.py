@@ -1,0 +1,45 @@
+"""Executor test machinery: fresh random banks per format, fresh routing."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import cpumoe_formats as cf
+
+# Formats with kernels in this build (all six once cpumoe-formats is complete).
+FORMATS = [n for n, s in cf.FORMATS.items() if s.banks]
+
+# Small shapes per format that satisfy its divisibility, with ragged sizes where allowed.
+SHAPES = {"bf16": (96, 40), "fp8_block": (259, 131), "nvfp4": (96, 48), "mxfp4": (96, 64), "ds_fp4": (256, 128),
+          "q4_0": (96, 64)}
+ACT = {"mxfp4": dict(activation="swigluoai", alpha=1.702, limit=7.0),
+       "ds_fp4": dict(activation="swiglu_clamp", alpha=1.0, limit=10.0)}
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("CPUMOE_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    print(f"CPUMOE_TEST_SEED={seed}")
+    return np.random.default_rng(seed)
+
+
+def make_banks(fmt, rng, layers=2, E=6):
+    spec = cf.get_format(fmt)
+    H, I = SHAPES.get(fmt, (spec.k_multiple * 2, spec.k_multiple))  # noqa: E741
+    return [spec.random_banks(E, H, I, rng) for _ in range(layers)], (E, H, I)
+
+
+def routing(rng, T, K, E, dup=True, skip=True):
+    ids = rng.integers(0, E, size=(T, K)).astype(np.int32)
+    if dup and K > 1:
+        ids[0, 1] = ids[0, 0]
+    if skip and T > 1:
+        ids[-1, 0] = -1
+    w = (rng.random((T, K), dtype=np.float32) + 0.05).astype(np.float32)
+    return w, ids
+
+
+def bits(a):
+    return np.asarray(a).view(np.uint16)

@@ -1,0 +1,121 @@
+"""Synchronous decode: parity with the single-threaded kernels (bit-identical:
+same work items, same order) and with the float64 reference, for every format,
+thread counts 1..N, batch sizes 1, 3, 8 and max_tokens, duplicated and -1 ids,
+several layers."""
+import numpy as np
+import pytest
+from conftest import ACT, FORMATS, bits, make_banks, routing
+
+import cpumoe_executor as ce
+import cpumoe_formats as cf
+
+NCORES = len(ce.resolve_cores()[0])
+THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-identical
+# rel vs float64: the format's own kernel tolerance (its tests justify it); executor adds nothing
+REL_TOL = {"bf16": 4e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_parity_all_threads_batches_layers(fmt, rng):
+    banks, (E, H, I) = make_banks(fmt, rng, layers=3)
+    K, max_tokens = 4, 12
+    act = ACT.get(fmt, {})
+    for threads in THREADS:
+        ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=max_tokens, threads=threads, **act)
+        assert ex.threads == threads
+        for T in (1, 3, 8, max_tokens):
+            for layer in range(3):
+                x = rng.standard_normal((T, H)).astype(np.float32)
+                w, ids = routing(rng, T, K, E)
+                y = ex.decode(layer, x, w, ids)
+                want = cf.moe_forward(fmt, banks[layer], x, w, ids, **act)
+                np.testing.assert_array_equal(bits(y), bits(want), err_msg=f"threads={threads} T={T} layer={layer}")
+                if threads == 1 and T in (1, 8):
+                    ref = cf.reference.moe(fmt, banks[layer], x, w, ids, **act)
+                    rel = np.abs(y.astype(np.float64) - ref).max() / np.abs(ref).max()
+                    assert rel < REL_TOL[fmt], (T, layer, rel)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_modes_and_forced_tiers(fmt, rng):
+    spec = cf.get_format(fmt)
+    banks, (E, H, I) = make_banks(fmt, rng, layers=1)
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    w, ids = routing(rng, 3, 4, E)
+    act = ACT.get(fmt, {})
+    for mode, tiers in spec.kernel_tiers.items():
+        for tier in tiers:
+            if tier not in cf.usable_tiers():
+                continue
+            ex = ce.CpuMoeExecutor(fmt, banks, top_k=4, max_tokens=4, mode=mode, isa=tier, **act)
+            assert ex.isa == cf.Kernel(fmt, E, H, I, mode=mode, isa=tier, **act).name
+            want = cf.moe_forward(fmt, banks[0], x, w, ids, mode=mode, isa=tier, **act)
+            np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))
+
+
+def test_apply_router_weight_on_input(rng):
+    banks, (E, H, I) = make_banks("bf16", rng)
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=3, apply_router_weight_on_input=True)
+    x = rng.standard_normal((2, H)).astype(np.float32)
+    w, ids = routing(rng, 2, 3, E)
+    want = cf.moe_forward("bf16", banks[1], x, w, ids, apply_router_weight_on_input=True)
+    np.testing.assert_array_equal(bits(ex.decode(1, x, w, ids)), bits(want))
+
+
+def test_all_routes_skipped_gives_zeros_without_waking_the_pool(rng):
+    banks, (E, H, I) = make_banks("bf16", rng)
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=2, max_tokens=4)
+    runs = ex._x.pool_runs
+    out = np.full((3, H), 7, np.uint16).view(cf.numerics.BF16)
+    y = ex.decode(0, rng.standard_normal((3, H)).astype(np.float32), np.ones((3, 2), np.float32),
+                  np.full((3, 2), -1, np.int32), out=out)
+    assert y is out and not bits(y).any()
+    assert ex._x.pool_runs == runs
+
+
+def test_errors_name_the_argument(rng):
+    banks, (E, H, I) = make_banks("bf16", rng)
+    with pytest.raises(ValueError, match="top_k=65"):
+        ce.CpuMoeExecutor("bf16", banks, top_k=65)
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        ce.CpuMoeExecutor("bf16", banks, top_k=2, max_tokens=0)
+    with pytest.raises(TypeError, match="one mapping of bank name"):
+        ce.CpuMoeExecutor("bf16", banks[0], top_k=2)
+    with pytest.raises(ValueError, match="layer 1: .*expected E=6"):
+        ce.CpuMoeExecutor("bf16", [banks[0], cf.get_format("bf16").random_banks(5, H, I, rng)], top_k=2)
+    with pytest.raises(ValueError, match="format='fp4'"):
+        ce.CpuMoeExecutor("fp4", banks, top_k=2)
+    with pytest.raises(ValueError, match="threads=0"):
+        ce.CpuMoeExecutor("bf16", banks, top_k=2, threads=0)
+    with pytest.raises(ValueError, match="core_ids="):
+        ce.CpuMoeExecutor("bf16", banks, top_k=2, core_ids=[100000])
+    with pytest.raises(ValueError, match="isa='avx9'"):
+        ce.CpuMoeExecutor("bf16", banks, top_k=2, isa="avx9")
+    for fmt in ("mxfp4", "ds_fp4"):
+        if fmt in FORMATS:
+            b, _ = make_banks(fmt, rng, layers=1)
+            with pytest.raises(ValueError, match="apply_router_weight_on_input"):
+                ce.CpuMoeExecutor(fmt, b, top_k=2, apply_router_weight_on_input=True, **ACT[fmt])
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=2, max_tokens=4)
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    w, ids = routing(rng, 5, 2, E)
+    with pytest.raises(ValueError, match=r"batch size 5 .*max_tokens=4"):
+        ex.decode(0, x, w, ids)
+    with pytest.raises(ValueError, match="layer=2"):
+        ex.decode(2, x[:2], w[:2], ids[:2])
+    with pytest.raises(ValueError, match="expected top_k=2"):
+        ex.decode(0, x[:2], np.ones((2, 3), np.float32), np.zeros((2, 3), np.int32))
+    for bad in (E, -2, 1 << 20):
+        ids2 = ids[:2].copy()
+        ids2[1, 0] = bad
+        with pytest.raises(ValueError, match=rf"topk_ids\[1, 0\] = {bad} is not in \[-1, {E}\)"):
+            ex.decode(0, x[:2], w[:2], ids2)
+
+
+def test_threads_and_cores_are_reported(rng):
+    banks, _ = make_banks("bf16", rng)
+    cores, why = ce.resolve_cores()
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=2)
+    assert ex.core_ids == cores and ex.threads == len(cores) and why
+    ex2 = ce.CpuMoeExecutor("bf16", banks, top_k=2, core_ids=[cores[0]])
+    assert ex2.threads == 1 and ex2.core_ids == [cores[0]]

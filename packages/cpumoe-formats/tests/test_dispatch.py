@@ -1,0 +1,64 @@
+"""Run-time tier dispatch: CPUMOE_ISA caps the ladder, unknown values are
+errors, and every forced tier gives the name of the kernel that really runs."""
+import subprocess
+import sys
+
+import pytest
+from conftest import USABLE, expected_name
+
+import cpumoe_formats as cf
+
+
+def _real_formats():
+    return [n for n, s in cf.FORMATS.items() if s.banks]
+
+
+def test_usable_tiers_are_a_ladder_prefix_of_detected():
+    assert "scalar" in USABLE
+    assert cf.detected_tier() == max(USABLE, key=cf.TIERS.index)
+
+
+@pytest.mark.parametrize("fmt", _real_formats())
+@pytest.mark.parametrize("forced", cf.TIERS)
+def test_forced_tier_reports_what_runs(fmt, forced):
+    spec = cf.get_format(fmt)
+    for mode in spec.modes:
+        want = expected_name(fmt, mode, forced)
+        assert cf.selected_tier(fmt, mode=mode, isa=forced) == want
+
+
+@pytest.mark.parametrize("fmt", _real_formats())
+def test_env_cap_matches_isa_argument(fmt, monkeypatch):
+    for forced in cf.TIERS:
+        monkeypatch.setenv("CPUMOE_ISA", forced)
+        assert cf.selected_tier(fmt) == expected_name(fmt, cf.get_format(fmt).default_mode, forced)
+    monkeypatch.setenv("CPUMOE_ISA", "auto")
+    assert cf.selected_tier(fmt) == expected_name(fmt, cf.get_format(fmt).default_mode, "avx512bf16")
+
+
+def test_unknown_env_value_is_an_error(monkeypatch):
+    monkeypatch.setenv("CPUMOE_ISA", "avx1024")
+    with pytest.raises(ValueError, match="CPUMOE_ISA=avx1024"):
+        cf.Kernel("bf16", 2, 64, 64)
+
+
+def test_unknown_isa_argument_is_an_error():
+    with pytest.raises(ValueError, match="isa='sse9'"):
+        cf.Kernel("bf16", 2, 64, 64, isa="sse9")
+
+
+def test_tier_is_logged_per_kernel():
+    k = cf.Kernel("bf16", 2, 64, 64)
+    assert k.name == k.tier and k.tier in USABLE
+
+
+def test_debug_info_line():
+    out = subprocess.run([sys.executable, "-c", "import cpumoe_formats"], capture_output=True, text=True,
+                         env={"CPUMOE_DEBUG_INFO": "1", "PATH": "/usr/bin:/bin", **_pythonpath()})
+    assert out.returncode == 0, out.stderr
+    assert "usable tiers" in out.stdout and "ABI (1, 0)" in out.stdout
+
+
+def _pythonpath():
+    import os
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
