@@ -14,7 +14,7 @@ assert "site-packages" in cf.__file__, f"imported from {cf.__file__}, not from a
 assert (Path(cf.get_include()) / "cpumoe_formats" / "abi.h").is_file(), "abi.h is not in the wheel"
 
 rng = np.random.default_rng(0)
-E, H, I, K, T = 4, 96, 40, 2, 3  # noqa: E741
+E, H, I, K, T = 4, 96, 40, 2, 3
 banks = cf.quantize("bf16", rng.standard_normal((E, 2 * I, H), np.float32) * 0.1,
                     rng.standard_normal((E, H, I), np.float32) * 0.1)
 x = rng.standard_normal((T, H), np.float32)
