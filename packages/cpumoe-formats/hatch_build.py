@@ -51,7 +51,7 @@ def _base_flags() -> list[str]:
 
     debug = os.environ.get("CPUMOE_DEBUG") == "1"
     flags = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-Wall", "-Wextra",
-             "-Wno-unused-function", "-O1" if debug else "-O2", "-g" if debug else "-g0",
+             "-Wno-unused-function", "-Wno-maybe-uninitialized", "-O1" if debug else "-O2", "-g" if debug else "-g0",
              f"-I{CSRC}", f"-I{INCLUDE}", f"-I{pybind11.get_include()}",
              f"-I{sysconfig.get_paths()['include']}"]
     san = os.environ.get("CPUMOE_SANITIZE")
