@@ -106,6 +106,18 @@ def _install_wheels(session: nox.Session, name: str, extras: tuple[str, ...] = (
     session.install("--no-index", "--find-links", str(DIST), "--only-binary", ":all:", *pins)
 
 
+def _check_table() -> None:
+    """The table's deps must cover what each pyproject.toml asks of our packages (to build or to run)."""
+    for name, pkg in PACKAGES.items():
+        toml = nox.project.load_toml(ROOT / "packages" / name / "pyproject.toml")
+        reqs = toml.get("build-system", {}).get("requires", []) + toml["project"].get("dependencies", [])
+        ours = {canonicalize_name(Requirement(r).name) for r in reqs if _ours(r)}
+        missing = ours - {canonicalize_name(d) for d in pkg.deps}
+        if missing:
+            raise RuntimeError(f"noxfile.py: packages/{name}/pyproject.toml needs {sorted(missing)}; "
+                               "add them to its deps in the package table")
+
+
 def _runnable(backend: str) -> bool:
     """Will test-<pkg>-<backend> run here (rather than skip)? GPU sessions skip without building first."""
     return backend == "cpu" or detect_gpu.missing(backend) is None or os.environ.get("REQUIRE_GPU") == "1"
@@ -209,6 +221,7 @@ def _register() -> None:
                     requires=members)(_make_aggregate(backend, members))
 
 
+_check_table()
 _register()
 
 
