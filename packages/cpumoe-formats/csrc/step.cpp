@@ -63,7 +63,9 @@ int32_t moe_step(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t T, in
   for (int32_t r = 0; r < T * top_k; ++r)
     if (ids[r] >= 0) order.push_back(r);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
-  const int32_t blk = std::max(1, k->block_hint);
+  // One thread: no parallelism to keep, so take wide blocks (long runs per row for
+  // transposed layouts, fewer calls for all).
+  const int32_t blk = std::max(256, k->block_hint);
   std::vector<const void*> xs;
   std::vector<float> win;
   std::vector<uint16_t*> gs;

@@ -1,10 +1,11 @@
 """bf16 kernels vs the float64 reference, every tier forced in turn.
 
-Tolerance: y is bf16 (half-ulp 2^-9 relative) and g is rounded to bf16 in both
-kernel and reference; the kernel's fp32 accumulation over K <= 2880 adds
-~sqrt(K) * 2^-24 relative, and a g element whose fp32 value straddles a bf16
-rounding boundary differs by one bf16 ulp (2^-8) in a few of I elements. So
-rel = max|y - ref| / max|ref| <= 2^-9 + small: we allow 4e-3 (2x the half-ulp).
+Tolerance: y is bf16, whose half-ulp is between 2^-9 and 2^-8 of |y| (7 stored
+mantissa bits), so rounding alone reaches 3.9e-3 of max|ref|; g is rounded to
+bf16 in both kernel and reference and the kernel's fp32 accumulation over
+K <= 2880 adds ~sqrt(K) * 2^-24 relative, which flips the bf16 rounding of a few
+g elements by one ulp (2^-7 of that element, diluted over I terms in the down
+dot). rel = max|y - ref| / max|ref| <= 2^-8 + small: we allow 6e-3.
 """
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from conftest import rel_err, routes, run_forced, tier_cases
 
 import cpumoe_formats as cf
 
-TOL = 4e-3
+TOL = 6e-3
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases("bf16"))

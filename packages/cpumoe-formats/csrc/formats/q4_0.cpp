@@ -1,3 +1,616 @@
-// Placeholder until the q4_0 kernels land: no tier provides a kernel yet.
-#include "../common.h"
-bool CPUMOE_INIT_FN(q4_0)(cpumoe_kernel*) { return false; }
+// q4_0 experts (native GGUF Q4_0, gemma-4 GGUF): gate_up [E, 2I, (H/32)*18], down [E, H, (I/32)*18], uint8.
+// Block of 32 weights, 18 bytes: fp16 d (LE), then qs[16]: byte j = element j (low nibble) and element j+16
+// (high nibble); w = (nibble - 8) * d. Banks (slots): 0 gate_up, 1 down. H, I multiples of 32. Blocks are 18
+// bytes, so every weight load is unaligned (bank alignment 1).
+//
+// Modes (k->params.mode):
+//  w4a8 (default, llama.cpp vec_dot_q4_0_q8_0): prep_act quantizes each 32-block of the activation to int8,
+//    d_a = amax/127, id = 1/d_a (0 where not finite: amax == 0 or 1/d_a overflows), q = clamp(rint(x*id), +-127),
+//    all in fp32. Per block: exact integer sum((nib-8)*q), times s = fp32(fp16(d) * d_a), summed in fp32.
+//    Tiers: scalar; avx2 (vpmaddubsw + vpmaddwd); avxvnni (VEX vpdpbusd); avx512vnni (vpdpbusd, 4 blocks/zmm).
+//    The SIMD tiers feed the raw nibble (0..15) as the unsigned operand and add a per-lane correction
+//    -8*sum(q) from prep, so every int32 lane holds exactly sum((nib-8)*q) over its 8 elements: the same
+//    integers in avx2, avxvnni and avx512vnni (this replaces llama.cpp's sign trick, |w| and sign(q, w), with
+//    the same result and fewer instructions). avx2 and avxvnni agree bit for bit; avx512vnni regroups fp32 sums.
+//  native (W4A16): fp32 activations, per block d * sum((nib-8) * x) in fp32. Tiers: scalar, avx2, avx512f.
+//
+// The work-item loops are this file's own: gate_up computes a gate row and its up row together, down walks
+// output rows in pairs, so two weight rows stream against one activation (shared activation loads, two
+// independent dependency chains). A row's arithmetic does not depend on how rows are grouped.
+#include <cfloat>
+
+#include "../rowmajor.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the AVX-512 intrinsics' internal _mm512_undefined_* operands as (maybe-)uninitialized (a known
+// false positive of the headers, not of this code).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+
+constexpr int QK = 32, QB = 18;
+// Full unrolling of the small constant loops over rows (R) and pairs: without it GCC keeps the accumulator
+// arrays in memory.
+#if defined(__clang__)
+#define Q4_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define Q4_UNROLL _Pragma("GCC unroll 8")
+#else
+#define Q4_UNROLL
+#endif
+
+// Software prefetch of the weight stream: prefetcht0 (locality 3) 3 KB ahead of each row's read position, 3 lines
+// per 8-block step (144 bytes) so every line is covered. Measured at the gemma shape on a Sapphire Rapids core
+// (single thread, T = 1): no prefetch ~58% of read bandwidth, prefetchnta at any distance <= 61%, prefetcht0 at
+// 768 / 1536 / 3072 / 6144 bytes 68-73% / 85% / 95-101% / 72-79%. The hardware streamers stop at 4 KB pages
+// and the gate/up rows are two streams; far enough ahead, the prefetches hide the DRAM latency of both.
+constexpr int kPrefetchBytes = 3072;
+CPUMOE_INLINE void prefetch_ahead(const uint8_t* p, int lines = 3) {
+  for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
+}
+
+CPUMOE_INLINE uint16_t ld16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;  // x86 is little-endian, as the GGUF block is
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// w4a8 activation prep
+// ---------------------------------------------------------------------------------------------------------------
+// Layout of a prepared vector of length K (nb = K/32 blocks), see the file comment:
+//   int8  q[K]        grouped by G (low halves of a full group's blocks, then their high halves)
+//   float da[nb]      per-block activation scale
+//   int32 corr[4*nb]  corr[4b+m] = -8 * sum_{i<4} (q_b[4m+i] + q_b[16+4m+i]): the "-8" of (nib - 8) for the
+//                     int32 lane m of block b in the SIMD dots, which multiply the raw nibble (0..15)
+struct ActQ8 {
+  const int8_t* q;
+  const float* da;
+  const int32_t* corr;
+  CPUMOE_INLINE ActQ8(const void* act, int K)
+      : q((const int8_t*)act), da((const float*)(q + K)), corr((const int32_t*)(da + K / QK)) {}
+};
+size_t act_bytes_q8(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_t)(K / QK) * 20; }
+
+// Byte offsets of block b's low (elements 0..15) and high (16..31) halves in a layout grouped by G.
+CPUMOE_INLINE void half_offsets(int b, int nb, int G, size_t* lo, size_t* hi) {
+  const int g = b / G;
+  if ((g + 1) * G <= nb) {
+    *lo = (size_t)g * G * QK + (size_t)(b % G) * 16;
+    *hi = *lo + (size_t)G * 16;
+  } else {
+    *lo = (size_t)b * QK;
+    *hi = *lo + 16;
+  }
+}
+
+// 1/d_a, or 0 where it is not finite (amax == 0 gives 1/0 = inf; amax < ~127*2^-128 overflows).
+CPUMOE_INLINE float inv_scale(float d) {
+  const float id = 1.0f / d;
+  return id <= FLT_MAX ? id : 0.0f;  // also catches NaN
+}
+
+// One block of bf16 x -> 32 int8 (lo = elements 0..15, hi = 16..31) and 4 lane corrections; returns d_a.
+// Scalar and AVX2 versions give identical results: exact abs/max, one fp32 division each for d_a and 1/d_a,
+// one fp32 multiply, round half to even, clamp.
+CPUMOE_INLINE float quant_block_scalar(const uint16_t* src, int8_t* lo, int8_t* hi, int32_t* corr) {
+  float x[QK], amax = 0.0f;
+  for (int j = 0; j < QK; ++j) {
+    x[j] = bf16_to_f32(src[j]);
+    const float a = std::fabs(x[j]);
+    amax = a > amax ? a : amax;
+  }
+  const float d = amax / 127.0f, id = inv_scale(d);
+  int8_t q[QK];
+  for (int j = 0; j < QK; ++j) {
+    const float v = std::nearbyint(x[j] * id);  // round half to even (the default rounding mode)
+    q[j] = (int8_t)(!(v >= -127.0f) ? -127 : (v > 127.0f ? 127 : (int)v));  // NaN -> -127, like the SIMD path
+  }
+  for (int j = 0; j < 16; ++j) lo[j] = q[j], hi[j] = q[j + 16];
+  for (int m = 0; m < 4; ++m) {
+    int32_t s = 0;
+    for (int i = 0; i < 4; ++i) s += q[4 * m + i] + q[16 + 4 * m + i];
+    corr[m] = -8 * s;
+  }
+  return d;
+}
+
+#if defined(__AVX2__)
+CPUMOE_INLINE float quant_block_avx2(const uint16_t* src, int8_t* lo, int8_t* hi, int32_t* corr) {
+  auto ld = [&](int o) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(src + o))), 16));
+  };
+  const __m256 x0 = ld(0), x1 = ld(8), x2 = ld(16), x3 = ld(24);
+  const __m256 sgn = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sgn, x0), _mm256_andnot_ps(sgn, x1)),
+                           _mm256_max_ps(_mm256_andnot_ps(sgn, x2), _mm256_andnot_ps(sgn, x3)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float amax = _mm_cvtss_f32(h);
+  const float d = amax / 127.0f, id = inv_scale(d);
+  const __m256 vid = _mm256_set1_ps(id);
+  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+  auto q = [&](__m256 x) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(x, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(r), lim), nlim);  // NaN -> INT_MIN -> -127
+  };
+  const __m256i p01 = _mm256_packs_epi32(q(x0), q(x1)), p23 = _mm256_packs_epi32(q(x2), q(x3));
+  // the packs work per 128-bit lane: dwords come out as elements [0-3 8-11 16-19 24-27 | 4-7 12-15 20-23 28-31]
+  const __m256i v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm_storeu_si128((__m128i*)lo, _mm256_castsi256_si128(v));
+  _mm_storeu_si128((__m128i*)hi, _mm256_extracti128_si256(v, 1));
+  const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+  const __m128i c = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+  _mm_storeu_si128((__m128i*)corr, _mm_mullo_epi32(c, _mm_set1_epi32(-8)));
+  return d;
+}
+#endif
+
+template <int G>
+void prep_act_q8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  int8_t* q = (int8_t*)dst;
+  float* da = (float*)(q + K);
+  const int nb = K / QK;
+  int32_t* corr = (int32_t*)(da + nb);
+  for (int b = 0; b < nb; ++b) {
+    size_t lo, hi;
+    half_offsets(b, nb, G, &lo, &hi);
+#if defined(__AVX2__)
+    da[b] = quant_block_avx2(src + (size_t)b * QK, q + lo, q + hi, corr + 4 * b);
+#else
+    da[b] = quant_block_scalar(src + (size_t)b * QK, q + lo, q + hi, corr + 4 * b);
+#endif
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Row kernels. Each tier defines
+//   struct RowsW4A8 / RowsNative { template <int R> static void dot(const uint8_t* const* w, int K,
+//                                                                   const void* act, float* out); };
+// out[r] = dot(row w[r] (K/32 blocks), prepared activation act), for R = 1 or 2 rows at once.
+// ---------------------------------------------------------------------------------------------------------------
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+CPUMOE_INLINE float dot_w4a8_scalar(const uint8_t* w, int K, const ActQ8& a) {
+  float acc = 0.0f;
+  for (int b = 0; b < K / QK; ++b) {
+    const uint8_t* p = w + (size_t)b * QB;
+    const int8_t* qb = a.q + (size_t)b * QK;  // G = 1: natural order
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += ((p[2 + j] & 0xF) - 8) * qb[j] + ((p[2 + j] >> 4) - 8) * qb[j + 16];
+    acc += (float)s * (fp16_to_f32(ld16(p)) * a.da[b]);
+  }
+  return acc;
+}
+struct RowsW4A8 {
+  template <int R>
+  static void dot(const uint8_t* const* w, int K, const void* act, float* out) {
+    const ActQ8 a(act, K);
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) out[r] = dot_w4a8_scalar(w[r], K, a);
+  }
+};
+
+CPUMOE_INLINE float dot_native_scalar(const uint8_t* w, int K, const float* x) {
+  float acc = 0.0f;
+  for (int b = 0; b < K / QK; ++b) {
+    const uint8_t* p = w + (size_t)b * QB;
+    const float* xb = x + (size_t)b * QK;
+    float s = 0.0f;
+    for (int j = 0; j < 16; ++j) s += (float)((p[2 + j] & 0xF) - 8) * xb[j];
+    for (int j = 0; j < 16; ++j) s += (float)((p[2 + j] >> 4) - 8) * xb[j + 16];
+    acc += fp16_to_f32(ld16(p)) * s;
+  }
+  return acc;
+}
+struct RowsNative {
+  template <int R>
+  static void dot(const uint8_t* const* w, int K, const void* act, float* out) {
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) out[r] = dot_native_scalar(w[r], K, (const float*)act);
+  }
+};
+#endif
+
+#if defined(__AVX2__)
+// 4 fp16 d of consecutive blocks starting at p, packed into 64 bits (lowest block first). Built in
+// general-purpose registers (the empty asm keeps GCC's SLP vectorizer from turning this into a dozen shuffles).
+CPUMOE_INLINE uint64_t d4(const uint8_t* p) {
+  uint64_t a = ld16(p), b = ld16(p + QB), c = ld16(p + 2 * QB), d = ld16(p + 3 * QB);
+  __asm__("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d));
+  return a | b << 16 | c << 32 | d << 48;
+}
+// fp32 d of 8 / 4 / 1 consecutive blocks (F16C: exact, the same values as fp16_to_f32).
+CPUMOE_INLINE __m256 d8_f32(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_set_epi64x((long long)d4(p + 4 * QB), (long long)d4(p)));
+}
+CPUMOE_INLINE __m128 d4_f32(const uint8_t* p) { return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4(p))); }
+CPUMOE_INLINE float d1_f32(const uint8_t* p) { return _cvtsh_ss(ld16(p)); }
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+// The integer core: nibbles n = 0..15 as the unsigned operand, q as the signed one, plus the lane's correction
+// -8 * sum(q): each int32 lane is exactly sum((n - 8) * q) over its 4 low-half and 4 high-half elements.
+// vpmaddubsw: |n*q + n*q| <= 2*15*127 = 3810, low + high <= 7620: no int16 saturation.
+CPUMOE_INLINE __m256i idot256(__m256i lo, __m256i hi, __m256i qlo, __m256i qhi, __m256i corr) {
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(corr, lo, qlo), hi, qhi);
+#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(corr, lo, qlo), hi, qhi);
+#else
+  const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qlo), _mm256_maddubs_epi16(hi, qhi));
+  return _mm256_add_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), corr);
+#endif
+}
+
+// Activation operands of one block pair in the G = 2 layout (blocks b, b+1; qa = q + 32*b, c = corr + 4*b).
+struct PairAct {
+  __m256i ql, qh, c;
+  CPUMOE_INLINE PairAct(const int8_t* qa, const int32_t* corr)
+      : ql(_mm256_loadu_si256((const __m256i*)qa)), qh(_mm256_loadu_si256((const __m256i*)(qa + 32))),
+        c(_mm256_loadu_si256((const __m256i*)corr)) {}
+};
+// Two blocks at p (36 bytes): [qs_b | qs_b+1] split once into low and high nibbles. Lanes 0-3 block b, 4-7 b+1.
+CPUMOE_INLINE __m256i pair_idot(const uint8_t* p, const PairAct& A) {
+  const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(p + 2))),
+                                              _mm_loadu_si128((const __m128i*)(p + QB + 2)), 1);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  return idot256(_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), A.ql, A.qh, A.c);
+}
+// One block, natural-order q: [low nibbles | high nibbles] . q[0..31]; lanes 0-3 take the block's correction,
+// so the 8 lanes sum to the block's integer dot.
+CPUMOE_INLINE __m256i single_idot(const uint8_t* p, const int8_t* qa, const int32_t* corr) {
+  const __m128i raw = _mm_loadu_si128((const __m128i*)(p + 2));
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+  const __m256i c = _mm256_set_m128i(_mm_setzero_si128(), _mm_loadu_si128((const __m128i*)corr));
+  return idot256(nib, _mm256_setzero_si256(), _mm256_loadu_si256((const __m256i*)qa), _mm256_setzero_si256(), c);
+}
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// Per row two fp32 accumulators: pairs 0, 2 of each 8-block step (and the 4-block step's first pair, the
+// lone pair) go to acc[r][0], pairs 1, 3 (and the 4-block step's second pair, the odd last block) to acc[r][1].
+struct RowsW4A8 {
+  template <int R>
+  static void dot(const uint8_t* const* w, int K, const void* act, float* out) {
+    const ActQ8 a(act, K);
+    const int nb = K / QK;
+    __m256 acc[R][2];
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i i0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), two = _mm256_set1_epi32(2);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {  // 8 blocks (144 bytes per row): 4 pairs
+      const __m256 da8 = _mm256_loadu_ps(a.da + b);
+      __m256 s8[R];
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {
+        prefetch_ahead(w[r] + (size_t)b * QB);
+        s8[r] = _mm256_mul_ps(d8_f32(w[r] + (size_t)b * QB), da8);  // fp16(d) * d_a, 8 blocks
+      }
+      __m256i idx = i0;
+      Q4_UNROLL
+      for (int j = 0; j < 4; ++j, idx = _mm256_add_epi32(idx, two)) {
+        const PairAct A(a.q + (size_t)(b + 2 * j) * QK, a.corr + 4 * (b + 2 * j));
+        Q4_UNROLL
+        for (int r = 0; r < R; ++r)
+          acc[r][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(w[r] + (size_t)(b + 2 * j) * QB, A)),
+                                          _mm256_permutevar8x32_ps(s8[r], idx), acc[r][j & 1]);
+      }
+    }
+    if (b + 4 <= nb) {  // 4 blocks: 2 pairs
+      const __m128 da4 = _mm_loadu_ps(a.da + b);
+      __m256 s4[R];
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {  // lanes 4..7 unused: the permutes read lanes 0..3
+        prefetch_ahead(w[r] + (size_t)b * QB, 2);
+        s4[r] = _mm256_castps128_ps256(_mm_mul_ps(d4_f32(w[r] + (size_t)b * QB), da4));
+      }
+      __m256i idx = i0;
+      Q4_UNROLL
+      for (int j = 0; j < 2; ++j, idx = _mm256_add_epi32(idx, two)) {
+        const PairAct A(a.q + (size_t)(b + 2 * j) * QK, a.corr + 4 * (b + 2 * j));
+        Q4_UNROLL
+        for (int r = 0; r < R; ++r)
+          acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(w[r] + (size_t)(b + 2 * j) * QB, A)),
+                                      _mm256_permutevar8x32_ps(s4[r], idx), acc[r][j]);
+      }
+      b += 4;
+    }
+    if (b + 2 <= nb) {  // a pair
+      const PairAct A(a.q + (size_t)b * QK, a.corr + 4 * b);
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 1);
+        const __m256 s = _mm256_set_m128(_mm_set1_ps(d1_f32(p + QB) * a.da[b + 1]), _mm_set1_ps(d1_f32(p) * a.da[b]));
+        acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(p, A)), s, acc[r][0]);
+      }
+      b += 2;
+    }
+    if (b < nb) {  // the last odd block, natural order
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(single_idot(p, a.q + (size_t)b * QK, a.corr + 4 * b)),
+                                    _mm256_set1_ps(d1_f32(p) * a.da[b]), acc[r][1]);
+      }
+    }
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) out[r] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
+  }
+};
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+// Four blocks at p (72 bytes) in one zmm, q in the G = 4 layout at qa (64 low-half bytes, 64 high-half bytes);
+// int32 lanes 4j..4j+3 belong to block j and equal the avx2 path's lanes for that block.
+struct QuadAct {
+  __m512i ql, qh, c;
+  CPUMOE_INLINE QuadAct(const int8_t* qa, const int32_t* corr)
+      : ql(_mm512_loadu_si512(qa)), qh(_mm512_loadu_si512(qa + 64)), c(_mm512_loadu_si512(corr)) {}
+};
+CPUMOE_INLINE __m512i quad_idot(const uint8_t* p, const QuadAct& A) {
+  __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(p + 2)));
+  raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + QB + 2)), 1);
+  raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 2 * QB + 2)), 2);
+  raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 3 * QB + 2)), 3);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A.c, lo, A.ql), hi, A.qh);
+}
+
+struct RowsW4A8 {
+  template <int R>
+  static void dot(const uint8_t* const* w, int K, const void* act, float* out) {
+    const ActQ8 a(act, K);
+    const int nb = K / QK;
+    __m512 acc[R][2];
+    __m256 tail[R];
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps(), tail[r] = _mm256_setzero_ps();
+    const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i i4 = _mm512_add_epi32(i0, _mm512_set1_epi32(4));
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {  // 8 blocks (144 bytes per row) in two zmm
+      const __m256 da8 = _mm256_loadu_ps(a.da + b);
+      const QuadAct A0(a.q + (size_t)b * QK, a.corr + 4 * b), A1(a.q + (size_t)(b + 4) * QK, a.corr + 4 * (b + 4));
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p);
+        const __m512 s8 = _mm512_castps256_ps512(_mm256_mul_ps(d8_f32(p), da8));  // permutes read lanes 0..7
+        acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p, A0)), _mm512_permutexvar_ps(i0, s8), acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p + 4 * QB, A1)), _mm512_permutexvar_ps(i4, s8), acc[r][1]);
+      }
+    }
+    if (b + 4 <= nb) {
+      const __m128 da4 = _mm_loadu_ps(a.da + b);
+      const QuadAct A(a.q + (size_t)b * QK, a.corr + 4 * b);
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 2);
+        const __m512 s4 = _mm512_castps128_ps512(_mm_mul_ps(d4_f32(p), da4));  // permute reads lanes 0..3
+        acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p, A)), _mm512_permutexvar_ps(i0, s4), acc[r][0]);
+      }
+      b += 4;
+    }
+    for (; b < nb; ++b)  // < 4 blocks, natural order
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        tail[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(single_idot(p, a.q + (size_t)b * QK, a.corr + 4 * b)),
+                                  _mm256_set1_ps(d1_f32(p) * a.da[b]), tail[r]);
+      }
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) out[r] = hsum512(_mm512_add_ps(acc[r][0], acc[r][1])) + hsum256(tail[r]);
+  }
+};
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+// native: one block's sum((nib - 8) * x) as 8 fp32 lanes. Bytes 0..7 of qs give elements 0..7 (low nibbles) and
+// 16..23 (high), bytes 8..15 give 8..15 and 24..31. x[0..31] is the block's activation, already in registers.
+CPUMOE_INLINE __m256 native_block(const uint8_t* p, const __m256* x) {
+  const __m256i m = _mm256_set1_epi32(0xF), k8 = _mm256_set1_epi32(8);
+  const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 2)));
+  const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 10)));
+  auto f = [&](__m256i v) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(v, k8)); };
+  __m256 s = _mm256_mul_ps(f(_mm256_and_si256(v0, m)), x[0]);
+  __m256 t = _mm256_mul_ps(f(_mm256_srli_epi32(v0, 4)), x[2]);
+  s = _mm256_fmadd_ps(f(_mm256_and_si256(v1, m)), x[1], s);
+  t = _mm256_fmadd_ps(f(_mm256_srli_epi32(v1, 4)), x[3], t);
+  return _mm256_add_ps(s, t);
+}
+// Per row two accumulators: even blocks of an 8-block step (and the tail blocks) to acc[r][0], odd to acc[r][1].
+struct RowsNative {
+  template <int R>
+  static void dot(const uint8_t* const* w, int K, const void* act, float* out) {
+    const float* x = (const float*)act;
+    const int nb = K / QK;
+    __m256 acc[R][2];
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      __m256 d8[R];
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) prefetch_ahead(w[r] + (size_t)b * QB), d8[r] = d8_f32(w[r] + (size_t)b * QB);
+      Q4_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        const float* xb = x + (size_t)(b + j) * QK;
+        const __m256 xv[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
+                              _mm256_loadu_ps(xb + 24)};
+        const __m256i idx = _mm256_set1_epi32(j);
+        Q4_UNROLL
+        for (int r = 0; r < R; ++r)
+          acc[r][j & 1] = _mm256_fmadd_ps(native_block(w[r] + (size_t)(b + j) * QB, xv),
+                                          _mm256_permutevar8x32_ps(d8[r], idx), acc[r][j & 1]);
+      }
+    }
+    for (; b < nb; ++b) {
+      const float* xb = x + (size_t)b * QK;
+      const __m256 xv[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
+                            _mm256_loadu_ps(xb + 24)};
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 1);
+        acc[r][0] = _mm256_fmadd_ps(native_block(p, xv), _mm256_set1_ps(d1_f32(p)), acc[r][0]);
+      }
+    }
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) out[r] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
+  }
+};
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX512F
+// native: the 16 qs bytes as int32 lanes; low nibbles are elements 0..15, high nibbles 16..31. vpermps reads the
+// low 4 bits of each index, so a 16-entry table of (n - 8) as fp32 turns a nibble into its exact weight factor in
+// one instruction (no mask for the low nibble, one shift for the high one).
+CPUMOE_INLINE __m512 native_block(const uint8_t* p, __m512 xlo, __m512 xhi, __m512 tbl) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p + 2)));
+  const __m512 lo = _mm512_permutexvar_ps(v, tbl);
+  const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
+  return _mm512_fmadd_ps(hi, xhi, _mm512_mul_ps(lo, xlo));
+}
+struct RowsNative {
+  template <int R>
+  static void dot(const uint8_t* const* w, int K, const void* act, float* out) {
+    const float* x = (const float*)act;
+    const int nb = K / QK;
+    __m512 acc[R][2];
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const __m512 tbl = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      __m512 d8[R];
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r)  // permutes read lanes 0..7
+        prefetch_ahead(w[r] + (size_t)b * QB), d8[r] = _mm512_castps256_ps512(d8_f32(w[r] + (size_t)b * QB));
+      Q4_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        const float* xb = x + (size_t)(b + j) * QK;
+        const __m512 xlo = _mm512_loadu_ps(xb), xhi = _mm512_loadu_ps(xb + 16);
+        const __m512i idx = _mm512_set1_epi32(j);
+        Q4_UNROLL
+        for (int r = 0; r < R; ++r)
+          acc[r][j & 1] = _mm512_fmadd_ps(native_block(w[r] + (size_t)(b + j) * QB, xlo, xhi, tbl),
+                                          _mm512_permutexvar_ps(idx, d8[r]), acc[r][j & 1]);
+      }
+    }
+    for (; b < nb; ++b) {
+      const float* xb = x + (size_t)b * QK;
+      const __m512 xlo = _mm512_loadu_ps(xb), xhi = _mm512_loadu_ps(xb + 16);
+      Q4_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 1);
+        acc[r][0] = _mm512_fmadd_ps(native_block(p, xlo, xhi, tbl), _mm512_set1_ps(d1_f32(p)), acc[r][0]);
+      }
+    }
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r) out[r] = hsum512(_mm512_add_ps(acc[r][0], acc[r][1]));
+  }
+};
+#endif
+
+// ---------------------------------------------------------------------------------------------------------------
+// Work items (abi.h semantics; the same arithmetic as rowmajor.h's loops with kRound* = false).
+// ---------------------------------------------------------------------------------------------------------------
+template <class Rows>
+void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+                const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& p = k->params;
+  for (int32_t i = i0; i < i1; ++i) {
+    const uint8_t* rows[2] = {bank_row<uint8_t>(banks[0], e, i), bank_row<uint8_t>(banks[0], e, p.inter + i)};
+    for (int32_t j = 0; j < n; ++j) {
+      float gu[2];
+      Rows::template dot<2>(rows, p.hidden, xs[j], gu);
+      g[j][i] = f32_to_bf16(activate(p, gu[0] * w_in[j], gu[1] * w_in[j]));
+    }
+  }
+}
+
+template <class Rows>
+void q4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+             int32_t n, float* acc, int64_t acc_stride) {
+  const int K = k->params.inter;
+  for (int32_t a = 0; a < n;) {
+    int32_t b = a + 1;
+    while (b < n && routes[b].expert == routes[a].expert) ++b;
+    const int32_t e = routes[a].expert;
+    int32_t h = h0;
+    for (; h + 2 <= h1; h += 2) {
+      const uint8_t* rows[2] = {bank_row<uint8_t>(banks[1], e, h), bank_row<uint8_t>(banks[1], e, h + 1)};
+      for (int32_t r = a; r < b; ++r) {
+        float y[2];
+        Rows::template dot<2>(rows, K, routes[r].act, y);
+        float* o = acc + routes[r].token * acc_stride + (h - h0);
+        o[0] += y[0] * routes[r].weight;
+        o[1] += y[1] * routes[r].weight;
+      }
+    }
+    if (h < h1) {
+      const uint8_t* rows[1] = {bank_row<uint8_t>(banks[1], e, h)};
+      for (int32_t r = a; r < b; ++r) {
+        float y;
+        Rows::template dot<1>(rows, K, routes[r].act, &y);
+        acc[routes[r].token * acc_stride + (h - h0)] += y * routes[r].weight;
+      }
+    }
+    a = b;
+  }
+}
+
+template <class Rows>
+void install(cpumoe_kernel* k) {
+  k->gate_up = &q4_gate_up<Rows>;
+  k->down = &q4_down<Rows>;
+}
+
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
+
+bool CPUMOE_INIT_FN(q4_0)(cpumoe_kernel* k) {
+  using namespace cpumoe::CPUMOE_NS;
+  const bool w4a8 = k->params.mode == CPUMOE_MODE_W4A8;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2
+  if (w4a8) {
+    k->act_bytes = &act_bytes_q8;
+    k->prep_act = &prep_act_q8<CPUMOE_TIER == CPUMOE_T_AVX2 ? 2 : 1>;
+    install<RowsW4A8>(k);
+  } else {
+    k->act_bytes = &act_bytes_f32;
+    k->prep_act = &prep_act_f32;
+    install<RowsNative>(k);
+  }
+  return true;
+#elif CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  if (!w4a8) return false;  // native has no int8 work: the tier below runs (avx2 / avx512f)
+  k->act_bytes = &act_bytes_q8;
+  k->prep_act = &prep_act_q8<CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 4 : 2>;
+  install<RowsW4A8>(k);
+  return true;
+#elif CPUMOE_TIER == CPUMOE_T_AVX512F
+  if (w4a8) return false;  // w4a8 without VNNI: avxvnni (if the CPU has it) or avx2 runs
+  k->act_bytes = &act_bytes_f32;
+  k->prep_act = &prep_act_f32;
+  install<RowsNative>(k);
+  return true;
+#else
+  (void)k;
+  (void)w4a8;
+  return false;  // avx512bf16: nothing bf16-specific; avx512vnni (w4a8) / avx512f (native) run
+#endif
+}

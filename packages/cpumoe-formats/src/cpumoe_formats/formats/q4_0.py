@@ -1,4 +1,142 @@
-"""Placeholder: the q4_0 format is being written (schema, quantizer, dequantizer)."""
-from ..schema import FormatSpec
+"""q4_0: native GGUF Q4_0 experts (gemma-4 GGUF), read in place.
 
-SPEC = FormatSpec(name="q4_0", id=4, banks=())
+Banks (slot order): ``gate_up [E, 2I, (H/32)*18]`` and ``down [E, H, (I/32)*18]``, uint8.
+gate_up rows 0..I-1 are gate, I..2I-1 up. Each row is a run of 18-byte blocks of 32 weights:
+
+    bytes 0-1   fp16 d (little-endian)
+    bytes 2-17  qs: byte j holds element j in its LOW nibble and element j+16 in its HIGH
+                nibble (natural halves, not even/odd)
+    w = (nibble - 8) * d
+
+Modes:
+
+* ``w4a8`` (default; llama.cpp ``vec_dot_q4_0_q8_0``): every activation vector (x, and each g row)
+  is quantized per 32-block to Q8_0 in fp32: ``d_a = amax / 127``, ``id = 1 / d_a``,
+  ``q = clamp(rint(x * id), -127, 127)`` (round half to even). Where ``id`` is not finite
+  (amax == 0, or amax < ~127 * 2**-128 so that 1/d_a overflows) ``id = 0``: the block's q are all
+  zero and it contributes exactly 0. Unlike llama.cpp, d_a stays fp32 (it is never rounded to fp16).
+  Per block the kernel takes the exact integer ``sum((nib - 8) * q)`` times ``fp32(fp16(d) * d_a)``
+  and sums in fp32. ``act_in`` reproduces the quantization bit-exactly with numpy float32 ops.
+* ``native`` (W4A16): activations are the bf16 values in fp32, weights decoded exactly,
+  per block ``d * sum((nib - 8) * x)`` accumulated in fp32.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..schema import BankSpec, FormatSpec
+
+QK = 32  # elements per block
+BLOCK_BYTES = 18  # fp16 d + 16 bytes of nibbles
+_F32 = np.float32
+
+
+def _blocks(a: np.ndarray) -> np.ndarray:
+    """[..., nb*18] uint8 -> [..., nb, 18] view."""
+    a = np.ascontiguousarray(a)
+    return a.reshape(a.shape[:-1] + (a.shape[-1] // BLOCK_BYTES, BLOCK_BYTES))
+
+
+def decode_blocks(a: np.ndarray) -> np.ndarray:
+    """Q4_0 rows [..., nb*18] uint8 -> float64 weights [..., nb*32] (exact)."""
+    b = _blocks(a)
+    d = np.ascontiguousarray(b[..., 0:2]).view("<f2")[..., 0].astype(np.float64)
+    qs = b[..., 2:]
+    nib = np.concatenate([qs & 0xF, qs >> 4], axis=-1).astype(np.float64)  # natural halves
+    w = (nib - 8.0) * d[..., None]
+    return w.reshape(a.shape[:-1] + (b.shape[-2] * QK,))
+
+
+def quantize_rows(x: np.ndarray) -> np.ndarray:
+    """llama.cpp quantize_row_q4_0_ref, vectorised: float rows [..., K] (K % 32 == 0) -> [..., K/32*18] uint8.
+
+    Per block: max = the element of largest |x| (first one on ties, sign kept; +0.0 if all are zero, so an
+    all-zero block stores d = -0.0 exactly as llama.cpp does); d = max / -8;
+    id = 1/d (0 if d == 0); q = min(15, trunc(x*id + 8.5)) in fp32; d stored as fp16 (RNE).
+    """
+    x = np.asarray(x, _F32)
+    K = x.shape[-1]
+    if K % QK:
+        raise ValueError(f"q4_0 rows must be a multiple of {QK} long, got {K}")
+    xb = x.reshape(x.shape[:-1] + (K // QK, QK))
+    i = np.abs(xb).argmax(axis=-1)[..., None]
+    mx = np.take_along_axis(xb, i, axis=-1)[..., 0]
+    mx = np.where(np.abs(mx) > 0, mx, _F32(0))  # llama's max starts at +0.0 and moves only on a larger |x|
+    d = (mx / _F32(-8)).astype(_F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, _F32(1) / np.where(d != 0, d, _F32(1)), _F32(0)).astype(_F32)
+    v = (xb * inv[..., None]).astype(_F32) + _F32(8.5)
+    q = np.minimum(np.trunc(v), 15).astype(np.uint8)  # v >= 0.5 > 0: trunc == llama's (int8_t) cast
+    out = np.empty(xb.shape[:-1] + (BLOCK_BYTES,), np.uint8)
+    out[..., 0:2] = d.astype("<f2")[..., None].view(np.uint8)
+    out[..., 2:] = q[..., :16] | (q[..., 16:] << 4)
+    return out.reshape(x.shape[:-1] + (K // QK * BLOCK_BYTES,))
+
+
+def q8_0_quantize(v) -> tuple[np.ndarray, np.ndarray]:
+    """The w4a8 activation quantization, bit-exact with the kernels' prep: v [K] (bf16 values) ->
+    (q int8 [K/32, 32], d_a float32 [K/32])."""
+    x = np.asarray(v, _F32).reshape(-1, QK)
+    amax = np.abs(x).max(axis=1)
+    d = (amax / _F32(127)).astype(_F32)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = (_F32(1) / d).astype(_F32)
+    inv = np.where(np.isfinite(inv), inv, _F32(0)).astype(_F32)
+    q = np.clip(np.rint((x * inv[:, None]).astype(_F32)), -127, 127).astype(np.int8)
+    return q, d
+
+
+class Q40Format(FormatSpec):
+    def dims(self, banks):
+        gu, dn = banks["gate_up"], banks["down"]
+        if gu.ndim != 3 or dn.ndim != 3:
+            raise ValueError(f"q4_0 banks must be 3-D, got gate_up {gu.shape}, down {dn.shape}")
+        if gu.shape[1] % 2:
+            raise ValueError(f"q4_0 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2*I (even)")
+        return gu.shape[0], dn.shape[1], gu.shape[1] // 2
+
+    def quantize(self, gate_up, down, **opts):
+        if opts:
+            raise TypeError(f"q4_0 quantize takes no options, got {sorted(opts)}")
+        return {"gate_up": quantize_rows(gate_up), "down": quantize_rows(down)}
+
+    def random_banks(self, E, H, I, rng):  # noqa: E741
+        self.check_dims(H, I)
+
+        def bank(rows, K):
+            nb = K // QK
+            raw = np.frombuffer(rng.bytes(E * rows * nb * BLOCK_BYTES), np.uint8).copy()
+            b = raw.reshape(E, rows, nb, BLOCK_BYTES)
+            # |d| in [0.5, 1.5) * 0.0025 (normal fp16), random sign: weights ~ 0.01 rms
+            mag = rng.random((E, rows, nb), dtype=np.float32) + _F32(0.5)
+            sign = np.where(rng.random((E, rows, nb)) < 0.5, _F32(-1), _F32(1))
+            b[..., 0:2] = (mag * sign * _F32(0.0025)).astype("<f2")[..., None].view(np.uint8)
+            return raw.reshape(E, rows, nb * BLOCK_BYTES)
+
+        return {"gate_up": bank(2 * I, H), "down": bank(H, I)}
+
+    def dequantize(self, banks):
+        return decode_blocks(banks["gate_up"]), decode_blocks(banks["down"])
+
+    def act_in(self, v, mode):
+        v = np.asarray(v, np.float64)
+        if mode == "native":
+            return v
+        if mode != "w4a8":
+            raise ValueError(f"q4_0: unknown mode {mode!r}")
+        q, d = q8_0_quantize(v)
+        return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(v.shape)
+
+
+SPEC = Q40Format(
+    name="q4_0", id=4,
+    banks=(BankSpec("gate_up", (np.uint8,), lambda E, H, I: (E, 2 * I, H // QK * BLOCK_BYTES), align=1),
+           BankSpec("down", (np.uint8,), lambda E, H, I: (E, H, I // QK * BLOCK_BYTES), align=1)),
+    k_multiple=QK,
+    input_weight=True,
+    modes=("w4a8", "native"),
+    default_mode="w4a8",
+    description="GGUF Q4_0 (fp16 d + 32 nibbles per 18-byte block); w4a8 = llama.cpp Q4_0 x Q8_0, native = W4A16",
+    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni"),
+                  "native": ("scalar", "avx2", "avx512f")},
+)

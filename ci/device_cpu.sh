@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# CPU-side suites and benches on the lent GPU host (16 Xeon cores, AVX-512, no
+# network): builds formats + executor in place with the image's python3 and runs
+# everything, logs under $OUT. Wheels the image lacks travel in .whl/.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site
+lscpu > "$OUT/lscpu.txt"
+(cd packages/cpumoe-formats && python3 hatch_build.py) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+(cd packages/cpumoe-executor && PYTHONPATH=../cpumoe-formats/src:/tmp/site python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+export PYTHONPATH=$PWD/packages/cpumoe-formats/src:$PWD/packages/cpumoe-executor/src:/tmp/site
+rc=0
+for what in "$@"; do
+  case $what in
+    test-formats) (cd packages/cpumoe-formats && python3 -m pytest -q -p no:cacheprovider tests -k "not bench") > "$OUT/test-formats.log" 2>&1 || rc=1; tail -3 "$OUT/test-formats.log" ;;
+    test-executor) (cd packages/cpumoe-executor && python3 -m pytest -q -p no:cacheprovider tests -k "not bench") > "$OUT/test-executor.log" 2>&1 || rc=1; tail -3 "$OUT/test-executor.log" ;;
+    bench-formats) python3 -m cpumoe_formats.bench --json "$OUT/bench-formats-h200host.json" --markdown "$OUT/bench-formats-h200host.md" > "$OUT/bench-formats.log" 2>&1 || rc=1; tail -25 "$OUT/bench-formats.log" ;;
+    bench-executor) python3 -m cpumoe_executor.bench --json "$OUT/bench-executor-h200host.json" > "$OUT/bench-executor.log" 2>&1 || rc=1; tail -40 "$OUT/bench-executor.log" ;;
+  esac
+done
+exit $rc
