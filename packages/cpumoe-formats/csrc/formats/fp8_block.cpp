@@ -1,3 +1,524 @@
-// Placeholder until the fp8_block kernels land: no tier provides a kernel yet.
-#include "../common.h"
-bool CPUMOE_INIT_FN(fp8_block)(cpumoe_kernel*) { return false; }
+// fp8_block experts (DeepSeek-V3-style 128x128 block FP8; Qwen3.5/3.6-FP8).
+//
+// Banks (slots): 0 gate_up [E, 2I, H] e4m3, 1 gate_up_scale [E, nb(2I), >= nb(H)] bf16,
+//                2 down [E, H, I] e4m3,    3 down_scale [E, nb(H), >= nb(I)] bf16,
+// nb(n) = ceil(n / 128). Row-major weights (K contiguous per output row).
+//   w[r, k] = e4m3(code[r, k]) * scale[r / 128][k / 128]   (the scale MULTIPLIES)
+// The scale banks' last dim may be padded (16-byte rule of the reference), so a
+// scale row is found through the bank view's row stride only; the padding
+// columns are never read. Ragged H and I: partial 128-blocks and K tails.
+// e4m3 decode follows common.h e4m3_to_f32: 0x7F/0xFF -> +-480, subnormals m*2^-9.
+//
+// Mode "native" only (W8A16). Tiers:
+//   scalar      256-entry fp32 LUT, x as fp32; per 128-K block sum * scale.
+//   avx2        bias-free bf16 patterns: (b & 0x80) << 8 | (b & 0x7F) << 4 is the bf16 of
+//               e4m3(b) * 2^-120 for every code; 9 integer ops per 32 codes, no conversion.
+//   avx512f     fp16 bit trick: (b & 0x80) << 8 | (b & 0x7F) << 7 is the fp16 of
+//               e4m3(b) * 2^-8 (subnormals included), widened by vcvtph2ps.
+//               Both fold the block scales (and the 2^120 / 2^8) into a per-(row block,
+//               token) pre-scaled activation, so a row is a plain FMA stream (see below).
+//   avx512bf16  e4m3 -> bf16 in-register (exact): bits = sign << 15 | ((code & 0x7F) << 4)
+//               + (120 << 7); the exp == 0 lanes (zero and subnormals m*2^-9) come from
+//               an 8-entry table via a masked vpermw; reduced by vdpbf16ps against bf16 x,
+//               each 128-K block in 4 fresh chains, then one FMA with its scale.
+#include <vector>
+
+#include "../rowmajor.h"
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+
+constexpr int kBlk = 128;
+CPUMOE_INLINE int nblocks(int n) { return (n + kBlk - 1) / kBlk; }
+
+// Row `row` of the weight bank of `pass` (0: gate_up, K = H; 1: down, K = I) and its scale row.
+struct RowRef {
+  const uint8_t* w;
+  const uint16_t* s;  // bf16 block scales of this row's 128-row block, one per 128-K block
+  int K;
+};
+CPUMOE_INLINE RowRef row_ref(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row) {
+  const cpumoe_bank& wb = banks[pass == 0 ? 0 : 2];
+  const cpumoe_bank& sb = banks[pass == 0 ? 1 : 3];
+  RowRef r;
+  r.w = bank_row<uint8_t>(wb, e, row);
+  r.s = bank_row<uint16_t>(sb, e, row / kBlk);  // stride from the view: padded columns are skipped
+  r.K = pass == 0 ? k->params.hidden : k->params.inter;
+  return r;
+}
+
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+// ---------------------------------------------------------------- scalar
+struct Lut {
+  float v[256];
+  Lut() {
+    for (int b = 0; b < 256; ++b) v[b] = e4m3_to_f32((uint8_t)b);
+  }
+};
+const Lut& lut() {
+  static const Lut t;
+  return t;
+}
+
+struct Dot {
+  static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
+  static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act) {
+    const RowRef r = row_ref(k, banks, pass, e, row);
+    const float* x = (const float*)act;
+    const float* L = lut().v;
+    float tot = 0.f;
+    for (int b = 0, k0 = 0; k0 < r.K; ++b, k0 += kBlk) {
+      const int k1 = r.K - k0 < kBlk ? r.K : k0 + kBlk;
+      float s = 0.f;
+      for (int i = k0; i < k1; ++i) s += L[r.w[i]] * x[i];
+      tot += s * bf16_to_f32(r.s[b]);
+    }
+    return tot;
+  }
+};
+
+void install(cpumoe_kernel* k) {
+  (void)lut();  // build the table outside the hot loop
+  k->act_bytes = &act_bytes_f32;
+  k->prep_act = &prep_act_f32;
+  install_rowmajor<Dot>(k);
+}
+
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
+// ---------------------------------------------------------------- fp32 FMA tiers
+// Block scales are folded into the activation, not into the dot: the rows of one
+// 128-row block share one scale per K block, so per (row block, token) the kernel
+// forms xs = x * scale[row block][k / 128] * 2^c once, in the layout the decoder
+// wants (exact: bf16 x bf16 fits fp32's 24 bits and 2^c is a power of two), and every
+// row of the block is then a plain stream of FMAs with 8 independent chains and no
+// per-block reduction. Each product is exact (4 significant bits x 16) and equals
+// w * x * 2^(c - e) where the decoder yields e4m3 * 2^-e; only the fp32 sums round.
+//
+// Two decoders (CPUMOE_FP8_FP16 picks; avx2 defaults to the first, avx512f to the second):
+//
+// bf16 patterns (e = 120): for a code b, (b & 0x80) << 8 | (b & 0x7F) << 4 is the bf16
+//   encoding of e4m3(b) * 2^-120 for EVERY code: normals get exponent field E, E == 0 gives
+//   the subnormal m * 2^-129 = (m * 2^-9) * 2^-120, 0x7F gives 480 * 2^-120. In a 16-bit lane
+//   holding two codes (odd << 8 | even), srai(4) & 0x87F0 builds the odd code's pattern and
+//   slli(8) first the even one's; in each 32-bit lane the low pattern becomes fp32 by << 16
+//   and the high one by & 0xFFFF0000: 9 integer ops and no conversion for 4 fp32 vectors of
+//   codes 4i, 4i+1, 4i+2, 4i+3, so x is prepared as four de-interleaved fp32 streams
+//   xq[j][m] = x[4m + j]. c = 120 unless max|x| * max(scale) >= 2^7 (xs would overflow);
+//   then c is lowered and the dot multiplied by 2^(120 - c). Subnormal codes are fp32
+//   subnormal inputs to the FMA (exact, never FTZ/DAZ; free on AMD Zen, an FP assist on
+//   some Intel cores, which is why avx512f defaults to the fp16 decoder).
+// fp16 patterns (e = 8, the seed's trick): (b & 0x80) << 8 | (b & 0x7F) << 7 is the fp16
+//   encoding of e4m3(b) * 2^-8 (subnormals included, 0x7F -> 1.875), so srai(1) & 0xBF80
+//   builds the odd code's half and slli(8) first the even one's; vcvtph2ps widens them
+//   (exact, hardware handles the fp16 subnormals). x is prepared as even/odd fp32 halves
+//   xe[m] = x[2m], xo[m] = x[2m+1]; c = 8.
+#ifndef CPUMOE_FP8_FP16
+#if CPUMOE_TIER == CPUMOE_T_AVX512F
+#define CPUMOE_FP8_FP16 1
+#else
+#define CPUMOE_FP8_FP16 0
+#endif
+#endif
+#ifndef CPUMOE_FP8_PF
+#define CPUMOE_FP8_PF 4096  // software prefetch distance in the weight row (bytes; 0 = off)
+#endif
+#ifndef CPUMOE_FP8_GU_PAIR
+#define CPUMOE_FP8_GU_PAIR 1  // gate_up: the gate and up rows of an i in one loop (two streams)
+#endif
+#ifndef CPUMOE_FP8_PF_LOC
+#define CPUMOE_FP8_PF_LOC 0  // __builtin_prefetch locality (0 = prefetchnta)
+#endif
+
+// ---- ISA primitives
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+constexpr int kChunk = 32;  // codes per chunk (one 256-bit load)
+constexpr int VL = 8;       // floats per vector
+using Vec = __m256;
+using WVec = __m256i;
+CPUMOE_INLINE Vec vzero() { return _mm256_setzero_ps(); }
+CPUMOE_INLINE Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+CPUMOE_INLINE Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+CPUMOE_INLINE Vec vset1(float f) { return _mm256_set1_ps(f); }
+CPUMOE_INLINE Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+CPUMOE_INLINE void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+CPUMOE_INLINE Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+CPUMOE_INLINE float vhsum(Vec v) { return hsum256(v); }
+CPUMOE_INLINE WVec wload(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+// the last n < kChunk codes of a row, zero extended (never reads past the row)
+CPUMOE_INLINE WVec wload_tail(const uint8_t* p, int n) {
+  alignas(32) uint8_t t[kChunk] = {0};
+  std::memcpy(t, p, (size_t)n);
+  return _mm256_load_si256((const __m256i*)t);
+}
+CPUMOE_INLINE WVec wand(WVec a, WVec b) { return _mm256_and_si256(a, b); }
+CPUMOE_INLINE WVec srai16(WVec a, int n) { return _mm256_srai_epi16(a, n); }
+CPUMOE_INLINE WVec slli16(WVec a, int n) { return _mm256_slli_epi16(a, n); }
+CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm256_slli_epi32(a, n); }
+CPUMOE_INLINE WVec set16(uint16_t v) { return _mm256_set1_epi16((short)v); }
+CPUMOE_INLINE WVec set32(uint32_t v) { return _mm256_set1_epi32((int)v); }
+CPUMOE_INLINE Vec as_ps(WVec a) { return _mm256_castsi256_ps(a); }
+CPUMOE_INLINE Vec cvt_lo(WVec a) { return _mm256_cvtph_ps(_mm256_castsi256_si128(a)); }
+CPUMOE_INLINE Vec cvt_hi(WVec a) { return _mm256_cvtph_ps(_mm256_extracti128_si256(a, 1)); }
+#else  // AVX512F (+BW)
+constexpr int kChunk = 64;
+constexpr int VL = 16;
+using Vec = __m512;
+using WVec = __m512i;
+CPUMOE_INLINE Vec vzero() { return _mm512_setzero_ps(); }
+CPUMOE_INLINE Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+CPUMOE_INLINE Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+CPUMOE_INLINE Vec vset1(float f) { return _mm512_set1_ps(f); }
+CPUMOE_INLINE Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+CPUMOE_INLINE void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+CPUMOE_INLINE Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+CPUMOE_INLINE float vhsum(Vec v) { return hsum512(v); }
+CPUMOE_INLINE WVec wload(const uint8_t* p) { return _mm512_loadu_si512(p); }
+CPUMOE_INLINE WVec wload_tail(const uint8_t* p, int n) {  // masked-off bytes are not read
+  return _mm512_maskz_loadu_epi8(n >= 64 ? ~0ull : ((1ull << n) - 1ull), p);
+}
+CPUMOE_INLINE WVec wand(WVec a, WVec b) { return _mm512_and_si512(a, b); }
+CPUMOE_INLINE WVec srai16(WVec a, int n) { return _mm512_srai_epi16(a, (unsigned)n); }
+CPUMOE_INLINE WVec slli16(WVec a, int n) { return _mm512_slli_epi16(a, (unsigned)n); }
+CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
+CPUMOE_INLINE WVec set16(uint16_t v) { return _mm512_set1_epi16((short)v); }
+CPUMOE_INLINE WVec set32(uint32_t v) { return _mm512_set1_epi32((int)v); }
+CPUMOE_INLINE Vec as_ps(WVec a) { return _mm512_castsi512_ps(a); }
+CPUMOE_INLINE Vec cvt_lo(WVec a) { return _mm512_cvtph_ps(_mm512_castsi512_si256(a)); }
+CPUMOE_INLINE Vec cvt_hi(WVec a) { return _mm512_cvtph_ps(_mm512_extracti64x4_epi64(a, 1)); }
+#endif
+
+struct Acc {
+  Vec a0, a1, a2, a3;
+  CPUMOE_INLINE void zero() { a0 = a1 = a2 = a3 = vzero(); }
+  CPUMOE_INLINE Vec sum() const { return vadd(vadd(a0, a1), vadd(a2, a3)); }
+};
+
+// ---- decoder families: act layout, activation prep, scaling, one chunk of the dot
+#if CPUMOE_FP8_FP16
+// Layout: xe[0..P) then xo[0..P), P = 64 nb(K), zero padded.
+constexpr int kStreams = 2, kPerBlock = 64;
+CPUMOE_INLINE size_t slen(int32_t K) { return (size_t)kPerBlock * nblocks(K); }
+CPUMOE_INLINE size_t act_len(int32_t K) { return kStreams * slen(K); }
+size_t act_bytes_v(const cpumoe_kernel*, int32_t K) { return act_len(K) * sizeof(float); }
+void prep_act_v(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  const size_t P = slen(K);
+  float* x = (float*)dst;
+  for (size_t m = 0; m < P; ++m)
+    for (size_t j = 0; j < 2; ++j) {
+      const size_t i = 2 * m + j;
+      x[j * P + m] = i < (size_t)K ? bf16_to_f32(src[i]) : 0.f;
+    }
+}
+CPUMOE_INLINE float scale_factor(const float*, const uint16_t*, int, float* two_c) {
+  *two_c = 256.f;  // undoes the decoder's 2^-8
+  return 1.f;
+}
+constexpr int kXStep = kChunk / 2;  // stream entries per chunk
+// kChunk codes; xe points at the chunk's first even entry (stream stride S).
+CPUMOE_INLINE void chunk(WVec w, const float* xe, size_t S, Acc& A) {
+  const WVec m = set16(0xBF80);
+  const WVec od = wand(srai16(w, 1), m);
+  const WVec ev = wand(srai16(slli16(w, 8), 1), m);
+  const float* xo = xe + S;
+  A.a0 = vfma(cvt_lo(ev), vload(xe), A.a0);
+  A.a1 = vfma(cvt_hi(ev), vload(xe + VL), A.a1);
+  A.a2 = vfma(cvt_lo(od), vload(xo), A.a2);
+  A.a3 = vfma(cvt_hi(od), vload(xo + VL), A.a3);
+}
+#else
+// Layout: 4 streams of Q = 32 nb(K) floats, zero padded, then max|x| (for the guard).
+constexpr int kStreams = 4, kPerBlock = 32;
+CPUMOE_INLINE size_t slen(int32_t K) { return (size_t)kPerBlock * nblocks(K); }
+CPUMOE_INLINE size_t act_len(int32_t K) { return kStreams * slen(K) + 16; }
+size_t act_bytes_v(const cpumoe_kernel*, int32_t K) { return act_len(K) * sizeof(float); }
+void prep_act_v(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  const size_t Q = slen(K);
+  float* x = (float*)dst;
+  float amax = 0.f;
+  for (size_t m = 0; m < Q; ++m)
+    for (size_t j = 0; j < 4; ++j) {
+      const size_t i = 4 * m + j;
+      const float v = i < (size_t)K ? bf16_to_f32(src[i]) : 0.f;
+      x[j * Q + m] = v;
+      amax = std::fabs(v) > amax ? std::fabs(v) : amax;
+    }
+  x[4 * Q] = amax;
+}
+// Picks c: 2^c goes into xs, the returned 2^(120 - c) multiplies the dot.
+CPUMOE_INLINE float scale_factor(const float* x, const uint16_t* srow, int K, float* two_c) {
+  const int nb = nblocks(K);
+  float smax = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const float s = std::fabs(bf16_to_f32(srow[b]));
+    smax = s > smax ? s : smax;
+  }
+  const float amax = x[4 * slen(K)] > 1.f ? x[4 * slen(K)] : 1.f;
+  const float m = amax * smax;  // >= max |x * s| and >= max |s|
+  int shift = 0;                // c = 120 - shift
+  if (m >= 128.f) shift = std::ilogb(m) - 6;  // then m * 2^c < 2^127
+  *two_c = std::ldexp(1.f, 120 - shift);
+  return std::ldexp(1.f, shift);
+}
+constexpr int kXStep = kChunk / 4;  // stream entries per chunk
+// kChunk codes; x points at the chunk's stream-0 entry (stream stride S).
+CPUMOE_INLINE void chunk(WVec w, const float* x, size_t S, Acc& A) {
+  const WVec m16 = set16(0x87F0), hi = set32(0xFFFF0000u);
+  const WVec o16 = wand(srai16(w, 4), m16);
+  const WVec e16 = wand(srai16(slli16(w, 8), 4), m16);
+  A.a0 = vfma(as_ps(slli32(e16, 16)), vload(x), A.a0);
+  A.a1 = vfma(as_ps(slli32(o16, 16)), vload(x + S), A.a1);
+  A.a2 = vfma(as_ps(wand(e16, hi)), vload(x + 2 * S), A.a2);
+  A.a3 = vfma(as_ps(wand(o16, hi)), vload(x + 3 * S), A.a3);
+}
+#endif
+
+CPUMOE_INLINE void prefetch_ahead(const uint8_t* p) {
+#if CPUMOE_FP8_PF
+  for (int o = 0; o < 2 * kChunk; o += 64) __builtin_prefetch(p + CPUMOE_FP8_PF + o, 0, CPUMOE_FP8_PF_LOC);
+#else
+  (void)p;
+#endif
+}
+
+// dot(row w of K codes, pre-scaled activation xs), 8 independent chains.
+CPUMOE_INLINE float dot_scaled(const uint8_t* w, int K, const float* xs) {
+  const size_t S = slen(K);
+  const uint8_t* const end = w + K;
+  Acc A, B;
+  A.zero();
+  B.zero();
+  for (; w + 2 * kChunk <= end; w += 2 * kChunk, xs += 2 * kXStep) {
+    prefetch_ahead(w);
+    chunk(wload(w), xs, S, A);
+    chunk(wload(w + kChunk), xs + kXStep, S, B);
+  }
+  if (w + kChunk <= end) {
+    chunk(wload(w), xs, S, A);
+    w += kChunk, xs += kXStep;
+  }
+  if (w < end) chunk(wload_tail(w, (int)(end - w)), xs, S, B);
+  return vhsum(vadd(A.sum(), B.sum()));
+}
+
+// Two rows at once (4 chains each): halves the per-row reduction and loop overhead,
+// which matters for short rows (the down pass, K = I = 512), and keeps two streams in flight.
+CPUMOE_INLINE void dot2_scaled(const uint8_t* w0, const uint8_t* w1, int K, const float* x0, const float* x1,
+                               float* r0, float* r1) {
+  const size_t S = slen(K);
+  const uint8_t* const end = w0 + K;
+  Acc A, B;
+  A.zero();
+  B.zero();
+  for (; w0 + kChunk <= end; w0 += kChunk, w1 += kChunk, x0 += kXStep, x1 += kXStep) {
+#if CPUMOE_FP8_PF
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+    if (!((uintptr_t)(end - w0) & 63))  // one prefetch per cache line and row
+#endif
+    {
+      __builtin_prefetch(w0 + CPUMOE_FP8_PF, 0, CPUMOE_FP8_PF_LOC);
+      __builtin_prefetch(w1 + CPUMOE_FP8_PF, 0, CPUMOE_FP8_PF_LOC);
+    }
+#endif
+    chunk(wload(w0), x0, S, A);
+    chunk(wload(w1), x1, S, B);
+  }
+  if (w0 < end) {
+    chunk(wload_tail(w0, (int)(end - w0)), x0, S, A);
+    chunk(wload_tail(w1, (int)(end - w0)), x1, S, B);
+  }
+  *r0 = vhsum(A.sum());
+  *r1 = vhsum(B.sum());
+}
+
+// xs = x * scale row `srow` (nb(K) bf16 entries) * 2^c in every stream; returns the
+// factor the dot must be multiplied by.
+CPUMOE_INLINE float scale_act(const float* x, const uint16_t* srow, int K, float* xs) {
+  float two_c;
+  const float post = scale_factor(x, srow, K, &two_c);
+  const int nb = nblocks(K);
+  const size_t S = slen(K);
+  for (int b = 0; b < nb; ++b) {
+    const Vec f = vset1(bf16_to_f32(srow[b]) * two_c);
+    for (int j = 0; j < kStreams; ++j) {
+      const float* a = x + j * S + (size_t)kPerBlock * b;
+      float* d = xs + j * S + (size_t)kPerBlock * b;
+      for (int i = 0; i < kPerBlock; i += VL) vstore(d + i, vmul(vload(a + i), f));
+    }
+  }
+  return post;
+}
+
+// Per-thread scratch for the pre-scaled activations (grown on demand, reused).
+float* scratch(size_t floats) {
+  static thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+             const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& p = k->params;
+  const int H = p.hidden, I = p.inter;
+  const size_t L = act_len(H);
+  float* sx = scratch((size_t)n * 2 * (L + 1));  // token j: gate xs at 2Lj, up xs at 2Lj + L
+  float* post = sx + (size_t)n * 2 * L;          // then 2n factors (post * w_in)
+  for (int i = i0; i < i1;) {
+    // a segment of rows whose gate rows share a row block and whose up rows share one
+    const int rg = i / kBlk, ru = (I + i) / kBlk;
+    int iend = (rg + 1) * kBlk;
+    if ((ru + 1) * kBlk - I < iend) iend = (ru + 1) * kBlk - I;
+    if (i1 < iend) iend = i1;
+    const uint16_t* sg = bank_row<uint16_t>(banks[1], e, rg);
+    const uint16_t* su = bank_row<uint16_t>(banks[1], e, ru);
+    for (int j = 0; j < n; ++j) {
+      post[2 * j] = scale_act((const float*)xs[j], sg, H, sx + 2 * L * j) * w_in[j];
+      post[2 * j + 1] = scale_act((const float*)xs[j], su, H, sx + 2 * L * j + L) * w_in[j];
+    }
+    for (; i < iend; ++i) {
+      const uint8_t* wg = bank_row<uint8_t>(banks[0], e, i);
+      const uint8_t* wu = bank_row<uint8_t>(banks[0], e, I + i);
+      for (int j = 0; j < n; ++j) {
+        const float* xg = sx + 2 * L * j;
+        float gate, up;
+#if CPUMOE_FP8_GU_PAIR
+        dot2_scaled(wg, wu, H, xg, xg + L, &gate, &up);
+#else
+        gate = dot_scaled(wg, H, xg);
+        up = dot_scaled(wu, H, xg + L);
+#endif
+        g[j][i] = f32_to_bf16(activate(p, gate * post[2 * j], up * post[2 * j + 1]));
+      }
+    }
+  }
+}
+
+void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+          int32_t n, float* acc, int64_t acc_stride) {
+  const int I = k->params.inter;
+  const size_t L = act_len(I);
+  for (int a = 0; a < n;) {
+    int b = a + 1;
+    while (b < n && routes[b].expert == routes[a].expert) ++b;
+    const int e = routes[a].expert;
+    float* sx = scratch((size_t)(b - a) * (L + 1));  // route r: xs at L(r - a)
+    float* post = sx + (size_t)(b - a) * L;           // then the factors (post * weight)
+    for (int h = h0; h < h1;) {
+      const int rb = h / kBlk;
+      const int hend = (rb + 1) * kBlk < h1 ? (rb + 1) * kBlk : h1;
+      const uint16_t* srow = bank_row<uint16_t>(banks[3], e, rb);
+      for (int r = a; r < b; ++r)
+        post[r - a] = scale_act((const float*)routes[r].act, srow, I, sx + L * (r - a)) * routes[r].weight;
+      for (; h < hend; ++h) {  // one row at a time: at DRAM rates this streams best
+        const uint8_t* w = bank_row<uint8_t>(banks[2], e, h);
+        for (int r = a; r < b; ++r)
+          acc[routes[r].token * acc_stride + (h - h0)] += dot_scaled(w, I, sx + L * (r - a)) * post[r - a];
+      }
+      h = hend;
+    }
+    a = b;
+  }
+}
+
+void install(cpumoe_kernel* k) {
+  k->act_bytes = &act_bytes_v;
+  k->prep_act = &prep_act_v;
+  k->gate_up = &gate_up;
+  k->down = &down;
+}
+
+#elif CPUMOE_TIER == CPUMOE_T_AVX512BF16
+// ---------------------------------------------------------------- e4m3 -> bf16, vdpbf16ps
+// Prepared activation: bf16 x zero padded to 128 * nb(K) elements.
+CPUMOE_INLINE size_t pad_len(int32_t K) { return (size_t)kBlk * nblocks(K); }
+size_t act_bytes_bf16p(const cpumoe_kernel*, int32_t K) { return pad_len(K) * sizeof(uint16_t); }
+void prep_act_bf16p(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  std::memcpy(dst, src, (size_t)K * sizeof(uint16_t));
+  std::memset((uint16_t*)dst + K, 0, (pad_len(K) - (size_t)K) * sizeof(uint16_t));
+}
+constexpr int kPfBytes = 4096;
+
+// bf16 bits of m * 2^-9 for m = 0..7 (the exp == 0 codes), indexed by the code's low 5 bits.
+struct SubTable {
+  uint16_t v[32];
+  SubTable() {
+    for (int i = 0; i < 32; ++i) v[i] = f32_to_bf16((float)(i & 7) * 0.001953125f);
+  }
+};
+const SubTable& sub_table() {
+  static const SubTable t;
+  return t;
+}
+
+// 32 codes -> 32 bf16 (exact), natural order.
+CPUMOE_INLINE __m512i widen(__m256i codes, __m512i tbl) {
+  const __m512i w = _mm512_cvtepu8_epi16(codes);
+  const __m512i mag = _mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x07F0));
+  __m512i v = _mm512_add_epi16(mag, _mm512_set1_epi16(120 << 7));
+  const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));  // exp field == 0
+  v = _mm512_mask_permutexvar_epi16(v, sub, w, tbl);                            // idx = low 5 bits = m
+  // v | (sign bit): (w << 8) & 0x8000
+  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
+}
+CPUMOE_INLINE __m512 dp(__m512 a, __m512i wv, const uint16_t* x) {
+  return _mm512_dpbf16_ps(a, (__m512bh)wv, (__m512bh)_mm512_loadu_si512(x));
+}
+
+struct Dot {
+  static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
+  static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act) {
+    const RowRef r = row_ref(k, banks, pass, e, row);
+    const uint16_t* x = (const uint16_t*)act;
+    const __m512i tbl = _mm512_loadu_si512(sub_table().v);
+    const int nfull = r.K / kBlk;
+    __m512 tot = _mm512_setzero_ps();
+    for (int b = 0; b < nfull; ++b) {
+      const uint8_t* w = r.w + b * kBlk;
+      const uint16_t* xb = x + b * kBlk;
+      CPUMOE_PREFETCH(w + kPfBytes);
+      CPUMOE_PREFETCH(w + kPfBytes + 64);
+      const __m512 zero = _mm512_setzero_ps();
+      __m512 a0 = dp(zero, widen(_mm256_loadu_si256((const __m256i*)w), tbl), xb);
+      __m512 a1 = dp(zero, widen(_mm256_loadu_si256((const __m256i*)(w + 32)), tbl), xb + 32);
+      __m512 a2 = dp(zero, widen(_mm256_loadu_si256((const __m256i*)(w + 64)), tbl), xb + 64);
+      __m512 a3 = dp(zero, widen(_mm256_loadu_si256((const __m256i*)(w + 96)), tbl), xb + 96);
+      const __m512 s = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+      tot = _mm512_fmadd_ps(s, _mm512_set1_ps(bf16_to_f32(r.s[b])), tot);
+    }
+    const int rem = r.K - nfull * kBlk;
+    if (rem) {  // partial last block, 32 codes at a time, masked (x is zero padded)
+      const uint8_t* w = r.w + nfull * kBlk;
+      const uint16_t* xb = x + nfull * kBlk;
+      __m512 a = _mm512_setzero_ps();
+      for (int c = 0; c < rem; c += 32) {
+        const __mmask32 m = rem - c >= 32 ? 0xFFFFFFFFu : ((1u << (rem - c)) - 1u);
+        a = dp(a, widen(_mm256_maskz_loadu_epi8(m, w + c), tbl), xb + c);
+      }
+      tot = _mm512_fmadd_ps(a, _mm512_set1_ps(bf16_to_f32(r.s[nfull])), tot);
+    }
+    return hsum512(tot);
+  }
+};
+
+void install(cpumoe_kernel* k) {
+  (void)sub_table();
+  k->act_bytes = &act_bytes_bf16p;
+  k->prep_act = &prep_act_bf16p;
+  install_rowmajor<Dot>(k);
+}
+#endif
+
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
+
+bool CPUMOE_INIT_FN(fp8_block)(cpumoe_kernel* k) {
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  (void)k;
+  return false;  // no int8 variant: the tier below runs
+#else
+  if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
+  cpumoe::CPUMOE_NS::install(k);
+  return true;
+#endif
+}

@@ -1,3 +1,304 @@
-// Placeholder until the nvfp4 kernels land: no tier provides a kernel yet.
-#include "../common.h"
-bool CPUMOE_INIT_FN(nvfp4)(cpumoe_kernel*) { return false; }
+// nvfp4 experts (ModelOpt native rows), format id 1.
+// Banks (slots): 0 gate_up_packed [E,2I,H/2] u8, 1 gate_up_scale [E,2I,H/16] e4m3,
+// 2 gate_up_global [E,2I] fp16, 3 down_packed [E,H,I/2], 4 down_scale [E,H,I/16],
+// 5 down_global [E,H]. w[r,k] = E2M1[code] * e4m3(scale[r,k/16]) * fp16(global[r]).
+//
+// Modes and tiers:
+//   native (W4A16): x/g as exact fp32 in the chunked even/odd layout of
+//     fp4_common.h; per 16-block scale, per-row global at the end.
+//     scalar, avx2 (64 elements per decode), avx512f (128 per decode).
+//   w4a8: x/g quantized per 16-block to int8 (s = amax/127, q = rint(v * (1/s)));
+//     weights exact int8 w = 2*E2M1; exact integer block sums sum(w * q), per-block float
+//     scale e4m3(scale_b) * s_b, final * 0.5 * global.
+//     scalar (signed products), avx2 (vpmaddubsw + vpmaddwd), avxvnni (256-bit vpdpbusd),
+//     avx512vnni (512-bit vpdpbusd). The SIMD tiers feed u = w + 12 (0..24) as the unsigned
+//     operand and q as the signed one, and subtract 12 * sum(q) (from prep): sum(w q) =
+//     sum((w + 12) q) - 12 sum(q). The same integers as the |w| x sign(w)*q sign trick,
+//     with two instructions less per 32 codes; every tier computes identical block sums.
+#include "fp4_common.h"
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+using namespace fp4;
+
+// One row: packed codes, e4m3 block scales, its global (already decoded), K.
+struct Row {
+  const uint8_t* p;
+  const uint8_t* s;
+  float g;
+  int32_t K;
+};
+
+// ============================== native (W4A16) ==============================
+size_t act_bytes_native(const cpumoe_kernel*, int32_t K) { return (size_t)K * sizeof(float); }
+void prep_native(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  float* d = (float*)dst;
+  for (int32_t k = 0; k < K; ++k) d[f32_pos(k, K, kNL)] = bf16_to_f32(src[k]);
+}
+
+struct DotNative {
+  static constexpr int kBanks = 3;
+  static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
+  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* act) {
+    const Row r{P, Sc, gl, K};
+    const float* x = (const float*)act;
+    const int32_t nb = r.K / 16;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+    float acc = 0.f;
+    for (int32_t b = 0; b < nb; ++b) acc += e4m3_to_f32(r.s[b]) * block16_scalar(r.p + 8 * b, x + 16 * b);
+    return acc * r.g;
+#elif defined(__AVX512F__)
+    // 128-element chunks: 64 packed bytes, 8 blocks; V0,V1,W0,W1 lanes L hold block 2L,
+    // V2,V3,W2,W3 block 2L+1.
+    const __m512i t2 = tbl512(tbl_byte2()), t3 = tbl512(tbl_byte3());
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    const int32_t nc = r.K / 128;
+    for (int32_t c = 0; c < nc; ++c) {
+      const uint8_t* p = r.p + 64 * c;
+      const float* xc = x + 128 * c;
+      prefetch_stream(p, 1, r.s + 8 * c, 8);
+      const Chunk16 w = decode_chunk_512(p, t2, t3);
+      const __m256 S = e4m3x8(load8(r.s + 8 * c));
+      __m512 ta = _mm512_mul_ps(w.v0, _mm512_loadu_ps(xc));
+      __m512 tb = _mm512_mul_ps(w.v2, _mm512_loadu_ps(xc + 32));
+      ta = _mm512_fmadd_ps(w.v1, _mm512_loadu_ps(xc + 16), ta);
+      tb = _mm512_fmadd_ps(w.v3, _mm512_loadu_ps(xc + 48), tb);
+      ta = _mm512_fmadd_ps(w.w0, _mm512_loadu_ps(xc + 64), ta);
+      tb = _mm512_fmadd_ps(w.w2, _mm512_loadu_ps(xc + 96), tb);
+      ta = _mm512_fmadd_ps(w.w1, _mm512_loadu_ps(xc + 80), ta);
+      tb = _mm512_fmadd_ps(w.w3, _mm512_loadu_ps(xc + 112), tb);
+      a0 = _mm512_fmadd_ps(ta, bcast4x4(S, 0, 2, 4, 6), a0);
+      a1 = _mm512_fmadd_ps(tb, bcast4x4(S, 1, 3, 5, 7), a1);
+    }
+    __m256 at = _mm256_setzero_ps();
+    for (int32_t b = nc * 8; b < nb; ++b)
+      at = _mm256_fmadd_ps(block16_avx2(r.p + 8 * b, x + 16 * b), _mm256_set1_ps(e4m3_to_f32(r.s[b])), at);
+    return (hsum512(_mm512_add_ps(a0, a1)) + hsum256(at)) * r.g;
+#else  // AVX2
+    // 64-element chunks: 32 packed bytes, 4 blocks; V0,V1,W0,W1 lanes L hold block 2L,
+    // V2,V3,W2,W3 block 2L+1. Two chunks (8 scales) per iteration.
+    const __m256i t2 = tbl_byte2(), t3 = tbl_byte3();
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    const int32_t nc = r.K / 64;
+    auto chunk = [&](const uint8_t* p, const float* xc, __m256 sa, __m256 sb) {
+      const Chunk8 w = decode_chunk(p, t2, t3);
+      __m256 ta = _mm256_mul_ps(w.v0, _mm256_loadu_ps(xc));
+      __m256 tb = _mm256_mul_ps(w.v2, _mm256_loadu_ps(xc + 16));
+      ta = _mm256_fmadd_ps(w.v1, _mm256_loadu_ps(xc + 8), ta);
+      tb = _mm256_fmadd_ps(w.v3, _mm256_loadu_ps(xc + 24), tb);
+      ta = _mm256_fmadd_ps(w.w0, _mm256_loadu_ps(xc + 32), ta);
+      tb = _mm256_fmadd_ps(w.w2, _mm256_loadu_ps(xc + 48), tb);
+      ta = _mm256_fmadd_ps(w.w1, _mm256_loadu_ps(xc + 40), ta);
+      tb = _mm256_fmadd_ps(w.w3, _mm256_loadu_ps(xc + 56), tb);
+      a0 = _mm256_fmadd_ps(ta, sa, a0);
+      a1 = _mm256_fmadd_ps(tb, sb, a1);
+    };
+    int32_t c = 0;
+    for (; c + 2 <= nc; c += 2) {
+      const uint8_t* p = r.p + 32 * c;
+      prefetch_stream(p, 1, r.s + 4 * c, 8);
+      const __m256 S = e4m3x8(load8(r.s + 4 * c));
+      chunk(p, x + 64 * c, bcast2x4(S, 0, 2), bcast2x4(S, 1, 3));
+      chunk(p + 32, x + 64 * c + 64, bcast2x4(S, 4, 6), bcast2x4(S, 5, 7));
+    }
+    if (c < nc) {
+      const __m256 S = e4m3x8(load4(r.s + 4 * c));
+      chunk(r.p + 32 * c, x + 64 * c, bcast2x4(S, 0, 2), bcast2x4(S, 1, 3));
+    }
+    for (int32_t b = nc * 4; b < nb; ++b)
+      a0 = _mm256_fmadd_ps(block16_avx2(r.p + 8 * b, x + 16 * b), _mm256_set1_ps(e4m3_to_f32(r.s[b])), a0);
+    return hsum256(_mm256_add_ps(a0, a1)) * r.g;
+#endif
+  }
+};
+
+// =================================== w4a8 ===================================
+// Prepared vector: int8 codes [K]; then (at a 64-byte boundary) fp32 block scales [K/16]
+// in natural block order; then int32 corrections 12 * sum(q) per block, for the full
+// 128-groups in the avx2 lane order (blocks 0,1,4,5,2,3,6,7 of each group), natural for
+// the tail. Codes: groups of 128 elements as ae[64] ao[64] (ae[j] = q(x[2j]),
+// group-local), then the K % 128 tail per 16-block as ae[8] ao[8].
+CPUMOE_INLINE size_t w4a8_scale_off(int32_t K) { return ((size_t)K + 63) & ~(size_t)63; }
+CPUMOE_INLINE size_t w4a8_corr_off(int32_t K) { return w4a8_scale_off(K) + (size_t)(K / 16) * sizeof(float); }
+size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_corr_off(K) + (size_t)(K / 16) * sizeof(int32_t); }
+constexpr int kW2Offset = 12;  // u = w + 12 in [0, 24]
+// avx2 lane order of a group's 8 block sums after vphaddd (blocks 0..3 from P, 4..7 from Q).
+constexpr int kHaddOrder[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+
+CPUMOE_INLINE int32_t i8_pos(int32_t k, int32_t K) {
+  const int32_t main = K / 128 * 128;
+  if (k < main) {
+    const int32_t r = k & 127;
+    return (k - r) + (r & 1) * 64 + (r >> 1);
+  }
+  const int32_t t = k - main, r = t & 15;
+  return main + (t - r) + (r & 1) * 8 + (r >> 1);
+}
+
+void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  int8_t* q = (int8_t*)dst;
+  float* sc = (float*)((char*)dst + w4a8_scale_off(K));
+  int32_t* corr = (int32_t*)((char*)dst + w4a8_corr_off(K));
+  const int32_t nmain = K / 128 * 8;
+  for (int32_t b = 0; b < K / 16; ++b) {
+    int32_t qsum = 0;
+    float v[16], amax = 0.f;
+    for (int i = 0; i < 16; ++i) {
+      v[i] = bf16_to_f32(src[16 * b + i]);
+      amax = std::fmax(amax, std::fabs(v[i]));
+    }
+    const float s = amax == 0.f ? 1.f : amax / 127.f;
+    const float inv = 1.f / s;
+    for (int i = 0; i < 16; ++i) {
+      float t = std::nearbyint(v[i] * inv);  // round half to even (default rounding mode)
+      t = t != t ? 0.f : (t > 127.f ? 127.f : (t < -127.f ? -127.f : t));  // NaN (0 * inf) -> 0
+      q[i8_pos(16 * b + i, K)] = (int8_t)t;
+      qsum += (int32_t)t;
+    }
+    sc[b] = s;
+    int32_t slot = b;
+    if (b < nmain)
+      for (int j = 0; j < 8; ++j)
+        if (kHaddOrder[j] == (b & 7)) slot = (b & ~7) + j;
+    corr[slot] = kW2Offset * qsum;
+  }
+}
+
+// 2 * E2M1 as int8 (exact) and its magnitude.
+static constexpr int8_t kW2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Integer dot of one 16-block: 8 packed bytes against ae[8], ao[8].
+CPUMOE_INLINE int32_t block16_i8(const uint8_t* p, const int8_t* ae, const int8_t* ao) {
+  int32_t s = 0;
+  for (int m = 0; m < 8; ++m) s += kW2[p[m] & 15] * ae[m] + kW2[p[m] >> 4] * ao[m];
+  return s;
+}
+
+// Scalar tail (and the whole scalar tier): blocks [b0, nb) of the row.
+CPUMOE_INLINE float w4a8_blocks_scalar(const Row& r, const int8_t* a, const float* as, int32_t b0) {
+  const int32_t nb = r.K / 16, ng = r.K / 128;
+  float acc = 0.f;
+  for (int32_t b = b0; b < nb; ++b) {
+    const int8_t* ae = b < ng * 8 ? a + (b >> 3) * 128 + (b & 7) * 8 : a + ng * 128 + (b - ng * 8) * 16;
+    const int8_t* ao = b < ng * 8 ? ae + 64 : ae + 8;
+    acc += (float)block16_i8(r.p + 8 * b, ae, ao) * (e4m3_to_f32(r.s[b]) * as[b]);
+  }
+  return acc;
+}
+
+#if defined(__AVX2__)
+// u = 2 * E2M1 + 12 for each code (unsigned operand of vpmaddubsw / vpdpbusd).
+CPUMOE_INLINE __m256i w2_offset() {
+  return _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16, 18, 20, 24, 12,
+                          11, 10, 9, 8, 6, 4, 0);
+}
+// 32 packed bytes (4 blocks) against ae[32], ao[32]: int32 lane i = sum of u * q over bytes
+// 4i..4i+3 (lanes 2b, 2b+1 belong to block b).
+CPUMOE_INLINE __m256i quad_i8(const uint8_t* p, const int8_t* ae, const int8_t* ao, __m256i tu) {
+  const __m256i m = _mm256_set1_epi8(0x0F), b = _mm256_loadu_si256((const __m256i*)p);
+  const __m256i ul = _mm256_shuffle_epi8(tu, _mm256_and_si256(b, m));
+  const __m256i uh = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(b, 4), m));
+  const __m256i ql = _mm256_loadu_si256((const __m256i*)ae), qh = _mm256_loadu_si256((const __m256i*)ao);
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ul, ql), uh, qh);
+#else
+  // |pair sums| <= 2 * 24 * 127 = 6096 per vpmaddubsw, <= 12192 after the add: no saturation.
+  const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(ul, ql), _mm256_maddubs_epi16(uh, qh));
+  return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+#endif
+}
+#endif
+
+struct DotW4A8 {
+  static constexpr int kBanks = 3;
+  static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
+  // Returns sum_b isum_b * (e4m3(scale_b) * s_b) * (0.5 * global).
+  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* act) {
+    const Row r{P, Sc, gl, K};
+    const int8_t* a = (const int8_t*)act;
+    const float* as = (const float*)((const char*)act + w4a8_scale_off(r.K));
+    const int32_t* corr = (const int32_t*)((const char*)act + w4a8_corr_off(r.K));
+    const int32_t ng = r.K / 128;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+    (void)ng, (void)corr;
+    return w4a8_blocks_scalar(r, a, as, 0) * (0.5f * r.g);
+#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+    const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F);
+    const __m512i z = _mm512_setzero_si512();
+    const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (int32_t g = 0; g < ng; ++g) {
+      const uint8_t* p = r.p + 64 * g;
+      const int8_t* ag = a + 128 * g;
+      prefetch_stream(p, 1, r.s + 8 * g, 8);
+      const __m512i b = _mm512_loadu_si512((const void*)p);
+      const __m512i lo = _mm512_and_si512(b, m), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
+      const __m512i ae = _mm512_loadu_si512((const void*)ag), ao = _mm512_loadu_si512((const void*)(ag + 64));
+      const __m512i P = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, _mm512_shuffle_epi8(tu, lo), ae),
+                                            _mm512_shuffle_epi8(tu, hi), ao);
+      // lanes 2b, 2b+1 -> block b (natural order), then the avx2 path's lane order, correction
+      // and float operations, so avx512vnni, avxvnni and avx2 give bit-identical results
+      const __m256i S = _mm256_sub_epi32(
+          _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(_mm512_add_epi32(P, _mm512_srli_epi64(P, 32))), perm),
+          _mm256_loadu_si256((const __m256i*)(corr + 8 * g)));
+      const __m256 comb = _mm256_mul_ps(e4m3x8(load8(r.s + 8 * g)), _mm256_loadu_ps(as + 8 * g));
+      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_permutevar8x32_ps(comb, perm));
+      if (g & 1)
+        acc1 = _mm256_add_ps(acc1, f);
+      else
+        acc0 = _mm256_add_ps(acc0, f);
+    }
+    return (hsum256(_mm256_add_ps(acc0, acc1)) + w4a8_blocks_scalar(r, a, as, ng * 8)) * (0.5f * r.g);
+#else  // avx2 / avxvnni
+    const __m256i tu = w2_offset();
+    const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (int32_t g = 0; g < ng; ++g) {
+      const uint8_t* p = r.p + 64 * g;
+      const int8_t* ag = a + 128 * g;
+      prefetch_stream(p, 1, r.s + 8 * g, 8);
+      const __m256i P = quad_i8(p, ag, ag + 64, tu);            // blocks 0..3
+      const __m256i Q = quad_i8(p + 32, ag + 32, ag + 96, tu);  // blocks 4..7
+      // block sums in the order 0,1,4,5,2,3,6,7, minus 12 * sum(q) of each block
+      const __m256i S = _mm256_sub_epi32(_mm256_hadd_epi32(P, Q), _mm256_loadu_si256((const __m256i*)(corr + 8 * g)));
+      const __m256 comb = _mm256_mul_ps(e4m3x8(load8(r.s + 8 * g)), _mm256_loadu_ps(as + 8 * g));
+      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_permutevar8x32_ps(comb, perm));
+      if (g & 1)
+        acc1 = _mm256_add_ps(acc1, f);
+      else
+        acc0 = _mm256_add_ps(acc0, f);
+    }
+    return (hsum256(_mm256_add_ps(acc0, acc1)) + w4a8_blocks_scalar(r, a, as, ng * 8)) * (0.5f * r.g);
+#endif
+  }
+};
+
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
+
+bool CPUMOE_INIT_FN(nvfp4)(cpumoe_kernel* k) {
+  using namespace cpumoe::CPUMOE_NS;
+  const bool w4a8 = k->params.mode == CPUMOE_MODE_W4A8;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2
+  const bool has = true;
+#elif CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  const bool has = w4a8;
+#elif CPUMOE_TIER == CPUMOE_T_AVX512F
+  const bool has = !w4a8;
+#else
+  const bool has = false;  // avx512bf16: nothing bf16-specific (the tiers below run)
+#endif
+  if (!has) return false;
+  if (w4a8) {
+    k->act_bytes = &act_bytes_w4a8;
+    k->prep_act = &prep_w4a8;
+    install_fp4<DotW4A8>(k);
+  } else {
+    k->act_bytes = &act_bytes_native;
+    k->prep_act = &prep_native;
+    install_fp4<DotNative>(k);
+  }
+  return true;
+}

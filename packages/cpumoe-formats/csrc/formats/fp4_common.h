@@ -1,0 +1,295 @@
+// Shared e2m1 (fp4) helpers for the nvfp4 and ds_fp4 kernels (private header).
+//
+// Packing (both formats): two e2m1 codes per byte, LOW nibble first: byte j of
+// a row holds K element 2j (low nibble) and 2j+1 (high nibble). Code bits
+// s e1 e0 m: E2M1 = {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign (8 = -0).
+//
+// Prepared fp32 activations ("chunked even/odd layout", native mode):
+//   With NL 128-bit lanes per SIMD register (AVX2: NL = 2, AVX-512: NL = 4) the
+//   first floor(K / C) * C elements, C = 32 * NL, are stored in chunks of C;
+//   inside a chunk, vector V_q (q = 0..3, 4*NL floats) lane L sub-element d
+//   (d = 0..3) holds the even element 2j and W_q the odd element 2j+1 of packed
+//   byte j = 16 L + 8 (q >> 1) + 2 d + (q & 1) (chunk-local). Chunk order:
+//   V0 V1 V2 V3 W0 W1 W2 W3. This is the order in which decode_e2m1 (two pshufb,
+//   two in-lane byte unpacks, then shift/and) produces the weights of C / 2 packed
+//   bytes, so the hot loop has no cross-lane shuffles. In both formats the 8 bytes
+//   16 L + 8 h .. +7 (h = q >> 1) form one nvfp4 block and 16 L .. 16 L + 15 one
+//   ds_fp4 block. The remaining elements (K % C, a multiple of 16; only nvfp4 has
+//   them) are stored per 16-element block as xe[8] then xo[8] (xe[m] = x[2m],
+//   xo[m] = x[2m+1]). The scalar tier (NL = 0) stores every block that way.
+#pragma once
+#include "../rowmajor.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the AVX-512 intrinsics' internal _mm512_undefined_* operands as
+// maybe-uninitialized (a false positive of the headers, not of this code).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace fp4 {
+
+#if defined(__AVX512F__)
+constexpr int kNL = 4;
+#elif defined(__AVX2__)
+constexpr int kNL = 2;
+#else
+constexpr int kNL = 0;
+#endif
+
+// Software prefetch of the weight streams: prefetcht0 (locality 3) kPrefetchBytes ahead
+// of the packed-code read position, every 64-byte line, and the matching point of the
+// (8x / 16x thinner) scale stream. Rows are contiguous, so this runs on into the next
+// rows. The hardware streamers stop at 4 KB pages and gate_up reads two row streams;
+// prefetchnta or short distances leave DRAM latency exposed (see q4_0.cpp's numbers).
+constexpr int kPrefetchBytes = 3072;
+CPUMOE_INLINE void prefetch_stream(const uint8_t* p, int lines, const uint8_t* s, int scale_ratio) {
+  for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
+  __builtin_prefetch(s + kPrefetchBytes / scale_ratio, 0, 3);
+}
+
+// ---- prepared fp32 layout --------------------------------------------------
+
+// Position of element k (0 <= k < K, K % 16 == 0) in the prepared vector.
+CPUMOE_INLINE int32_t f32_pos(int32_t k, int32_t K, int NL) {
+  const int32_t C = 32 * NL;
+  const int32_t main = NL ? K / C * C : 0;
+  if (k < main) {
+    const int32_t c = k / C, r = k % C, half = r & 1, j = r >> 1;
+    const int32_t L = j >> 4, q = ((j >> 2) & 2) | (j & 1), d = (j >> 1) & 3;
+    return c * C + half * (16 * NL) + q * (4 * NL) + L * 4 + d;
+  }
+  const int32_t t = k - main, b = t >> 4, r = t & 15;
+  return main + b * 16 + (r & 1) * 8 + (r >> 1);
+}
+
+// dst[f32_pos(k)] = v[k] for k < K.
+inline void layout_f32(const float* v, int32_t K, int NL, float* dst) {
+  const int32_t C = 32 * NL;
+  const int32_t main = NL ? K / C * C : 0;
+  for (int32_t c0 = 0; c0 < main; c0 += C)
+    for (int32_t j = 0; j < C / 2; ++j) {
+      const int32_t L = j >> 4, q = ((j >> 2) & 2) | (j & 1), d = (j >> 1) & 3;
+      const int32_t o = c0 + q * (4 * NL) + L * 4 + d;
+      dst[o] = v[c0 + 2 * j];
+      dst[o + 16 * NL] = v[c0 + 2 * j + 1];
+    }
+  for (int32_t b0 = main; b0 < K; b0 += 16)
+    for (int32_t m = 0; m < 8; ++m) {
+      dst[b0 + m] = v[b0 + 2 * m];
+      dst[b0 + 8 + m] = v[b0 + 2 * m + 1];
+    }
+}
+
+// ---- scalar ------------------------------------------------------------------
+
+// sum over one 16-element block: 8 packed bytes against xe[8], xo[8] (unscaled).
+CPUMOE_INLINE float block16_scalar(const uint8_t* p, const float* x) {
+  float s = 0.f;
+  for (int m = 0; m < 8; ++m) {
+    s += kE2M1[p[m] & 15] * x[m];
+    s += kE2M1[p[m] >> 4] * x[8 + m];
+  }
+  return s;
+}
+
+// ---- AVX2 -------------------------------------------------------------------
+#if defined(__AVX2__)
+// Bytes 2 and 3 of the fp32 bit pattern of E2M1[code] (bytes 0 and 1 are zero).
+CPUMOE_INLINE __m256i tbl_byte2() {
+  return _mm256_setr_epi8(0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80,
+                          (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40,
+                          (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0);
+}
+CPUMOE_INLINE __m256i tbl_byte3() {
+  return _mm256_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF,
+                          (char)0xBF, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, 0, 0x3F, 0x3F, 0x3F, 0x40,
+                          0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF, (char)0xBF, (char)0xC0, (char)0xC0,
+                          (char)0xC0, (char)0xC0);
+}
+
+// 32 codes (one per byte, 0..15) -> 4 fp32 vectors, exactly: v[q] lane L sub d
+// holds the code of byte 16 L + 8 (q >> 1) + 2 d + (q & 1). The byte unpack gives
+// 16-bit upper halves (bf16 patterns); dword d of it holds the pair (2d, 2d+1),
+// split into two fp32 vectors by a shift and a mask (no more shuffles).
+CPUMOE_INLINE void decode_e2m1(__m256i c, __m256i t2, __m256i t3, __m256& v0, __m256& v1, __m256& v2, __m256& v3) {
+  const __m256i b2 = _mm256_shuffle_epi8(t2, c), b3 = _mm256_shuffle_epi8(t3, c);
+  const __m256i w01 = _mm256_unpacklo_epi8(b2, b3), w23 = _mm256_unpackhi_epi8(b2, b3);
+  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+  v0 = _mm256_castsi256_ps(_mm256_slli_epi32(w01, 16));
+  v1 = _mm256_castsi256_ps(_mm256_and_si256(w01, hi));
+  v2 = _mm256_castsi256_ps(_mm256_slli_epi32(w23, 16));
+  v3 = _mm256_castsi256_ps(_mm256_and_si256(w23, hi));
+}
+
+// 32 packed bytes -> the 8 weight vectors of one 64-element chunk, in the
+// prepared-activation order (V0..V3 from the low nibbles, W0..W3 from the high).
+struct Chunk8 {
+  __m256 v0, v1, v2, v3, w0, w1, w2, w3;
+};
+CPUMOE_INLINE Chunk8 decode_chunk(const uint8_t* p, __m256i t2, __m256i t3) {
+  const __m256i m = _mm256_set1_epi8(0x0F), b = _mm256_loadu_si256((const __m256i*)p);
+  Chunk8 r;
+  decode_e2m1(_mm256_and_si256(b, m), t2, t3, r.v0, r.v1, r.v2, r.v3);
+  decode_e2m1(_mm256_and_si256(_mm256_srli_epi16(b, 4), m), t2, t3, r.w0, r.w1, r.w2, r.w3);
+  return r;
+}
+
+// One 16-element block (8 packed bytes) against xe[8], xo[8]: per-lane partial sums
+// (unscaled) for the K % C tail. vpermps with a table pre-XORed by (index << 28):
+// (tbl[c & 7] ^ (c & 7) << 28) ^ (c << 28) leaves E2M1[c & 7] with the sign bit c & 8.
+CPUMOE_INLINE __m256 block16_avx2(const uint8_t* p, const float* x) {
+  const __m256i tbl = _mm256_setr_epi32(0x00000000, 0x3F000000 ^ (1 << 28), 0x3F800000 ^ (2 << 28),
+                                        0x3FC00000 ^ (3 << 28), 0x40000000 ^ (4 << 28), 0x40400000 ^ (5 << 28),
+                                        0x40800000 ^ (6 << 28), 0x40C00000 ^ (7 << 28));
+  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)), h = _mm256_srli_epi32(c, 4);
+  const __m256 wl = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_permutevar8x32_epi32(tbl, c), _mm256_slli_epi32(c, 28)));
+  const __m256 wh = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_permutevar8x32_epi32(tbl, h), _mm256_slli_epi32(h, 28)));
+  return _mm256_fmadd_ps(wh, _mm256_loadu_ps(x + 8), _mm256_mul_ps(wl, _mm256_loadu_ps(x)));
+}
+
+// Byte loads that never read past the given count.
+CPUMOE_INLINE __m128i load8(const uint8_t* p) { return _mm_loadl_epi64((const __m128i*)p); }
+CPUMOE_INLINE __m128i load4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm_cvtsi32_si128(v);
+}
+
+// 8 e4m3fn codes (low 8 bytes) -> 8 floats, exact for all 256 codes (0x7F/0xFF -> +-480, subnormals
+// m * 2^-9): the code shifted into fp16 (sign to bit 15, exponent+mantissa to bits 7..13)
+// is an fp16 with bias 15 instead of 7, so cvtph2ps then * 2^8 gives the value.
+CPUMOE_INLINE __m256 e4m3x8(__m128i codes) {
+  __m128i h = _mm_cvtepu8_epi16(codes);
+  h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(h, 8), 1), _mm_set1_epi16((short)0xBFFF));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+}
+
+// 8 e8m0 codes (low 8 bytes) -> 8 floats: 2^(min(s, 254) - 127), s = 0 -> 2^-127 (subnormal), exactly.
+CPUMOE_INLINE __m256 e8m0x8(__m128i codes) {
+  const __m256i b = _mm256_cvtepu8_epi32(codes);
+  const __m256i v = _mm256_slli_epi32(_mm256_min_epu32(b, _mm256_set1_epi32(254)), 23);
+  const __m256i z = _mm256_cmpeq_epi32(b, _mm256_setzero_si256());
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(v, _mm256_set1_epi32(0x00400000), z));
+}
+
+// Lane-broadcast patterns: a[i0] in lanes 0..3, a[i1] in lanes 4..7.
+CPUMOE_INLINE __m256 bcast2x4(__m256 a, int i0, int i1) {
+  return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(i0, i0, i0, i0, i1, i1, i1, i1));
+}
+#endif  // __AVX2__
+
+// ---- AVX-512 ------------------------------------------------------------------
+#if defined(__AVX512F__)
+CPUMOE_INLINE __m512i tbl512(__m256i t) { return _mm512_broadcast_i64x4(t); }
+
+// 64 codes (one per byte) -> 4 fp32 vectors: v[q] lane L sub d = byte
+// 16 L + 8 (q >> 1) + 2 d + (q & 1), as decode_e2m1.
+CPUMOE_INLINE void decode_e2m1_512(__m512i c, __m512i t2, __m512i t3, __m512& v0, __m512& v1, __m512& v2, __m512& v3) {
+  const __m512i b2 = _mm512_shuffle_epi8(t2, c), b3 = _mm512_shuffle_epi8(t3, c);
+  const __m512i w01 = _mm512_unpacklo_epi8(b2, b3), w23 = _mm512_unpackhi_epi8(b2, b3);
+  const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+  v0 = _mm512_castsi512_ps(_mm512_slli_epi32(w01, 16));
+  v1 = _mm512_castsi512_ps(_mm512_and_si512(w01, hi));
+  v2 = _mm512_castsi512_ps(_mm512_slli_epi32(w23, 16));
+  v3 = _mm512_castsi512_ps(_mm512_and_si512(w23, hi));
+}
+
+// 64 packed bytes -> the 8 weight vectors of one 128-element chunk.
+struct Chunk16 {
+  __m512 v0, v1, v2, v3, w0, w1, w2, w3;
+};
+CPUMOE_INLINE Chunk16 decode_chunk_512(const uint8_t* p, __m512i t2, __m512i t3) {
+  const __m512i m = _mm512_set1_epi8(0x0F), b = _mm512_loadu_si512((const void*)p);
+  Chunk16 r;
+  decode_e2m1_512(_mm512_and_si512(b, m), t2, t3, r.v0, r.v1, r.v2, r.v3);
+  decode_e2m1_512(_mm512_and_si512(_mm512_srli_epi16(b, 4), m), t2, t3, r.w0, r.w1, r.w2, r.w3);
+  return r;
+}
+
+// Lane-broadcast pattern from 8 floats: a[i_L] in lanes 4L..4L+3.
+CPUMOE_INLINE __m512 bcast4x4(__m256 a, int i0, int i1, int i2, int i3) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(i0, i0, i0, i0, i1, i1, i1, i1, i2, i2, i2, i2, i3, i3, i3, i3),
+                               _mm512_castps256_ps512(a));
+}
+#endif  // __AVX512F__
+
+// ---- work-item loops ------------------------------------------------------------
+// The rowmajor.h loops with the row pointers walked incrementally and the format's row
+// dot inlined, so the per-row cost is the dot itself (short rows, e.g. I = 512 down rows
+// of 256 bytes, were paying ~40 cycles of pointer math, constant setup and calls).
+// Same semantics and same fp32 operations as rowmajor_gate_up / rowmajor_down.
+//
+// A format's policy D provides:
+//   static constexpr int kBanks;                 // banks per pass: packed, scale (, fp16 global)
+//   static constexpr bool kRoundGateUp, kRoundRouteTerm;
+//   static float dot(const uint8_t* p, const uint8_t* s, float global, int32_t K, const void* act);
+template <int NB>
+struct Rows {
+  const uint8_t *p, *s, *g;
+  int64_t ps, ss, gs;
+  CPUMOE_INLINE Rows(const cpumoe_bank* b, int32_t e, int32_t row) {
+    p = bank_row<uint8_t>(b[0], e, row), ps = b[0].row_stride;
+    s = bank_row<uint8_t>(b[1], e, row), ss = b[1].row_stride;
+    g = NB > 2 ? bank_row<uint8_t>(b[NB > 2 ? 2 : 0], e, row) : nullptr, gs = NB > 2 ? b[NB > 2 ? 2 : 0].row_stride : 0;
+  }
+  CPUMOE_INLINE void next() { p += ps, s += ss, g += gs; }
+  CPUMOE_INLINE float global() const {
+    if (NB <= 2) return 1.f;
+    uint16_t h;
+    std::memcpy(&h, g, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);  // exact for every code, subnormals included
+#else
+    return fp16_to_f32(h);
+#endif
+  }
+};
+
+template <class D>
+void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+                 const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& P = k->params;
+  Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);
+  for (int32_t i = i0; i < i1; ++i, rg.next(), ru.next()) {
+    const float sg = rg.global(), su = ru.global();
+    for (int32_t j = 0; j < n; ++j) {
+      float gate = D::dot(rg.p, rg.s, sg, P.hidden, xs[j]) * w_in[j];
+      float up = D::dot(ru.p, ru.s, su, P.hidden, xs[j]) * w_in[j];
+      if (D::kRoundGateUp) gate = round_bf16(gate), up = round_bf16(up);
+      g[j][i] = f32_to_bf16(activate(P, gate, up));
+    }
+  }
+}
+
+template <class D>
+void fp4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+              int32_t n, float* acc, int64_t acc_stride) {
+  const int32_t I = k->params.inter;
+  for (int32_t a = 0; a < n;) {
+    int32_t b = a + 1;
+    while (b < n && routes[b].expert == routes[a].expert) ++b;
+    Rows<D::kBanks> r(banks + D::kBanks, routes[a].expert, h0);
+    for (int32_t h = h0; h < h1; ++h, r.next()) {
+      const float gl = r.global();
+      for (int32_t q = a; q < b; ++q) {
+        float t = D::dot(r.p, r.s, gl, I, routes[q].act) * routes[q].weight;
+        if (D::kRoundRouteTerm) t = round_bf16(t);
+        acc[routes[q].token * acc_stride + (h - h0)] += t;
+      }
+    }
+    a = b;
+  }
+}
+
+template <class D>
+void install_fp4(cpumoe_kernel* k) {
+  k->gate_up = &fp4_gate_up<D>;
+  k->down = &fp4_down<D>;
+}
+
+}  // namespace fp4
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe

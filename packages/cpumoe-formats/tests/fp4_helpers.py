@@ -1,0 +1,100 @@
+"""Helpers shared by the nvfp4 and ds_fp4 tests: direct calls of a kernel's
+prep_act / gate_up / down work items, and rigorous per-element bounds.
+
+Bounds used (u = 2^-24, the fp32 unit roundoff):
+- a dot product of K terms summed in fp32 in any order, then multiplied by a few
+  scale factors, is within (K + 8) u * sum|terms| of the exact value (the classic
+  gamma_n bound, n = K + 8 covers the scale/global/weight products);
+- g = bf16(act(gate, up)) is monotone in its rounding, so a correct kernel's g lies
+  in [bf16(min act), bf16(max act)] over the box gate +- dg, up +- du, where dg, du
+  are the dot bounds above. The box is tiny, so this is a tight, exact check.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import cpumoe_formats as cf
+from cpumoe_formats.numerics import BF16, round_bf16
+
+U = 2.0**-24
+
+
+def kernel(fmt, E, H, I, mode, tier, **kw):  # noqa: E741
+    k = cf.Kernel(fmt, E, H, I, mode=mode, isa=tier, **kw)
+    assert k.name == tier + ("+w4a8" if mode == "w4a8" else "")
+    return k
+
+
+def to_bf16_bits(v) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(v, np.float32).astype(BF16)).view(np.uint16)
+
+
+def prep(k, v_bits: np.ndarray) -> np.ndarray:
+    """The kernel's prepared form of one bf16 vector (uint16 bits)."""
+    v_bits = np.ascontiguousarray(v_bits, np.uint16)
+    K = v_bits.shape[0]
+    buf = cf.aligned_empty((k._k.act_bytes(K) + 64,), np.uint8)
+    k._k.prep_act(v_bits.ctypes.data, K, buf.ctypes.data)
+    return buf
+
+
+def views(fmt, banks):
+    spec = cf.get_format(fmt)
+    arrays, _ = spec.validate(banks)
+    return spec.bank_views(arrays)
+
+
+def run_gate_up(k, fmt, banks, e, xs_bits, w_in=None) -> np.ndarray:
+    """g [n, I] (float64 of the kernel's bf16) for tokens xs (bf16 bits [n, H])."""
+    n, I = len(xs_bits), k.I  # noqa: E741
+    bufs = [prep(k, x) for x in xs_bits]
+    g = cf.aligned_empty((n, I), np.uint16)
+    g[...] = 0x7FC1  # poison
+    w_in = [1.0] * n if w_in is None else list(w_in)
+    k._k.gate_up(views(fmt, banks), e, 0, I, [b.ctypes.data for b in bufs], w_in, [g[j].ctypes.data for j in range(n)])
+    assert not (g == 0x7FC1).any(), "gate_up left g unwritten"
+    return g.view(BF16).astype(np.float64)
+
+
+def run_down(k, fmt, banks, e, gs_bits, weights) -> np.ndarray:
+    """acc [n, H] fp32 -> float64: acc[j] = weights[j] * down[e] . act(g_j)."""
+    n, H = len(gs_bits), k.H
+    bufs = [prep(k, g) for g in gs_bits]
+    acc = cf.aligned_empty((n, H), np.float32)
+    acc[...] = 0
+    routes = [(j, e, float(weights[j]), bufs[j].ctypes.data) for j in range(n)]
+    k._k.down(views(fmt, banks), 0, H, routes, acc.ctypes.data, H)
+    return acc.astype(np.float64)
+
+
+def dot_bound(w: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """(K + 8) u * sum_k |w[r, k] a[k]| per row r."""
+    return (w.shape[-1] + 8) * U * (np.abs(w) @ np.abs(a))
+
+
+def check_down(acc, W, acts, weights, rel_extra=0.0):
+    """acc [n, H] vs exact weights[j] * W @ acts[j] within the dot bound (+ rel_extra * |ref|)."""
+    for j in range(len(acts)):
+        ref = float(np.float32(weights[j])) * (W @ acts[j])
+        bound = abs(float(np.float32(weights[j]))) * dot_bound(W, acts[j]) + rel_extra * np.abs(ref) + 1e-300
+        err = np.abs(acc[j] - ref)
+        bad = np.flatnonzero(err > bound)
+        assert bad.size == 0, (f"route {j}: {bad.size} rows outside the fp32 bound, e.g. row {bad[0]}: "
+                               f"kernel {acc[j][bad[0]]!r} exact {ref[bad[0]]!r} bound {bound[bad[0]]!r}")
+
+
+def check_g(g, gate, up, dgate, dup, act, round_gate_up=False):
+    """Kernel g (bf16 values) within [bf16(min act), bf16(max act)] over the error box."""
+    cands = []
+    for sg in (-1, 0, 1):
+        for su in (-1, 0, 1):
+            ga, ua = gate + sg * dgate, up + su * dup
+            if round_gate_up:  # bf16 rounding is monotone: the box maps to a box
+                ga, ua = round_bf16(ga), round_bf16(ua)
+            with np.errstate(over="ignore"):  # exp(-gate) overflows for hugely negative gates: act -> -0
+                cands.append(act(ga, ua))
+    c = np.stack(cands)
+    lo, hi = round_bf16(c.min(axis=0)), round_bf16(c.max(axis=0))
+    bad = np.flatnonzero((g < lo) | (g > hi) | ~np.isfinite(g))
+    assert bad.size == 0, (f"{bad.size} g elements outside their bounds, e.g. {bad[0]}: kernel {g.flat[bad[0]]!r} "
+                           f"allowed [{lo.flat[bad[0]]!r}, {hi.flat[bad[0]]!r}]")

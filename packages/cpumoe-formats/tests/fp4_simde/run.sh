@@ -1,0 +1,25 @@
+#!/bin/sh
+# Runs the nvfp4 / ds_fp4 AVX-512 and VNNI tiers on a CPU without them, by compiling those tiers against
+# SIMDe's portable intrinsics (apt: libsimde-dev), and compares every work item (prep_act, gate_up, down) with
+# the natively compiled scalar and avx2 tiers on random banks and several shapes (ragged included).
+# Expectation: w4a8 avxvnni/avx512vnni bit-identical to avx2; native avx512f within fp32 rounding; ds_fp4
+# usually bit-identical. Not collected by pytest (needs SIMDe and ~1 minute of compiling).
+#   sh packages/cpumoe-formats/tests/fp4_simde/run.sh
+set -e
+HERE=$(cd "$(dirname "$0")" && pwd)
+PKG=$(cd "$HERE/../.." && pwd)
+OUT=${TMPDIR:-/tmp}/cpumoe_fp4_simde
+mkdir -p "$OUT"
+cd "$PKG"
+B="-std=c++17 -O2 -ffp-contract=off -Icsrc -Isrc/cpumoe_formats/include -w"
+AVX2="-mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt"
+EMU="-include $HERE/simde_pre.h"
+for f in nvfp4 ds_fp4; do
+  c++ $B -DCPUMOE_TIER=0 -DCPUMOE_TIER_TAG=scalar -fno-tree-vectorize -c csrc/formats/$f.cpp -o "$OUT/$f.scalar.o"
+  c++ $B $AVX2 -DCPUMOE_TIER=1 -DCPUMOE_TIER_TAG=avx2 -c csrc/formats/$f.cpp -o "$OUT/$f.avx2.o"
+  c++ $B $EMU -DSIMD_AVX512=1 -DCPUMOE_TIER=3 -DCPUMOE_TIER_TAG=avx512f -c csrc/formats/$f.cpp -o "$OUT/$f.avx512f.o"
+done
+c++ $B $EMU -DSIMD_AVX512=0 -DCPUMOE_TIER=2 -DCPUMOE_TIER_TAG=avxvnni -c csrc/formats/nvfp4.cpp -o "$OUT/nvfp4.avxvnni.o"
+c++ $B $EMU -DSIMD_AVX512=1 -DCPUMOE_TIER=4 -DCPUMOE_TIER_TAG=avx512vnni -c csrc/formats/nvfp4.cpp -o "$OUT/nvfp4.avx512vnni.o"
+c++ $B "$HERE/check_tiers.cpp" "$OUT"/*.o -o "$OUT/check_tiers"
+"$OUT/check_tiers"

@@ -1,0 +1,29 @@
+// Emulates AVX2/AVX-512 intrinsics with SIMDe (portable code) so the fp4 AVX-512 / VNNI tiers run on any
+// x86-64 CPU. Force-included (-include) when compiling a format file for such a tier; see run.sh.
+#pragma once
+#define SIMDE_NO_NATIVE
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+#include <simde/x86/fma.h>
+#define _IMMINTRIN_H_INCLUDED
+#define _X86INTRIN_H_INCLUDED
+static inline float _mm512_reduce_add_ps(simde__m512 v) {
+  float t[16];
+  simde_mm512_storeu_ps(t, v);
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += t[i];
+  return s;
+}
+#define _mm256_dpbusd_avx_epi32(a, b, c) simde_mm256_dpbusd_epi32(a, b, c)
+#define __AVX__ 1
+#define __AVX2__ 1
+#define __FMA__ 1
+#define __F16C__ 1
+#if SIMD_AVX512
+#define __AVX512F__ 1
+#define __AVX512BW__ 1
+#define __AVX512DQ__ 1
+#define __AVX512VL__ 1
+#endif
+static inline float _cvtsh_ss(unsigned short h) { return simde_mm_cvtss_f32(simde_mm_cvtph_ps(simde_mm_cvtsi32_si128(h))); }
