@@ -32,8 +32,6 @@ def test_unknown_format():
 
 
 def test_alias_resolves():
-    if not cf.get_format("mxfp4").banks:
-        pytest.skip("mxfp4 is still a placeholder (its aliases come with the format)")
     assert cf.get_format("mxfp4_triton").name == "mxfp4"
 
 
