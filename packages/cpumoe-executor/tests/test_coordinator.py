@@ -165,6 +165,6 @@ def test_health_reports_progress(setup, rng):
     ex, _, (E, H, I) = setup
     assert ex.health()["coordinator_running"] and ex.health()["busy_s"] == 0.0
     publish(ex, rng, 1, E, H, 3)
-    for i in range(5):
+    for _ in range(5):
         ring(ex, task(0, 1))
     assert ex.health()["served"] == 5

@@ -295,7 +295,7 @@ def test_quantizer(rng):
     gu[0, 0, :32] = 0  # a zero block
     gu[0, 1, :32] = 6 * 2.0**-3  # amax exactly 6 * 2^k -> scale 2^k, codes exactly 6
     b = cf.quantize(FMT, gu.astype(np.float32), dn.astype(np.float32))
-    for w, pk, sc in ((gu.astype(np.float32), b["gate_up_packed"], b["gate_up_scale"]),
+    for w, _pk, sc in ((gu.astype(np.float32), b["gate_up_packed"], b["gate_up_scale"]),
                       (dn.astype(np.float32), b["down_packed"], b["down_scale"])):
         s = sc.view(np.uint8).astype(np.int64)
         amax = np.abs(w.astype(np.float64)).reshape(w.shape[0], w.shape[1], -1, 32).max(-1)

@@ -83,7 +83,7 @@ def gpt_oss_banks():
 @pytest.mark.parametrize("T", [1, 3, 8])
 def test_gpt_oss_shape(rng, gpt_oss_banks, mode, tier, T):
     banks, deq = gpt_oss_banks
-    E, H, I, K = 4, 2880, 2880, 4  # noqa: E741
+    E, H, K = 4, 2880, 4  # I = 2880 too
     x = rng.standard_normal((T, H), dtype=np.float32)
     w, ids = routes(rng, T, K, E)
     y = run_forced(FMT, banks, x, w, ids, mode, tier, **GPT_OSS)
@@ -165,7 +165,8 @@ def test_arbitrary_work_items(rng, mode, tier):
             for r in range(n):
                 term = dn[experts[r], h0:h1] @ gs[r] + bdn[experts[r], h0:h1]
                 ref[tok[r]] += float(wts[r]) * term
-                mag[tok[r]] += float(wts[r]) * (np.abs(dn[experts[r], h0:h1]) @ np.abs(gs[r]) + np.abs(bdn[experts[r], h0:h1]))
+                mag[tok[r]] += float(wts[r]) * (np.abs(dn[experts[r], h0:h1]) @ np.abs(gs[r])
+                                                + np.abs(bdn[experts[r], h0:h1]))
             assert (np.abs(acc - ref) <= 2e-5 * mag).all()
 
 

@@ -314,7 +314,7 @@ def _tie_vector(rng, nb: int) -> np.ndarray:
     """Blocks whose amax is 127 * 2^k (d_a = 2^k, 1/d_a exact) and whose other elements are (n + 1/2) 2^k:
     x * (1/d_a) lands exactly on .5. Positive ties n + 1/2 with n even round down under half-even."""
     out = []
-    for b in range(nb):
+    for _ in range(nb):
         s = 2.0 ** int(rng.integers(-6, 3))
         n = rng.integers(0, 63, 31) * 2  # even n: half-even rounds to n, half-away to n + 1
         blk = np.r_[127.0, n + 0.5] * s

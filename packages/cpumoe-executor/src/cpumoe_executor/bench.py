@@ -126,8 +126,9 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
                 f"{statistics.median(times):.0f} us/step")
     ceil = stats(ceiling)
     base = results.get(f"{opts.routings[0]}/{opts.batch[0]}")
-    entry = {"gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"], "ratio": base["gbps"]["median"] / ceil["median"],
-             "batch": base["batch"], "threads": ex.threads, "step_us": base["step_us"]["median"], "isa": ex.isa,
+    entry = {"gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"],
+             "ratio": base["gbps"]["median"] / ceil["median"], "batch": base["batch"], "threads": ex.threads,
+             "step_us": base["step_us"]["median"], "isa": ex.isa,
              "shape": asdict(m), "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "results": results}
     for routing in opts.routings:
         b1, b8 = results.get(f"{routing}/1"), results.get(f"{routing}/{max(opts.batch)}")

@@ -110,7 +110,8 @@ class Mxfp4Format(FormatSpec):
             raise ValueError(f"down_bias: shape {dnb.shape}, expected {(E, H)}")
         gub_b, gus_b = _quantize_t(_interleave(gu, 1))
         dnb_b, dns_b = _quantize_t(dn)
-        return {"gate_up_blocks": gub_b, "gate_up_scales": gus_b, "gate_up_bias": _aligned(to_bf16(_interleave(gub, 1))),
+        return {"gate_up_blocks": gub_b, "gate_up_scales": gus_b,
+                "gate_up_bias": _aligned(to_bf16(_interleave(gub, 1))),
                 "down_blocks": dnb_b, "down_scales": dns_b, "down_bias": _aligned(to_bf16(dnb))}
 
     def random_banks(self, E, H, I, rng):  # noqa: E741

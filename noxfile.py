@@ -1,0 +1,255 @@
+"""Sessions for the monorepo: build, test, package checks, lint, bench.
+
+    nox -s test-cpu          build every wheel, check packaging, run every package's CPU tests
+    nox -s bench             build cpumoe-formats and run its benchmark (writes bench-formats.json)
+    nox -s lint              ruff over the repo
+    nox -s test-cuda         GPU tests (skip with a reason when there is no GPU; REQUIRE_GPU=1 makes that fail)
+    nox -l                   everything, with descriptions
+
+Tests always run against the wheel built into dist/ and installed into a fresh venv, never the
+source tree: pytest runs from a scratch directory, with packages/<pkg>/tests as its argument.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import nox
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+nox.needs_version = ">=2024.4.15"  # default= and requires=
+nox.options.default_venv_backend = "virtualenv"
+nox.options.error_on_external_run = True
+
+ROOT = Path(__file__).resolve().parent
+DIST = ROOT / "dist"
+BACKENDS = ("cpu", "cuda", "rocm")
+GPU_BACKENDS = ("cuda", "rocm")
+RUFF = "ruff>=0.6,<1"
+BUILD = "build>=1.2"
+
+
+@dataclass(frozen=True)
+class Pkg:
+    backends: tuple[str, ...]  # which test-<pkg>-<backend> sessions exist
+    deps: tuple[str, ...] = ()  # our own packages it needs (built first, installed from dist/)
+
+
+# The package table, providers first: adding a package is one line. A package's sessions are
+# registered once packages/<name>/pyproject.toml exists.
+PLANNED = {
+    "cpumoe-formats": Pkg(("cpu",)),
+    "cpumoe-executor": Pkg(("cpu",), deps=("cpumoe-formats",)),
+    "gpusync-cuda": Pkg(("cuda",)),
+    "gpusync-hip": Pkg(("rocm",)),
+    "kernelio": Pkg(("cuda", "rocm")),
+    "moe-engine-glue": Pkg(("cpu", "cuda", "rocm"),
+                           deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda", "gpusync-hip", "kernelio")),
+}
+PACKAGES = {n: p for n, p in PLANNED.items() if (ROOT / "packages" / n / "pyproject.toml").is_file()}
+
+
+def _load_ci(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "ci" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+detect_gpu = _load_ci("detect_gpu")
+
+
+def _project(name: str) -> dict:
+    return nox.project.load_toml(ROOT / "packages" / name / "pyproject.toml")["project"]
+
+
+def _closure(name: str) -> list[str]:
+    """The package and every one of our packages it depends on, providers first."""
+    out: list[str] = []
+
+    def visit(n: str) -> None:
+        for d in PACKAGES[n].deps if n in PACKAGES else ():
+            visit(d)
+        if n not in out and n in PACKAGES:
+            out.append(n)
+
+    visit(name)
+    return out
+
+
+def _ours(req: str) -> bool:
+    return canonicalize_name(Requirement(req).name) in {canonicalize_name(n) for n in PLANNED}
+
+
+def _third_party(names: list[str], extras: tuple[str, ...]) -> list[str]:
+    """Requirements of our packages (and the named extras of the last one) that come from PyPI."""
+    reqs: list[str] = []
+    for n in names:
+        proj = _project(n)
+        reqs += proj.get("dependencies", [])
+        if n == names[-1]:
+            for e in extras:
+                reqs += proj.get("optional-dependencies", {}).get(e, [])
+    return [r for r in dict.fromkeys(reqs) if not _ours(r)]
+
+
+def _install_wheels(session: nox.Session, name: str, extras: tuple[str, ...] = ()) -> None:
+    """Third-party requirements from PyPI, then our wheels from dist/ only (never an sdist, never PyPI)."""
+    names = _closure(name)
+    reqs = _third_party(names, extras)
+    if reqs:
+        session.install(*reqs)
+    pins = [f"{n}=={_project(n)['version']}" if "version" in _project(n) else n for n in names]
+    session.install("--no-index", "--find-links", str(DIST), "--only-binary", ":all:", *pins)
+
+
+def _check_table() -> None:
+    """The table's deps must cover what each pyproject.toml asks of our packages (to build or to run)."""
+    for name, pkg in PACKAGES.items():
+        toml = nox.project.load_toml(ROOT / "packages" / name / "pyproject.toml")
+        reqs = toml.get("build-system", {}).get("requires", []) + toml["project"].get("dependencies", [])
+        ours = {canonicalize_name(Requirement(r).name) for r in reqs if _ours(r)}
+        missing = ours - {canonicalize_name(d) for d in pkg.deps}
+        if missing:
+            raise RuntimeError(f"noxfile.py: packages/{name}/pyproject.toml needs {sorted(missing)}; "
+                               "add them to its deps in the package table")
+
+
+def _runnable(backend: str) -> bool:
+    """Will test-<pkg>-<backend> run here (rather than skip)? GPU sessions skip without building first."""
+    return backend == "cpu" or detect_gpu.missing(backend) is None or os.environ.get("REQUIRE_GPU") == "1"
+
+
+def _gpu_gate(session: nox.Session, backend: str) -> None:
+    """Skip (or, with REQUIRE_GPU=1, fail) when this machine cannot run `backend`."""
+    if backend not in GPU_BACKENDS:
+        return
+    missing = detect_gpu.missing(backend)
+    if missing is None:
+        return
+    if os.environ.get("REQUIRE_GPU") == "1":
+        session.error(f"REQUIRE_GPU=1 but {backend} is unavailable: {missing}")
+    session.skip(f"{backend} unavailable: {missing} (set REQUIRE_GPU=1 to make this an error)")
+
+
+def _dist_files(name: str) -> list[Path]:
+    stem = canonicalize_name(name).replace("-", "_")
+    return sorted(DIST.glob(f"{stem}-*.whl")) + sorted(DIST.glob(f"{stem}-*.tar.gz"))
+
+
+def _make_build(name: str):
+    def build(session: nox.Session) -> None:
+        DIST.mkdir(exist_ok=True)
+        for f in _dist_files(name):  # no stale artifact of this package may be picked up later
+            f.unlink()
+        session.install(BUILD)
+        # No --sdist/--wheel: build makes the sdist, then the wheel FROM that sdist, so every
+        # wheel we test also proves the sdist is complete. PIP_FIND_LINKS lets build isolation
+        # find our own packages (build requirements of consumers) in dist/.
+        session.run("python", "-m", "build", "--outdir", str(DIST), str(ROOT / "packages" / name),
+                    env={"PIP_FIND_LINKS": " ".join(filter(None, (os.environ.get("PIP_FIND_LINKS"), str(DIST))))})
+        session.log("built: " + ", ".join(f.name for f in _dist_files(name)))
+
+    build.__doc__ = f"Build the {name} sdist, then its wheel from that sdist, into dist/."
+    return build
+
+
+def _make_package_check(name: str):
+    def package_check(session: nox.Session) -> None:
+        session.run("bash", str(ROOT / "ci" / "check_wheel.sh"), str(ROOT / "packages" / name), str(DIST),
+                    external=True)
+
+    package_check.__doc__ = (f"Check the {name} sdist and wheel in dist/ (contents, platform tag) and smoke-test "
+                             "the wheel alone in a fresh venv (no test extras, no torch).")
+    return package_check
+
+
+def _make_test(name: str, backend: str):
+    def test(session: nox.Session) -> None:
+        _gpu_gate(session, backend)
+        _install_wheels(session, name, extras=("test",))
+        tests = ROOT / "packages" / name / "tests"
+        marks = "not gpu" if backend == "cpu" else f"{backend} or not gpu"
+        # From a scratch directory: only the installed wheel is importable; conftest.py is still
+        # found (pytest puts tests/ on sys.path) and the root pyproject.toml still configures pytest.
+        with session.chdir(session.create_tmp()):
+            session.run("python", "-c", "import importlib, sys; m = importlib.import_module(sys.argv[1]); "
+                        "print('testing', m.__name__, getattr(m, '__version__', '?'), 'from', m.__file__)",
+                        _import_name(name))
+            session.run("python", "-m", "pytest", str(tests), "-m", marks, "-p", "no:cacheprovider",
+                        *session.posargs)
+
+    test.__doc__ = f"Run {name}'s tests ({backend}) against its wheel from dist/ in a fresh venv."
+    return test
+
+
+def _import_name(name: str) -> str:
+    srcs = [p.parent.name for p in (ROOT / "packages" / name / "src").glob("*/__init__.py")]
+    return srcs[0] if len(srcs) == 1 else canonicalize_name(name).replace("-", "_")
+
+
+def _make_aggregate(backend: str, members: list[str]):
+    def aggregate(session: nox.Session) -> None:
+        if not members:
+            session.skip(f"no package has a {backend} backend yet (packages: {', '.join(PACKAGES)})")
+        if backend in GPU_BACKENDS and detect_gpu.missing(backend) is not None:
+            session.skip(f"{backend} tests were skipped: {detect_gpu.missing(backend)}")
+        session.log(f"{backend}: passed " + ", ".join(members))
+
+    aggregate.__doc__ = f"Every package's {backend} tests" + (" and packaging checks." if backend == "cpu" else ".")
+    return aggregate
+
+
+def _register() -> None:
+    for name, pkg in PACKAGES.items():
+        nox.session(name=f"build-{name}", venv_backend="virtualenv", tags=["build", name],
+                    requires=[f"build-{d}" for d in _closure(name)[:-1]])(_make_build(name))
+        nox.session(name=f"package-check-{name}", tags=["package-check", "cpu", name],
+                    requires=[f"build-{name}"])(_make_package_check(name))
+        for backend in pkg.backends:
+            builds = [f"build-{n}" for n in _closure(name)] if _runnable(backend) else []  # else it just skips
+            nox.session(name=f"test-{name}-{backend}", tags=["test", backend, name], default=backend == "cpu",
+                        requires=builds)(_make_test(name, backend))
+    for backend in BACKENDS:
+        members = [f"test-{n}-{backend}" for n, p in PACKAGES.items() if backend in p.backends]
+        if backend == "cpu":
+            members = [f"package-check-{n}" for n in PACKAGES] + members
+        nox.session(name=f"test-{backend}", venv_backend="none", tags=[backend], default=backend == "cpu",
+                    requires=members)(_make_aggregate(backend, members))
+
+
+_check_table()
+_register()
+
+
+@nox.session(name="integration-cpu", default=False, requires=[f"build-{n}" for n in PACKAGES])
+def integration_cpu(session: nox.Session) -> None:
+    """tests-integration/ on the CPU (slow: rebuilds each package from a fresh sdist)."""
+    for name in PACKAGES:
+        _install_wheels(session, name)
+    session.install("pytest>=7")
+    session.run("python", "-m", "pytest", str(ROOT / "tests-integration"), "-m", "not gpu", "-p", "no:cacheprovider",
+                *session.posargs)
+
+
+@nox.session(name="bench", default=False, requires=["build-cpumoe-formats"])
+def bench(session: nox.Session) -> None:
+    """Benchmark every format's kernels from the installed wheel; writes bench-formats.json."""
+    _install_wheels(session, "cpumoe-formats", extras=("bench",))
+    out = ROOT / "bench-formats.json"
+    with session.chdir(session.create_tmp()):
+        session.run("python", "-c", "import importlib.util as u, sys; u.find_spec('cpumoe_formats.bench') or "
+                    "sys.exit('cpumoe_formats.bench is not in this build of cpumoe-formats')")
+        session.run("python", "-m", "cpumoe_formats.bench", "--json", str(out), *session.posargs)
+    session.log(f"results: {out}")
+
+
+@nox.session(name="lint")
+def lint(session: nox.Session) -> None:
+    """ruff check over the whole repo (config in the root pyproject.toml)."""
+    session.install(RUFF)
+    session.run("ruff", "check", str(ROOT), *session.posargs)
+
