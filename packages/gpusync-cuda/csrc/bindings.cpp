@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "capi.h"
 #include "probe.h"
@@ -133,9 +134,49 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("memops64", [](PyDevice& s) { return s.d().memops64(); })
       .def_property_readonly("hostptr_registered", [](PyDevice& s) { return s.d().hostptr_registered(); })
       .def("capture_status", [](PyDevice& s, uint64_t st) { return s.d().capture_status(S(st)); })
-      .def("sync", [](PyDevice& s, uint64_t st, double t) {
-        py::gil_scoped_release nogil;
-        return s.d().sync(S(st), t);
+      .def("sync",
+           [](PyDevice& s, uint64_t st, double t) {
+             py::gil_scoped_release nogil;
+             return s.d().sync(S(st), t);
+           })
+      // Test helpers: a private stream and a raw capture, without torch.
+      .def("_stream_create",
+           [](PyDevice& s) {
+             Device::Guard g(s.d());
+             CUstream st = nullptr;
+             s.d().drv().check(s.d().drv().cuStreamCreate(&st, STREAM_NON_BLOCKING), "cuStreamCreate");
+             return (uint64_t)(uintptr_t)st;
+           })
+      .def("_stream_destroy",
+           [](PyDevice& s, uint64_t st) {
+             Device::Guard g(s.d());
+             s.d().drv().cuStreamDestroy(S(st));
+           })
+      .def("_capture_begin",
+           [](PyDevice& s, uint64_t st) {
+             Device::Guard g(s.d());
+             if (!s.d().drv().has_graphs()) throw Error(GPUSYNC_E_UNSUPPORTED, "no graph entry points");
+             s.d().drv().check(s.d().drv().cuStreamBeginCapture(S(st), CAPTURE_MODE_THREAD_LOCAL),
+                               "cuStreamBeginCapture");
+           })
+      .def("_capture_end", [](PyDevice& s, uint64_t st) {
+        // Ends the capture, returns the node types {type: count}, destroys the graph.
+        Device::Guard g(s.d());
+        const Driver& d = s.d().drv();
+        CUgraph graph = nullptr;
+        d.check(d.cuStreamEndCapture(S(st), &graph), "cuStreamEndCapture");
+        size_t n = 0;
+        d.cuGraphGetNodes(graph, nullptr, &n);
+        std::vector<CUgraphNode> nodes(n);
+        d.cuGraphGetNodes(graph, nodes.data(), &n);
+        py::dict types;
+        for (auto* nd : nodes) {
+          int t = -1;
+          d.cuGraphNodeGetType(nd, &t);
+          types[py::int_(t)] = (types.contains(py::int_(t)) ? types[py::int_(t)].cast<int>() : 0) + 1;
+        }
+        d.cuGraphDestroy(graph);
+        return types;
       });
 
   py::class_<PyIob>(m, "Iob")

@@ -106,7 +106,7 @@ void Device::launch(CUfunction f, const unsigned grid[3], const unsigned block[3
   Guard g(*this);
   const CUresult rc = drv_.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, s, args,
                                           nullptr);
-  if (rc != SUCCESS) drv_.fail(rc, "cuLaunchKernel" + capture_note(s));
+  if (rc != SUCCESS) drv_.fail(rc, "cuLaunchKernel", capture_note(s));
 }
 
 CUdeviceptr Device::alloc(size_t bytes) const {
@@ -145,6 +145,6 @@ void Device::host_unregister(void* host) const {
 void Device::memcpy_async(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s) const {
   Guard g(*this);
   const CUresult rc = drv_.cuMemcpyAsync(dst, src, bytes, s);
-  if (rc != SUCCESS) drv_.fail(rc, "cuMemcpyAsync(" + std::to_string(bytes) + " bytes)" + capture_note(s));
+  if (rc != SUCCESS) drv_.fail(rc, "cuMemcpyAsync(" + std::to_string(bytes) + " bytes)", capture_note(s));
 }
 }  // namespace gpusync

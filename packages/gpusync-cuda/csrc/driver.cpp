@@ -143,7 +143,9 @@ std::string Driver::name(CUresult rc) const {
   return out;
 }
 
-void Driver::fail(CUresult rc, const std::string& op) const { throw Error(rc, op + " failed: " + name(rc)); }
+void Driver::fail(CUresult rc, const std::string& op, const std::string& note) const {
+  throw Error(rc, op + " failed: " + name(rc) + note);
+}
 
 void Driver::require() const {
   if (!loaded || !initialized) throw Error(GPUSYNC_E_NO_DRIVER, error);

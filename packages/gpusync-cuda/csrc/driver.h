@@ -92,7 +92,8 @@ struct Driver {
   void check(CUresult rc, const std::string& op) const {
     if (rc != SUCCESS) fail(rc, op);
   }
-  [[noreturn]] void fail(CUresult rc, const std::string& op) const;
+  // note: appended after the error name (e.g. the stream's capture state).
+  [[noreturn]] void fail(CUresult rc, const std::string& op, const std::string& note = "") const;
   // Throws Error(GPUSYNC_E_NO_DRIVER) with the reason unless usable.
   void require() const;
 

@@ -101,14 +101,14 @@ void Iob::submit(int path, CUstream s, uint32_t layer, uint32_t T) {
     // copies before it and done = 0 are visible before ready = task.
     CUresult rc = d.cuStreamWriteValue64(s, dptr_off(CPUMOE_IOB_DONE_OFF), CPUMOE_DONE_PENDING,
                                          STREAM_WRITE_VALUE_DEFAULT);
-    if (rc != SUCCESS) d.fail(rc, "cuStreamWriteValue64(done := 0)" + dev_->capture_note(s));
+    if (rc != SUCCESS) d.fail(rc, "cuStreamWriteValue64(done := 0)", dev_->capture_note(s));
     rc = d.cuStreamWriteValue64(s, dptr_off(CPUMOE_IOB_READY_OFF), task, STREAM_WRITE_VALUE_DEFAULT);
-    if (rc != SUCCESS) d.fail(rc, "cuStreamWriteValue64(ready := " + hex(task) + ")" + dev_->capture_note(s));
+    if (rc != SUCCESS) d.fail(rc, "cuStreamWriteValue64(ready := " + hex(task) + ")", dev_->capture_note(s));
   } else if (path == GPUSYNC_PATH_HOSTFN) {
     guard_capture(path, s, "submit");
     if (!d.cuLaunchHostFunc) throw Error(GPUSYNC_E_UNSUPPORTED, "the CUDA driver lacks cuLaunchHostFunc");
     const CUresult rc = d.cuLaunchHostFunc(s, api_->hostfn_submit, hostfn_arg(layer, T));
-    if (rc != SUCCESS) d.fail(rc, "cuLaunchHostFunc(hostfn_submit, task " + hex(task) + ")" + dev_->capture_note(s));
+    if (rc != SUCCESS) d.fail(rc, "cuLaunchHostFunc(hostfn_submit, task " + hex(task) + ")", dev_->capture_note(s));
   } else {
     throw Error(GPUSYNC_E_INVALID, std::string("submit: path ") + path_name(path) + " has no doorbell of its own");
   }
@@ -124,12 +124,12 @@ void Iob::wait(int path, CUstream s) {
     // GEQ is a cyclic compare: (int64)(done - 1) >= 0; SHUTDOWN (2^63-1) releases too.
     const CUresult rc = d.cuStreamWaitValue64(s, dptr_off(CPUMOE_IOB_DONE_OFF), CPUMOE_DONE_COMPLETE,
                                               STREAM_WAIT_VALUE_GEQ);
-    if (rc != SUCCESS) d.fail(rc, "cuStreamWaitValue64(done >= 1, GEQ)" + dev_->capture_note(s));
+    if (rc != SUCCESS) d.fail(rc, "cuStreamWaitValue64(done >= 1, GEQ)", dev_->capture_note(s));
   } else if (path == GPUSYNC_PATH_HOSTFN) {
     guard_capture(path, s, "wait");
     if (!d.cuLaunchHostFunc) throw Error(GPUSYNC_E_UNSUPPORTED, "the CUDA driver lacks cuLaunchHostFunc");
     const CUresult rc = d.cuLaunchHostFunc(s, api_->hostfn_wait, hostfn_arg(0, 1));
-    if (rc != SUCCESS) d.fail(rc, "cuLaunchHostFunc(hostfn_wait)" + dev_->capture_note(s));
+    if (rc != SUCCESS) d.fail(rc, "cuLaunchHostFunc(hostfn_wait)", dev_->capture_note(s));
   } else {
     throw Error(GPUSYNC_E_INVALID, std::string("wait: path ") + path_name(path) + " has no doorbell of its own");
   }
@@ -146,7 +146,7 @@ void Iob::step(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, 
   const size_t H = hdr_->hidden, K = hdr_->top_k;
   auto d2h = [&](uint64_t off, CUdeviceptr src, size_t n, const char* what) {
     const CUresult rc = d.cuMemcpyDtoHAsync(host(off), src, n, s);
-    if (rc != SUCCESS) d.fail(rc, std::string("cuMemcpyDtoHAsync(") + what + " -> IO block)" + dev_->capture_note(s));
+    if (rc != SUCCESS) d.fail(rc, std::string("cuMemcpyDtoHAsync(") + what + " -> IO block)", dev_->capture_note(s));
   };
   d2h(hdr_->x_off, x, T * H * 2, "x");
   d2h(hdr_->ids_off, ids, T * K * 4, "ids");
@@ -156,7 +156,7 @@ void Iob::step(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, 
   submit(path, s, layer, T);
   wait(path, s);
   const CUresult rc = d.cuMemcpyHtoDAsync(y, host(hdr_->y_off), T * H * 2, s);
-  if (rc != SUCCESS) d.fail(rc, "cuMemcpyHtoDAsync(IO block y -> y)" + dev_->capture_note(s));
+  if (rc != SUCCESS) d.fail(rc, "cuMemcpyHtoDAsync(IO block y -> y)", dev_->capture_note(s));
 }
 
 bool Iob::sync(CUstream s, double timeout_s) {
