@@ -159,6 +159,27 @@ PYBIND11_MODULE(_native, m) {
              s.d().drv().check(s.d().drv().cuStreamBeginCapture(S(st), CAPTURE_MODE_THREAD_LOCAL),
                                "cuStreamBeginCapture");
            })
+      // Bench helpers: raw memops on registered scratch words (the floor under every path).
+      .def("_host_register",
+           [](PyDevice& s, uint64_t host, size_t n) {
+             bool owned = false;
+             return (uint64_t)s.d().host_register((void*)(uintptr_t)host, n, &owned);
+           })
+      .def("_host_unregister", [](PyDevice& s, uint64_t host) { s.d().host_unregister((void*)(uintptr_t)host); })
+      .def("_write64",
+           [](PyDevice& s, uint64_t st, uint64_t dptr, uint64_t v) {
+             Device::Guard g(s.d());
+             if (!s.d().memops64()) throw Error(GPUSYNC_E_UNSUPPORTED, "no v2 memops");
+             s.d().drv().check(s.d().drv().cuStreamWriteValue64(S(st), dptr, v, STREAM_WRITE_VALUE_DEFAULT),
+                               "cuStreamWriteValue64");
+           })
+      .def("_wait64",
+           [](PyDevice& s, uint64_t st, uint64_t dptr, uint64_t v) {
+             Device::Guard g(s.d());
+             if (!s.d().memops64()) throw Error(GPUSYNC_E_UNSUPPORTED, "no v2 memops");
+             s.d().drv().check(s.d().drv().cuStreamWaitValue64(S(st), dptr, v, STREAM_WAIT_VALUE_GEQ),
+                               "cuStreamWaitValue64");
+           })
       .def("_capture_end", [](PyDevice& s, uint64_t st) {
         // Ends the capture, returns the node types {type: count}, destroys the graph.
         Device::Guard g(s.d());
