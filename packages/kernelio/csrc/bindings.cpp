@@ -23,7 +23,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "kernelio host launchers: publish/combine through a gpusync backend's C ABI";
   m.attr("PARAMS_VERSION") = KERNELIO_PARAMS_VERSION;
   m.attr("GPUSYNC_ABI") = py::make_tuple(GPUSYNC_ABI_MAJOR, GPUSYNC_ABI_MINOR);
-  static py::exception<Error> err(m, "KernelIOError", PyExc_RuntimeError);
+  py::register_exception<Error>(m, "KernelIOError", PyExc_RuntimeError);
 
   m.def("check_backend", [](py::capsule cap) { api_of(cap); },
         "Raise naming both versions unless the capsule is a gpusync ABI this build can use.");

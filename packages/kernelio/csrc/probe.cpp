@@ -40,8 +40,8 @@ struct Scratch {  // the fake IO block in pinned, device-mapped host memory
   uint64_t dptr = 0;
   size_t bytes = 0;
   Scratch(const gpusync_api* a, gpusync_device* d) : api(a), dev(d) {
-    bytes = 256 + 4 * ((size_t)T_MAX * H * 2 + 64);
-    host = static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+    bytes = (256 + 4 * ((size_t)T_MAX * H * 2 + 64) + 4095) / 4096 * 4096;  // whole pages, as registered
+    host = static_cast<char*>(std::aligned_alloc(4096, bytes));
     std::memset(host, 0, bytes);
     if (api->host_register(dev, host, bytes, &dptr)) {
       std::free(host);

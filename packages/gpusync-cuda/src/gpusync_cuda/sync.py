@@ -59,7 +59,6 @@ class CudaSync:
         self.path, self.kernel_image = "eager", None
         self._dev = self._iob = self._kio = None
         self._started_coordinator = False
-        self._warned_dtype = False
         st = _native.driver_status()
         if not (st["loaded"] and st["initialized"]):
             self.reasons = {p: st["error"] for p in self.reasons}
@@ -74,7 +73,7 @@ class CudaSync:
                 executor.start_coordinator()
                 self._started_coordinator = True
             for name in ("memop", "host-func"):
-                if name in paths:
+                if name in paths or (name == "memop" and "kernel" in paths):  # the kernel path waits with memops
                     _ok, self.reasons[name] = self._iob.probe(_ID[name], self.timeout_s)
             if "kernel" in paths:
                 self._open_kernels()
@@ -130,7 +129,11 @@ class CudaSync:
         iob = self.executor.io_block()
         io = {k: self._iob.dptr(iob[k]) for k in ("x", "ids", "w", "y", "ready", "done")}
         io.update(H=self.executor.H, K=self.executor.top_k, max_tokens=self.executor.max_tokens)
-        self._kio = kernelio.open_kernels(_native._C_API_v1, self._dev.handle, io, data)
+        try:
+            self._kio = kernelio.open_kernels(_native._C_API_v1, self._dev.handle, io, data)
+        except Exception as e:  # noqa: BLE001 - the path is unavailable, the others stay
+            self.reasons["kernel"] = f"kernelio failed to open: {e}"
+            return
         entries = kernelio.fatbin_entries(data) if data[:4] == b"\x50\xed\x55\xba" else []
         # A cubin runs on its own major at an equal or higher minor; else the driver JITs the PTX.
         major, minor = divmod(self._dev.cc, 10)

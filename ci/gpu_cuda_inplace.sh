@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On a CUDA machine: build cpumoe-formats, cpumoe-executor, gpusync-cuda and kernelio in place with
+# this machine's python3 (and nvcc, unless a fatbin was built elsewhere and travels with the tree),
+# then run the CUDA tests of gpusync-cuda, kernelio and tests-integration, and the handshake bench.
+#   ci/gpu_cuda_inplace.sh OUTDIR        (MARKS="cuda or not gpu" to run the CPU tests too)
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=$(mkdir -p "${1:-$ROOT/gpu-out}" && cd "${1:-$ROOT/gpu-out}" && pwd)
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-$(nproc)}
+export PYTHONPATH=$ROOT/packages/cpumoe-formats/src:$ROOT/packages/cpumoe-executor/src:$ROOT/packages/gpusync-cuda/src:$ROOT/packages/kernelio/src
+{ nvidia-smi -L; nproc; $PY -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
+  nvcc --version | tail -2; } >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+t0=$(date +%s)
+{
+  (cd "$ROOT/packages/cpumoe-formats" && $PY hatch_build.py) &&
+  (cd "$ROOT/packages/cpumoe-executor" && $PY hatch_build.py) &&
+  (cd "$ROOT/packages/gpusync-cuda" && $PY hatch_build.py) &&
+  (cd "$ROOT/packages/kernelio" && if [ -f src/kernelio/kernels/kernelio.fatbin ]; then
+     $PY -c 'import hatch_build as h; print(h.build_ext())'; else $PY hatch_build.py; fi)
+} >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "build: $(($(date +%s) - t0)) s"
+rc=0
+cd "$ROOT"
+# One pytest per test directory: their conftest.py files share a module name.
+for spec in "packages/gpusync-cuda/tests:${T_GPUSYNC:-90}" "packages/kernelio/tests:${T_KERNELIO:-45}" \
+            "tests-integration:${T_INTEGRATION:-200}"; do
+  dir=${spec%%:*}
+  log="$OUT/tests_$(echo "$dir" | tr / _).log"
+  t1=$(date +%s)
+  timeout "${spec##*:}" $PY -m pytest -p no:cacheprovider -q -s -rfEs "$dir" -m "${MARKS:-cuda}" \
+    >"$log" 2>&1
+  r=$?; rc=$((rc | r))
+  echo "== $dir: rc=$r in $(($(date +%s) - t1)) s"
+  grep -E "passed|failed|error|path=|SKIPPED|FAILED|ERROR|Error|assert" "$log" | tail -25
+done
+timeout "${T_BENCH:-100}" $PY -m gpusync_cuda.bench --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+r=$?; rc=$((rc | r)); echo "== bench: rc=$r"; tail -25 "$OUT/bench.log"
+exit $rc
