@@ -105,7 +105,7 @@ def test_graph_replay(sync, path):
             outs = [sync._decode(path, layer, *static[layer], mask_d, None, parts[layer] if adds[layer] else None)
                     for layer in range(LAYERS)]
         mismatches, served0 = 0, ex.health()["served"]
-        for r in range(REPLAYS):
+        for _ in range(REPLAYS):
             fresh = [inputs(torch, g, ring[layer], mask) for layer in range(LAYERS)]
             p0 = [torch.randn(T, H, generator=g).to(torch.bfloat16) if adds[layer] else None for layer in range(LAYERS)]
             for layer in range(LAYERS):

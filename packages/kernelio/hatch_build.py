@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -103,14 +104,16 @@ def build_ext(out_dir: Path = PKG) -> Path:
              "-g" if debug else "-g0"] + [f"-I{p}" for p in inc]
     obj_dir = HERE / "build" / "obj"
     obj_dir.mkdir(parents=True, exist_ok=True)
-    objs = []
-    for src in sorted(CSRC.glob("*.cpp")):
+    def compile_one(src: Path) -> str:
         obj = obj_dir / f"{src.stem}.o"
         cmd = cxx + flags + ["-c", str(src), "-o", str(obj)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
-        objs.append(str(obj))
+        return str(obj)
+
+    with ThreadPoolExecutor(int(os.environ.get("CPUMOE_BUILD_JOBS", "0")) or os.cpu_count() or 2) as ex:
+        objs = list(ex.map(compile_one, sorted(CSRC.glob("*.cpp"))))
     target = out_dir / f"_native{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     r = subprocess.run(cxx + ["-shared", "-o", str(target)] + objs, capture_output=True, text=True)
     if r.returncode:

@@ -16,7 +16,11 @@ const gpusync_api* api_of(py::capsule cap) {
                 std::to_string(GPUSYNC_ABI_MAJOR));
   return bind_api(cap.get_pointer());
 }
-gpusync_device* dev_of(uint64_t h) { return reinterpret_cast<gpusync_device*>(static_cast<uintptr_t>(h)); }
+// A gpusync Device object (its .handle) or a raw gpusync_device* as an integer.
+gpusync_device* dev_of(py::handle d) {
+  const uint64_t h = py::hasattr(d, "handle") ? d.attr("handle").cast<uint64_t>() : d.cast<uint64_t>();
+  return reinterpret_cast<gpusync_device*>(static_cast<uintptr_t>(h));
+}
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -29,17 +33,19 @@ PYBIND11_MODULE(_native, m) {
         "Raise naming both versions unless the capsule is a gpusync ABI this build can use.");
   m.def(
       "probe",
-      [](py::capsule cap, uint64_t dev, py::bytes image, double timeout_s) {
+      [](py::capsule cap, py::object dev, py::bytes image, double timeout_s) {
         const gpusync_api* api = api_of(cap);
+        gpusync_device* d = dev_of(dev);
         std::string img = image;
         py::gil_scoped_release nogil;
-        return probe(api, dev_of(dev), img, timeout_s);
+        return probe(api, d, img, timeout_s);
       },
       py::arg("backend"), py::arg("device"), py::arg("image"), py::arg("timeout_s") = 10.0,
       "Self-test on scratch pinned memory; returns '' when it passed, else what failed.");
 
   py::class_<KernelIO>(m, "KernelIO")
-      .def(py::init([](py::capsule cap, uint64_t dev, py::bytes image, uint64_t io_x, uint64_t io_ids, uint64_t io_w,
+      // keep_alive<1, 3>: the device object outlives the kernels (their destructor frees through it).
+      .def(py::init([](py::capsule cap, py::object dev, py::bytes image, uint64_t io_x, uint64_t io_ids, uint64_t io_w,
                        uint64_t io_y, uint64_t ready, uint64_t done, int H, int K, int max_tokens) {
              IoTarget io;
              io.io_x = io_x, io.io_ids = io_ids, io.io_w = io_w, io.io_y = io_y, io.ready = ready, io.done = done;
@@ -48,7 +54,7 @@ PYBIND11_MODULE(_native, m) {
            }),
            py::arg("backend"), py::arg("device"), py::arg("image"), py::arg("io_x"), py::arg("io_ids"),
            py::arg("io_w"), py::arg("io_y"), py::arg("ready"), py::arg("done"), py::arg("H"), py::arg("K"),
-           py::arg("max_tokens"))
+           py::arg("max_tokens"), py::keep_alive<1, 3>())
       .def("publish", &KernelIO::publish, py::arg("stream"), py::arg("T"), py::arg("x"), py::arg("x_stride"),
            py::arg("ids"), py::arg("ids_stride"), py::arg("w"), py::arg("w_stride"), py::arg("resident"),
            py::arg("num_experts"), py::arg("task"))

@@ -47,7 +47,7 @@ def test_publish_and_combine_through_an_io_block(dev):
     iob = ex.io_block()
     io = {k: b.dptr(iob[k]) for k in ("x", "ids", "w", "y", "ready", "done")}
     io.update(H=H, K=K, max_tokens=8)
-    kio = kernelio.open_kernels(gs.C_API_CAPSULE, dev.handle, io)
+    kio = kernelio.open_kernels(gs.C_API_CAPSULE, dev, io)
     cuda = torch.device("cuda", 0)
     g = torch.Generator().manual_seed(9)
     xfull = torch.randn(T, H + 24, generator=g).to(torch.bfloat16).to(cuda)
@@ -59,8 +59,10 @@ def test_publish_and_combine_through_an_io_block(dev):
     mask[[1, 4, 7]] = True
     stream = torch.cuda.current_stream(cuda).cuda_stream
     task = (1 << 32) | T
-    kio.publish(stream, T, x.data_ptr(), x.stride(0), ids.to(cuda).data_ptr(), K, w.to(cuda).data_ptr(), K,
-                mask.to(cuda).data_ptr(), E, task)
+    # Named device tensors: a temporary's memory could be reused before the kernel runs.
+    ids_d, w_d, mask_d = ids.to(cuda), w.to(cuda), mask.to(cuda)
+    kio.publish(stream, T, x.data_ptr(), x.stride(0), ids_d.data_ptr(), K, w_d.data_ptr(), K, mask_d.data_ptr(), E,
+                task)
     torch.cuda.synchronize()
     a = ex.io_arrays()
     assert (a["x"][:T].view(np.int16) == bits(x).numpy()).all()
@@ -85,8 +87,9 @@ def test_publish_and_combine_through_an_io_block(dev):
     # No CPU route: done := 1, no doorbell, combine adds/writes zeros.
     skip = torch.tensor([[1, 4, -1, 7]] * 2, dtype=torch.int32)
     xn.store_u64(iob["done"], 5)
-    kio.publish(stream, 2, x.data_ptr(), x.stride(0), skip.to(cuda).data_ptr(), K, w.to(cuda).data_ptr(), K,
-                mask.to(cuda).data_ptr(), E, (0 << 32) | 2)
+    skip_d = skip.to(cuda)
+    kio.publish(stream, 2, x.data_ptr(), x.stride(0), skip_d.data_ptr(), K, w_d.data_ptr(), K, mask_d.data_ptr(), E,
+                (0 << 32) | 2)
     part = p[:2].to(cuda)
     kio.combine(stream, 2, part.data_ptr(), part.stride(0), True)
     kio.combine(stream, 2, out.data_ptr(), out.stride(0), False)

@@ -1,8 +1,9 @@
 """Handshake benchmark: per-layer round trip inside CUDA-graph replay for each
 path (kernel, memop, host-func) at several batch sizes, with a near-empty CPU
 task (one CPU route per token to a tiny expert), plus in the same run the raw
-memop floor (write done/ready + wait, answered by a spinning CPU thread) and
-the CPU task alone.
+memop floor (write done/ready + wait, answered by a spinning CPU thread), the
+CPU task alone, and each path with no CPU route at all (kernel: no doorbell;
+copy paths: the coordinator zero-fills y without waking its pool).
 
     python -m gpusync_cuda.bench --json bench-gpusync.json
 """
@@ -27,9 +28,10 @@ def _executor(args):
     return ce.CpuMoeExecutor("bf16", banks, top_k=args.top_k, max_tokens=max(args.batches), threads=args.threads)
 
 
-def _routes(torch, T, K, E, gen):
+def _routes(torch, T, K, E, gen, cpu=True):
     ids = torch.full((T, K), -1, dtype=torch.int32)
-    ids[:, 0] = torch.randint(0, E, (T,), generator=gen, dtype=torch.int32)  # one CPU route per token
+    if cpu:
+        ids[:, 0] = torch.randint(0, E, (T,), generator=gen, dtype=torch.int32)  # one CPU route per token
     return ids
 
 
@@ -46,11 +48,12 @@ def _time_graph(torch, graph, stream, replays):
     return statistics.median(times), statistics.fmean(times)
 
 
-def bench_path(sync, torch, path, T, args):
+def bench_path(sync, torch, path, T, args, cpu=True):
     ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
     gen = torch.Generator().manual_seed(T)
     steps = [(i % ex.num_layers, torch.randn(T, ex.H, generator=gen).to(torch.bfloat16).to(dev),
-              (torch.rand(T, ex.top_k, generator=gen) + 0.05).to(dev), _routes(torch, T, ex.top_k, ex.E, gen).to(dev))
+              (torch.rand(T, ex.top_k, generator=gen) + 0.05).to(dev),
+              _routes(torch, T, ex.top_k, ex.E, gen, cpu).to(dev))
              for i in range(args.steps)]
     s = torch.cuda.Stream(dev)
     s.wait_stream(torch.cuda.current_stream(dev))
@@ -73,9 +76,9 @@ def bench_path(sync, torch, path, T, args):
         ok = torch.equal(outs[-1].cpu().view(torch.int16), want.view(torch.int16))
     torch.cuda.current_stream(dev).wait_stream(s)
     n = args.steps
-    return {"path": path, "batch": T, "us_per_layer_median": med / n, "us_per_layer_mean": mean / n,
-            "layers_per_replay": n, "replays": args.replays, "doorbells_per_replay": served / args.replays,
-            "last_output_matches_cpu": bool(ok)}
+    return {"path": path, "batch": T, "cpu_routes": "1/token" if cpu else "none", "us_per_layer_median": med / n,
+            "us_per_layer_mean": mean / n, "layers_per_replay": n, "replays": args.replays,
+            "doorbells_per_replay": served / args.replays, "last_output_matches_cpu": bool(ok)}
 
 
 def bench_floor(sync, torch, args):
@@ -158,21 +161,24 @@ def main(argv=None):
     from . import driver_status
 
     res["driver"] = {k: driver_status()[k] for k in ("driver_version", "resolver")}
-    for T in args.batches:
-        res["cpu_task_us"][T] = bench_cpu_task(ex, T)
-        for path in args.paths.split(","):
-            if not sync._usable(path):
-                res["results"].append({"path": path, "batch": T, "skipped": sync.reasons.get(path)})
-                continue
-            res["results"].append(bench_path(sync, torch, path, T, args))
+    for cpu in (True, False):
+        for T in args.batches:
+            if cpu:
+                res["cpu_task_us"][T] = bench_cpu_task(ex, T)
+            for path in args.paths.split(","):
+                if not sync._usable(path):
+                    res["results"].append({"path": path, "batch": T, "skipped": sync.reasons.get(path)})
+                    continue
+                res["results"].append(bench_path(sync, torch, path, T, args, cpu))
     res["floor"] = bench_floor(sync, torch, args) if sync._dev is not None and sync._dev.memops64 else None
-    print(f"{'path':10} {'batch':>5} {'us/layer (median)':>18} {'mean':>8} {'bells/replay':>12} ok")
+    print(f"{'path':10} {'cpu routes':>10} {'batch':>5} {'us/layer (median)':>18} {'mean':>8} {'bells/replay':>12} "
+          "ok")
     for r in res["results"]:
         if "skipped" in r:
-            print(f"{r['path']:10} {r['batch']:>5}  skipped: {r['skipped']}")
+            print(f"{r['path']:10} {'':>10} {r['batch']:>5}  skipped: {r['skipped']}")
             continue
-        print(f"{r['path']:10} {r['batch']:>5} {r['us_per_layer_median']:>18.2f} {r['us_per_layer_mean']:>8.2f} "
-              f"{r['doorbells_per_replay']:>12.1f} {r['last_output_matches_cpu']}")
+        print(f"{r['path']:10} {r['cpu_routes']:>10} {r['batch']:>5} {r['us_per_layer_median']:>18.2f} "
+              f"{r['us_per_layer_mean']:>8.2f} {r['doorbells_per_replay']:>12.1f} {r['last_output_matches_cpu']}")
     if res["floor"]:
         f = res["floor"]
         print(f"memop floor: round trip {f['roundtrip']['us_per_op_median']:.2f} us, "

@@ -119,7 +119,7 @@ class CudaSync:
         except OSError as e:
             self.reasons["kernel"] = str(e)
             return
-        msg = kernelio.probe(_native._C_API_v1, self._dev.handle, data, self.timeout_s)
+        msg = kernelio.probe(_native._C_API_v1, self._dev, data, self.timeout_s)
         if msg:
             self.reasons["kernel"] = msg
             warnings.warn(f"gpusync_cuda: kernel IO unavailable, decoding with copies + memops instead: {msg}",
@@ -130,7 +130,7 @@ class CudaSync:
         io = {k: self._iob.dptr(iob[k]) for k in ("x", "ids", "w", "y", "ready", "done")}
         io.update(H=self.executor.H, K=self.executor.top_k, max_tokens=self.executor.max_tokens)
         try:
-            self._kio = kernelio.open_kernels(_native._C_API_v1, self._dev.handle, io, data)
+            self._kio = kernelio.open_kernels(_native._C_API_v1, self._dev, io, data)
         except Exception as e:  # noqa: BLE001 - the path is unavailable, the others stay
             self.reasons["kernel"] = f"kernelio failed to open: {e}"
             return

@@ -63,9 +63,9 @@ def fatbin_entries(data: bytes) -> list[tuple[str, str]]:
     return out
 
 
-def probe(backend, device: int, data: bytes | None = None, timeout_s: float = 10.0) -> str:
+def probe(backend, device, data: bytes | None = None, timeout_s: float = 10.0) -> str:
     """Self-test both kernels on scratch pinned memory through `backend` (a
-    gpusync capsule) on `device` (its gpusync_device handle). '' means passed."""
+    gpusync capsule) on `device` (the backend's Device, or its handle). '' means passed."""
     from . import _native
 
     try:
@@ -74,9 +74,10 @@ def probe(backend, device: int, data: bytes | None = None, timeout_s: float = 10
         return f"kernelio probe failed: {e}"
 
 
-def open_kernels(backend, device: int, io: dict, data: bytes | None = None):
-    """Load the kernels for one IO block. io: mapped device addresses x, ids, w,
-    y, ready, done and the shapes H, K, max_tokens."""
+def open_kernels(backend, device, io: dict, data: bytes | None = None):
+    """Load the kernels for one IO block through `backend` on `device` (the
+    backend's Device object, kept alive as long as the kernels). io: mapped
+    device addresses x, ids, w, y, ready, done and the shapes H, K, max_tokens."""
     from . import _native
 
     return _native.KernelIO(backend, device, image() if data is None else data, io["x"], io["ids"], io["w"],
