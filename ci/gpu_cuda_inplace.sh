@@ -2,7 +2,7 @@
 # On a CUDA machine: build cpumoe-formats, cpumoe-executor, gpusync-cuda and kernelio in place with
 # this machine's python3 (and nvcc, unless a fatbin was built elsewhere and travels with the tree),
 # then run the CUDA tests of gpusync-cuda, kernelio and tests-integration, and the handshake bench.
-#   ci/gpu_cuda_inplace.sh OUTDIR        (MARKS="cuda or not gpu" to run the CPU tests too)
+#   ci/gpu_cuda_inplace.sh OUTDIR        (MARKS="cuda or not gpu" runs the CPU tests everywhere too)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(mkdir -p "${1:-$ROOT/gpu-out}" && cd "${1:-$ROOT/gpu-out}" && pwd)
@@ -33,12 +33,14 @@ echo "build: $(($(date +%s) - t0)) s"
 rc=0
 cd "$ROOT"
 # One pytest per test directory: their conftest.py files share a module name.
-for spec in "packages/gpusync-cuda/tests:${T_GPUSYNC:-90}" "packages/kernelio/tests:${T_KERNELIO:-45}" \
-            "tests-integration:${T_INTEGRATION:-200}"; do
-  dir=${spec%%:*}
+# dir:timeout:marks (kernelio's CPU tests are quick and include the cuobjdump check)
+for spec in "packages/gpusync-cuda/tests:${T_GPUSYNC:-90}:${MARKS:-cuda}" \
+            "packages/kernelio/tests:${T_KERNELIO:-45}:${MARKS:-cuda or not gpu}" \
+            "tests-integration:${T_INTEGRATION:-200}:${MARKS:-cuda}"; do
+  dir=${spec%%:*}; rest=${spec#*:}; limit=${rest%%:*}; marks=${rest#*:}
   log="$OUT/tests_$(echo "$dir" | tr / _).log"
   t1=$(date +%s)
-  timeout "${spec##*:}" $PY -m pytest -p no:cacheprovider -q -s -rfEs "$dir" -m "${MARKS:-cuda}" \
+  timeout "$limit" $PY -m pytest -p no:cacheprovider -q -s -rfEs "$dir" -m "$marks" \
     >"$log" 2>&1
   r=$?; rc=$((rc | r))
   echo "== $dir: rc=$r in $(($(date +%s) - t1)) s"
