@@ -1,0 +1,196 @@
+"""Handshake benchmark: per-layer round trip inside CUDA-graph replay for each
+path (kernel, memop, host-func) at several batch sizes, with a near-empty CPU
+task (one CPU route per token to a tiny expert), plus in the same run the raw
+memop floor (write done/ready + wait, answered by a spinning CPU thread), the
+CPU task alone, and each path with no CPU route at all (kernel: no doorbell;
+copy paths: the coordinator zero-fills y without waking its pool).
+
+    python -m gpusync_cuda.bench --json bench-gpusync.json
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def _executor(args):
+    import cpumoe_executor as ce
+    import cpumoe_formats as cf
+
+    rng = np.random.default_rng(0)
+    spec = cf.get_format("bf16")
+    banks = [spec.random_banks(args.experts, args.hidden, args.inter, rng) for _ in range(args.layers)]
+    return ce.CpuMoeExecutor("bf16", banks, top_k=args.top_k, max_tokens=max(args.batches), threads=args.threads)
+
+
+def _routes(torch, T, K, E, gen, cpu=True):
+    ids = torch.full((T, K), -1, dtype=torch.int32)
+    if cpu:
+        ids[:, 0] = torch.randint(0, E, (T,), generator=gen, dtype=torch.int32)  # one CPU route per token
+    return ids
+
+
+def _time_graph(torch, graph, stream, replays):
+    """Median and mean microseconds per replay, each replay timed with CUDA events."""
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(stream)
+        graph.replay()
+        b.record(stream)
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times), statistics.fmean(times)
+
+
+def bench_path(sync, torch, path, T, args, cpu=True):
+    ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
+    gen = torch.Generator().manual_seed(T)
+    steps = [(i % ex.num_layers, torch.randn(T, ex.H, generator=gen).to(torch.bfloat16).to(dev),
+              (torch.rand(T, ex.top_k, generator=gen) + 0.05).to(dev),
+              _routes(torch, T, ex.top_k, ex.E, gen, cpu).to(dev))
+             for i in range(args.steps)]
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        for layer, x, w, ids in steps[:2]:  # warm-up outside capture
+            sync._decode(path, layer, x, w, ids, None, None, None)
+        sync.synchronize(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            outs = [sync._decode(path, layer, x, w, ids, None, None, None) for layer, x, w, ids in steps]
+        for _ in range(3):
+            graph.replay()
+        sync.synchronize(s)
+        served0 = ex.health()["served"]
+        med, mean = _time_graph(torch, graph, s, args.replays)
+        sync.synchronize(s)
+        served = ex.health()["served"] - served0
+        layer, x, w, ids = steps[-1]  # the result is still the right one
+        want = ex.decode(layer, x.cpu(), w.cpu(), ids.cpu())
+        ok = torch.equal(outs[-1].cpu().view(torch.int16), want.view(torch.int16))
+    torch.cuda.current_stream(dev).wait_stream(s)
+    n = args.steps
+    return {"path": path, "batch": T, "cpu_routes": "1/token" if cpu else "none", "us_per_layer_median": med / n,
+            "us_per_layer_mean": mean / n, "layers_per_replay": n, "replays": args.replays,
+            "doorbells_per_replay": served / args.replays, "last_output_matches_cpu": bool(ok)}
+
+
+def bench_floor(sync, torch, args):
+    """Raw memops: the round trip a CPU thread answers at once, and a write + satisfied wait."""
+    from . import _native
+
+    d, dev = sync._dev, torch.device("cuda", sync.ordinal)
+    buf = ctypes.create_string_buffer(8192)  # one page inside: ready at +0, done at +512, local at +1024
+    base = (ctypes.addressof(buf) + 4095) // 4096 * 4096
+    dptr = d._host_register(base, 4096)
+    ready, done, local = dptr, dptr + 512, dptr + 1024
+    out = {}
+    try:
+        resp = _native._Responder(base, base + 512)
+        s = torch.cuda.Stream(dev)
+        for name in ("roundtrip", "local"):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                h = torch.cuda.current_stream(dev).cuda_stream
+                for i in range(args.steps):
+                    if name == "roundtrip":
+                        d._write64(h, done, 0)
+                        d._write64(h, ready, 1)
+                        d._wait64(h, done, 1)
+                    else:
+                        d._write64(h, local, i + 1)
+                        d._wait64(h, local, i + 1)
+            for _ in range(3):
+                g.replay()
+            s.synchronize()
+            med, mean = _time_graph(torch, g, s, args.replays)
+            out[name] = {"us_per_op_median": med / args.steps, "us_per_op_mean": mean / args.steps}
+        out["roundtrip"]["answered"] = resp.served
+        del resp
+    finally:
+        d._host_unregister(base)
+    return out
+
+
+def bench_cpu_task(ex, T, reps=200):
+    """The CPU task alone (run_task on the IO block), microseconds median."""
+    import torch
+
+    gen = torch.Generator().manual_seed(T)
+    a = ex.io_arrays()
+    a["ids"][:T] = _routes(torch, T, ex.top_k, ex.E, gen).numpy()
+    a["w"][:T] = 1.0
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter_ns()
+        ex._x.run_task(T)
+        ts.append((time.perf_counter_ns() - t) / 1e3)
+    return statistics.median(ts)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", help="write results here")
+    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4, 8])
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--experts", type=int, default=16)
+    p.add_argument("--inter", type=int, default=8, help="expert width: tiny, so the CPU task is near-empty")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--steps", type=int, default=32, help="decode steps per captured graph")
+    p.add_argument("--replays", type=int, default=200)
+    p.add_argument("--paths", default="kernel,memop,host-func")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from .sync import CudaSync
+
+    ex = _executor(args)
+    sync = CudaSync(ex)
+    res = {"device": f"{sync._dev.name} (sm_{sync._dev.cc})" if sync._dev else None,
+           "torch": torch.__version__, "chosen_path": sync.path, "paths": sync.reasons,
+           "config": {k: v for k, v in vars(args).items() if k != "json"}, "results": [], "cpu_task_us": {}}
+    from . import driver_status
+
+    res["driver"] = {k: driver_status()[k] for k in ("driver_version", "resolver")}
+    for cpu in (True, False):
+        for T in args.batches:
+            if cpu:
+                res["cpu_task_us"][T] = bench_cpu_task(ex, T)
+            for path in args.paths.split(","):
+                if not sync._usable(path):
+                    res["results"].append({"path": path, "batch": T, "skipped": sync.reasons.get(path)})
+                    continue
+                res["results"].append(bench_path(sync, torch, path, T, args, cpu))
+    res["floor"] = bench_floor(sync, torch, args) if sync._dev is not None and sync._dev.memops64 else None
+    print(f"{'path':10} {'cpu routes':>10} {'batch':>5} {'us/layer (median)':>18} {'mean':>8} {'bells/replay':>12} "
+          "ok")
+    for r in res["results"]:
+        if "skipped" in r:
+            print(f"{r['path']:10} {'':>10} {r['batch']:>5}  skipped: {r['skipped']}")
+            continue
+        print(f"{r['path']:10} {r['cpu_routes']:>10} {r['batch']:>5} {r['us_per_layer_median']:>18.2f} "
+              f"{r['us_per_layer_mean']:>8.2f} {r['doorbells_per_replay']:>12.1f} {r['last_output_matches_cpu']}")
+    if res["floor"]:
+        f = res["floor"]
+        print(f"memop floor: round trip {f['roundtrip']['us_per_op_median']:.2f} us, "
+              f"write+satisfied wait {f['local']['us_per_op_median']:.2f} us")
+    print("cpu task alone (us, median): " + ", ".join(f"T={t}: {v:.1f}" for t, v in res["cpu_task_us"].items()))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+    sync.close()
+    ex.close()
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""CudaSync: one CpuMoeExecutor's doorbell on one CUDA device, from Python.
+
+At start-up it registers the executor's IO block, starts the coordinator if it
+is not running, probes every path (native probes for memop and host-func,
+kernelio's self-test for the kernels) and qualifies the best candidates with a
+real decode, eager and under CUDA-graph capture + replay with changed inputs,
+against the executor's synchronous result. The first path that passes is used;
+one log line names it. decode() then runs on the current stream and is
+capture-safe on every path but eager, which refuses capture with what to do.
+torch is imported lazily, only to handle torch tensors.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+from . import _native
+from ._native import CaptureRefusedError
+
+log = logging.getLogger("gpusync_cuda")
+PATHS = ("kernel", "memop", "host-func", "eager")  # best first
+_ID = dict(_native.PATHS)
+
+
+def _torch():
+    import torch  # only when handling torch tensors
+
+    return torch
+
+
+def _ordinal(device) -> int:
+    if device is None:
+        torch = sys.modules.get("torch")
+        return torch.cuda.current_device() if torch is not None and torch.cuda.is_available() else 0
+    if isinstance(device, int):
+        return device
+    if getattr(device, "type", "cuda") != "cuda":
+        raise ValueError(f"device {device!r} is not a CUDA device")
+    idx = getattr(device, "index", None)
+    return _ordinal(None) if idx is None else int(idx)
+
+
+class CudaSync:
+    """The GPU side of `executor`'s doorbell on CUDA device `device`.
+
+    paths: the paths allowed, best first (default: kernel, memop, host-func, eager).
+    qualify: prove the chosen path with a real decode (eager + graph replay) at start-up.
+    """
+
+    def __init__(self, executor, device=None, *, paths=PATHS, timeout_s: float = 10.0, qualify: bool = True):
+        import cpumoe_executor
+
+        bad = [p for p in paths if p not in PATHS]
+        if bad:
+            raise ValueError(f"unknown paths {bad}; expected a subset of {list(PATHS)}")
+        self.executor, self.timeout_s, self.ordinal = executor, float(timeout_s), _ordinal(device)
+        self.reasons: dict[str, str] = {p: "not tried" for p in PATHS if p != "eager"}
+        self.path, self.kernel_image = "eager", None
+        self._dev = self._iob = self._kio = None
+        self._started_coordinator = False
+        st = _native.driver_status()
+        if not (st["loaded"] and st["initialized"]):
+            self.reasons = {p: st["error"] for p in self.reasons}
+        else:
+            try:
+                self._dev = _native.Device(self.ordinal)
+                self._iob = _native.Iob(self._dev, cpumoe_executor.C_API_CAPSULE, executor.handle, executor)
+            except _native.GpuSyncError as e:
+                self.reasons = {p: str(e) for p in self.reasons}
+        if self._iob is not None:
+            if not executor.health()["coordinator_running"]:
+                executor.start_coordinator()
+                self._started_coordinator = True
+            for name in ("memop", "host-func"):
+                if name in paths or (name == "memop" and "kernel" in paths):  # the kernel path waits with memops
+                    _ok, self.reasons[name] = self._iob.probe(_ID[name], self.timeout_s)
+            if "kernel" in paths:
+                self._open_kernels()
+        for p in paths:
+            if self._usable(p) and (p == "eager" or not qualify or self._qualify(p)):
+                self.path = p
+                break
+        if self._iob is not None and self.path == "kernel":
+            self._iob.set_replay_safe(_ID["kernel"], True)
+        where = f"cuda:{self.ordinal} ({self._dev.name}, sm_{self._dev.cc})" if self._dev else f"cuda:{self.ordinal}"
+        log.info("gpusync_cuda: handshake=%s on %s (%s)", self.path, where, self.summary())
+
+    def summary(self) -> str:
+        """Each path's verdict, identical reasons grouped: 'memop, host-func: ok; kernel: ...'."""
+        groups: dict[str, list[str]] = {}
+        for p, r in self.reasons.items():
+            ok = self._usable(p) and "failed" not in r
+            label = r if not ok else f"ok ({self.kernel_image})" if p == "kernel" else "ok"
+            groups.setdefault(label, []).append(p)
+        return "; ".join(f"{', '.join(ps)}: {r}" for r, ps in groups.items())
+
+    # ---- start-up -----------------------------------------------------------------------------
+    def _usable(self, p: str) -> bool:
+        if p == "eager":
+            return True
+        if self._iob is None:
+            return False
+        if p == "kernel":
+            return self._kio is not None and self._iob.replay_safe(_ID["memop"])
+        return self._iob.replay_safe(_ID[p])
+
+    def _open_kernels(self) -> None:
+        try:
+            import kernelio
+        except ImportError:
+            self.reasons["kernel"] = "kernelio is not installed"
+            return
+        if not self._iob.replay_safe(_ID["memop"]):
+            self.reasons["kernel"] = "needs the memop wait, which failed its probe"
+            return
+        try:
+            data = kernelio.image()
+        except OSError as e:
+            self.reasons["kernel"] = str(e)
+            return
+        msg = kernelio.probe(_native._C_API_v1, self._dev, data, self.timeout_s)
+        if msg:
+            self.reasons["kernel"] = msg
+            warnings.warn(f"gpusync_cuda: kernel IO unavailable, decoding with copies + memops instead: {msg}",
+                          RuntimeWarning, stacklevel=3)
+            log.warning("kernel IO unavailable (%s); falling back to copies + memops", msg)
+            return
+        iob = self.executor.io_block()
+        io = {k: self._iob.dptr(iob[k]) for k in ("x", "ids", "w", "y", "ready", "done")}
+        io.update(H=self.executor.H, K=self.executor.top_k, max_tokens=self.executor.max_tokens)
+        try:
+            self._kio = kernelio.open_kernels(_native._C_API_v1, self._dev, io, data)
+        except Exception as e:  # noqa: BLE001 - the path is unavailable, the others stay
+            self.reasons["kernel"] = f"kernelio failed to open: {e}"
+            return
+        entries = kernelio.fatbin_entries(data) if data[:4] == b"\x50\xed\x55\xba" else []
+        # A cubin runs on its own major at an equal or higher minor; else the driver JITs the PTX.
+        major, minor = divmod(self._dev.cc, 10)
+        sass = [a for k, a in entries if k == "sass" and int(a[3:]) // 10 == major and int(a[3:]) % 10 <= minor]
+        self.kernel_image = f"{sass[-1]} SASS" if sass else "PTX (JIT)"
+        self.reasons["kernel"] = f"kernelio probe passed ({self.kernel_image})"
+
+    def _qualify(self, path: str) -> bool:
+        """Eager and graph-replayed decode on `path` == the executor's synchronous result, bit for bit."""
+        try:
+            torch = _torch()
+        except ImportError:
+            self.reasons[path] += "; not qualified (torch is not importable)"
+            return path != "kernel"
+        from ._qualify import qualify
+
+        kid = _ID["kernel"]
+        was = self._iob.replay_safe(kid)
+        if path == "kernel":
+            self._iob.set_replay_safe(kid, True)  # lets the probe's capture record the wait
+        try:
+            qualify(self, path, torch)
+            return True
+        except Exception as e:  # noqa: BLE001 - any failure disqualifies the path
+            self.reasons[path] = f"failed qualification: {type(e).__name__}: {e}"
+            warnings.warn(f"gpusync_cuda: the {path} path failed its start-up qualification: {e}", RuntimeWarning,
+                          stacklevel=3)
+            if path != "kernel":
+                self._iob.set_replay_safe(_ID[path], False)
+            return False
+        finally:
+            self._iob.set_replay_safe(kid, was)
+
+    # ---- decode ---------------------------------------------------------------------------------
+    def decode(self, layer: int, x, topk_weights, topk_ids, residency_mask=None, *, out=None, partial=None):
+        """y [T, H] bf16 of `layer`'s CPU experts on the current stream (capture-safe unless eager).
+
+        residency_mask: bool/u8 [E] on the GPU, True = the expert runs on the GPU (its routes are
+        skipped here). out: write y into it; partial: add y into it in place (a GPU partial result).
+        Returns the tensor holding the result."""
+        return self._decode(self.path, layer, x, topk_weights, topk_ids, residency_mask, out, partial)
+
+    def _decode(self, path, layer, x, w, ids, mask, out, partial):
+        from ._decode import decode
+
+        return decode(self, path, layer, x, w, ids, mask, out, partial)
+
+    # ---- waits and health -----------------------------------------------------------------------
+    def synchronize(self, stream=None, timeout_s: float | None = None) -> None:
+        """Wait for `stream` (default: current) at most timeout_s; on expiry the stream is released
+        (done := SHUTDOWN) and TimeoutError names the executor's state. Never hangs."""
+        torch = _torch()
+        s = torch.cuda.current_stream(self.ordinal) if stream is None else stream
+        h = getattr(s, "cuda_stream", s)
+        t = self.timeout_s if timeout_s is None else timeout_s
+        ok = self._iob.sync(h, t) if self._iob is not None else bool(s.synchronize() or True)
+        if not ok:
+            raise TimeoutError(f"gpusync_cuda: stream did not complete within {t} s and was released; "
+                               f"executor health: {self.executor.health()}")
+
+    def pending(self) -> bool:
+        """A doorbell rung and not answered yet."""
+        h = self.executor.health()
+        return h["ready"] != 0 or h["done"] == 0
+
+    def close(self) -> None:
+        self._kio = None
+        self._iob = None  # unregisters the IO block
+        if self._started_coordinator:
+            self.executor.stop_coordinator()
+            self._started_coordinator = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+__all__ = ["CaptureRefusedError", "CudaSync", "PATHS"]

@@ -1,0 +1,153 @@
+"""On an NVIDIA GPU (marked cuda/gpu; skipped with the reason elsewhere): the
+driver resolves through cuGetProcAddress_v2, the probes pass, every path's
+decode equals the executor's synchronous decode bit for bit, memops become
+graph nodes, capture is refused where no replay-safe path exists, and waits
+stay bounded."""
+import zlib
+
+import numpy as np
+import pytest
+from conftest import cuda, gpu_missing, make_executor
+
+MISSING = gpu_missing()
+pytestmark = cuda + [pytest.mark.skipif(MISSING is not None, reason=f"no CUDA GPU: {MISSING}")]
+PATHS = ("kernel", "memop", "host-func", "eager")
+
+
+@pytest.fixture(scope="module")
+def sync():
+    import gpusync_cuda as gs
+
+    ex = make_executor(np.random.default_rng(3), E=8, H=256, I=64, layers=4, top_k=4, threads=4)
+    s = gs.CudaSync(ex)
+    yield s
+    s.close()
+    ex.close()
+
+
+def want(torch, ex, layer, x, w, ids, mask=None, partial=None):
+    ids = ids.cpu()
+    if mask is not None:
+        hit = mask.cpu()[ids.clamp(0, ex.E - 1).long()] & (ids >= 0)
+        ids = ids.masked_fill(hit, -1)
+    xc = x.cpu()
+    y = ex.decode(layer, xc if xc.dtype == torch.bfloat16 else xc.float(), w.cpu().float(), ids)
+    return y if partial is None else (partial.cpu().float() + y.float()).to(torch.bfloat16)
+
+
+def bits(t):
+    import torch
+
+    return t.detach().cpu().contiguous().view(torch.int16)
+
+
+def test_driver_resolution():
+    import gpusync_cuda as gs
+
+    st = gs.driver_status()
+    assert st["resolver"].startswith("cuGetProcAddress_v2(cudaVersion=12000)"), st
+    assert st["memops"] and st["graphs"] and st["modules"] and st["host_func"] and not st["missing"]
+
+
+def test_probes_pass_and_kernel_path_is_chosen(sync):
+    assert sync.path == "kernel", sync.summary()
+    for p in ("memop", "host-func"):
+        assert "bit-identical" in sync.reasons[p], sync.reasons[p]
+    assert sync.kernel_image.endswith("SASS"), sync.kernel_image
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode", ["new", "out", "partial"])
+def test_decode_matches_the_executor(sync, path, mode):
+    import torch
+
+    ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
+    g = torch.Generator().manual_seed(zlib.crc32(f"{path}/{mode}".encode()))
+    mask = torch.zeros(ex.E, dtype=torch.bool)
+    mask[1::3] = True
+    for layer, T in ((0, 1), (3, 5), (1, 8)):
+        x = torch.randn(T, ex.H, generator=g).to(torch.bfloat16)
+        w = torch.rand(T, ex.top_k, generator=g)
+        ids = torch.randint(-1, ex.E, (T, ex.top_k), generator=g, dtype=torch.int32)
+        p = torch.randn(T, ex.H, generator=g).to(torch.bfloat16)
+        for m in (None, mask):
+            target = {"new": None, "out": torch.empty(T, ex.H, dtype=torch.bfloat16, device=dev),
+                      "partial": p.to(dev)}[mode]
+            kw = {"out": target} if mode == "out" else {"partial": target} if mode == "partial" else {}
+            y = sync._decode(path, layer, x.to(dev), w.to(dev), ids.to(dev), None if m is None else m.to(dev),
+                             kw.get("out"), kw.get("partial"))
+            sync.synchronize()
+            assert target is None or y is target
+            exp = want(torch, ex, layer, x, w, ids, m, p if mode == "partial" else None)
+            assert torch.equal(bits(y), bits(exp)), (path, mode, layer, T, m is not None)
+    assert not sync.pending()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_non_bf16_x_takes_the_copy_path(sync, dtype):
+    import torch
+
+    ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
+    x = torch.randn(3, ex.H, dtype=getattr(torch, dtype))
+    w = torch.rand(3, ex.top_k)
+    ids = torch.randint(0, ex.E, (3, ex.top_k), dtype=torch.int64)  # int64 ids are converted too
+    y = sync.decode(2, x.to(dev), w.to(dev), ids.to(dev))
+    sync.synchronize()
+    assert torch.equal(bits(y), bits(want(torch, ex, 2, x.to(torch.bfloat16), w, ids.to(torch.int32))))
+
+
+def test_memops_are_graph_nodes(sync):
+    from gpusync_cuda import _native
+
+    d, b = sync._dev, sync._iob
+    s = d._stream_create()
+    try:
+        d._capture_begin(s)
+        b.submit(_native.PATHS["memop"], s, 0, 1)
+        b.wait(_native.PATHS["memop"], s)
+        types = d._capture_end(s)
+    finally:
+        d._stream_destroy(s)
+    assert types == {12: 3}  # CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: write done, write ready, wait
+
+
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
+def test_capture_is_refused_without_a_replay_safe_path(rng):
+    import torch
+
+    import gpusync_cuda as gs
+
+    ex = make_executor(rng, layers=1)
+    s = gs.CudaSync(ex, paths=("eager",))
+    assert s.path == "eager"
+    dev = torch.device("cuda", s.ordinal)
+    x = torch.randn(2, ex.H, device=dev).to(torch.bfloat16)
+    w, ids = torch.rand(2, ex.top_k, device=dev), torch.zeros(2, ex.top_k, dtype=torch.int32, device=dev)
+    y = s.decode(0, x, w, ids)  # eager decode stays correct
+    assert torch.equal(bits(y), bits(want(torch, ex, 0, x, w, ids)))
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(gs.CaptureRefusedError, match="capture refused.*--cuda-graph-max-bs 0"):
+        with torch.cuda.graph(g):
+            s.decode(0, x, w, ids)
+    s.close()
+    ex.close()
+
+
+def test_waits_are_bounded(rng):
+    import cpumoe_executor as ce
+    from gpusync_cuda import _native
+
+    ex = make_executor(rng, layers=1)  # coordinator not started: nobody answers
+    d = _native.Device(0)
+    b = _native.Iob(d, ce.C_API_CAPSULE, ex.handle, ex)
+    s = d._stream_create()
+    try:
+        b.submit(_native.PATHS["memop"], s, 0, 1)
+        b.wait(_native.PATHS["memop"], s)
+        assert b.sync(s, 0.3) is False  # expired, and released the stream
+        assert ex.health()["done"] == 0x7FFFFFFFFFFFFFFF
+        assert d.sync(s, 5.0)
+    finally:
+        d._stream_destroy(s)
+        del b
+        ex.close()

@@ -1,0 +1,127 @@
+// kernelio: move one decode step's inputs into the executor's IO block and its
+// output back, from the GPU stream, with no copies and no host involvement
+// (protocol v1, docs/protocol.md). One source for nvcc and hipcc (vendor.h).
+//
+// publish: x (bf16), ids (int32, routes of GPU-resident experts -> -1) and w
+//   (fp32) are stored through the block's mapped device address by every
+//   block; every thread fences system-wide; the LAST block to finish (a
+//   device-scope counter, reset by that block for the next launch/replay) then
+//   either completes the step itself (done := 1, no doorbell: no route goes to
+//   the CPU) or writes done := 0, fences, and rings ready := task. So no CPU
+//   can see the doorbell before every payload store of every block.
+// combine: after the stream's memop wait (done >= 1), y is read uncached from
+//   the block and written to `out`, or added into a GPU partial in place with
+//   the same arithmetic as torch's bf16 add (fp32 sum, round to nearest even).
+//   A skipped step reads no y: it writes zeros / adds zeros.
+#include "vendor.h"
+#include "kernelio/params.h"
+
+namespace {
+__device__ __forceinline__ float bf16_to_f32(unsigned b) { return __uint_as_float(b << 16); }
+
+// Round to nearest even; NaN -> 0x7FC0 (torch's c10::BFloat16 rule).
+__device__ __forceinline__ unsigned f32_to_bf16(float f) {
+  const unsigned u = __float_as_uint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+__device__ __forceinline__ unsigned add_pair(unsigned o, unsigned y) {  // two bf16 lanes per word
+  const unsigned lo = f32_to_bf16(bf16_to_f32(o & 0xFFFFu) + bf16_to_f32(y & 0xFFFFu));
+  const unsigned hi = f32_to_bf16(bf16_to_f32(o >> 16) + bf16_to_f32(y >> 16));
+  return lo | (hi << 16);
+}
+
+__device__ __forceinline__ int cpu_route(const kio_publish_params& p, int i) {
+  const int t = i / p.K, k = i % p.K;
+  int id = reinterpret_cast<const int*>(p.ids)[(int64_t)t * p.ids_stride + k];
+  const unsigned char* res = reinterpret_cast<const unsigned char*>(p.resident);
+  // Out-of-range ids are passed through: the executor rejects them loudly (error word).
+  if (res && id >= 0 && id < p.num_experts && res[id]) id = -1;
+  return id;
+}
+}  // namespace
+
+KIO_EXTERN_C __global__ void __launch_bounds__(KERNELIO_THREADS) kernelio_publish(kio_publish_params p) {
+  const int nthr = blockDim.x * gridDim.x;
+  const int gid = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p.vec) {
+    const int per_row = p.H / 8, n = p.T * per_row;
+    for (int i = gid; i < n; i += nthr) {
+      const int t = i / per_row, c = i % per_row;
+      const uint4 v = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
+                                                     (int64_t)t * p.x_stride)[c];
+      reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(p.io_x) + (int64_t)t * p.H)[c] = v;
+    }
+  } else {
+    const int n = p.T * p.H;
+    for (int i = gid; i < n; i += nthr) {
+      const int t = i / p.H, h = i % p.H;
+      reinterpret_cast<unsigned short*>(p.io_x)[i] =
+          reinterpret_cast<const unsigned short*>(p.x)[(int64_t)t * p.x_stride + h];
+    }
+  }
+  for (int i = gid; i < p.T * p.K; i += nthr) {
+    const int t = i / p.K, k = i % p.K;
+    reinterpret_cast<int*>(p.io_ids)[i] = cpu_route(p, i);
+    reinterpret_cast<float*>(p.io_w)[i] = reinterpret_cast<const float*>(p.w)[(int64_t)t * p.w_stride + k];
+  }
+  // Each thread's payload stores are ordered before everything it (and, through
+  // the counter below, the last block) does afterwards, at system scope.
+  kio_fence_system();
+  __syncthreads();
+  __shared__ int is_last;
+  unsigned* scratch = reinterpret_cast<unsigned*>(p.scratch);
+  if (threadIdx.x == 0) is_last = atomicAdd(&scratch[0], 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!is_last) return;
+
+  // Last block: every block's payload is published. Does any route go to the CPU?
+  int any = 0;
+  for (int i = threadIdx.x; i < p.T * p.K; i += blockDim.x) any |= cpu_route(p, i) >= 0;
+  any = __syncthreads_or(any);
+  if (threadIdx.x == 0) {
+    scratch[0] = 0;          // next launch (or graph replay) starts counting from 0
+    scratch[1] = any ? 0 : 1;  // combine: skipped step, no y to read
+    volatile unsigned long long* done = reinterpret_cast<volatile unsigned long long*>(p.done);
+    volatile unsigned long long* ready = reinterpret_cast<volatile unsigned long long*>(p.ready);
+    if (!any) {
+      *done = 1ull;  // complete without waking the CPU; the stream's wait passes at once
+    } else {
+      kio_fence_system();  // the payload (seen through the counter) before the words
+      *done = 0ull;        // reset first: this step's completion cannot be wiped
+      kio_fence_system();  // done = 0 visible before the doorbell
+      *ready = (unsigned long long)p.task;
+    }
+    kio_fence_system();
+  }
+}
+
+KIO_EXTERN_C __global__ void __launch_bounds__(KERNELIO_THREADS) kernelio_combine(kio_combine_params p) {
+  const int nthr = blockDim.x * gridDim.x;
+  const int gid = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool skip = reinterpret_cast<volatile const unsigned*>(p.scratch)[1] != 0;
+  if (p.vec) {
+    const int per_row = p.H / 8, n = p.T * per_row;
+    for (int i = gid; i < n; i += nthr) {
+      const int t = i / per_row, c = i % per_row;
+      uint4 y = make_uint4(0, 0, 0, 0);
+      if (!skip) y = kio_load_uncached(reinterpret_cast<const uint4*>(p.io_y) + (int64_t)t * per_row + c);
+      uint4* o = reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(p.out) + (int64_t)t * p.out_stride) + c;
+      if (p.accumulate) {
+        const uint4 a = *o;
+        y = make_uint4(add_pair(a.x, y.x), add_pair(a.y, y.y), add_pair(a.z, y.z), add_pair(a.w, y.w));
+      }
+      *o = y;
+    }
+  } else {
+    const int n = p.T * p.H;
+    for (int i = gid; i < n; i += nthr) {
+      const int t = i / p.H, h = i % p.H;
+      unsigned y = skip ? 0u : kio_load_uncached(reinterpret_cast<const unsigned short*>(p.io_y) + i);
+      unsigned short* o = reinterpret_cast<unsigned short*>(p.out) + (int64_t)t * p.out_stride + h;
+      if (p.accumulate) y = f32_to_bf16(bf16_to_f32(*o) + bf16_to_f32(y));
+      *o = (unsigned short)y;
+    }
+  }
+}
