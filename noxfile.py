@@ -43,9 +43,9 @@ class Pkg:
 PLANNED = {
     "cpumoe-formats": Pkg(("cpu",)),
     "cpumoe-executor": Pkg(("cpu",), deps=("cpumoe-formats",)),
-    "gpusync-cuda": Pkg(("cuda",)),
+    "gpusync-cuda": Pkg(("cpu", "cuda"), deps=("cpumoe-formats", "cpumoe-executor")),
     "gpusync-hip": Pkg(("rocm",)),
-    "kernelio": Pkg(("cuda", "rocm")),
+    "kernelio": Pkg(("cpu", "cuda", "rocm"), deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda")),
     "moe-engine-glue": Pkg(("cpu", "cuda", "rocm"),
                            deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda", "gpusync-hip", "kernelio")),
 }
