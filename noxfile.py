@@ -253,3 +253,12 @@ def lint(session: nox.Session) -> None:
     session.install(RUFF)
     session.run("ruff", "check", str(ROOT), *session.posargs)
 
+
+
+@nox.session(name="sanitize", default=False)
+def sanitize(session: nox.Session) -> None:
+    """AddressSanitizer+UBSan, then ThreadSanitizer builds of cpumoe-formats and cpumoe-executor, each
+    running both test suites (ci/sanitize.sh; posargs go to pytest). Not in test-cpu: ~15 min on 2 cores."""
+    session.install("pybind11>=2.12", "numpy>=1.23", "ml_dtypes>=0.5", "pytest>=7", "hypothesis>=6")
+    for mode in ("asan", "tsan"):
+        session.run("bash", str(ROOT / "ci" / "sanitize.sh"), mode, *session.posargs, external=True)
