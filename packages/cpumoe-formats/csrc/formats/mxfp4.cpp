@@ -34,7 +34,8 @@ constexpr int kGroupRows = 16;  // K-pair rows per e8m0 scale (32 K)
 constexpr int kMaxCols = 512;   // columns per tile pass (stack accumulators)
 constexpr int kMaxTok = 4;      // tokens per tile pass
 constexpr int kW8Ncv = 2;  // 32-column vectors per w4a8 chunk
-constexpr int kPrefetchRows = 32;  // K rows ahead (row stride = N bytes): ~100-200 ns of DRAM latency
+constexpr int kPrefetchRows = 32;
+constexpr int kPrefetchGroups = kPrefetchRows / 16;  // scale rows ahead  // K rows ahead (row stride = N bytes): ~100-200 ns of DRAM latency
 
 // Fully unroll the compile-time loops over vectors and tokens so accumulators live in registers.
 #define MX_UNROLL _Pragma("GCC unroll 16")
@@ -247,8 +248,12 @@ void tile_simd(const Tile& T, int c0, int nch, const float* const* xs, float* ou
   const uint8_t* blk = T.blk + c0;
   const uint8_t* scl = T.scl + c0;
   const int64_t pfd = kPrefetchRows * T.bs;
+  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;  // chunks straddle lines
+  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
   for (int r = 0; r < kPrefetchRows && r < T.nkp; ++r)  // prologue: the first rows of every chunk
     for (int o = 0; o < nch * CW; o += 64) MX_PREFETCH(blk + r * T.bs + o);
+  for (int g = 0; g < kPrefetchGroups && g < T.nkp / kGroupRows; ++g)  // and the first scale rows
+    for (int o = 0; o < nch * CW + 63; o += 64) MX_PREFETCH(scl + g * T.ss + o);
   const int ng = T.nkp / kGroupRows;
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
@@ -262,7 +267,7 @@ void tile_simd(const Tile& T, int c0, int nch, const float* const* xs, float* ou
       for (int r = 0; r < kGroupRows; ++r, p += T.bs) {
         MX_UNROLL
         for (int o = 0; o < CW; o += 64) MX_PREFETCH(p + pfd + o);
-        if (CW % 64 == 0) MX_PREFETCH(p + pfd + CW - 1);  // the tile may not start on a line
+        if (CW % 64 == 0 && unaligned) MX_PREFETCH(p + pfd + CW - 1);  // the tile may not start on a line
         const int kb = kb0 + r;
         F x0[NT], x1[NT];
         MX_UNROLL
@@ -285,6 +290,10 @@ void tile_simd(const Tile& T, int c0, int nch, const float* const* xs, float* ou
       }
       // Scales in the same lane order: byte s -> word s << 8 -> dword s << 24 -> e8m0.
       const uint8_t* sp = scl + (int64_t)g * T.ss + ch * CW;
+      if (g + kPrefetchGroups < ng) {  // the scale row kPrefetchGroups groups ahead (its own strided stream)
+        MX_PREFETCH(sp + kPrefetchGroups * T.ss);
+        if (CW > 64 || unaligned_s) MX_PREFETCH(sp + kPrefetchGroups * T.ss + CW - 1);
+      }
       MX_UNROLL
       for (int c = 0; c < NCV; ++c) {
         const I s = V::minu8(V::load(sp + c * W), 254), z = V::zero();
@@ -363,8 +372,12 @@ void tile_w8(const Tile& T, int c0, int nch, const uint8_t* const* as, float* ou
   const uint8_t* blk = T.blk + c0;
   const uint8_t* scl = T.scl + c0;
   const int64_t pfd = kPrefetchRows * T.bs;
-  for (int r = 0; r < kPrefetchRows && r < T.nkp; ++r)
+  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;  // chunks straddle lines
+  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
+  for (int r = 0; r < kPrefetchRows && r < T.nkp; ++r)  // prologue: the first rows of every chunk
     for (int o = 0; o < nch * CW; o += 64) MX_PREFETCH(blk + r * T.bs + o);
+  for (int g = 0; g < kPrefetchGroups && g < T.nkp / kGroupRows; ++g)  // and the first scale rows
+    for (int o = 0; o < nch * CW + 63; o += 64) MX_PREFETCH(scl + g * T.ss + o);
   const int ng = T.nkp / kGroupRows;
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
@@ -381,7 +394,7 @@ void tile_w8(const Tile& T, int c0, int nch, const uint8_t* const* as, float* ou
         for (int r = 0; r < kGroupRows / 2; ++r, p += T.bs) {
           MX_UNROLL
           for (int o = 0; o < CW; o += 64) MX_PREFETCH(p + pfd + o);
-          if (CW % 64 == 0) MX_PREFETCH(p + pfd + CW - 1);
+          if (CW % 64 == 0 && unaligned) MX_PREFETCH(p + pfd + CW - 1);
           const int kb = kb0 + 8 * h + r;
           __m256i lo[NCV], hi[NCV];
           MX_UNROLL
@@ -411,6 +424,10 @@ void tile_w8(const Tile& T, int c0, int nch, const uint8_t* const* as, float* ou
           for (int v = 0; v < 2 * NCV; ++v) half[h][t][v] = acc[t][v];
       }
       const uint8_t* sp = scl + (int64_t)g * T.ss + ch * CW;
+      if (g + kPrefetchGroups < ng) {  // the scale row kPrefetchGroups groups ahead (its own strided stream)
+        MX_PREFETCH(sp + kPrefetchGroups * T.ss);
+        if (CW > 64 || unaligned_s) MX_PREFETCH(sp + kPrefetchGroups * T.ss + CW - 1);
+      }
       MX_UNROLL
       for (int c = 0; c < NCV; ++c) {
         const __m256i s = _mm256_min_epu8(_mm256_loadu_si256((const __m256i*)(sp + c * 32)), _mm256_set1_epi8((char)254));
