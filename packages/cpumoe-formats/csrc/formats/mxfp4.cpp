@@ -18,6 +18,14 @@
 // (lane_col below); the scales are expanded the same way and the totals are un-permuted once
 // per tile. Columns that do not fill a vector (work items not on 32-column boundaries) run
 // through the scalar tile.
+//
+// Mode w4a8 (int8 activations per 32 K, see the w4a8 sections below): prep_act quantizes each
+// 32-K block (s_b = amax/127, q = clamp(rint(x/s_b))), the avx2 tile decodes nibbles with one
+// vpshufb per nibble into signed int8 2*E2M1 (the sign of q folded into the LUT per row) and
+// multiplies with vpmaddubsw: about 12 simple ops per 32 columns x 2 K instead of ~27.
+//
+// Tiles span a whole work item (kMaxCols = 512 columns: a 256-row gate_up item), walked group by
+// group; the blocks rows and the scale rows are software-prefetched 32 rows / 2 groups ahead.
 #include "../rowmajor.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && CPUMOE_TIER >= CPUMOE_T_AVX512F

@@ -20,6 +20,16 @@ added once per route (times the route's weight).
 
 `dequantize`/`biases` return the LOGICAL layout the generic reference uses:
 gate_up [E, 2I, H] gate rows then up rows, down [E, H, I].
+
+Modes:
+
+* ``native`` (default, W4A16): bf16 activations in fp32, weights decoded exactly, fp32 accumulation.
+* ``w4a8``: every activation vector (x, and each g row) is quantized per 32-K block (the e8m0 scale
+  block) to int8 in fp32: ``s_b = amax / 127``, ``id = 1 / s_b`` (0 where not finite: amax == 0, or
+  1/s_b overflows, so the block contributes 0), ``q = clamp(rint(x * id), -127, 127)`` (half to
+  even); the q4_0 Q8_0 rule. Per group and column the kernel takes the exact integer
+  ``S = sum(2 * E2M1[code] * q)`` and adds ``(float)S * ((e8m0 * 0.5f) * s_b)`` in fp32 (scalar and
+  avx2 bit-identical). ``act_in`` reproduces the quantization bit-exactly (``w8_quantize``).
 """
 from __future__ import annotations
 
@@ -172,7 +182,8 @@ SPEC = Mxfp4Format(
     k_multiple=32,
     input_weight=False,
     aliases=("mxfp4_triton",),
-    description="gpt-oss mxfp4 (e2m1 + e8m0 per 32 K), transposed split-K, interleaved gate/up, biases (W4A16)",
+    description="gpt-oss mxfp4 (e2m1 + e8m0 per 32 K), transposed split-K, interleaved gate/up, biases "
+                "(native W4A16; w4a8 = int8 activations per 32 K)",
     modes=("native", "w4a8"),
     kernel_tiers={"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2")},
 )
