@@ -57,7 +57,7 @@ const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(
 const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"bf16", 2, 1, true, 1u << CPUMOE_MODE_NATIVE},
     {"nvfp4", 6, 16, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8)},
-    {"mxfp4", 6, 32, false, 1u << CPUMOE_MODE_NATIVE},
+    {"mxfp4", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8)},
     {"ds_fp4", 4, 128, false, 1u << CPUMOE_MODE_NATIVE},
     {"q4_0", 2, 32, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8)},
     {"fp8_block", 4, 1, true, 1u << CPUMOE_MODE_NATIVE},

@@ -87,7 +87,7 @@ def test_gpt_oss_shape(rng, gpt_oss_banks, mode, tier, T):
     x = rng.standard_normal((T, H), dtype=np.float32)
     w, ids = routes(rng, T, K, E)
     y = run_forced(FMT, banks, x, w, ids, mode, tier, **GPT_OSS)
-    ref = cf.reference.moe(FMT, banks, x, w, ids, dequantized=deq, **GPT_OSS)
+    ref = cf.reference.moe(FMT, banks, x, w, ids, mode=mode, dequantized=deq, **GPT_OSS)
     assert rel_err(y, ref) < TOL
 
 
@@ -110,7 +110,7 @@ def test_ragged_activations(rng, mode, tier, act, H, I, T):  # noqa: E741
     if act.startswith("swiglu"):
         kw.update(alpha=1.702, limit=0.75)  # a limit the data actually crosses
     y = run_forced(FMT, banks, x, w, ids, mode, tier, **kw)
-    ref = cf.reference.moe(FMT, banks, x, w, ids, **kw)
+    ref = cf.reference.moe(FMT, banks, x, w, ids, mode=mode, **kw)
     assert rel_err(y, ref) < TOL
 
 
@@ -140,7 +140,8 @@ def test_arbitrary_work_items(rng, mode, tier):
         xs = round_bf16(rng.standard_normal((n, H)))
         px = [prep(v) for v in xs]
         e = int(rng.integers(0, E))
-        gate_up = xs @ gu[e].T + bgu[e]  # [n, 2I] gate then up
+        xa = np.stack([SPEC.act_in(v, mode) for v in xs])  # what the kernel consumes (w4a8: int8 * s_b)
+        gate_up = xa @ gu[e].T + bgu[e]  # [n, 2I] gate then up
         g_ref = round_bf16(act(gate_up[:, :I], gate_up[:, I:]))
         for i0, i1 in ((0, I), (0, 1), (3, 20), (5, 37), (31, 33), (40, 105), (I - 7, I)):
             g = poisoned(n, I)
@@ -163,19 +164,21 @@ def test_arbitrary_work_items(rng, mode, tier):
             ref = np.full((3, h1 - h0), 0.25)
             mag = np.full((3, h1 - h0), 0.25)
             for r in range(n):
-                term = dn[experts[r], h0:h1] @ gs[r] + bdn[experts[r], h0:h1]
+                ga = SPEC.act_in(gs[r], mode)
+                term = dn[experts[r], h0:h1] @ ga + bdn[experts[r], h0:h1]
                 ref[tok[r]] += float(wts[r]) * term
-                mag[tok[r]] += float(wts[r]) * (np.abs(dn[experts[r], h0:h1]) @ np.abs(gs[r])
+                mag[tok[r]] += float(wts[r]) * (np.abs(dn[experts[r], h0:h1]) @ np.abs(ga)
                                                 + np.abs(bdn[experts[r], h0:h1]))
             assert (np.abs(acc - ref) <= 2e-5 * mag).all()
 
 
 # ---------------------------------------------------------------- e8m0 scales 0..255
 
-def _x_exp(s):
+def _x_exp(s, mode="native"):
     """log2 of the activation scale used with e8m0 code s: keeps partial sums and x normal and
-    finite in fp32/bf16 while 2^(s-127) * 2^X stays near 1."""
-    return int(np.clip(127 - min(s, 254), -125, 120))
+    finite in fp32/bf16 while 2^(s-127) * 2^X stays near 1. w4a8 stops at 2^-118 so that the
+    block's s_b = amax/127 stays normal (where 1/s_b overflows the block quantizes to 0)."""
+    return int(np.clip(127 - min(s, 254), -125 if mode == "native" else -118, 120))
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
@@ -194,13 +197,26 @@ def test_every_e8m0_scale_gate_up(rng, mode, tier):
             _set_code(blocks, 0, 32 * c + int(k), c, int(rng.integers(1, 8)))  # positive, non-zero
     for h in range(H):  # one-hot down: y[h] = 1.0 * g[h % I]
         _set_code(banks["down_blocks"], 0, h % I, h, 2)
-    xe = np.repeat([_x_exp(s) for s in range(256)], 32)
+    xe = np.repeat([_x_exp(s, mode) for s in range(256)], 32)
     x = (np.ldexp(1.0 + rng.integers(0, 128, H) / 128.0, xe)).astype(np.float32)[None]  # bf16-exact
     w, ids = np.ones((1, 1), np.float32), np.zeros((1, 1), np.int32)
     y = run_forced(FMT, banks, x, w, ids, mode, tier)
-    ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids))
-    assert (ref != 0).all()
-    _close_elementwise(y, ref)
+    if mode == "native":
+        ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids, mode=mode))
+        assert (ref != 0).all()
+        _close_elementwise(y, ref)
+    else:  # w4a8 quantizes g per 32 (g spans 2^24 here): check every g_j from the gate_up work item
+        k = cf.Kernel(FMT, 1, H, I, mode=mode, isa=tier)
+        src = np.ascontiguousarray(_bf16(x[0])).view(np.uint16)
+        px = cf.aligned_empty((k._k.act_bytes(H),), np.uint8)
+        k._k.prep_act(src.ctypes.data, H, px.ctypes.data)
+        g = poisoned(1, I)
+        k._k.gate_up(SPEC.bank_views(SPEC.validate(banks)[0]), 0, 0, I, [px.ctypes.data], [1.0], [g.ctypes.data])
+        gu, _ = SPEC.dequantize(banks)
+        gate_up = gu[0] @ SPEC.act_in(round_bf16(x[0]), mode)
+        g_ref = round_bf16(activations.resolve("silu")(gate_up[:I], gate_up[I:]))
+        assert (g_ref != 0).all()
+        _close_elementwise(g.astype(np.float64)[0], g_ref)
     # 255 behaves as 254: bit-identical output with every 254 replaced by 255 and vice versa
     for a, b in ((255, 254), (254, 255)):
         b2 = {n: v.copy() for n, v in banks.items()}
@@ -222,7 +238,8 @@ def test_every_e8m0_scale_down(rng, mode, tier):
     for h in range(H):
         for k in rng.choice(32, 4, replace=False):
             _set_code(banks["down_blocks"], 0, 32 * h + int(k), h, int(rng.integers(1, 8)))
-    xe = np.repeat([int(np.clip(117 - min(s, 254), -126, 117)) for s in range(256)], 32)  # per i
+    lo = -126 if mode == "native" else -118  # w4a8: g's s_b = amax/127 stays normal
+    xe = np.repeat([int(np.clip(117 - min(s, 254), lo, 117)) for s in range(256)], 32)  # per i
     gate = 16.0 + rng.integers(0, 128, I) / 8.0
     up = np.ldexp(1.0, xe)
     bias = np.empty(2 * I)
@@ -231,7 +248,7 @@ def test_every_e8m0_scale_down(rng, mode, tier):
     x = rng.standard_normal((1, H), dtype=np.float32)  # irrelevant: gate_up codes are zero
     w, ids = np.ones((1, 1), np.float32), np.zeros((1, 1), np.int32)
     y = run_forced(FMT, banks, x, w, ids, mode, tier)
-    ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids))
+    ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids, mode=mode))
     assert (ref != 0).all()
     _close_elementwise(y, ref)
     for a, b in ((255, 254), (254, 255)):
@@ -252,7 +269,7 @@ def test_scale_255_is_254_random(rng, mode, tier):
     x = (sign * (1 + rng.integers(0, 128, (T, H)) / 128) * 2.0**-122).astype(np.float32)  # normal, tiny
     w, ids = routes(rng, T, K, E)
     y = run_forced(FMT, banks, x, w, ids, mode, tier, activation="gelu")
-    ref = cf.reference.moe(FMT, banks, x, w, ids, activation="gelu")
+    ref = cf.reference.moe(FMT, banks, x, w, ids, mode=mode, activation="gelu")
     assert rel_err(y, ref) < TOL
     b2 = dict(banks, gate_up_scales=np.minimum(banks["gate_up_scales"], 254))
     assert np.array_equal(run_forced(FMT, b2, x, w, ids, mode, tier, activation="gelu"), y)
@@ -277,8 +294,9 @@ def test_all_e2m1_codes(rng, mode, tier):
     w = np.stack([np.full(H, 0.75), np.full(H, 0.5)], 1).astype(np.float32)
     ids = np.zeros((H, 2), np.int32)  # the same expert twice per token
     y = run_forced(FMT, banks, x, w, ids, mode, tier)
-    ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids))
-    assert np.count_nonzero(ref) > 0.9 * ref.size
+    ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids, mode=mode))
+    # w4a8 quantizes g per 32 before down: g_j below amax/254 of its block become 0 (in ref alike)
+    assert np.count_nonzero(ref) > (0.9 if mode == "native" else 0.75) * ref.size
     _close_elementwise(y, ref, atol=2.0**-126)
 
 
@@ -300,10 +318,14 @@ def test_gate_up_interleave(rng, mode, tier):
     x = np.full((1, H), 1 / 64, np.float32)
     w, ids = np.full((1, 1), 0.5, np.float32), np.zeros((1, 1), np.int32)
     y = run_forced(FMT, banks, x, w, ids, mode, tier)
-    gate, up = 1.0 + 0.25, 4.0 - 0.5
+    xs = SPEC.act_in(_bf16(x[0]).astype(np.float64), mode).sum()  # 1.0 in native
+    gate, up = 1.0 * xs + 0.25, 4.0 * xs - 0.5
     g = float(round_bf16(gate / (1 + np.exp(-gate)) * up))
     want = float(round_bf16(0.5 * (g + 0.125)))
-    assert np.all(y == want), (y[0, :4], want)
+    if mode == "native":
+        assert np.all(y == want), (y[0, :4], want)
+    else:  # fp32 rounding of the 127 * s_b products may move g by one bf16 ulp
+        _close_elementwise(y, np.full_like(y, want), rel=2.0**-7)
     # the dequantizer reads the same layout: logical rows 0..I-1 gate (1.0), I..2I-1 up (4.0)
     dgu, _ = SPEC.dequantize(banks)
     assert (dgu[0, :I] == 1.0).all() and (dgu[0, I:] == 4.0).all()
@@ -437,5 +459,126 @@ def test_kernel_names():
         if t in USABLE:
             want = {"scalar": "scalar", "avx2": "avx2", "avxvnni": "avx2"}.get(t, "avx512f")
             assert cf.selected_tier(FMT, isa=t) == want
+    for t in cf.TIERS:
+        if t in USABLE:
+            assert cf.Kernel(FMT, 1, 64, 64, mode="w4a8", isa=t).name == ("scalar" if t == "scalar" else "avx2") + "+w4a8"
     with pytest.raises(ValueError):
-        cf.Kernel(FMT, 1, 64, 64, mode="w4a8")
+        cf.Kernel(FMT, 1, 64, 64, mode="w8a8")
+
+
+# ---------------------------------------------------------------- w4a8 activation quantization
+
+def _w8_slow(v):
+    """The w4a8 activation quantization element by element with numpy float32 scalars (independent of
+    mxfp4.w8_quantize): s_b = amax/127, id = 1/s_b (0 if not finite), q = clamp(rint(x*id), -127, 127)."""
+    x = np.asarray(v, np.float32).reshape(-1, 32)
+    qs, ds = np.zeros(x.shape, np.int8), np.zeros(x.shape[0], np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        for b in range(x.shape[0]):
+            amax = np.float32(0)
+            for t in range(32):
+                amax = max(amax, abs(x[b, t]))
+            d = np.float32(amax / np.float32(127))
+            inv = np.float32(np.float32(1) / d)
+            if not np.isfinite(inv):
+                inv = np.float32(0)
+            for t in range(32):
+                qs[b, t] = int(min(127, max(-127, np.rint(np.float32(x[b, t] * inv)))))
+            ds[b] = d
+    return qs, ds
+
+
+def _tie_vector(rng, nb):
+    """Blocks with amax 127 * 2^k (s_b = 2^k exactly) and the other elements (n + 1/2) 2^k, n even:
+    x * (1/s_b) lands on .5 exactly; half-even rounds to n, half-away to n + 1."""
+    out = []
+    for _ in range(nb):
+        s = 2.0 ** int(rng.integers(-6, 3))
+        out.append(np.r_[127.0, rng.integers(0, 63, 31) * 2 + 0.5] * s)
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",))])
+def test_w4a8_prep_act_bit_exact(rng, tier):
+    """The kernel's prep_act equals act_in's quantization bit for bit: entry kb = (|q0| |q1| |q0| |q1|,
+    q0 x4, q1 x4, 0 x4) for the K pair (2kb, 2kb+1), then fp32 s_b per 32 K; on random data, .5 ties,
+    zero blocks, tiny blocks where 1/s_b overflows, bf16 subnormals and huge values."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    K = 32 * 23
+    v = rng.standard_normal(K) * np.exp(rng.uniform(-8, 8, K // 32).repeat(32))
+    v[32:160] = _tie_vector(rng, 4)
+    v[160:192] = 0.0
+    v[192:224] = rng.standard_normal(32) * 1e-38  # amax/127 subnormal: 1/s_b overflows -> q = 0
+    v[224:256] = rng.standard_normal(32) * 3e-37  # near the edge of the overflow
+    v[256:288] = rng.integers(-3, 4, 32) * 2.0**-133  # bf16 subnormals
+    v[288:320] = 1e30 * rng.standard_normal(32)
+    g = _bf16(v)
+    k = cf.Kernel(FMT, 2, 32, K, mode="w4a8", isa=tier)
+    src = np.ascontiguousarray(g).view(np.uint16)
+    n = k._k.act_bytes(K)
+    assert n == K // 2 * 16 + K // 32 * 4
+    raw = cf.aligned_empty((n,), np.uint8)
+    k._k.prep_act(src.ctypes.data, K, raw.ctypes.data)
+    ent = raw[:K * 8].reshape(K // 2, 16)
+    sb = raw[K * 8:].view(np.float32)
+    q_ref, d_ref = _w8_slow(g.astype(np.float64))
+    from cpumoe_formats.formats.mxfp4 import w8_quantize
+    q_vec, d_vec = w8_quantize(g.astype(np.float64))
+    np.testing.assert_array_equal(q_vec, q_ref)
+    np.testing.assert_array_equal(d_vec.view(np.uint32), d_ref.view(np.uint32))
+    np.testing.assert_array_equal(sb.view(np.uint32), d_ref.view(np.uint32))
+    q = q_ref.reshape(-1).astype(np.int32)
+    q0, q1 = q[0::2], q[1::2]
+    want = np.zeros((K // 2, 16), np.uint8)
+    want[:, 0], want[:, 1], want[:, 2], want[:, 3] = np.abs(q0), np.abs(q1), np.abs(q0), np.abs(q1)
+    want[:, 4:8] = (q0 & 0xFF)[:, None]
+    want[:, 8:12] = (q1 & 0xFF)[:, None]
+    np.testing.assert_array_equal(ent, want)
+    assert np.all(q_ref[5] == 0) and np.all(q_ref[6] == 0) and np.all(q_ref[8] == 0)
+    assert np.any(q_ref[7] != 0)
+    # act_in is q * s_b in float64
+    np.testing.assert_array_equal(SPEC.act_in(g.astype(np.float64), "w4a8"),
+                                  (q_ref.astype(np.float64) * d_ref.astype(np.float64)[:, None]).reshape(-1))
+
+
+def test_w4a8_act_in_ties_round_half_even(rng):
+    v = _tie_vector(rng, 3)
+    q, d = _w8_slow(v)
+    np.testing.assert_array_equal(SPEC.act_in(v, "w4a8"), (q.astype(np.float64) * d[:, None]).reshape(-1))
+    assert np.all(q[:, 1:] % 2 == 0)  # every tie went to the even integer
+    with pytest.raises(ValueError):
+        SPEC.act_in(v, "w8a8")
+
+
+@pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",))])
+def test_w4a8_tiers_bit_identical(rng, tier):
+    """Every w4a8 tier computes the same integers and the same fp32 operations in the same order:
+    outputs equal the scalar tier's bit for bit (ragged shape, several tokens per expert)."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    E, H, I, T, K = 3, 160, 96, 5, 2  # noqa: E741
+    banks = SPEC.random_banks(E, H, I, rng)
+    x = rng.standard_normal((T, H), dtype=np.float32)
+    w, ids = routes(rng, T, K, E)
+    y = run_forced(FMT, banks, x, w, ids, "w4a8", tier)
+    assert np.array_equal(y, run_forced(FMT, banks, x, w, ids, "w4a8", "scalar"))
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT, modes=("w4a8",)))
+def test_w4a8_zero_and_extreme_blocks(rng, mode, tier):
+    """Zero activation blocks contribute exactly 0; blocks of +-amax hit q = +-127 with the largest
+    weights (+-12 as int8: the int16 bound 8 rows * 2 * 12 * 127 = 24384)."""
+    E, H, I = 1, 64, 32  # noqa: E741
+    banks = _zero_banks(E, H, I)
+    banks["gate_up_blocks"][...] = 0x77  # +6 everywhere (int8 12)
+    banks["gate_up_blocks"][0, :, 1::2] = 0xFF  # -6 in the up columns
+    x = np.zeros((2, H), np.float32)
+    x[0, :32] = 0.125  # one full block at amax: q = 127 everywhere
+    x[1, 32:] = -0.0625
+    w, ids = np.ones((2, 1), np.float32), np.zeros((2, 1), np.int32)
+    for h in range(H):
+        _set_code(banks["down_blocks"], 0, h % I, h, 2)
+    y = run_forced(FMT, banks, x, w, ids, mode, tier, activation="silu")
+    ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids, mode=mode, activation="silu"))
+    _close_elementwise(y, ref, atol=2.0**-126)

@@ -18,6 +18,14 @@
 // (lane_col below); the scales are expanded the same way and the totals are un-permuted once
 // per tile. Columns that do not fill a vector (work items not on 32-column boundaries) run
 // through the scalar tile.
+//
+// Mode w4a8 (int8 activations per 32 K, see the w4a8 sections below): prep_act quantizes each
+// 32-K block (s_b = amax/127, q = clamp(rint(x/s_b))), the avx2 tile decodes nibbles with one
+// vpshufb per nibble into signed int8 2*E2M1 (the sign of q folded into the LUT per row) and
+// multiplies with vpmaddubsw: about 12 simple ops per 32 columns x 2 K instead of ~27.
+//
+// Tiles span a whole work item (kMaxCols = 512 columns: a 256-row gate_up item), walked group by
+// group; the blocks rows and the scale rows are software-prefetched 32 rows / 2 groups ahead.
 #include "../rowmajor.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && CPUMOE_TIER >= CPUMOE_T_AVX512F
@@ -31,9 +39,11 @@ namespace CPUMOE_NS {
 namespace {
 
 constexpr int kGroupRows = 16;  // K-pair rows per e8m0 scale (32 K)
-constexpr int kMaxCols = 512;   // columns per tile pass (accumulators on the stack)
+constexpr int kMaxCols = 512;   // columns per tile pass (stack accumulators)
 constexpr int kMaxTok = 4;      // tokens per tile pass
+constexpr int kW8Ncv = 2;  // 32-column vectors per w4a8 chunk
 constexpr int kPrefetchRows = 32;  // K rows ahead (row stride = N bytes): ~100-200 ns of DRAM latency
+constexpr int kPrefetchGroups = kPrefetchRows / 16;  // scale rows ahead
 
 // Fully unroll the compile-time loops over vectors and tokens so accumulators live in registers.
 #define MX_UNROLL _Pragma("GCC unroll 16")
@@ -69,6 +79,78 @@ void tile_scalar(const Tile& T, int c0, int nc, int nt, const float* const* xs, 
       }
       const uint8_t* srow = T.scl + g * T.ss + c0;
       for (int c = 0; c < nc; ++c) o[c] += gacc[c] * e8m0_to_f32(srow[c]);
+    }
+  }
+}
+
+// ---- w4a8: activations quantized to int8 per 32-K block (the e8m0 scale block) -----------------
+// Prepared vector of length K: K/2 entries of 16 bytes, entry kb = K-pair (2kb, 2kb+1):
+//   bytes 0-3 |q0| |q1| |q0| |q1| (vpmaddubsw's unsigned operand, a dword broadcast),
+//   bytes 4-7 q0 x4, bytes 8-11 q1 x4 (vpsignb of the weight LUT), 12-15 zero;
+// then float sb[K/32]. Quantization (fp32, as q4_0's Q8_0): sb = amax / 127, id = 1 / sb (0 where
+// not finite: amax == 0, or 1/sb overflows), q = clamp(rint(x * id), -127, 127), half to even.
+// Per group (16 K-pair rows) and column: the exact integer S = sum(2*E2M1[code] * q) (weights as
+// int8 in {0, +-1, +-2, +-3, +-4, +-6, +-8, +-12}), then tot += (float)S * ((e8m0 * 0.5f) * sb),
+// with mul then add in every tier (bit-identical scalar and avx2).
+constexpr int kW8Entry = 16;
+size_t act_bytes_w8(const cpumoe_kernel*, int32_t K) { return (size_t)K / 2 * kW8Entry + (size_t)K / 32 * 4; }
+
+CPUMOE_INLINE float w8_inv(float d) {
+  const float id = 1.0f / d;
+  return id <= std::numeric_limits<float>::max() ? id : 0.0f;  // also NaN
+}
+
+void prep_act_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  uint8_t* e = (uint8_t*)dst;
+  float* sb = (float*)(e + (size_t)K / 2 * kW8Entry);
+  for (int32_t b = 0; b < K / 32; ++b) {
+    float x[32], amax = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      x[j] = bf16_to_f32(src[32 * b + j]);
+      const float a = std::fabs(x[j]);
+      amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f, id = w8_inv(d);
+    sb[b] = d;
+    for (int j = 0; j < 32; j += 2) {
+      int8_t q[2];
+      for (int i = 0; i < 2; ++i) {
+        const float v = std::nearbyint(x[j + i] * id);  // round half to even (default rounding mode)
+        q[i] = (int8_t)(!(v >= -127.0f) ? -127 : (v > 127.0f ? 127 : (int)v));
+      }
+      uint8_t* o = e + (size_t)(16 * b + j / 2) * kW8Entry;
+      const uint8_t a0 = (uint8_t)(q[0] < 0 ? -q[0] : q[0]), a1 = (uint8_t)(q[1] < 0 ? -q[1] : q[1]);
+      o[0] = a0, o[1] = a1, o[2] = a0, o[3] = a1;
+      for (int i = 4; i < 8; ++i) o[i] = (uint8_t)q[0];
+      for (int i = 8; i < 12; ++i) o[i] = (uint8_t)q[1];
+      for (int i = 12; i < 16; ++i) o[i] = 0;
+    }
+  }
+}
+
+// 2 * E2M1[code] as int8.
+alignas(16) constexpr int8_t kW2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+CPUMOE_INLINE float e8m0_half(uint8_t s) { return e8m0_to_f32(s) * 0.5f; }  // exact: >= 2^-128
+
+void tile_scalar_w8(const Tile& T, int c0, int nc, int nt, const uint8_t* const* as, float* out) {
+  const int ng = T.nkp / kGroupRows;
+  for (int t = 0; t < nt; ++t) {
+    const uint8_t* a = as[t];
+    const float* sb = (const float*)(a + (size_t)T.nkp * kW8Entry);
+    float* o = out + t * kMaxCols + c0;
+    for (int c = 0; c < nc; ++c) o[c] = 0.f;
+    for (int g = 0; g < ng; ++g) {
+      int32_t S[kMaxCols];
+      for (int c = 0; c < nc; ++c) S[c] = 0;
+      for (int r = 0; r < kGroupRows; ++r) {
+        const int kb = g * kGroupRows + r;
+        const uint8_t* row = T.blk + kb * T.bs + c0;
+        const int q0 = (int8_t)a[kb * kW8Entry + 4], q1 = (int8_t)a[kb * kW8Entry + 8];
+        for (int c = 0; c < nc; ++c) S[c] += kW2[row[c] & 15] * q0 + kW2[row[c] >> 4] * q1;
+      }
+      const uint8_t* srow = T.scl + g * T.ss + c0;
+      for (int c = 0; c < nc; ++c) o[c] += (float)S[c] * (e8m0_half(srow[c]) * sb[g]);
     }
   }
 }
@@ -174,8 +256,12 @@ void tile_simd(const Tile& T, int c0, int nch, const float* const* xs, float* ou
   const uint8_t* blk = T.blk + c0;
   const uint8_t* scl = T.scl + c0;
   const int64_t pfd = kPrefetchRows * T.bs;
+  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;  // chunks straddle lines
+  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
   for (int r = 0; r < kPrefetchRows && r < T.nkp; ++r)  // prologue: the first rows of every chunk
     for (int o = 0; o < nch * CW; o += 64) MX_PREFETCH(blk + r * T.bs + o);
+  for (int g = 0; g < kPrefetchGroups && g < T.nkp / kGroupRows; ++g)  // and the first scale rows
+    for (int o = 0; o < nch * CW + 63; o += 64) MX_PREFETCH(scl + g * T.ss + o);
   const int ng = T.nkp / kGroupRows;
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
@@ -189,7 +275,7 @@ void tile_simd(const Tile& T, int c0, int nch, const float* const* xs, float* ou
       for (int r = 0; r < kGroupRows; ++r, p += T.bs) {
         MX_UNROLL
         for (int o = 0; o < CW; o += 64) MX_PREFETCH(p + pfd + o);
-        if (CW % 64 == 0) MX_PREFETCH(p + pfd + CW - 1);  // the tile may not start on a line
+        if (CW % 64 == 0 && unaligned) MX_PREFETCH(p + pfd + CW - 1);  // the tile may not start on a line
         const int kb = kb0 + r;
         F x0[NT], x1[NT];
         MX_UNROLL
@@ -212,6 +298,10 @@ void tile_simd(const Tile& T, int c0, int nch, const float* const* xs, float* ou
       }
       // Scales in the same lane order: byte s -> word s << 8 -> dword s << 24 -> e8m0.
       const uint8_t* sp = scl + (int64_t)g * T.ss + ch * CW;
+      if (g + kPrefetchGroups < ng) {  // the scale row kPrefetchGroups groups ahead (its own strided stream)
+        MX_PREFETCH(sp + kPrefetchGroups * T.ss);
+        if (CW > 64 || unaligned_s) MX_PREFETCH(sp + kPrefetchGroups * T.ss + CW - 1);
+      }
       MX_UNROLL
       for (int c = 0; c < NCV; ++c) {
         const I s = V::minu8(V::load(sp + c * W), 254), z = V::zero();
@@ -267,7 +357,146 @@ int tile_run(const Tile& T, int c, int nc, int nt, const float* const* xs, float
   }
   return c;
 }
+
+// ---- w4a8 avx2 tile -------------------------------------------------------------------------------
+// Per K-pair row and 32 columns: nibbles -> vpshufb of the signed int8 LUT 2*E2M1 with the sign of
+// the token's q0 (low nibbles) / q1 (high nibbles) folded in (vpsignb, once per row) -> vpunpck{l,h}bw
+// to (w_lo, w_hi) byte pairs per column -> vpmaddubsw against the broadcast pair (|q0|, |q1|): one
+// int16 per column, |.| <= 2*12*127 = 3048. Rows 0-7 and 8-15 of a group are summed in int16
+// (<= 24384) and combined into int32 by vpunpck{l,h}wd + vpmaddwd(1). Lane order of the 4 int32
+// vectors of a 32-column load: vector q, lane l = column 16*(l/4) + 4q + l%4 (w8_col).
+CPUMOE_INLINE int w8_col(int q, int l) { return 16 * (l / 4) + 4 * q + (l % 4); }
+
+template <int NCV, int NT>
+void tile_w8(const Tile& T, int c0, int nch, const uint8_t* const* as, float* out) {
+  constexpr int CW = 32 * NCV, NV = 4 * NCV;
+  const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i lut = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)kW2));
+  const float* sb[NT];
+  for (int t = 0; t < NT; ++t) sb[t] = (const float*)(as[t] + (size_t)T.nkp * kW8Entry);
+  __m256 tot[NT][kMaxCols / 8];
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < nch * NV; ++v) tot[t][v] = _mm256_setzero_ps();
+  const uint8_t* blk = T.blk + c0;
+  const uint8_t* scl = T.scl + c0;
+  const int64_t pfd = kPrefetchRows * T.bs;
+  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;  // chunks straddle lines
+  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
+  for (int r = 0; r < kPrefetchRows && r < T.nkp; ++r)  // prologue: the first rows of every chunk
+    for (int o = 0; o < nch * CW; o += 64) MX_PREFETCH(blk + r * T.bs + o);
+  for (int g = 0; g < kPrefetchGroups && g < T.nkp / kGroupRows; ++g)  // and the first scale rows
+    for (int o = 0; o < nch * CW + 63; o += 64) MX_PREFETCH(scl + g * T.ss + o);
+  const int ng = T.nkp / kGroupRows;
+  for (int g = 0; g < ng; ++g) {
+    const int kb0 = g * kGroupRows;
+    for (int ch = 0; ch < nch; ++ch) {
+      __m256i half[2][NT][2 * NCV];
+      const uint8_t* p = blk + (int64_t)kb0 * T.bs + ch * CW;
+      MX_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        __m256i acc[NT][2 * NCV];
+        MX_UNROLL
+        for (int t = 0; t < NT; ++t)
+          MX_UNROLL
+          for (int v = 0; v < 2 * NCV; ++v) acc[t][v] = _mm256_setzero_si256();
+        for (int r = 0; r < kGroupRows / 2; ++r, p += T.bs) {
+          MX_UNROLL
+          for (int o = 0; o < CW; o += 64) MX_PREFETCH(p + pfd + o);
+          if (CW % 64 == 0 && unaligned) MX_PREFETCH(p + pfd + CW - 1);
+          const int kb = kb0 + 8 * h + r;
+          __m256i lo[NCV], hi[NCV];
+          MX_UNROLL
+          for (int c = 0; c < NCV; ++c) {
+            const __m256i b = _mm256_loadu_si256((const __m256i*)(p + c * 32));
+            lo[c] = _mm256_and_si256(b, m0f);
+            hi[c] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m0f);
+          }
+          MX_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            const int32_t* e = (const int32_t*)(as[t] + (size_t)kb * kW8Entry);
+            const __m256i ap = _mm256_set1_epi32(e[0]);
+            const __m256i l0 = _mm256_sign_epi8(lut, _mm256_set1_epi32(e[1]));
+            const __m256i l1 = _mm256_sign_epi8(lut, _mm256_set1_epi32(e[2]));
+            MX_UNROLL
+            for (int c = 0; c < NCV; ++c) {
+              const __m256i wl = _mm256_shuffle_epi8(l0, lo[c]), wh = _mm256_shuffle_epi8(l1, hi[c]);
+              acc[t][2 * c] = _mm256_add_epi16(acc[t][2 * c], _mm256_maddubs_epi16(ap, _mm256_unpacklo_epi8(wl, wh)));
+              acc[t][2 * c + 1] =
+                  _mm256_add_epi16(acc[t][2 * c + 1], _mm256_maddubs_epi16(ap, _mm256_unpackhi_epi8(wl, wh)));
+            }
+          }
+        }
+        MX_UNROLL
+        for (int t = 0; t < NT; ++t)
+          MX_UNROLL
+          for (int v = 0; v < 2 * NCV; ++v) half[h][t][v] = acc[t][v];
+      }
+      const uint8_t* sp = scl + (int64_t)g * T.ss + ch * CW;
+      if (g + kPrefetchGroups < ng) {  // the scale row kPrefetchGroups groups ahead (its own strided stream)
+        MX_PREFETCH(sp + kPrefetchGroups * T.ss);
+        if (CW > 64 || unaligned_s) MX_PREFETCH(sp + kPrefetchGroups * T.ss + CW - 1);
+      }
+      MX_UNROLL
+      for (int c = 0; c < NCV; ++c) {
+        const __m256i s = _mm256_min_epu8(_mm256_loadu_si256((const __m256i*)(sp + c * 32)), _mm256_set1_epi8((char)254));
+        const __m256i z = _mm256_setzero_si256();
+        const __m256i w0 = _mm256_unpacklo_epi8(z, s), w1 = _mm256_unpackhi_epi8(z, s);
+        const __m256 half_ = _mm256_set1_ps(0.5f);
+        const __m256 sc[4] = {_mm256_mul_ps(V256::e8m0(_mm256_unpacklo_epi16(z, w0)), half_),
+                              _mm256_mul_ps(V256::e8m0(_mm256_unpackhi_epi16(z, w0)), half_),
+                              _mm256_mul_ps(V256::e8m0(_mm256_unpacklo_epi16(z, w1)), half_),
+                              _mm256_mul_ps(V256::e8m0(_mm256_unpackhi_epi16(z, w1)), half_)};
+        MX_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const __m256 bt = _mm256_broadcast_ss(sb[t] + g);
+          const __m256i a0 = half[0][t][2 * c], b0 = half[1][t][2 * c];
+          const __m256i a1 = half[0][t][2 * c + 1], b1 = half[1][t][2 * c + 1];
+          const __m256i i32[4] = {_mm256_madd_epi16(_mm256_unpacklo_epi16(a0, b0), ones),
+                                  _mm256_madd_epi16(_mm256_unpackhi_epi16(a0, b0), ones),
+                                  _mm256_madd_epi16(_mm256_unpacklo_epi16(a1, b1), ones),
+                                  _mm256_madd_epi16(_mm256_unpackhi_epi16(a1, b1), ones)};
+          MX_UNROLL
+          for (int q = 0; q < 4; ++q) {
+            __m256& d = tot[t][ch * NV + 4 * c + q];
+            d = _mm256_add_ps(d, _mm256_mul_ps(_mm256_cvtepi32_ps(i32[q]), _mm256_mul_ps(sc[q], bt)));
+          }
+        }
+      }
+    }
+  }
+  alignas(32) float tmp[8];
+  for (int t = 0; t < NT; ++t)
+    for (int ch = 0; ch < nch; ++ch)
+      for (int c = 0; c < NCV; ++c)
+        MX_UNROLL
+        for (int q = 0; q < 4; ++q) {
+          _mm256_store_ps(tmp, tot[t][ch * NV + 4 * c + q]);
+          float* o = out + t * kMaxCols + c0 + ch * CW + c * 32;
+          MX_UNROLL
+          for (int l = 0; l < 8; ++l) o[w8_col(q, l)] = tmp[l];
+        }
+}
+
+template <int NCV>
+int tile_run_w8(const Tile& T, int c, int nc, int nt, const uint8_t* const* as, float* out) {
+  constexpr int CW = 32 * NCV;
+  if (nc - c < CW) return c;
+  const int nch = (nc - c) / CW;
+  int t = 0;
+  for (; t + 2 <= nt; t += 2) tile_w8<NCV, 2>(T, c, nch, as + t, out + t * kMaxCols);
+  if (t < nt) tile_w8<NCV, 1>(T, c, nch, as + t, out + t * kMaxCols);
+  return c + nch * CW;
+}
 #endif
+
+void tile_w8_any(const Tile& T, int nc, int nt, const uint8_t* const* as, float* out) {
+  int c = 0;
+#if CPUMOE_TIER >= CPUMOE_T_AVX2
+  c = tile_run_w8<kW8Ncv>(T, c, nc, nt, as, out);
+  c = tile_run_w8<1>(T, c, nc, nt, as, out);
+#endif
+  if (c < nc) tile_scalar_w8(T, c, nc - c, nt, as, out);
+}
 
 // out[t][0..nc) = tile columns dotted with xs[t], t < nt <= kMaxTok, nc <= kMaxCols.
 void tile(const Tile& T, int nc, int nt, const float* const* xs, float* out) {
@@ -291,6 +520,15 @@ CPUMOE_INLINE const uint16_t* bias_of(const cpumoe_bank& b, int e) {
   return (const uint16_t*)((const char*)b.ptr + (int64_t)e * b.expert_stride);
 }
 
+template <bool W8>
+CPUMOE_INLINE void tile_mode(const Tile& T, int nc, int nt, const void* const* xs, float* out) {
+  if (W8)
+    tile_w8_any(T, nc, nt, (const uint8_t* const*)xs, out);
+  else
+    tile(T, nc, nt, (const float* const*)xs, out);
+}
+
+template <bool W8>
 void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
              const void* const* xs, const float* w_in, uint16_t* const* g) {
   const cpumoe_params& p = k->params;
@@ -303,7 +541,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
     Tc.blk += 2 * ib, Tc.scl += 2 * ib;
     for (int32_t t0 = 0; t0 < n; t0 += kMaxTok) {
       const int nt = n - t0 < kMaxTok ? n - t0 : kMaxTok;
-      tile(Tc, 2 * (ie - ib), nt, (const float* const*)xs + t0, out);
+      tile_mode<W8>(Tc, 2 * (ie - ib), nt, xs + t0, out);
       for (int t = 0; t < nt; ++t)
         for (int32_t i = ib; i < ie; ++i) {
           const int c = 2 * (i - ib);
@@ -316,11 +554,12 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
   }
 }
 
+template <bool W8>
 void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
           int32_t n, float* acc, int64_t acc_stride) {
   const cpumoe_params& p = k->params;
   alignas(64) float out[kMaxTok * kMaxCols];
-  const float* xs[kMaxTok];
+  const void* xs[kMaxTok];
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;
@@ -333,8 +572,8 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       Tc.blk += hb, Tc.scl += hb;
       for (int32_t r0 = a; r0 < b; r0 += kMaxTok) {
         const int nt = b - r0 < kMaxTok ? b - r0 : kMaxTok;
-        for (int t = 0; t < nt; ++t) xs[t] = (const float*)routes[r0 + t].act;
-        tile(Tc, he - hb, nt, xs, out);
+        for (int t = 0; t < nt; ++t) xs[t] = routes[r0 + t].act;
+        tile_mode<W8>(Tc, he - hb, nt, xs, out);
         for (int t = 0; t < nt; ++t) {
           const cpumoe_route& r = routes[r0 + t];
           float* o = acc + r.token * acc_stride + (hb - h0);
@@ -357,12 +596,23 @@ bool CPUMOE_INIT_FN(mxfp4)(cpumoe_kernel* k) {
   (void)k;
   return false;  // nothing tier-specific: avx2 / avx512f run
 #else
-  if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
-  k->act_bytes = &act_bytes_f32;
-  k->prep_act = &prep_act_f32;
-  k->gate_up = &gate_up;
-  k->down = &down;
-  k->block_hint = 64;  // >= whole 64-byte lines per K row; wider items (the single-thread step uses 256) read longer runs
+  if (k->params.mode == CPUMOE_MODE_W4A8) {
+#if CPUMOE_TIER == CPUMOE_T_AVX512F
+    return false;  // the avx2 w4a8 kernel runs
+#else
+    k->act_bytes = &act_bytes_w8;
+    k->prep_act = &prep_act_w8;
+    k->gate_up = &gate_up<true>;
+    k->down = &down<true>;
+#endif
+  } else {
+    if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
+    k->act_bytes = &act_bytes_f32;
+    k->prep_act = &prep_act_f32;
+    k->gate_up = &gate_up<false>;
+    k->down = &down<false>;
+  }
+  k->block_hint = 64;  // a down work item reads whole 64-byte lines per K row
   return true;
 #endif
 }

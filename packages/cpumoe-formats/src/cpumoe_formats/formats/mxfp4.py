@@ -20,6 +20,16 @@ added once per route (times the route's weight).
 
 `dequantize`/`biases` return the LOGICAL layout the generic reference uses:
 gate_up [E, 2I, H] gate rows then up rows, down [E, H, I].
+
+Modes:
+
+* ``native`` (default, W4A16): bf16 activations in fp32, weights decoded exactly, fp32 accumulation.
+* ``w4a8``: every activation vector (x, and each g row) is quantized per 32-K block (the e8m0 scale
+  block) to int8 in fp32: ``s_b = amax / 127``, ``id = 1 / s_b`` (0 where not finite: amax == 0, or
+  1/s_b overflows, so the block contributes 0), ``q = clamp(rint(x * id), -127, 127)`` (half to
+  even); the q4_0 Q8_0 rule. Per group and column the kernel takes the exact integer
+  ``S = sum(2 * E2M1[code] * q)`` and adds ``(float)S * ((e8m0 * 0.5f) * s_b)`` in fp32 (scalar and
+  avx2 bit-identical). ``act_in`` reproduces the quantization bit-exactly (``w8_quantize``).
 """
 from __future__ import annotations
 
@@ -82,6 +92,21 @@ def _dequantize_t(blocks: np.ndarray, scales: np.ndarray, deinterleave: bool = F
     return out
 
 
+def w8_quantize(v) -> tuple[np.ndarray, np.ndarray]:
+    """The w4a8 activation quantization, bit-exact with the kernels' prep_act: v [K] (bf16 values)
+    -> (q int8 [K/32, 32], s_b float32 [K/32]). Per 32-K block in fp32: s_b = amax / 127,
+    id = 1 / s_b (0 where not finite: amax == 0 or 1/s_b overflows), q = clamp(rint(x * id), -127, 127)
+    (round half to even). The same rule as q4_0's Q8_0 activations."""
+    x = np.asarray(v, np.float32).reshape(-1, _BLOCK)
+    amax = np.abs(x).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = (np.float32(1) / d).astype(np.float32)
+    inv = np.where(np.isfinite(inv), inv, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint((x * inv[:, None]).astype(np.float32)), -127, 127).astype(np.int8)
+    return q, d
+
+
 class Mxfp4Format(FormatSpec):
     def dims(self, banks):
         gu, dn = banks["gate_up_blocks"], banks["down_blocks"]
@@ -134,6 +159,15 @@ class Mxfp4Format(FormatSpec):
         dn = _dequantize_t(banks["down_blocks"], banks["down_scales"])  # [E, H, I]
         return gu, dn
 
+    def act_in(self, v, mode):
+        v = np.asarray(v, np.float64)
+        if mode == "native":
+            return v
+        if mode != "w4a8":
+            raise ValueError(f"mxfp4: unknown mode {mode!r}")
+        q, d = w8_quantize(v)
+        return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(v.shape)
+
     def biases(self, banks):
         return _deinterleave(bf16_decode(banks["gate_up_bias"]), 1), bf16_decode(banks["down_bias"])
 
@@ -149,6 +183,8 @@ SPEC = Mxfp4Format(
     k_multiple=32,
     input_weight=False,
     aliases=("mxfp4_triton",),
-    description="gpt-oss mxfp4 (e2m1 + e8m0 per 32 K), transposed split-K, interleaved gate/up, biases (W4A16)",
-    kernel_tiers={"native": ("scalar", "avx2", "avx512f")},
+    description="gpt-oss mxfp4 (e2m1 + e8m0 per 32 K), transposed split-K, interleaved gate/up, biases "
+                "(native W4A16; w4a8 = int8 activations per 32 K)",
+    modes=("native", "w4a8"),
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2")},
 )
