@@ -170,17 +170,41 @@ def _f32_pos(K, NL):
     return np.where(k < main, pos_main, pos_tail)
 
 
+def _parse_prep(buf, K, tier):
+    """The kernel's prepared vector -> (activation values [K] natural order as float64, corrections or None).
+
+    scalar: fp32 values in the per-16 even/odd layout. SIMD: per chunk of C = 32 NL elements the int8
+    pieces a0 a1 a2 (even / odd halves) of q' = q 2^9 = a2 2^14 + a1 2^7 + a0, C/8 int32 corrections
+    12 sum(q') per 8 elements, then fp32 s_a 2^-10 per 128-block (see ds_fp4.cpp)."""
+    if tier == "scalar":
+        return buf[:4 * K].view(np.float32)[_f32_pos(K, 0)].astype(np.float64), None
+    NL = {"avx2": 2, "avx512f": 4}[tier]
+    C = 32 * NL
+    rec = 3 * C + C // 8 * 4
+    nch = K // C
+    recs = buf[:nch * rec].reshape(nch, rec)
+    pieces = recs[:, :3 * C].view(np.int8).reshape(nch, 3, 2, C // 2).astype(np.int64)  # [chunk, piece, half, j]
+    qp = pieces[:, 2] * 16384 + pieces[:, 1] * 128 + pieces[:, 0]  # [chunk, half, j]
+    q = np.empty((nch, C), np.int64)
+    q[:, 0::2], q[:, 1::2] = qp[:, 0], qp[:, 1]
+    corr = recs[:, 3 * C:].copy().view(np.int32).reshape(nch, C // 8)
+    off = (nch * rec + 63) // 64 * 64
+    sact = buf[off:off + 4 * (K // 128)].view(np.float32).astype(np.float64)
+    vals = q.reshape(-1).astype(np.float64) * np.repeat(sact, 128) * 2.0
+    assert np.all(corr == 12 * q.reshape(nch, C // 8, 8).sum(-1))
+    assert np.all(np.abs(pieces[:, :2]) <= 127) and np.all(pieces[:, :2] >= 0)
+    return vals, corr
+
+
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
 def test_roundtrip_kernel_prep_bit_exact(rng, mode, tier):
-    """prep_act (x and g) equals act_in bit for bit, in the tier's layout."""
+    """prep_act (x and g) encodes exactly act_in's values, in the tier's layout."""
     bits = roundtrip_cases(rng)
     K = bits.size
     k = kernel(FMT, 1, K, 128, mode, tier)
-    buf = prep(k, bits)[:4 * K].view(np.float32)
-    NL = {"scalar": 0, "avx2": 2, "avx512f": 4}[tier]
-    got = buf[_f32_pos(K, NL)]
-    exp = act_quant_roundtrip(bits_f64(bits)).astype(np.float32)
-    assert np.array_equal(got.view(np.uint32), exp.view(np.uint32))
+    got, _ = _parse_prep(prep(k, bits), K, tier)
+    exp = act_quant_roundtrip(bits_f64(bits))
+    assert np.array_equal(got, exp), np.flatnonzero(got != exp)[:10]
 
 
 # ---------------------------------------------------------------- work-item edge cases

@@ -82,7 +82,7 @@ def test_ragged_activations(rng, mode, tier, act, on_input):
     banks = cf.quantize(FMT, gu, dn)
     x = rng.standard_normal((T, H), dtype=np.float32)
     w, ids = routes(rng, T, K, E)
-    kw = dict(activation=act, apply_router_weight_on_input=on_input)
+    kw = {"activation": act, "apply_router_weight_on_input": on_input}
     if act.startswith("swiglu"):
         kw.update(alpha=1.702, limit=1.5)  # a limit the data actually crosses
     y = run_forced(FMT, banks, x, w, ids, mode, tier, **kw)
@@ -144,7 +144,7 @@ def test_large_activations_and_scales(rng, mode, tier):
     banks = cf.quantize(FMT, gu, dn)
     x = rng.standard_normal((T, H), dtype=np.float32) * 1e4
     w, ids = routes(rng, T, K, E)
-    kw = dict(activation="gelu")  # grows roughly linearly: y stays far from fp32/bf16 overflow
+    kw = {"activation": "gelu"}  # grows roughly linearly: y stays far from fp32/bf16 overflow
     y = run_forced(FMT, banks, x, w, ids, mode, tier, **kw)
     ref = cf.reference.moe(FMT, banks, x, w, ids, **kw)
     assert np.abs(ref).max() > 1e12

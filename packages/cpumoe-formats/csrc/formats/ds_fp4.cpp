@@ -3,12 +3,20 @@
 // 2 down_packed [E,H,I/2] u8, 3 down_scale [E,H,I/32] e8m0. No global, no bias.
 //   w[r,k] = E2M1[code] * 2^(min(s,254) - 127)   (s = 0 -> 2^-127, an fp32 subnormal)
 //
-// Activations (x before gate_up, g before down) go through DeepSeek-V4's FP8
-// round trip per 128-element block in prep_act, then are stored as exact fp32 in
-// the chunked even/odd layout of fp4_common.h. Pass 1 rounds gate and up to bf16
-// (kRoundGateUp), pass 2 rounds each route's term to bf16 (kRoundRouteTerm).
-// Mode: native only. Tiers: scalar, avx2 (64-element chunks = 2 scale blocks),
-// avx512f (128-element chunks = 4 scale blocks).
+// Activations (x before gate_up, g before down) go through DeepSeek-V4's FP8 round trip
+// per 128-element block in prep_act: v' = q * s_a with q an e4m3 value and s_a a power
+// of two per 128 block. Pass 1 rounds gate and up to bf16 (kRoundGateUp), pass 2 rounds
+// each route's term to bf16 (kRoundRouteTerm). Mode: native only.
+//
+// Tiers: scalar (fp32 v' in the per-16 even/odd layout, fp32 dots); avx2 and avx512f
+// compute exact integer block dots: q' = q * 2^9 is an integer (|q'| <= 229376) stored as
+// three int8 pieces q' = a2 2^14 + a1 2^7 + a0 (a0, a1 in [0, 127], a2 in [-14, 14]), the
+// weights are u = 2 E2M1 + 12 (u8), and per 32-bit lane (8 elements)
+//   sum(w q') = (sum(u a2) << 14) + (sum(u a1) << 7) + sum(u a0) - 12 sum(q')
+// with vpmaddubsw (pair sums <= 2*24*127 = 6096, <= 12192 after adding the two nibble
+// halves: no saturation) + vpmaddwd; |sum| < 2^26 per lane. The lane sums times
+// s_a 2^-10 (fp32) times the block's e8m0 scale go into fp32 accumulators. This is the
+// same value as the fp32 dot of the round-tripped activations, with exact products.
 #include "fp4_common.h"
 
 namespace cpumoe {
@@ -31,8 +39,9 @@ CPUMOE_INLINE float e4m3_rne(float q) {
   return std::copysign(r, q);
 }
 
-// v[0..127] (bf16 values as fp32) -> bf16(e4m3(v / s) * s), s = 2^ceil(log2(max(1e-4, amax) / 448)).
-CPUMOE_INLINE void act_quant_block(float* v) {
+// v[0..127] (bf16 values as fp32) -> q = e4m3(clamp(v / s, +-448)) in v, returns
+// s = 2^ceil(log2(max(1e-4, amax) / 448)); the round-tripped activation is bf16(q * s) = q * s.
+CPUMOE_INLINE float act_quant_block(float* v) {
   float amax = 1e-4f;
   for (int i = 0; i < 128; ++i) amax = std::fmax(amax, std::fabs(v[i]));
   const uint32_t u = f32_bits(amax / 448.f);
@@ -41,18 +50,21 @@ CPUMOE_INLINE void act_quant_block(float* v) {
   for (int i = 0; i < 128; ++i) {
     float q = v[i] * inv;
     q = q > 448.f ? 448.f : (q < -448.f ? -448.f : q);
-    v[i] = round_bf16(e4m3_rne(q) * s);
+    v[i] = e4m3_rne(q);
   }
+  return s;
 }
 
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+// ---- scalar: fp32 activations, per 16-block xe[8] xo[8] -------------------------------
 size_t act_bytes(const cpumoe_kernel*, int32_t K) { return (size_t)K * sizeof(float); }
 void prep(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   float* d = (float*)dst;
   float v[128];
   for (int32_t b0 = 0; b0 < K; b0 += 128) {
     for (int i = 0; i < 128; ++i) v[i] = bf16_to_f32(src[b0 + i]);
-    act_quant_block(v);
-    for (int i = 0; i < 128; ++i) d[f32_pos(b0 + i, K, kNL)] = v[i];
+    const float s = act_quant_block(v);
+    for (int i = 0; i < 128; ++i) d[f32_pos(b0 + i, K, 0)] = round_bf16(v[i] * s);
   }
 }
 
@@ -61,74 +73,146 @@ struct Dot {
   static constexpr bool kRoundGateUp = true, kRoundRouteTerm = true;
   static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float, int32_t K, const void* act) {
     const float* x = (const float*)act;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR
     float acc = 0.f;
     for (int32_t j = 0; j < K / 32; ++j)
       acc += e8m0_to_f32(Sc[j]) * (block16_scalar(P + 16 * j, x + 32 * j) + block16_scalar(P + 16 * j + 8, x + 32 * j + 16));
     return acc;
-#elif defined(__AVX512F__)
-    // 128-element chunks (64 packed bytes): lane L of every vector belongs to scale block L.
-    const __m512i t2 = tbl512(tbl_byte2()), t3 = tbl512(tbl_byte3());
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-    auto chunk = [&](const uint8_t* p, const float* xc, __m512 S, __m512& acc) {
-      const Chunk16 w = decode_chunk_512(p, t2, t3);
-      __m512 ta = _mm512_mul_ps(w.v0, _mm512_loadu_ps(xc));
-      __m512 tb = _mm512_mul_ps(w.v2, _mm512_loadu_ps(xc + 32));
-      ta = _mm512_fmadd_ps(w.v1, _mm512_loadu_ps(xc + 16), ta);
-      tb = _mm512_fmadd_ps(w.v3, _mm512_loadu_ps(xc + 48), tb);
-      ta = _mm512_fmadd_ps(w.w0, _mm512_loadu_ps(xc + 64), ta);
-      tb = _mm512_fmadd_ps(w.w2, _mm512_loadu_ps(xc + 96), tb);
-      ta = _mm512_fmadd_ps(w.w1, _mm512_loadu_ps(xc + 80), ta);
-      tb = _mm512_fmadd_ps(w.w3, _mm512_loadu_ps(xc + 112), tb);
-      acc = _mm512_fmadd_ps(_mm512_add_ps(ta, tb), S, acc);
-    };
-    const int32_t nc = K / 128;  // K % 128 == 0
+  }
+};
+#else
+// ---- SIMD: int8 pieces ----------------------------------------------------------------
+// Prepared vector: K / C records of C = 32 * kNL elements (one SIMD chunk: C / 2 packed
+// bytes, lane L = scale block L), each a0e a0o a1e a1o a2e a2o (C / 2 bytes each; e[j] =
+// piece of q'(2j), o[j] = of q'(2j+1), chunk-local) then C / 8 int32 corrections
+// 12 * sum(q') over the 8 elements of each 32-bit lane (packed bytes 4i..4i+3); then,
+// 64-byte aligned, fp32 s_a * 2^-10 per 128-element block.
+constexpr int32_t kC = 32 * kNL;                   // elements per chunk
+constexpr int32_t kRec = 3 * kC + kC / 8 * 4;      // bytes per chunk record (3.5 per element)
+CPUMOE_INLINE size_t sact_off(int32_t K) { return ((size_t)(K / kC) * kRec + 63) & ~(size_t)63; }
+size_t act_bytes(const cpumoe_kernel*, int32_t K) { return sact_off(K) + (size_t)(K / 128) * sizeof(float); }
+
+void prep(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  float* sact = (float*)((char*)dst + sact_off(K));
+  float v[128];
+  for (int32_t b0 = 0; b0 < K; b0 += 128) {
+    for (int i = 0; i < 128; ++i) v[i] = bf16_to_f32(src[b0 + i]);
+    sact[b0 / 128] = act_quant_block(v) * 0.0009765625f;  // s_a * 2^-10 (exact)
+    for (int32_t c0 = 0; c0 < 128; c0 += kC) {
+      int8_t* rec = (int8_t*)dst + (size_t)((b0 + c0) / kC) * kRec;
+      int32_t* corr = (int32_t*)(rec + 3 * kC);
+      for (int i = 0; i < kC / 8; ++i) corr[i] = 0;
+      for (int32_t k = 0; k < kC; ++k) {
+        const int32_t q = (int32_t)(v[c0 + k] * 512.f);  // exact: q = m 2^-9 .. 448
+        const int32_t j = k >> 1, half = k & 1;
+        rec[(0 * 2 + half) * (kC / 2) + j] = (int8_t)(q & 127);
+        rec[(1 * 2 + half) * (kC / 2) + j] = (int8_t)((q >> 7) & 127);
+        rec[(2 * 2 + half) * (kC / 2) + j] = (int8_t)(q >> 14);  // arithmetic shift: -14..14
+        corr[k >> 3] += kW2Offset * q;
+      }
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+using VI = __m512i;
+using VF = __m512;
+CPUMOE_INLINE VI ld(const void* p) { return _mm512_loadu_si512(p); }
+CPUMOE_INLINE VI and_(VI a, VI b) { return _mm512_and_si512(a, b); }
+CPUMOE_INLINE VI srl4(VI a) { return _mm512_srli_epi16(a, 4); }
+CPUMOE_INLINE VI shuf(VI t, VI i) { return _mm512_shuffle_epi8(t, i); }
+CPUMOE_INLINE VI maddubs(VI a, VI b) { return _mm512_maddubs_epi16(a, b); }
+CPUMOE_INLINE VI madd1(VI a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
+CPUMOE_INLINE VI add16(VI a, VI b) { return _mm512_add_epi16(a, b); }
+CPUMOE_INLINE VI add32(VI a, VI b) { return _mm512_add_epi32(a, b); }
+CPUMOE_INLINE VI sub32(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+template <int N> CPUMOE_INLINE VI sll32(VI a) { return _mm512_slli_epi32(a, N); }
+CPUMOE_INLINE VF cvt(VI a) { return _mm512_cvtepi32_ps(a); }
+CPUMOE_INLINE VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+CPUMOE_INLINE VF fma_(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+CPUMOE_INLINE VF bcast(const float* p) { return _mm512_set1_ps(*p); }
+CPUMOE_INLINE VI set1b(char v) { return _mm512_set1_epi8(v); }
+CPUMOE_INLINE VI utable() { return tbl512(w2_offset()); }
+CPUMOE_INLINE float hsum(VF a) { return hsum512(a); }
+CPUMOE_INLINE VF zero() { return _mm512_setzero_ps(); }
+#else
+using VI = __m256i;
+using VF = __m256;
+CPUMOE_INLINE VI ld(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+CPUMOE_INLINE VI and_(VI a, VI b) { return _mm256_and_si256(a, b); }
+CPUMOE_INLINE VI srl4(VI a) { return _mm256_srli_epi16(a, 4); }
+CPUMOE_INLINE VI shuf(VI t, VI i) { return _mm256_shuffle_epi8(t, i); }
+CPUMOE_INLINE VI maddubs(VI a, VI b) { return _mm256_maddubs_epi16(a, b); }
+CPUMOE_INLINE VI madd1(VI a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
+CPUMOE_INLINE VI add16(VI a, VI b) { return _mm256_add_epi16(a, b); }
+CPUMOE_INLINE VI add32(VI a, VI b) { return _mm256_add_epi32(a, b); }
+CPUMOE_INLINE VI sub32(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+template <int N> CPUMOE_INLINE VI sll32(VI a) { return _mm256_slli_epi32(a, N); }
+CPUMOE_INLINE VF cvt(VI a) { return _mm256_cvtepi32_ps(a); }
+CPUMOE_INLINE VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+CPUMOE_INLINE VF fma_(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+CPUMOE_INLINE VF bcast(const float* p) { return _mm256_set1_ps(*p); }
+CPUMOE_INLINE VI set1b(char v) { return _mm256_set1_epi8(v); }
+CPUMOE_INLINE VI utable() { return w2_offset(); }
+CPUMOE_INLINE float hsum(VF a) { return hsum256(a); }
+CPUMOE_INLINE VF zero() { return _mm256_setzero_ps(); }
+#endif
+constexpr int32_t kV = kC / 2;  // bytes per vector (32 or 64)
+
+// One chunk: exact integer lane sums of w * q', converted and scaled into acc.
+CPUMOE_INLINE void chunk(const uint8_t* p, const int8_t* rec, const float* sa, VF S, VI tu, VF& acc) {
+  const VI m = set1b(0x0F), b = ld(p);
+  const VI ul = shuf(tu, and_(b, m)), uh = shuf(tu, and_(srl4(b), m));
+  const VI p0 = madd1(add16(maddubs(ul, ld(rec)), maddubs(uh, ld(rec + kV))));
+  const VI p1 = madd1(add16(maddubs(ul, ld(rec + 2 * kV)), maddubs(uh, ld(rec + 3 * kV))));
+  const VI p2 = madd1(add16(maddubs(ul, ld(rec + 4 * kV)), maddubs(uh, ld(rec + 5 * kV))));
+  const VI t = sub32(add32(add32(sll32<14>(p2), sll32<7>(p1)), p0), ld(rec + 6 * kV));
+  acc = fma_(mul(cvt(t), bcast(sa)), S, acc);
+}
+
+struct Dot {
+  static constexpr int kBanks = 2;
+  static constexpr bool kRoundGateUp = true, kRoundRouteTerm = true;
+  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float, int32_t K, const void* act) {
+    const int8_t* A = (const int8_t*)act;
+    const float* sa = (const float*)((const char*)act + sact_off(K));
+    const VI tu = utable();
+    VF a0 = zero(), a1 = a0;
+    const int32_t nc = K / kC;
+#if defined(__AVX512F__)
+    // 128-element chunks (64 packed bytes, 4 scale blocks = lanes), two per 8 scale bytes
     int32_t c = 0;
     for (; c + 2 <= nc; c += 2) {
       const uint8_t* p = P + 64 * c;
       prefetch_stream(p, 2, Sc + 4 * c, 16);
       const __m256 S = e8m0x8(load8(Sc + 4 * c));
-      chunk(p, x + 128 * c, bcast4x4(S, 0, 1, 2, 3), a0);
-      chunk(p + 64, x + 128 * c + 128, bcast4x4(S, 4, 5, 6, 7), a1);
+      chunk(p, A + (size_t)c * kRec, sa + c, bcast4x4(S, 0, 1, 2, 3), tu, a0);
+      chunk(p + 64, A + (size_t)(c + 1) * kRec, sa + c + 1, bcast4x4(S, 4, 5, 6, 7), tu, a1);
     }
-    if (c < nc) chunk(P + 64 * c, x + 128 * c, bcast4x4(e8m0x8(load4(Sc + 4 * c)), 0, 1, 2, 3), a0);
-    return hsum512(_mm512_add_ps(a0, a1));
-#else  // AVX2
-    // 64-element chunks (32 packed bytes): lane L of every vector belongs to scale block L.
-    const __m256i t2 = tbl_byte2(), t3 = tbl_byte3();
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    auto chunk = [&](const uint8_t* p, const float* xc, __m256 S, __m256& acc) {
-      const Chunk8 w = decode_chunk(p, t2, t3);
-      __m256 ta = _mm256_mul_ps(w.v0, _mm256_loadu_ps(xc));
-      __m256 tb = _mm256_mul_ps(w.v2, _mm256_loadu_ps(xc + 16));
-      ta = _mm256_fmadd_ps(w.v1, _mm256_loadu_ps(xc + 8), ta);
-      tb = _mm256_fmadd_ps(w.v3, _mm256_loadu_ps(xc + 24), tb);
-      ta = _mm256_fmadd_ps(w.w0, _mm256_loadu_ps(xc + 32), ta);
-      tb = _mm256_fmadd_ps(w.w2, _mm256_loadu_ps(xc + 48), tb);
-      ta = _mm256_fmadd_ps(w.w1, _mm256_loadu_ps(xc + 40), ta);
-      tb = _mm256_fmadd_ps(w.w3, _mm256_loadu_ps(xc + 56), tb);
-      acc = _mm256_fmadd_ps(_mm256_add_ps(ta, tb), S, acc);
-    };
-    const int32_t nc = K / 64;  // even: K % 128 == 0
+    if (c < nc) chunk(P + 64 * c, A + (size_t)c * kRec, sa + c, bcast4x4(e8m0x8(load4(Sc + 4 * c)), 0, 1, 2, 3), tu, a0);
+#else
+    // 64-element chunks (32 packed bytes, 2 scale blocks = lanes), four per 8 scale bytes
     int32_t c = 0;
     for (; c + 4 <= nc; c += 4) {
       const uint8_t* p = P + 32 * c;
       prefetch_stream(p, 2, Sc + 2 * c, 16);
       const __m256 S = e8m0x8(load8(Sc + 2 * c));
-      chunk(p, x + 64 * c, bcast2x4(S, 0, 1), a0);
-      chunk(p + 32, x + 64 * c + 64, bcast2x4(S, 2, 3), a1);
-      chunk(p + 64, x + 64 * c + 128, bcast2x4(S, 4, 5), a0);
-      chunk(p + 96, x + 64 * c + 192, bcast2x4(S, 6, 7), a1);
+      const int8_t* r = A + (size_t)c * kRec;
+      chunk(p, r, sa + c / 2, bcast2x4(S, 0, 1), tu, a0);
+      chunk(p + 32, r + kRec, sa + c / 2, bcast2x4(S, 2, 3), tu, a1);
+      chunk(p + 64, r + 2 * kRec, sa + c / 2 + 1, bcast2x4(S, 4, 5), tu, a0);
+      chunk(p + 96, r + 3 * kRec, sa + c / 2 + 1, bcast2x4(S, 6, 7), tu, a1);
     }
     if (c < nc) {  // one 128-element remainder: 2 chunks, 4 scales
       const __m256 S = e8m0x8(load4(Sc + 2 * c));
-      chunk(P + 32 * c, x + 64 * c, bcast2x4(S, 0, 1), a0);
-      chunk(P + 32 * c + 32, x + 64 * c + 64, bcast2x4(S, 2, 3), a1);
+      const int8_t* r = A + (size_t)c * kRec;
+      chunk(P + 32 * c, r, sa + c / 2, bcast2x4(S, 0, 1), tu, a0);
+      chunk(P + 32 * c + 32, r + kRec, sa + c / 2, bcast2x4(S, 2, 3), tu, a1);
     }
-    return hsum256(_mm256_add_ps(a0, a1));
 #endif
+    return hsum(a0) + hsum(a1);
   }
 };
+#endif
 
 }  // namespace
 }  // namespace CPUMOE_NS

@@ -84,6 +84,11 @@ inline void layout_f32(const float* v, int32_t K, int NL, float* dst) {
 }
 
 // ---- scalar ------------------------------------------------------------------
+// Integer form of the weights: w = 2 * E2M1 (exact, |w| <= 12). The SIMD integer dots feed
+// vpmaddubsw / vpdpbusd the unsigned u = w + 12 (0..24) and subtract 12 * sum(activation).
+static constexpr int8_t kW2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+constexpr int kW2Offset = 12;
+
 
 // sum over one 16-element block: 8 packed bytes against xe[8], xo[8] (unscaled).
 CPUMOE_INLINE float block16_scalar(const uint8_t* p, const float* x) {
@@ -173,6 +178,12 @@ CPUMOE_INLINE __m256 e8m0x8(__m128i codes) {
   const __m256i v = _mm256_slli_epi32(_mm256_min_epu32(b, _mm256_set1_epi32(254)), 23);
   const __m256i z = _mm256_cmpeq_epi32(b, _mm256_setzero_si256());
   return _mm256_castsi256_ps(_mm256_blendv_epi8(v, _mm256_set1_epi32(0x00400000), z));
+}
+
+// u = w + kW2Offset per code (see kW2 above).
+CPUMOE_INLINE __m256i w2_offset() {
+  return _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16, 18, 20, 24, 12,
+                          11, 10, 9, 8, 6, 4, 0);
 }
 
 // Lane-broadcast patterns: a[i0] in lanes 0..3, a[i1] in lanes 4..7.

@@ -122,7 +122,6 @@ struct DotNative {
 CPUMOE_INLINE size_t w4a8_scale_off(int32_t K) { return ((size_t)K + 63) & ~(size_t)63; }
 CPUMOE_INLINE size_t w4a8_corr_off(int32_t K) { return w4a8_scale_off(K) + (size_t)(K / 16) * sizeof(float); }
 size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_corr_off(K) + (size_t)(K / 16) * sizeof(int32_t); }
-constexpr int kW2Offset = 12;  // u = w + 12 in [0, 24]
 // avx2 lane order of a group's 8 block sums after vphaddd (blocks 0..3 from P, 4..7 from Q).
 constexpr int kHaddOrder[8] = {0, 1, 4, 5, 2, 3, 6, 7};
 
@@ -165,8 +164,6 @@ void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) 
   }
 }
 
-// 2 * E2M1 as int8 (exact) and its magnitude.
-static constexpr int8_t kW2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // Integer dot of one 16-block: 8 packed bytes against ae[8], ao[8].
 CPUMOE_INLINE int32_t block16_i8(const uint8_t* p, const int8_t* ae, const int8_t* ao) {
@@ -188,11 +185,6 @@ CPUMOE_INLINE float w4a8_blocks_scalar(const Row& r, const int8_t* a, const floa
 }
 
 #if defined(__AVX2__)
-// u = 2 * E2M1 + 12 for each code (unsigned operand of vpmaddubsw / vpdpbusd).
-CPUMOE_INLINE __m256i w2_offset() {
-  return _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16, 18, 20, 24, 12,
-                          11, 10, 9, 8, 6, 4, 0);
-}
 // 32 packed bytes (4 blocks) against ae[32], ao[32]: int32 lane i = sum of u * q over bytes
 // 4i..4i+3 (lanes 2b, 2b+1 belong to block b).
 CPUMOE_INLINE __m256i quad_i8(const uint8_t* p, const int8_t* ae, const int8_t* ao, __m256i tu) {

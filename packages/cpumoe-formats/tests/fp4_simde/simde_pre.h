@@ -27,3 +27,13 @@ static inline float _mm512_reduce_add_ps(simde__m512 v) {
 #define __AVX512VL__ 1
 #endif
 static inline float _cvtsh_ss(unsigned short h) { return simde_mm_cvtss_f32(simde_mm_cvtph_ps(simde_mm_cvtsi32_si128(h))); }
+// SIMDe 0.7.4 gaps: its _mm512_madd_epi16 alias takes 4 arguments, and it has no _mm512_cvtepi32_ps.
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+static inline simde__m512 _mm512_cvtepi32_ps(simde__m512i a) {
+  int32_t i[16];
+  float f[16];
+  simde_mm512_storeu_si512(i, a);
+  for (int k = 0; k < 16; ++k) f[k] = (float)i[k];
+  return simde_mm512_loadu_ps(f);
+}

@@ -117,7 +117,7 @@ class Fp8BlockFormat(FormatSpec):
 
     def dequantize(self, banks):
         gu, dn = banks["gate_up"], banks["down"]
-        E, H, I = self.dims(banks)  # noqa: E741
+        _, H, I = self.dims(banks)  # noqa: E741
         return (e4m3_decode(codes(gu)) * _expand(banks["gate_up_scale"], 2 * I, H),
                 e4m3_decode(codes(dn)) * _expand(banks["down_scale"], H, I))
 
