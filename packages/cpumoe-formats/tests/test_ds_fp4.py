@@ -238,7 +238,10 @@ def test_all_e8m0_scales_down(rng, mode, tier):
     check_down_terms(acc, dn[0], [SPEC.act_in(bits_f64(g), "native") for g in gs], wts, I)
     assert np.array_equal(acc[:, 255], acc[:, 254])  # 255 behaves as 254
     # positive codes x positive g: the 2^-127 and 2^-126 rows survive as (bf16) subnormals, not flushed to 0
-    assert acc[1, 0] > 0 and acc[1, 1] > 0 and np.count_nonzero(acc[1, 8:]) == H - 8
+    assert acc[1, 0] > 0 and acc[1, 1] > 0
+    # and no row whose exact term is clearly representable was flushed (random signs can cancel to ~0)
+    exact = 0.5 * (dn[0] @ SPEC.act_in(bits_f64(gs[1]), "native"))
+    assert (acc[1][np.abs(exact) > 2.0**-120] != 0).all()
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
