@@ -4,7 +4,12 @@
 // a row holds K element 2j (low nibble) and 2j+1 (high nibble). Code bits
 // s e1 e0 m: E2M1 = {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign (8 = -0).
 //
-// Prepared fp32 activations ("chunked even/odd layout", native mode):
+// Contents: the prepared fp32 activation layout (nvfp4 native, ds_fp4 scalar), scalar
+// and SIMD e2m1 decoders (exact fp32 via pshufb of the fp32 bit pattern; the integer
+// 2*E2M1 table for the int8 paths: nvfp4 w4a8, ds_fp4 SIMD), e4m3 / e8m0 scale vector
+// decoders, software prefetch, and the work-item loops both formats install.
+//
+// Prepared fp32 activations ("chunked even/odd layout"):
 //   With NL 128-bit lanes per SIMD register (AVX2: NL = 2, AVX-512: NL = 4) the
 //   first floor(K / C) * C elements, C = 32 * NL, are stored in chunks of C;
 //   inside a chunk, vector V_q (q = 0..3, 4*NL floats) lane L sub-element d
@@ -12,9 +17,8 @@
 //   byte j = 16 L + 8 (q >> 1) + 2 d + (q & 1) (chunk-local). Chunk order:
 //   V0 V1 V2 V3 W0 W1 W2 W3. This is the order in which decode_e2m1 (two pshufb,
 //   two in-lane byte unpacks, then shift/and) produces the weights of C / 2 packed
-//   bytes, so the hot loop has no cross-lane shuffles. In both formats the 8 bytes
-//   16 L + 8 h .. +7 (h = q >> 1) form one nvfp4 block and 16 L .. 16 L + 15 one
-//   ds_fp4 block. The remaining elements (K % C, a multiple of 16; only nvfp4 has
+//   bytes, so the hot loop has no cross-lane shuffles. The 8 bytes 16 L + 8 h .. +7
+//   (h = q >> 1) form one nvfp4 block. The remaining elements (K % C, a multiple of 16; only nvfp4 has
 //   them) are stored per 16-element block as xe[8] then xo[8] (xe[m] = x[2m],
 //   xo[m] = x[2m+1]). The scalar tier (NL = 0) stores every block that way.
 #pragma once
