@@ -461,7 +461,8 @@ def test_kernel_names():
             assert cf.selected_tier(FMT, isa=t) == want
     for t in cf.TIERS:
         if t in USABLE:
-            assert cf.Kernel(FMT, 1, 64, 64, mode="w4a8", isa=t).name == ("scalar" if t == "scalar" else "avx2") + "+w4a8"
+            want = ("scalar" if t == "scalar" else "avx2") + "+w4a8"
+            assert cf.Kernel(FMT, 1, 64, 64, mode="w4a8", isa=t).name == want
     with pytest.raises(ValueError):
         cf.Kernel(FMT, 1, 64, 64, mode="w8a8")
 
