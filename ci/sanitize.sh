@@ -30,7 +30,7 @@ export CPUMOE_DEBUG=1
 # The real interpreter (not a pyenv/venv shell shim): the preload must reach Python itself.
 PY=$(python -c 'import sys; print(sys.executable)')
 (cd "$root/packages/cpumoe-formats" && "$PY" -c "import hatch_build, pathlib; hatch_build.build(pathlib.Path('$work/formats/cpumoe_formats'))")
-(cd "$root/packages/cpumoe-executor" && PYTHONPATH="$work/formats" "$PY" -c "import hatch_build, pathlib; hatch_build.build(pathlib.Path('$work/executor/cpumoe_executor'))")
+(cd "$root/packages/cpumoe-executor" && PYTHONPATH= "$PY" -c "import hatch_build, pathlib; hatch_build.build(pathlib.Path('$work/executor/cpumoe_executor'))")
 export PYTHONPATH="$work/formats:$work/executor"
 # Each package's suite in its own pytest run (each has its own conftest). The bench smoke
 # tests only add runtime under a sanitizer; everything else runs.
