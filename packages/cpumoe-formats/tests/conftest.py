@@ -83,3 +83,23 @@ def routes(rng, T: int, top_k: int, E: int, *, dup: bool = True, skip: bool = Tr
         ids[-1, rng.integers(0, top_k)] = -1
     w = rng.random((T, top_k), dtype=np.float32) + 0.05
     return w, ids
+
+
+def int8_blocks_slow(v):
+    """The 32-block w4a8 activation quantization element by element with numpy float32 scalars
+    (independent of numerics.int8_blocks): d = amax/127, id = 1/d (0 if not finite), q = clamp(rint(x*id), +-127)."""
+    x = np.asarray(v, np.float32).reshape(-1, 32)
+    qs, ds = np.zeros(x.shape, np.int8), np.zeros(x.shape[0], np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        for b in range(x.shape[0]):
+            amax = np.float32(0)
+            for t in range(32):
+                amax = max(amax, abs(x[b, t]))
+            d = np.float32(amax / np.float32(127))
+            inv = np.float32(np.float32(1) / d)
+            if not np.isfinite(inv):
+                inv = np.float32(0)
+            ds[b] = d
+            for t in range(32):
+                qs[b, t] = int(min(127, max(-127, np.rint(np.float32(x[b, t] * inv)))))
+    return qs, ds

@@ -24,7 +24,7 @@ bf16 roundings of x, g and y):
 """
 import numpy as np
 import pytest
-from conftest import USABLE, poisoned, rel_err, routes, run_forced, tier_cases
+from conftest import USABLE, int8_blocks_slow, poisoned, rel_err, routes, run_forced, tier_cases
 
 import cpumoe_formats as cf
 from cpumoe_formats import activations
@@ -469,24 +469,7 @@ def test_kernel_names():
 
 # ---------------------------------------------------------------- w4a8 activation quantization
 
-def _w8_slow(v):
-    """The w4a8 activation quantization element by element with numpy float32 scalars (independent of
-    mxfp4.w8_quantize): s_b = amax/127, id = 1/s_b (0 if not finite), q = clamp(rint(x*id), -127, 127)."""
-    x = np.asarray(v, np.float32).reshape(-1, 32)
-    qs, ds = np.zeros(x.shape, np.int8), np.zeros(x.shape[0], np.float32)
-    with np.errstate(divide="ignore", over="ignore"):
-        for b in range(x.shape[0]):
-            amax = np.float32(0)
-            for t in range(32):
-                amax = max(amax, abs(x[b, t]))
-            d = np.float32(amax / np.float32(127))
-            inv = np.float32(np.float32(1) / d)
-            if not np.isfinite(inv):
-                inv = np.float32(0)
-            for t in range(32):
-                qs[b, t] = int(min(127, max(-127, np.rint(np.float32(x[b, t] * inv)))))
-            ds[b] = d
-    return qs, ds
+_w8_slow = int8_blocks_slow  # shared with the other 32-block w4a8 mode (conftest)
 
 
 def _tie_vector(rng, nb):

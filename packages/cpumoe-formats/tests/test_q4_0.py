@@ -22,7 +22,7 @@ import struct
 
 import numpy as np
 import pytest
-from conftest import USABLE, rel_err, routes, run_forced, tier_cases
+from conftest import USABLE, int8_blocks_slow, rel_err, routes, run_forced, tier_cases
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q4_0 as q4
@@ -75,24 +75,7 @@ def decode_even_odd(bank: np.ndarray) -> np.ndarray:
     return ((nib - 8) * d[..., None]).reshape(bank.shape[:-1] + (-1,))
 
 
-def q8_0_slow(v) -> tuple[np.ndarray, np.ndarray]:
-    """The w4a8 activation quantization element by element with numpy float32 scalars (independent of
-    q4.q8_0_quantize): d = amax/127, id = 1/d (0 if not finite), q = clamp(rint(x*id), -127, 127)."""
-    x = np.asarray(v, np.float32).reshape(-1, 32)
-    qs, ds = np.zeros(x.shape, np.int8), np.zeros(x.shape[0], np.float32)
-    with np.errstate(divide="ignore", over="ignore"):
-        for b in range(x.shape[0]):
-            amax = np.float32(0)
-            for t in range(32):
-                amax = max(amax, abs(x[b, t]))
-            d = np.float32(amax / np.float32(127))
-            inv = np.float32(np.float32(1) / d)
-            if not np.isfinite(inv):
-                inv = np.float32(0)
-            ds[b] = d
-            for t in range(32):
-                qs[b, t] = int(min(127, max(-127, np.rint(np.float32(x[b, t] * inv)))))
-    return qs, ds
+q8_0_slow = int8_blocks_slow  # shared with the other 32-block w4a8 mode (conftest)
 
 
 def bf16(a) -> np.ndarray:

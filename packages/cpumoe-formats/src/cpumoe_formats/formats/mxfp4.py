@@ -36,7 +36,18 @@ from __future__ import annotations
 import numpy as np
 
 from .._arrays import aligned_empty
-from ..numerics import BF16, E2M1_TABLE, E8M0, E8M0_TABLE, bf16_decode, codes, e8m0_for, to_bf16, to_e2m1_codes
+from ..numerics import (
+    BF16,
+    E2M1_TABLE,
+    E8M0,
+    E8M0_TABLE,
+    bf16_decode,
+    codes,
+    e8m0_for,
+    int8_blocks,
+    to_bf16,
+    to_e2m1_codes,
+)
 from ..schema import BankSpec, FormatSpec
 
 _BLOCK = 32  # K elements per scale
@@ -93,18 +104,8 @@ def _dequantize_t(blocks: np.ndarray, scales: np.ndarray, deinterleave: bool = F
 
 
 def w8_quantize(v) -> tuple[np.ndarray, np.ndarray]:
-    """The w4a8 activation quantization, bit-exact with the kernels' prep_act: v [K] (bf16 values)
-    -> (q int8 [K/32, 32], s_b float32 [K/32]). Per 32-K block in fp32: s_b = amax / 127,
-    id = 1 / s_b (0 where not finite: amax == 0 or 1/s_b overflows), q = clamp(rint(x * id), -127, 127)
-    (round half to even). The same rule as q4_0's Q8_0 activations."""
-    x = np.asarray(v, np.float32).reshape(-1, _BLOCK)
-    amax = np.abs(x).max(axis=1)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore", over="ignore"):
-        inv = (np.float32(1) / d).astype(np.float32)
-    inv = np.where(np.isfinite(inv), inv, np.float32(0)).astype(np.float32)
-    q = np.clip(np.rint((x * inv[:, None]).astype(np.float32)), -127, 127).astype(np.int8)
-    return q, d
+    """The w4a8 activation quantization (numerics.int8_blocks, shared with the other 32-block mode)."""
+    return int8_blocks(v, 32)
 
 
 class Mxfp4Format(FormatSpec):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..numerics import int8_blocks
 from ..schema import BankSpec, FormatSpec
 
 QK = 32  # elements per block
@@ -74,16 +75,8 @@ def quantize_rows(x: np.ndarray) -> np.ndarray:
 
 
 def q8_0_quantize(v) -> tuple[np.ndarray, np.ndarray]:
-    """The w4a8 activation quantization, bit-exact with the kernels' prep: v [K] (bf16 values) ->
-    (q int8 [K/32, 32], d_a float32 [K/32])."""
-    x = np.asarray(v, _F32).reshape(-1, QK)
-    amax = np.abs(x).max(axis=1)
-    d = (amax / _F32(127)).astype(_F32)
-    with np.errstate(divide="ignore", over="ignore"):
-        inv = (_F32(1) / d).astype(_F32)
-    inv = np.where(np.isfinite(inv), inv, _F32(0)).astype(_F32)
-    q = np.clip(np.rint((x * inv[:, None]).astype(_F32)), -127, 127).astype(np.int8)
-    return q, d
+    """The w4a8 activation quantization (numerics.int8_blocks, shared with the other 32-block mode)."""
+    return int8_blocks(v, 32)
 
 
 class Q40Format(FormatSpec):
