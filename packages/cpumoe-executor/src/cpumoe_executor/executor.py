@@ -138,8 +138,7 @@ class CpuMoeExecutor:
     def io_block(self) -> dict:
         """Addresses and layout of the IO block (docs/protocol.md)."""
         base = self._x.iob
-        hdr = np.frombuffer((np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint64 * 16).from_address(base))),
-                            np.uint64)
+        hdr = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint64 * 9).from_address(base))  # up to total_bytes
         x_off, ids_off, w_off, y_off, total = (int(v) for v in hdr[4:9])
         return {
             "version": _native.PROTOCOL_VERSION, "magic": _native.IOB_MAGIC, "base": base, "bytes": total,
