@@ -211,12 +211,16 @@ def _register() -> None:
                     requires=[f"build-{name}"])(_make_package_check(name))
         for backend in pkg.backends:
             builds = [f"build-{n}" for n in _closure(name)] if _runnable(backend) else []  # else it just skips
+            # GPU sessions see the machine's own torch / CUDA or ROCm Python stack (never pip-installed here).
+            venv = ["--system-site-packages"] if backend in GPU_BACKENDS else None
             nox.session(name=f"test-{name}-{backend}", tags=["test", backend, name], default=backend == "cpu",
-                        requires=builds)(_make_test(name, backend))
+                        requires=builds, venv_params=venv)(_make_test(name, backend))
     for backend in BACKENDS:
         members = [f"test-{n}-{backend}" for n, p in PACKAGES.items() if backend in p.backends]
         if backend == "cpu":
             members = [f"package-check-{n}" for n in PACKAGES] + members
+        elif backend == "cuda":
+            members.append("integration-cuda")
         nox.session(name=f"test-{backend}", venv_backend="none", tags=[backend], default=backend == "cpu",
                     requires=members)(_make_aggregate(backend, members))
 
@@ -233,6 +237,20 @@ def integration_cpu(session: nox.Session) -> None:
     session.install("pytest>=7")
     session.run("python", "-m", "pytest", str(ROOT / "tests-integration"), "-m", "not gpu", "-p", "no:cacheprovider",
                 *session.posargs)
+
+
+@nox.session(name="integration-cuda", default=False, venv_params=["--system-site-packages"],
+             requires=[f"build-{n}" for n in PACKAGES] if _runnable("cuda") else [])
+def integration_cuda(session: nox.Session) -> None:
+    """tests-integration/ GPU composition tests (executor + gpusync-cuda + kernelio: eager, 1,000 graph
+    replays per path, loading checks) against the wheels in dist/ and the machine's torch."""
+    _gpu_gate(session, "cuda")
+    for name in ("cpumoe-executor", "gpusync-cuda", "kernelio"):
+        _install_wheels(session, name)
+    session.install("pytest>=7")
+    with session.chdir(session.create_tmp()):
+        session.run("python", "-m", "pytest", str(ROOT / "tests-integration"), "-m", "cuda", "-p", "no:cacheprovider",
+                    *session.posargs)
 
 
 @nox.session(name="bench", default=False, requires=["build-cpumoe-formats"])
