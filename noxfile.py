@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,9 +169,25 @@ def _make_package_check(name: str):
     return package_check
 
 
+def _machine_stack(session: nox.Session) -> None:
+    """GPU sessions use the machine's own torch / CUDA or ROCm Python stack, never a pip-installed copy:
+    the site-packages of the `python3` on PATH (often itself a venv, which --system-site-packages would
+    miss) go at the END of the session venv's sys.path, so the venv's own packages still win."""
+    outer = shutil.which("python3") or shutil.which("python")
+    if not outer:
+        return
+    sites = subprocess.run([outer, "-c", "import site, sys; print('\\n'.join(site.getsitepackages()))"],
+                           capture_output=True, text=True).stdout.split()
+    inner = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True)
+    Path(inner.strip(), "_machine_stack.pth").write_text("".join(f"{d}\n" for d in sites if Path(d).is_dir()))
+    session.log(f"machine stack from {outer}: {', '.join(sites)}")
+
+
 def _make_test(name: str, backend: str):
     def test(session: nox.Session) -> None:
         _gpu_gate(session, backend)
+        if backend in GPU_BACKENDS:
+            _machine_stack(session)
         _install_wheels(session, name, extras=("test",))
         tests = ROOT / "packages" / name / "tests"
         marks = "not gpu" if backend == "cpu" else f"{backend} or not gpu"
@@ -211,10 +229,8 @@ def _register() -> None:
                     requires=[f"build-{name}"])(_make_package_check(name))
         for backend in pkg.backends:
             builds = [f"build-{n}" for n in _closure(name)] if _runnable(backend) else []  # else it just skips
-            # GPU sessions see the machine's own torch / CUDA or ROCm Python stack (never pip-installed here).
-            venv = ["--system-site-packages"] if backend in GPU_BACKENDS else None
             nox.session(name=f"test-{name}-{backend}", tags=["test", backend, name], default=backend == "cpu",
-                        requires=builds, venv_params=venv)(_make_test(name, backend))
+                        requires=builds)(_make_test(name, backend))
     for backend in BACKENDS:
         members = [f"test-{n}-{backend}" for n, p in PACKAGES.items() if backend in p.backends]
         if backend == "cpu":
@@ -239,12 +255,13 @@ def integration_cpu(session: nox.Session) -> None:
                 *session.posargs)
 
 
-@nox.session(name="integration-cuda", default=False, venv_params=["--system-site-packages"],
+@nox.session(name="integration-cuda", default=False,
              requires=[f"build-{n}" for n in PACKAGES] if _runnable("cuda") else [])
 def integration_cuda(session: nox.Session) -> None:
     """tests-integration/ GPU composition tests (executor + gpusync-cuda + kernelio: eager, 1,000 graph
     replays per path, loading checks) against the wheels in dist/ and the machine's torch."""
     _gpu_gate(session, "cuda")
+    _machine_stack(session)
     for name in ("cpumoe-executor", "gpusync-cuda", "kernelio"):
         _install_wheels(session, name)
     session.install("pytest>=7")
