@@ -38,6 +38,7 @@ BUILD = "build>=1.2"
 class Pkg:
     backends: tuple[str, ...]  # which test-<pkg>-<backend> sessions exist
     deps: tuple[str, ...] = ()  # our own packages it needs (built first, installed from dist/)
+    gpu_extras: tuple[str, ...] = ()  # our packages its GPU tests also install (an optional extra, e.g. kernels)
 
 
 # The package table, providers first: adding a package is one line. A package's sessions are
@@ -45,7 +46,7 @@ class Pkg:
 PLANNED = {
     "cpumoe-formats": Pkg(("cpu",)),
     "cpumoe-executor": Pkg(("cpu",), deps=("cpumoe-formats",)),
-    "gpusync-cuda": Pkg(("cpu", "cuda"), deps=("cpumoe-formats", "cpumoe-executor")),
+    "gpusync-cuda": Pkg(("cpu", "cuda"), deps=("cpumoe-formats", "cpumoe-executor"), gpu_extras=("kernelio",)),
     "gpusync-hip": Pkg(("rocm",)),
     "kernelio": Pkg(("cpu", "cuda", "rocm"), deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda")),
     "moe-engine-glue": Pkg(("cpu", "cuda", "rocm"),
@@ -189,6 +190,8 @@ def _make_test(name: str, backend: str):
         if backend in GPU_BACKENDS:
             _machine_stack(session)
         _install_wheels(session, name, extras=("test",))
+        for extra in PACKAGES[name].gpu_extras if backend in GPU_BACKENDS else ():
+            _install_wheels(session, extra)
         tests = ROOT / "packages" / name / "tests"
         marks = "not gpu" if backend == "cpu" else f"{backend} or not gpu"
         # From a scratch directory: only the installed wheel is importable; conftest.py is still
@@ -228,7 +231,8 @@ def _register() -> None:
         nox.session(name=f"package-check-{name}", tags=["package-check", "cpu", name],
                     requires=[f"build-{name}"])(_make_package_check(name))
         for backend in pkg.backends:
-            builds = [f"build-{n}" for n in _closure(name)] if _runnable(backend) else []  # else it just skips
+            extras = [n for e in pkg.gpu_extras if backend in GPU_BACKENDS for n in _closure(e)]
+            builds = [f"build-{n}" for n in dict.fromkeys(_closure(name) + extras)] if _runnable(backend) else []
             nox.session(name=f"test-{name}-{backend}", tags=["test", backend, name], default=backend == "cpu",
                         requires=builds)(_make_test(name, backend))
     for backend in BACKENDS:

@@ -62,6 +62,8 @@ def decode(sync, path, layer, x, w, ids, mask, out, partial):
     if path == "kernel" and not _kernel_ok(torch, x, target):
         # Kernel IO moves bf16 only: this step takes the best copy path.
         path = next((p for p in ("memop", "host-func") if sync._usable(p)), "eager")
+    if path != "eager" and not sync._usable(path):
+        raise RuntimeError(f"gpusync-cuda: path {path!r} is unavailable here: {sync.reasons.get(path, 'unknown path')}")
     capturing = torch.cuda.is_current_stream_capturing()
     if path == "eager":
         if capturing:
