@@ -114,10 +114,24 @@ MATRIX = {
 }
 
 
+class Results(dict):
+    def __getitem__(self, case):
+        out = super().__getitem__(case)
+        if "crashed" in out:  # one scenario's crash fails its own tests, not the module
+            pytest.fail(f"scenario {case} crashed: {out['crashed'][-1500:]}")
+        return out
+
+
 @pytest.fixture(scope="module")
 def results(fake_hip):
     lib = fake_hip("full")
-    return {k: fake_run(lib, f"CONFIG = {cfg!r}\n" + SCENARIO) for k, (cfg, *_rest) in MATRIX.items()}
+    res = Results()
+    for k, (cfg, *_rest) in MATRIX.items():
+        try:
+            res[k] = fake_run(lib, f"CONFIG = {cfg!r}\n" + SCENARIO)
+        except AssertionError as e:
+            res[k] = {"crashed": str(e)}
+    return res
 
 
 @pytest.mark.parametrize("case", list(MATRIX))
@@ -180,3 +194,19 @@ def test_pre_existing_error_is_raised_and_left_pending(results):
     out = results["pre_existing_error"]
     assert "earlier HIP error is pending on this thread: hipErrorIllegalAddress" in out["raised"]
     assert out["peek_after_raise"] == 700  # not consumed, not hidden
+
+
+def test_probe_consumes_the_errors_it_creates(fake_hip):
+    """Seed 000: the probe's own failures (here every hipGraphAddBatchMemOpNode) must not
+    leave a HIP last-error behind for the caller's next ordinary call."""
+    out = fake_run(fake_hip("full"), """
+configure("capture=eager;fail=hipGraphAddBatchMemOpNode")
+d = _native.Device(0)
+b = _native.Iob(d, ce.C_API_CAPSULE, ex.handle, ex)
+ex.start_coordinator(ready=b.words["ready"], done=b.words["done"])
+safe, eager, report = b.probe(P["memop"], 10.0, _native.MECHANISMS["splice"])
+print(json.dumps({"safe": safe, "report": report, "peek": _native._peek_error(), "stats": stats()}))
+""")
+    assert not out["safe"] and "hipGraphAddBatchMemOpNode(done := 0) failed" in out["report"]
+    assert out["stats"]["calls"]["hipGraphAddBatchMemOpNode"] == 1
+    assert out["peek"] == 0, f"the probe left HIP error {out['peek']} pending"
