@@ -36,57 +36,13 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda_types.h"  // gpusync-cuda/csrc: CUresult, handles, memop/capture constants
+#include "cuda_extra.h"  // cuda_types.h (gpusync-cuda/csrc) + the structs and flags it lacks
 #include "hip_types.h"   // gpusync-hip/csrc: every HIP type, constant and entry-point signature
 
 using namespace gpusync::hip;
-namespace cu = gpusync::cu;
-
-struct CUevent_st;
 
 namespace {
-// ---- the few CUDA declarations cuda_types.h lacks (values: cuda.h of CUDA 12/13) ----------
-using CUevent = CUevent_st*;
-constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01, CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
-constexpr unsigned CU_EVENT_RECORD_EXTERNAL = 0x1;
-constexpr int CU_POINTER_ATTRIBUTE_HOST_POINTER = 4;
-constexpr int CU_STREAM_WAIT_VALUE_EQ = 0x1, CU_STREAM_WAIT_VALUE_AND = 0x2, CU_STREAM_WAIT_VALUE_NOR = 0x3;
-
-// CUstreamBatchMemOpParams (48-byte union) and CUDA_BATCH_MEM_OP_NODE_PARAMS: the same
-// layout as HIP's (hip_types.h), but kept as CUDA's own types and translated field by field.
-struct CuWaitWrite {
-  int operation;
-  cu::CUdeviceptr address;
-  union {
-    uint32_t value;
-    uint64_t value64;
-  };
-  unsigned flags;
-  cu::CUdeviceptr alias;
-};
-union CuBatchMemOpParams {
-  int operation;
-  CuWaitWrite waitValue;
-  CuWaitWrite writeValue;
-  struct {
-    int operation;
-    unsigned flags;
-  } flushRemoteWrites, memoryBarrier;
-  uint64_t pad[6];
-};
-struct CuBatchMemOpNodeParams {
-  cu::CUcontext ctx;
-  unsigned count;
-  CuBatchMemOpParams* paramArray;
-  unsigned flags;
-};
-struct CuHostNodeParams {
-  void (*fn)(void*);
-  void* userData;
-};
-static_assert(sizeof(CuBatchMemOpParams) == 48 && sizeof(CuBatchMemOpNodeParams) == 32, "CUDA memop layouts");
-static_assert(offsetof(CuWaitWrite, value64) == 16 && offsetof(CuWaitWrite, flags) == 24, "CUDA memop layouts");
-
+using namespace hipshim;
 using cu::CUresult;
 using cu::CUstream;
 using cu::CUdeviceptr;
@@ -261,7 +217,7 @@ bool capturing(Cuda& c, hipStream_t s, CUresult* err) {
 // The host address of `p` when the host can store to it (pinned/registered/signal memory).
 volatile uint64_t* host_word(Cuda& c, void* p) {
   void* h = nullptr;
-  if (c.cuPointerGetAttribute(&h, CU_POINTER_ATTRIBUTE_HOST_POINTER, (CUdeviceptr)(uintptr_t)p)) return nullptr;
+  if (c.cuPointerGetAttribute(&h, kPointerAttrHostPointer, (CUdeviceptr)(uintptr_t)p)) return nullptr;
   return static_cast<volatile uint64_t*>(h);
 }
 
@@ -278,9 +234,9 @@ bool condition(uint64_t have, uint64_t value, unsigned flags, uint64_t mask) {
 int cu_wait_flags(unsigned hip_flags) {
   switch (hip_flags) {
     case hipStreamWaitValueGte: return cu::STREAM_WAIT_VALUE_GEQ;
-    case hipStreamWaitValueEq: return CU_STREAM_WAIT_VALUE_EQ;
-    case hipStreamWaitValueAnd: return CU_STREAM_WAIT_VALUE_AND;
-    case hipStreamWaitValueNor: return CU_STREAM_WAIT_VALUE_NOR;
+    case hipStreamWaitValueEq: return kWaitEq;
+    case hipStreamWaitValueAnd: return kWaitAnd;
+    case hipStreamWaitValueNor: return kWaitNor;
     default: return -1;
   }
 }
@@ -397,7 +353,7 @@ HIPSHIM_API hipError_t hipExtMallocWithFlags(void** p, size_t n, unsigned flags)
   if (!p) return ret(hipErrorInvalidValue);
   if (flags != hipMallocSignalMemory) return hipMalloc(p, n);
   void* h = nullptr;
-  CUresult rc = c.cuMemHostAlloc(&h, n, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+  CUresult rc = c.cuMemHostAlloc(&h, n, kHostAllocDeviceMap | kHostAllocPortable);
   CUdeviceptr d = 0;
   if (!rc) rc = c.cuMemHostGetDevicePointer(&d, h, 0);
   if (!rc && reinterpret_cast<void*>(d) != h) rc = hipErrorNotSupported;  // needs unified addressing
@@ -606,7 +562,7 @@ HIPSHIM_API hipError_t hipEventRecordWithFlags(hipEvent_t e, hipStream_t s, unsi
   ENTER();
   if (flags & ~hipEventRecordExternal) return ret(hipErrorInvalidValue);
   const CUresult rc = c.cuEventRecordWithFlags(reinterpret_cast<CUevent>(e), S(s),
-                                               flags & hipEventRecordExternal ? CU_EVENT_RECORD_EXTERNAL : 0);
+                                               flags & hipEventRecordExternal ? kEventRecordExternal : 0);
   if (!rc && (flags & hipEventRecordExternal)) ++g_stats.external_records;
   return ret(rc);
 }
