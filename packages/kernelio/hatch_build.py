@@ -183,6 +183,23 @@ def probe_hip_arch(hipcc: str, arch: str, tmp: Path) -> str | None:
     return (lines[0] if lines else f"hipcc exit {r.returncode}").strip()[:300]
 
 
+def choose_hip_targets(groups: list[list[str]], probe) -> tuple[list[str], dict[str, str]]:
+    """(accepted, {refused: why}): each group's targets that probe(target) accepts (None = accepted);
+    a later group (the fallback) is tried only when no target of the earlier ones was accepted."""
+    accepted: list[str] = []
+    refused: dict[str, str] = {}
+    for group in groups:
+        for a in group:
+            why = probe(a)
+            if why is None:
+                accepted.append(a)
+            else:
+                refused[a] = why
+        if accepted:
+            break
+    return accepted, refused
+
+
 def build_hip_bundle(out: Path | None = None, archs: list[str] | None = None) -> Path:
     """kernelio.cu -> a clang offload bundle of the accepted targets (+ .json of what was built and refused)."""
     hipcc = find_hipcc()
@@ -195,19 +212,12 @@ def build_hip_bundle(out: Path | None = None, archs: list[str] | None = None) ->
     if archs is not None:
         explicit = (list(archs), "archs argument")
     candidates = [explicit[0]] if explicit else [list(HIP_DEFAULT_ARCHS), list(HIP_FALLBACK_ARCHS)]
-    version, refused, accepted = _hipcc_version(hipcc), {}, []
+    version = _hipcc_version(hipcc)
     tmp = HERE / "build" / "hip-probe"
     tmp.mkdir(parents=True, exist_ok=True)
-    for group in candidates:  # the fallback group only when the toolchain takes none of the defaults
-        for a in group:
-            why = probe_hip_arch(hipcc, a, tmp)
-            if why is None:
-                accepted.append(a)
-            else:
-                refused[a] = why
-                print(f"[kernelio] hipcc {version} cannot build {a}, dropped: {why}", file=sys.stderr)
-        if accepted:
-            break
+    accepted, refused = choose_hip_targets(candidates, lambda a: probe_hip_arch(hipcc, a, tmp))
+    for a, why in refused.items():
+        print(f"[kernelio] hipcc {version} cannot build {a}, dropped: {why}", file=sys.stderr)
     if not accepted:
         src = f" (from {explicit[1]})" if explicit else ""
         raise RuntimeError(f"kernelio: hipcc {version} ({hipcc}) accepts none of the AMD targets "

@@ -85,7 +85,8 @@ def test_clang_offload_bundler_agrees(tmp_path):
     data = hip_image()
     tool = bundler()
     if tool is None:
-        pytest.skip("clang-offload-bundler is not installed here (apt-get install hipcc brings clang-offload-bundler-15)")
+        pytest.skip("clang-offload-bundler is not installed here "
+                    "(Debian's hipcc package brings clang-offload-bundler-15)")
     f = tmp_path / "k.hipfb"
     f.write_bytes(data)
     r = subprocess.run([tool, "--list", "--type=o", f"--input={f}"], capture_output=True, text=True, check=True)
@@ -156,6 +157,25 @@ def test_target_list_overrides(monkeypatch):
     assert hb.hip_archs_from_env() == (["gfx90a", "gfx942"], "PYTORCH_ROCM_ARCH")
     monkeypatch.setenv("KERNELIO_HIP_ARCHS", "gfx1030,gfx90a:xnack+")  # ours wins
     assert hb.hip_archs_from_env() == (["gfx1030", "gfx90a:xnack+"], "KERNELIO_HIP_ARCHS")
+
+
+def test_fallback_targets_only_when_no_default_is_accepted():
+    hb = hatch_build()
+    groups = [list(hb.HIP_DEFAULT_ARCHS), list(hb.HIP_FALLBACK_ARCHS)]
+    assert groups == [DEFAULT_TARGETS, FALLBACK_TARGETS]
+    tried = []
+
+    def probe(takes):
+        return lambda a: tried.append(a) or (None if a in takes else f"no {a}")
+
+    # A ROCm 6.0-like toolchain: gfx942 and gfx1100 but no gfx1201; the fallback is not even tried.
+    assert hb.choose_hip_targets(groups, probe({"gfx942", "gfx1100", "gfx90a"})) == (
+        ["gfx942", "gfx1100"], {"gfx1201": "no gfx1201"})
+    assert tried == DEFAULT_TARGETS
+    # Debian's hipcc 5.2: none of the defaults, so the fallback group.
+    accepted, refused = hb.choose_hip_targets(groups, probe({"gfx90a", "gfx1030"}))
+    assert accepted == FALLBACK_TARGETS and sorted(refused) == sorted(DEFAULT_TARGETS)
+    assert hb.choose_hip_targets(groups, probe(set()))[0] == []
 
 
 def _need_hipcc(hb):
