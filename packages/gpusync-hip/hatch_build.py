@@ -1,0 +1,133 @@
+"""Self-contained build of gpusync_hip._native (hatchling hook and script).
+
+Plain C++17 with pybind11: no HIP headers or ROCm toolchain are needed and
+nothing links libamdhip64 (the runtime is dlopen'd and every entry point
+resolved by name at run time; csrc/hip_types.h declares what is used). When the
+build machine has <hip/hip_runtime_api.h> (ROCM_PATH, /opt/rocm, /usr), the
+object csrc/hip_check.cpp static_asserts those declarations against it.
+
+Headers it needs, never copied into this package:
+  * gpusync/abi.h, the backend-neutral gpusync C ABI that gpusync-cuda ships
+    (gpusync_cuda.get_include(); gpusync-cuda installs and imports without CUDA);
+  * cpumoe_executor/abi.h (cpumoe_executor.get_include()).
+Each comes from the installed package, else from the monorepo checkout beside this one.
+Environment: CXX, ROCM_PATH, CPUMOE_SANITIZE, CPUMOE_DEBUG=1, CPUMOE_BUILD_JOBS.
+Run `python hatch_build.py` for an in-place build.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CSRC = HERE / "csrc"
+PKG = HERE / "src" / "gpusync_hip"
+
+
+def _provider_include(module: str, sibling: str, probe: str) -> str:
+    try:
+        mod = __import__(module)
+        return mod.get_include()
+    except ImportError:
+        p = HERE.parent / sibling / "src" / module / "include"
+        if (p / probe).is_file():
+            return str(p)
+        raise RuntimeError(f"gpusync-hip needs {probe} from {sibling}: install {sibling} first "
+                           f"(pip install packages/{sibling}) or build from the monorepo") from None
+
+
+def executor_include() -> str:
+    return _provider_include("cpumoe_executor", "cpumoe-executor", "cpumoe_executor/abi.h")
+
+
+def gpusync_include() -> str:
+    return _provider_include("gpusync_cuda", "gpusync-cuda", "gpusync/abi.h")
+
+
+def hip_include() -> str | None:
+    """A HIP SDK's include dir, only for the compile-time declaration check."""
+    for root in (os.environ.get("ROCM_PATH"), os.environ.get("HIP_PATH"), "/opt/rocm", "/usr"):
+        if root and (Path(root) / "include" / "hip" / "hip_runtime_api.h").is_file():
+            return str(Path(root) / "include")
+    return None
+
+
+def build(out_dir: Path = PKG) -> Path:
+    import pybind11
+
+    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    debug = os.environ.get("CPUMOE_DEBUG") == "1"
+    san = os.environ.get("CPUMOE_SANITIZE", "")
+    gs_inc, ex_inc = gpusync_include(), executor_include()
+    flags = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-O1" if debug else "-O2",
+             "-g" if (debug or san) else "-g0", "-pthread", f"-I{CSRC}", f"-I{gs_inc}", f"-I{ex_inc}",
+             f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+    if san:
+        flags += [f"-fsanitize={san}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
+    cc = subprocess.run(cxx + ["--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    hip_inc = hip_include()
+    info = f"gpusync-hip cxx={cc[0] if cc else '?'} hip-header-check={hip_inc or 'no'}"
+    flags.append(f'-DGPUSYNC_BUILD_INFO="{info}"')
+    obj_dir = HERE / "build" / ("obj-" + (san or "rel").replace(",", "-"))
+    obj_dir.mkdir(parents=True, exist_ok=True)
+    headers = list(CSRC.glob("*.h")) + list(Path(gs_inc).rglob("*.h")) + list(Path(ex_inc).rglob("*.h"))
+    hdr = max(p.stat().st_mtime for p in headers)
+    stamp, key = obj_dir / "flags.txt", " ".join(flags) + f"|{hip_inc}"
+    stale = not stamp.exists() or stamp.read_text() != key
+
+    def compile_one(src: Path) -> Path | None:
+        extra: list[str] = []
+        if src.name == "hip_check.cpp":
+            if not hip_inc:
+                return None  # no HIP header here: nothing to check against
+            extra = ["-DGPUSYNC_HIP_CHECK", f"-I{hip_inc}"]
+        obj = obj_dir / f"{src.stem}.o"
+        if not stale and obj.exists() and obj.stat().st_mtime >= max(src.stat().st_mtime, hdr):
+            return obj
+        cmd = cxx + flags + extra + ["-c", str(src), "-o", str(obj)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+        return obj
+
+    srcs = sorted(CSRC.glob("*.cpp"))
+    print(f"[gpusync-hip] compiling {len(srcs)} sources ({info})", file=sys.stderr)
+    with ThreadPoolExecutor(int(os.environ.get("CPUMOE_BUILD_JOBS", "0")) or os.cpu_count() or 2) as ex:
+        objs = [o for o in ex.map(compile_one, srcs) if o is not None]
+    stamp.write_text(key)
+    target = out_dir / f"_native{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    # -ldl for dlopen/dlinfo (part of libc on glibc >= 2.34, harmless before); no -lamdhip64.
+    link = cxx + ["-shared", "-pthread", "-o", str(target)] + [str(o) for o in objs] + ["-ldl"]
+    if san:
+        link.append(f"-fsanitize={san}")
+    r = subprocess.run(link, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"link failed: {' '.join(link)}\n{r.stdout}{r.stderr}")
+    return target
+
+
+try:
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+except ImportError:
+    BuildHookInterface = object  # type: ignore[assignment,misc]
+
+
+class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version, build_data):
+        if self.target_name != "wheel":
+            return
+        so = build()
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        build_data["force_include"][str(so)] = f"gpusync_hip/{so.name}"
+
+
+if __name__ == "__main__":
+    print(build())
