@@ -313,9 +313,15 @@ ProbeResult probe(Iob& b, int path, double timeout_s, int forced) {
   }
   std::string notes;
   std::vector<Mechanism> order;
-  if (forced == MECH_NATIVE || forced == MECH_SPLICE) {
-    order.push_back((Mechanism)forced);
-    notes = std::string("forced ") + mechanism_name(forced);
+  if (forced == MECH_SPLICE) {
+    order.push_back(MECH_SPLICE);
+    notes = "forced splice";
+  } else if (forced == MECH_NATIVE) {
+    // Even when forced, native memops are used under capture only where capture
+    // records them: elsewhere a captured wait would block the real queue now.
+    std::string why;
+    if (detect_native(b, timeout_s, &why)) order.push_back(MECH_NATIVE);
+    notes = "forced native: " + why;
   } else {
     std::string why;
     if (detect_native(b, timeout_s, &why)) order.push_back(MECH_NATIVE);

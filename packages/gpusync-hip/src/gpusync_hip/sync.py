@@ -183,13 +183,20 @@ class HipSync:
         return bool(v) and (v["ready"] != 0 or v["done"] == 0)
 
     def close(self) -> None:
-        if self._coordinator is not None:
+        if getattr(self, "_coordinator", None) is not None:
             self.executor.stop_coordinator()  # off our words before they are freed
             if self._coordinator == "moved":
                 self.executor.start_coordinator()  # back on the block's own words
             self._coordinator = None
         self._iob = None  # frees the signal words, unregisters the IO block
         self._dev = None
+
+    def __del__(self):
+        # The coordinator must leave the signal words before they are freed, also when close() was forgotten.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter teardown: nothing left to report to
+            pass
 
     def __enter__(self):
         return self
