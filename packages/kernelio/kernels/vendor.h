@@ -12,19 +12,26 @@
 #if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
 #include <hip/hip_runtime.h>
 #include <stdint.h>
-// Uncached load of memory the CPU writes (y in the mapped IO block): a
-// nontemporal load per 32-bit lane (glc/slc: bypasses the non-coherent L1/L2
-// lines), so no stale cache line is returned.
+// Load of memory the CPU writes (y in the mapped IO block) that no stale cache
+// line can answer: a relaxed system-scope atomic load per 32/16-bit word, which
+// the AMDGPU memory model lowers to a load bypassing the non-coherent caches
+// (glc on gfx90a, glc dlc on gfx1030; a plain nontemporal load gives only slc
+// on gfx10). Ordering comes from the stream wait before the kernel.
+__device__ inline unsigned kio_load_sys(const unsigned* p) {
+  return __hip_atomic_load(const_cast<unsigned*>(p), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
 __device__ inline uint4 kio_load_uncached(const uint4* p) {
   const unsigned* q = reinterpret_cast<const unsigned*>(p);
   uint4 v;
-  v.x = __builtin_nontemporal_load(q + 0);
-  v.y = __builtin_nontemporal_load(q + 1);
-  v.z = __builtin_nontemporal_load(q + 2);
-  v.w = __builtin_nontemporal_load(q + 3);
+  v.x = kio_load_sys(q + 0);
+  v.y = kio_load_sys(q + 1);
+  v.z = kio_load_sys(q + 2);
+  v.w = kio_load_sys(q + 3);
   return v;
 }
-__device__ inline unsigned short kio_load_uncached(const unsigned short* p) { return __builtin_nontemporal_load(p); }
+__device__ inline unsigned short kio_load_uncached(const unsigned short* p) {
+  return __hip_atomic_load(const_cast<unsigned short*>(p), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
 // HIP's __threadfence_system: a system-scope seq_cst fence (on gfx9: L2
 // write-back, wait for outstanding memory, L1/L2 invalidate).
 #define kio_fence_system() __threadfence_system()

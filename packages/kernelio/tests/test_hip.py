@@ -94,6 +94,45 @@ def test_clang_offload_bundler_agrees(tmp_path):
     assert sorted(listed) == sorted(kernelio.hip_bundle_targets(data)), r.stdout
 
 
+def objdump() -> str | None:
+    # the newest LLVM first: an older default llvm-objdump may not decode newer targets
+    cands = ["/opt/rocm/llvm/bin/llvm-objdump", *sorted(glob.glob("/usr/lib/llvm-*/bin/llvm-objdump"),
+                                                        key=lambda p: int(re.sub(r"\D", "", p) or 0), reverse=True),
+             shutil.which("llvm-objdump")]
+    return next((c for c in cands if c and os.access(c, os.X_OK)), None)
+
+
+# What vendor.h's system-scope operations must become (AMDGPU memory model), per target family.
+ISA = {"gfx90a": {"release": "buffer_wbl2", "uncached": ("glc",)},
+       "gfx1030": {"release": "buffer_gl1_inv", "uncached": ("glc", "dlc")}}
+
+
+def test_system_scope_operations_in_the_isa(tmp_path):
+    """The doorbell's system-scope release (gfx90a: L2 write-back) and combine's reads of y that no stale
+    cache line can answer (gfx90a: glc; gfx10: glc dlc), checked in the disassembly of each code object."""
+    data = hip_image()
+    tool = objdump()
+    if tool is None:
+        pytest.skip("llvm-objdump is not installed here (Debian's hipcc package brings llvm-15)")
+    checked = 0
+    for triple, co in bundle_entries(data).items():
+        target = triple.rsplit("--", 1)[-1]
+        if target not in ISA:
+            continue
+        f = tmp_path / f"{target}.co"
+        f.write_bytes(co)
+        asm = subprocess.run([tool, "-d", f"--mcpu={target}", str(f)], capture_output=True, text=True,
+                             check=True).stdout
+        assert ISA[target]["release"] in asm, f"{target}: no {ISA[target]['release']} (system-scope release)"
+        bypass = [ln for ln in asm.splitlines() if re.search(r"load_(dword|ushort)\s", ln)
+                  and all(b in ln.split() for b in ISA[target]["uncached"])]
+        # y in combine: 4 dword loads (16-byte path) and a ushort load (2-byte path), all bypassing
+        assert len(bypass) >= 5 and any("load_ushort" in ln for ln in bypass), (target, bypass)
+        checked += 1
+    if not checked:
+        pytest.skip(f"no code object for {sorted(ISA)} in this image")
+
+
 def test_bundle_parser_rejects_other_data():
     with pytest.raises(ValueError, match="not a clang offload bundle"):
         kernelio.hip_bundle_targets(b"\x7fELF" + bytes(64))
