@@ -14,6 +14,7 @@ Each comes from the installed package, else from the monorepo checkout beside th
 Environment: CXX, ROCM_PATH, CPUMOE_SANITIZE, CPUMOE_DEBUG=1, CPUMOE_BUILD_JOBS.
 Run `python hatch_build.py` for an in-place build.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,10 @@ def _provider_include(module: str, sibling: str, probe: str) -> str:
         p = HERE.parent / sibling / "src" / module / "include"
         if (p / probe).is_file():
             return str(p)
-        raise RuntimeError(f"gpusync-hip needs {probe} from {sibling}: install {sibling} first "
-                           f"(pip install packages/{sibling}) or build from the monorepo") from None
+        raise RuntimeError(
+            f"gpusync-hip needs {probe} from {sibling}: install {sibling} first "
+            f"(pip install packages/{sibling}) or build from the monorepo"
+        ) from None
 
 
 def executor_include() -> str:
@@ -64,9 +67,21 @@ def build(out_dir: Path = PKG) -> Path:
     debug = os.environ.get("CPUMOE_DEBUG") == "1"
     san = os.environ.get("CPUMOE_SANITIZE", "")
     gs_inc, ex_inc = gpusync_include(), executor_include()
-    flags = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-O1" if debug else "-O2",
-             "-g" if (debug or san) else "-g0", "-pthread", f"-I{CSRC}", f"-I{gs_inc}", f"-I{ex_inc}",
-             f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+    flags = [
+        "-std=c++17",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wextra",
+        "-O1" if debug else "-O2",
+        "-g" if (debug or san) else "-g0",
+        "-pthread",
+        f"-I{CSRC}",
+        f"-I{gs_inc}",
+        f"-I{ex_inc}",
+        f"-I{pybind11.get_include()}",
+        f"-I{sysconfig.get_paths()['include']}",
+    ]
     if san:
         flags += [f"-fsanitize={san}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
     cc = subprocess.run(cxx + ["--version"], capture_output=True, text=True).stdout.splitlines()[:1]

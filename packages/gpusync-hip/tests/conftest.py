@@ -2,6 +2,7 @@
 (tests/fake_hip, compiled here per variant) and a runner that executes a
 snippet in a fresh interpreter against it (the runtime is loaded once per
 process, so every scenario gets its own)."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,18 @@ class FakeLibs:
         out = self.root / variant / "libamdhip64.so.7"
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
-            cmd = [self.cxx, "-std=c++17", "-shared", "-fPIC", "-O1", "-pthread", *VARIANTS[variant], "-o",
-                   str(out), str(FAKE_SRC)]
+            cmd = [
+                self.cxx,
+                "-std=c++17",
+                "-shared",
+                "-fPIC",
+                "-O1",
+                "-pthread",
+                *VARIANTS[variant],
+                "-o",
+                str(out),
+                str(FAKE_SRC),
+            ]
             r = subprocess.run(cmd, capture_output=True, text=True)
             assert r.returncode == 0, f"building the fake HIP runtime failed:\n{' '.join(cmd)}\n{r.stderr}"
         return out

@@ -3,6 +3,7 @@ gpusync_hip.get_include(), shipped by gpusync-cuda) builds a real C consumer tha
 binds gpusync_hip's capsule (backend "hip"), a mismatched one is refused naming
 both versions, and kernelio's services (module load, function, launch, memory,
 copy, bounded sync) run through the table on the fake runtime's fake kernel."""
+
 import importlib.util
 import json
 import os
@@ -25,9 +26,21 @@ def build_consumer(tmp: Path, *defines: str) -> Path:
     if shutil.which(CC) is None:
         pytest.fail(f"a C compiler ({CC}) is required to test the C ABI")
     so = tmp / ("abi_consumer_hip" + sysconfig.get_config_var("EXT_SUFFIX"))
-    cmd = [CC, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-I{sysconfig.get_paths()['include']}",
-           f"-I{gpusync_hip.get_include()}", f"-I{ce.get_include()}", *defines, str(HERE / "abi_consumer.c"),
-           "-o", str(so)]
+    cmd = [
+        CC,
+        "-shared",
+        "-fPIC",
+        "-O1",
+        "-Wall",
+        "-Werror",
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{gpusync_hip.get_include()}",
+        f"-I{ce.get_include()}",
+        *defines,
+        str(HERE / "abi_consumer.c"),
+        "-o",
+        str(so),
+    ]
     subprocess.run(cmd, check=True, capture_output=True)
     return so
 
@@ -84,11 +97,14 @@ print(json.dumps({{"ok": ok, "bad": bad, "peek": _native._peek_error()}}))
 
 def test_no_runtime_through_the_table(tmp_path):
     so = build_consumer(tmp_path)
-    r = run_py(f"""
+    r = run_py(
+        f"""
 import importlib.util
 spec = importlib.util.spec_from_file_location("abi_consumer_hip", {str(so)!r})
 mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
 print(mod.open_device())
-""", env={"GPUSYNC_HIP_LIBRARY": "/nonexistent/libamdhip64.so"})
+""",
+        env={"GPUSYNC_HIP_LIBRARY": "/nonexistent/libamdhip64.so"},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("(-1, 'no HIP runtime: dlopen(")

@@ -10,6 +10,7 @@ coordinator polls the signal words, and asserts explicitly on:
   - and, where a copy path was chosen, graph replay with fresh inputs (two
     graphs, the second built after the first) bit-identical too.
 CPU only."""
+
 import pytest
 from conftest import fake_run
 
@@ -81,35 +82,93 @@ UPD, ADD, INFO = "hipStreamUpdateCaptureDependencies", "hipGraphAddBatchMemOpNod
 MATRIX = {
     # capture behaviours, no failure
     "hip10_records_memops": ("capture=record", "copy-native", "native", ["memops are recorded under capture"], 0),
-    "rocm7_runs_memops_at_capture": ("capture=eager", "copy-splice", "splice",
-                                     ["run at once on a capturing stream and are not recorded"], 0),
+    "rocm7_runs_memops_at_capture": (
+        "capture=eager",
+        "copy-splice",
+        "splice",
+        ["run at once on a capturing stream and are not recorded"],
+        0,
+    ),
     "memops_dropped_in_capture": ("capture=drop", "copy-splice", "splice", ["silently dropped"], 0),
-    "rocm7_batch_node_bugs_late_payload": ("capture=eager;batch=unordered;params=keep;payload=late", "copy-splice",
-                                           "splice", ["splice: eager ok", "bit-identical"], 0),
+    "rocm7_batch_node_bugs_late_payload": (
+        "capture=eager;batch=unordered;params=keep;payload=late",
+        "copy-splice",
+        "splice",
+        ["splice: eager ok", "bit-identical"],
+        0,
+    ),
     "hip10_late_payload": ("capture=record;payload=late", "copy-native", "native", ["native: eager ok"], 0),
     # a failure injected at each API call in turn
-    "add_node": (f"capture=eager;fail={ADD}", "host-func", "none", [f"{ADD}(done := 0) failed: hipErrorInvalidValue"],
-                 0),
-    "update_dependencies": (f"capture=eager;fail={UPD}", "host-func", "none",
-                            [f"{UPD}(done := 0 node) failed: hipErrorInvalidValue", "the node was removed again"], 1),
-    "update_dependencies_mid_chain": (f"capture=eager;fail={UPD}@3:801", "host-func", "none",
-                                      [f"{UPD}(done >= 1, Gte node) failed: hipErrorNotSupported"], 1),
+    "add_node": (
+        f"capture=eager;fail={ADD}",
+        "host-func",
+        "none",
+        [f"{ADD}(done := 0) failed: hipErrorInvalidValue"],
+        0,
+    ),
+    "update_dependencies": (
+        f"capture=eager;fail={UPD}",
+        "host-func",
+        "none",
+        [f"{UPD}(done := 0 node) failed: hipErrorInvalidValue", "the node was removed again"],
+        1,
+    ),
+    "update_dependencies_mid_chain": (
+        f"capture=eager;fail={UPD}@3:801",
+        "host-func",
+        "none",
+        [f"{UPD}(done >= 1, Gte node) failed: hipErrorNotSupported"],
+        1,
+    ),
     "capture_info": (f"capture=eager;fail={INFO}", "host-func", "none", [f"{INFO} (splicing done := 0) failed"], 0),
-    "begin_capture": ("capture=record;fail=hipStreamBeginCapture", "host-func", "none",
-                      ["native detection failed: hipStreamBeginCapture failed", "splice: failed at capture"], 0),
-    "end_capture": ("capture=record;fail=hipStreamEndCapture:999", "host-func", "none",
-                    ["native detection failed: hipStreamEndCapture failed: hipErrorUnknown",
-                     "splice: failed at capture: hipStreamEndCapture failed"], 0),
-    "instantiate": ("capture=record;fail=hipGraphInstantiate", "host-func", "none",
-                    ["hipGraphInstantiate failed", "splice: failed at instantiate"], 0),
-    "launch": ("capture=record;fail=hipGraphLaunch", "host-func", "none",
-               ["hipGraphLaunch failed", "splice: failed at replay"], 0),
-    "event_record": ("capture=record;fail=hipEventRecordWithFlags", "host-func", "none",
-                     ["native: failed at capture: hipEventRecordWithFlags(system-release event, "
-                      "hipEventRecordExternal) failed", "splice: failed at capture"], 0),
-    "write_under_capture_once": ("capture=record;fail=hipStreamWriteValue64@1", "copy-splice", "splice",
-                                 ["hipStreamWriteValue64 on a capturing stream failed: hipErrorInvalidValue",
-                                  "splice: eager ok"], 0),
+    "begin_capture": (
+        "capture=record;fail=hipStreamBeginCapture",
+        "host-func",
+        "none",
+        ["native detection failed: hipStreamBeginCapture failed", "splice: failed at capture"],
+        0,
+    ),
+    "end_capture": (
+        "capture=record;fail=hipStreamEndCapture:999",
+        "host-func",
+        "none",
+        [
+            "native detection failed: hipStreamEndCapture failed: hipErrorUnknown",
+            "splice: failed at capture: hipStreamEndCapture failed",
+        ],
+        0,
+    ),
+    "instantiate": (
+        "capture=record;fail=hipGraphInstantiate",
+        "host-func",
+        "none",
+        ["hipGraphInstantiate failed", "splice: failed at instantiate"],
+        0,
+    ),
+    "launch": (
+        "capture=record;fail=hipGraphLaunch",
+        "host-func",
+        "none",
+        ["hipGraphLaunch failed", "splice: failed at replay"],
+        0,
+    ),
+    "event_record": (
+        "capture=record;fail=hipEventRecordWithFlags",
+        "host-func",
+        "none",
+        [
+            "native: failed at capture: hipEventRecordWithFlags(system-release event, hipEventRecordExternal) failed",
+            "splice: failed at capture",
+        ],
+        0,
+    ),
+    "write_under_capture_once": (
+        "capture=record;fail=hipStreamWriteValue64@1",
+        "copy-splice",
+        "splice",
+        ["hipStreamWriteValue64 on a capturing stream failed: hipErrorInvalidValue", "splice: eager ok"],
+        0,
+    ),
     "pre_existing_error": ("capture=record;sticky=700", "copy-native", "native", ["recorded under capture"], 0),
 }
 
@@ -199,14 +258,17 @@ def test_pre_existing_error_is_raised_and_left_pending(results):
 def test_probe_consumes_the_errors_it_creates(fake_hip):
     """Seed 000: the probe's own failures (here every hipGraphAddBatchMemOpNode) must not
     leave a HIP last-error behind for the caller's next ordinary call."""
-    out = fake_run(fake_hip("full"), """
+    out = fake_run(
+        fake_hip("full"),
+        """
 configure("capture=eager;fail=hipGraphAddBatchMemOpNode")
 d = _native.Device(0)
 b = _native.Iob(d, ce.C_API_CAPSULE, ex.handle, ex)
 ex.start_coordinator(ready=b.words["ready"], done=b.words["done"])
 safe, eager, report = b.probe(P["memop"], 10.0, _native.MECHANISMS["splice"])
 print(json.dumps({"safe": safe, "report": report, "peek": _native._peek_error(), "stats": stats()}))
-""")
+""",
+    )
     assert not out["safe"] and "hipGraphAddBatchMemOpNode(done := 0) failed" in out["report"]
     assert out["stats"]["calls"]["hipGraphAddBatchMemOpNode"] == 1
     assert out["peek"] == 0, f"the probe left HIP error {out['peek']} pending"

@@ -3,6 +3,7 @@ library, a wrong library, a library lacking a required entry point, no device
 and Debian's 5.2.3 symbol set are each reported cleanly (driver_status() says
 which library, which runtime version and why), and HipSync falls back to the
 path that is still correct, with the reason."""
+
 import json
 from pathlib import Path
 
@@ -86,7 +87,9 @@ def test_debian_523_symbol_set(fake_hip):
     """Debian's libamdhip64 5.2.3: no hipLaunchHostFunc, no batch-memop node, no
     hipEventRecordWithFlags. Memops exist but capture cannot be proven: capture is
     refused, eager stays correct, nothing crashes."""
-    out = fake_run(fake_hip("debian523"), """
+    out = fake_run(
+        fake_hip("debian523"),
+        """
 s = g.HipSync(ex)
 st = g.driver_status()
 d, b = s._dev, s._iob
@@ -101,9 +104,10 @@ d._graph_destroy(d._capture_end(stream), 0)
 d._stream_destroy(stream)
 print(json.dumps({"st": st, "path": s.path, "reasons": s.reasons, "eager": eager_matches(s), "refused": refused,
                   "peek": _native._peek_error()}))
-""", config="capture=eager;version=50221153")
-    assert sorted(out["st"]["missing"]) == ["hipEventRecordWithFlags", "hipGraphAddBatchMemOpNode",
-                                            "hipLaunchHostFunc"]
+""",
+        config="capture=eager;version=50221153",
+    )
+    assert sorted(out["st"]["missing"]) == ["hipEventRecordWithFlags", "hipGraphAddBatchMemOpNode", "hipLaunchHostFunc"]
     assert out["st"]["initialized"] and out["st"]["runtime_version"] == 50221153
     assert out["path"] == "eager"
     assert "hipEventRecordWithFlags missing (HIP < 6.4.2)" in out["reasons"]["copy"]
@@ -114,16 +118,23 @@ print(json.dumps({"st": st, "path": s.path, "reasons": s.reasons, "eager": eager
     assert out["peek"] == 0
 
 
-@pytest.mark.parametrize("variant, path, reason", [
-    ("no_batch_node", "host-func", "splice: hipGraphAddBatchMemOpNode (HIP 6.4+) or the capture-dependency"),
-    ("no_record_with_flags", "host-func", "hipEventRecordWithFlags missing"),
-])
+@pytest.mark.parametrize(
+    "variant, path, reason",
+    [
+        ("no_batch_node", "host-func", "splice: hipGraphAddBatchMemOpNode (HIP 6.4+) or the capture-dependency"),
+        ("no_record_with_flags", "host-func", "hipEventRecordWithFlags missing"),
+    ],
+)
 def test_missing_optional_entry_points(fake_hip, variant, path, reason):
-    out = fake_run(fake_hip(variant), """
+    out = fake_run(
+        fake_hip(variant),
+        """
 s = g.HipSync(ex)
 print(json.dumps({"path": s.path, "reasons": s.reasons, "missing": g.driver_status()["missing"],
                   "eager": eager_matches(s), "peek": _native._peek_error()}))
-""", config="capture=eager")
+""",
+        config="capture=eager",
+    )
     assert out["path"] == path and reason in out["reasons"]["copy"], out["reasons"]
     assert out["eager"] == [True, True, True] and out["peek"] == 0
 
@@ -145,8 +156,13 @@ res["env"] = [s.path, s.mechanism]
 print(json.dumps(res))
 """
     rec = fake_run(lib, code, config="capture=record")
-    assert rec == {"copy-native": ["copy-native", "native"], "splice": ["copy-splice", "splice"],
-                   "host-func": ["host-func", "none"], "eager": ["eager", "none"], "env": ["copy-splice", "splice"]}
+    assert rec == {
+        "copy-native": ["copy-native", "native"],
+        "splice": ["copy-splice", "splice"],
+        "host-func": ["host-func", "none"],
+        "eager": ["eager", "none"],
+        "env": ["copy-splice", "splice"],
+    }
     old = fake_run(lib, code, config="capture=eager")  # ROCm < 10: forcing native cannot be proven
     assert old["copy-native"][0] == "raised" and "forced path 'copy-native' is unavailable" in old["copy-native"][1]
     assert "forced native: stream memops run at once on a capturing stream" in old["copy-native"][1]
@@ -165,21 +181,25 @@ def test_bad_arguments():
 
 
 def test_hipsync_without_runtime_decodes_eagerly():
-    r = run_py("""
+    r = run_py(
+        """
 import numpy as np
 from conftest import make_executor
 import gpusync_hip as g
 ex = make_executor(np.random.default_rng(0), layers=1)
 s = g.HipSync(ex)
 print(s.path); print(s.summary())
-""", env={"GPUSYNC_HIP_LIBRARY": "/nonexistent/libamdhip64.so"})
+""",
+        env={"GPUSYNC_HIP_LIBRARY": "/nonexistent/libamdhip64.so"},
+    )
     assert r.returncode == 0, r.stderr
     path, summary = r.stdout.splitlines()[:2]
     assert path == "eager" and "copy: no HIP runtime" in summary and "host-func: no HIP runtime" in summary
 
 
-SYSTEM_HIP = [p for p in ("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5", "/opt/rocm/lib/libamdhip64.so")
-              if Path(p).exists()]
+SYSTEM_HIP = [
+    p for p in ("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5", "/opt/rocm/lib/libamdhip64.so") if Path(p).exists()
+]
 
 
 @pytest.mark.skipif(not SYSTEM_HIP, reason="no HIP runtime library installed on this machine")

@@ -9,6 +9,7 @@ versioned C ABI as gpusync-cuda (capsule gpusync_hip._native._C_API_v1).
 The HIP runtime is dlopen'd at run time (no libamdhip64 at link time), so this
 imports on a machine without ROCm; driver_status() says what loaded and why.
 """
+
 from __future__ import annotations
 
 from . import _native
@@ -37,5 +38,15 @@ def driver_status() -> dict:
     return _native.driver_status()
 
 
-__all__ = ["ABI_VERSION", "C_API_CAPSULE", "PATHS", "PROTOCOL_VERSION", "CaptureRefusedError", "GpuSyncError",
-           "HipSync", "NoDriverError", "driver_status", "get_include"]
+__all__ = [
+    "ABI_VERSION",
+    "C_API_CAPSULE",
+    "PATHS",
+    "PROTOCOL_VERSION",
+    "CaptureRefusedError",
+    "GpuSyncError",
+    "HipSync",
+    "NoDriverError",
+    "driver_status",
+    "get_include",
+]

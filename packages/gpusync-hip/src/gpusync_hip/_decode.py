@@ -1,6 +1,7 @@
 """The decode step of each path, on torch tensors (imported only here). The
 backend-neutral torch helpers (argument checks, dtype/stride handling, GPU-resident
 expert masking, the synchronous fallback) are gpusync-cuda's, reused as they are."""
+
 from __future__ import annotations
 
 from gpusync_cuda._decode import _check, _eager, _mask_ids, _rows
@@ -26,8 +27,10 @@ def decode(sync, path, layer, x, w, ids, mask, out, partial):
         return _eager(sync, torch, layer, x, w, ids, mask, out, partial)
     devs = {t.device for t in (x, w, ids, mask, target) if t is not None}
     if devs != {torch.device("cuda", sync.ordinal)}:
-        raise ValueError(f"all tensors must be on the HIP device {sync.ordinal} (torch 'cuda:{sync.ordinal}'), "
-                         f"got {sorted(map(str, devs))}")
+        raise ValueError(
+            f"all tensors must be on the HIP device {sync.ordinal} (torch 'cuda:{sync.ordinal}'), "
+            f"got {sorted(map(str, devs))}"
+        )
     stream = torch.cuda.current_stream(x.device).cuda_stream
     ids32, w32 = _rows(ids, torch, torch.int32), _rows(w, torch, torch.float32)
     if mask is not None:
@@ -50,4 +53,5 @@ def CaptureRefused(sync, path) -> Exception:  # noqa: N802 - builds the exceptio
     return _native.CaptureRefusedError(
         f"gpusync_hip: HIP graph capture refused: the {path} path is not replay-safe on ROCm and no replay-safe "
         f"GPU<->CPU handshake was proven on this machine ({why}). Decode MoE layers eagerly: disable HIP graphs "
-        "for decode (e.g. --cuda-graph-max-bs 0 / enforce_eager=True); eager decode stays correct.")
+        "for decode (e.g. --cuda-graph-max-bs 0 / enforce_eager=True); eager decode stays correct."
+    )

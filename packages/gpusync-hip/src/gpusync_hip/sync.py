@@ -14,6 +14,7 @@ CaptureRefusedError saying what to do.
 Paths (GPUSYNC_HIP_PATH or path=): auto (default: best proven), copy-native,
 copy-splice (native / splice are aliases), host-func, eager.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,14 +46,17 @@ class HipSync:
     qualify: also prove the chosen copy path with the real torch decode (when torch is importable).
     """
 
-    def __init__(self, executor, ordinal: int = 0, *, path: str | None = None, timeout_s: float = 10.0,
-                 qualify: bool = True):
+    def __init__(
+        self, executor, ordinal: int = 0, *, path: str | None = None, timeout_s: float = 10.0, qualify: bool = True
+    ):
         import cpumoe_executor
 
         want = path if path is not None else os.environ.get("GPUSYNC_HIP_PATH", "") or "auto"
         if want not in CHOICES:
-            raise ValueError(f"path={want!r} (from {'path=' if path is not None else 'GPUSYNC_HIP_PATH'}) is not "
-                             f"one of {list(CHOICES)}")
+            raise ValueError(
+                f"path={want!r} (from {'path=' if path is not None else 'GPUSYNC_HIP_PATH'}) is not "
+                f"one of {list(CHOICES)}"
+            )
         want = _ALIASES.get(want, want)
         if not isinstance(ordinal, int) or ordinal < 0:
             raise ValueError(f"ordinal={ordinal!r}: expected a device index >= 0")
@@ -72,9 +76,15 @@ class HipSync:
             self._start_coordinator()
             self._probe(want)
         self._choose(want, qualify)
-        log.info("gpusync_hip: handshake=%s on hip:%d (runtime %s from %s: %s) (%s)", self.path, ordinal,
-                 st.get("runtime_version"), st.get("library") or "-", st.get("choice") or st.get("error"),
-                 self.summary())
+        log.info(
+            "gpusync_hip: handshake=%s on hip:%d (runtime %s from %s: %s) (%s)",
+            self.path,
+            ordinal,
+            st.get("runtime_version"),
+            st.get("library") or "-",
+            st.get("choice") or st.get("error"),
+            self.summary(),
+        )
 
     # ---- start-up -----------------------------------------------------------------------------
     def _start_coordinator(self) -> None:
@@ -129,8 +139,9 @@ class HipSync:
             return True
         except Exception as e:  # noqa: BLE001 - any failure disqualifies the path
             self.reasons["copy"] = f"failed qualification: {type(e).__name__}: {e}"
-            warnings.warn(f"gpusync_hip: the {path} path failed its start-up qualification: {e}", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"gpusync_hip: the {path} path failed its start-up qualification: {e}", RuntimeWarning, stacklevel=3
+            )
             self._iob.set_replay_safe(_ID["memop"], False)
             return False
 
@@ -170,8 +181,10 @@ class HipSync:
             _torch().cuda.synchronize(self.ordinal)
             return
         if not self._iob.sync(h, t):
-            raise TimeoutError(f"gpusync_hip: stream did not complete within {t} s and was released; executor "
-                               f"health: {self.executor.health()}, words: {self.word_values()}")
+            raise TimeoutError(
+                f"gpusync_hip: stream did not complete within {t} s and was released; executor "
+                f"health: {self.executor.health()}, words: {self.word_values()}"
+            )
 
     def word_values(self) -> dict:
         w = self.words
