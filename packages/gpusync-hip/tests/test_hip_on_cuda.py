@@ -19,6 +19,7 @@ each a copy path with its system-release event recorded as an external event nod
 cannot run (kernelio's image is an AMD code-object bundle): kernelio's probe reports it and the copy
 path is what runs.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -48,11 +49,27 @@ def _cxx() -> str | None:
 def build_shim(out_dir: Path) -> Path:
     cxx = _cxx()
     if cxx is None or not (HIP_CSRC / "hip_types.h").is_file() or not (CUDA_CSRC / "cuda_types.h").is_file():
-        pytest.skip("needs g++ and the monorepo checkout (gpusync-hip/csrc/hip_types.h, "
-                    "gpusync-cuda/csrc/cuda_types.h)")
+        pytest.skip(
+            "needs g++ and the monorepo checkout (gpusync-hip/csrc/hip_types.h, gpusync-cuda/csrc/cuda_types.h)"
+        )
     out = out_dir / "libhip_on_cuda.so"
-    cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
-           f"-I{HIP_CSRC}", f"-I{CUDA_CSRC}", "-o", str(out), str(SHIM_DIR / "hip_on_cuda.cpp"), "-ldl"]
+    cmd = [
+        cxx,
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-shared",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        f"-I{HIP_CSRC}",
+        f"-I{CUDA_CSRC}",
+        "-o",
+        str(out),
+        str(SHIM_DIR / "hip_on_cuda.cpp"),
+        "-ldl",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return out
@@ -65,8 +82,8 @@ def shim(tmp_path_factory) -> Path:
 
 def entry_points() -> list[str]:
     text = (HIP_CSRC / "hip_types.h").read_text()
-    block = text[text.index("#define GPUSYNC_HIP_ENTRY_POINTS"):]
-    block = block[:block.index("}  // namespace hip")]
+    block = text[text.index("#define GPUSYNC_HIP_ENTRY_POINTS") :]
+    block = block[: block.index("}  // namespace hip")]
     return re.findall(r"X\((\w+),\s*(?:true|false)\)", block)
 
 
@@ -96,22 +113,33 @@ def test_shim_cuda_structs_match_cuda_h():
     inc = next((f"{r}/include" for r in roots if r and Path(f"{r}/include/cuda.h").is_file()), None)
     if inc is None or _cxx() is None or not (CUDA_CSRC / "cuda_types.h").is_file():
         pytest.skip("needs cuda.h (CUDA_HOME or /usr/local/cuda), g++ and the monorepo checkout")
-    cmd = [_cxx(), "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", f"-I{inc}", f"-I{CUDA_CSRC}",
-           str(SHIM_DIR / "cuda_check.cpp")]
+    cmd = [
+        _cxx(),
+        "-std=c++17",
+        "-fsyntax-only",
+        "-Wall",
+        "-Werror",
+        f"-I{inc}",
+        f"-I{CUDA_CSRC}",
+        str(SHIM_DIR / "cuda_check.cpp"),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
 
 
 def test_shim_without_a_driver_reports_no_device(shim):
     # this machine may have a GPU: point the shim at a driver library that is not there
-    r = run_py(f"""
+    r = run_py(
+        f"""
 import ctypes
 lib = ctypes.CDLL({str(shim)!r})
 n = ctypes.c_int(-1)
 msg = ctypes.create_string_buffer(512)
 print(lib.hipGetDeviceCount(ctypes.byref(n)), lib.hipPeekAtLastError(), lib.hipGetLastError(), lib.hipGetLastError(),
       lib.hipshim_status(msg, 512), msg.value.decode())
-""", {"HIPSHIM_LIBCUDA": "libcuda_absent.so.1"})
+""",
+        {"HIPSHIM_LIBCUDA": "libcuda_absent.so.1"},
+    )
     assert r.returncode == 0, r.stderr
     rc, peek, last, again, status, msg = r.stdout.split(maxsplit=5)
     # hipErrorNoDevice, kept as the thread's last error until hipGetLastError consumes it
@@ -121,11 +149,14 @@ print(lib.hipGetDeviceCount(ctypes.byref(n)), lib.hipPeekAtLastError(), lib.hipG
 
 def test_gpusync_hip_on_the_shim_without_a_driver_stays_eager(shim):
     pytest.importorskip("gpusync_hip")
-    r = run_py("""
+    r = run_py(
+        """
 import gpusync_hip
 st = gpusync_hip.driver_status()
 print(st["loaded"], st["initialized"]); print(st["error"])
-""", {"GPUSYNC_HIP_LIBRARY": str(shim), "HIPSHIM_LIBCUDA": "libcuda_absent.so.1"})
+""",
+        {"GPUSYNC_HIP_LIBRARY": str(shim), "HIPSHIM_LIBCUDA": "libcuda_absent.so.1"},
+    )
     assert r.returncode == 0, r.stderr
     flags, err = r.stdout.split("\n", 1)
     assert flags.split() == ["True", "False"], r.stdout  # every entry point resolved; no device behind them
@@ -133,19 +164,23 @@ print(st["loaded"], st["initialized"]); print(st["error"])
 
 
 def test_shim_rejects_an_unknown_mode(shim):
-    r = run_py(f"""
+    r = run_py(
+        f"""
 import ctypes
 lib = ctypes.CDLL({str(shim)!r})
 msg = ctypes.create_string_buffer(512)
 lib.hipshim_status(msg, 512); print(msg.value.decode())
-""", {"HIPSHIM_MODE": "sometimes"})
+""",
+        {"HIPSHIM_MODE": "sometimes"},
+    )
     assert r.returncode == 0, r.stderr
     assert "HIPSHIM_MODE=sometimes: expected native or eager-capture" in r.stdout or "dlopen(" in r.stdout
 
 
 # ---- CPU: the replay harness itself, on the fake HIP runtime (tests/fake_hip) ---------------------------
-@pytest.mark.parametrize("config, path, mechanism", [("capture=record", "copy-native", "native"),
-                                                      ("capture=eager", "auto", "splice")])
+@pytest.mark.parametrize(
+    "config, path, mechanism", [("capture=record", "copy-native", "native"), ("capture=eager", "auto", "splice")]
+)
 def test_replay_harness_on_the_fake_runtime(tmp_path, config, path, mechanism):
     """The same worker the GPU test runs, against the CPU model of the HIP runtime, so a harness bug
     shows up here and not on the GPU machine: 20 replays, bit-identical, served == ringing layers."""
@@ -154,8 +189,11 @@ def test_replay_harness_on_the_fake_runtime(tmp_path, config, path, mechanism):
     if _cxx() is None or not src.is_file():
         pytest.skip("needs g++ and tests/fake_hip/fake_libamdhip64.cpp")
     fake = tmp_path / "libfakehip.so"
-    subprocess.run([_cxx(), "-std=c++17", "-shared", "-fPIC", "-O1", "-pthread", "-o", str(fake), str(src)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [_cxx(), "-std=c++17", "-shared", "-fPIC", "-O1", "-pthread", "-o", str(fake), str(src)],
+        check=True,
+        capture_output=True,
+    )
     res = run_worker(fake, {"FAKEHIP_CONFIG": config}, path, 20)
     assert res["mechanism"] == mechanism and res["path"] == f"copy-{mechanism}", res["summary"]
     assert res["replays"] == 20 and res["mismatches"] == 0, res["first_bad"]
@@ -181,9 +219,12 @@ needs_nvidia = pytest.mark.skipif(MISSING is not None, reason=f"the HIP-on-CUDA 
 
 def run_worker(library: Path, env: dict, path: str, replays: int) -> dict:
     e = {"GPUSYNC_HIP_LIBRARY": str(library), "PYTHONPATH": os.pathsep.join(sys.path), **env}
-    r = run_py(f"import runpy, sys; sys.argv = ['w', {path!r}, '{replays}']; "
-               f"runpy.run_path({str(SHIM_DIR / 'replay_worker.py')!r}, run_name='__main__')",
-               e, timeout=WORKER_TIMEOUT_S)
+    r = run_py(
+        f"import runpy, sys; sys.argv = ['w', {path!r}, '{replays}']; "
+        f"runpy.run_path({str(SHIM_DIR / 'replay_worker.py')!r}, run_name='__main__')",
+        e,
+        timeout=WORKER_TIMEOUT_S,
+    )
     assert r.returncode == 0, f"worker ({env}, {path}) failed:\n{r.stdout}\n{r.stderr[-4000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -212,11 +253,15 @@ def check_replays(res: dict) -> None:
 @pytest.mark.cuda
 @pytest.mark.gpu
 @needs_nvidia
-@pytest.mark.parametrize("mode, path, mechanism", [
-    ("native", "copy-native", "native"),   # memops recorded by the capture (HIP >= 10)
-    ("eager-capture", "auto", "splice"),   # ROCm < 10: the probe must see the eager memop and splice nodes
-    ("native", "copy-splice", "splice"),   # explicit nodes on a runtime that would record memops too
-], ids=["native-memops", "eager-capture-spliced", "forced-splice"])
+@pytest.mark.parametrize(
+    "mode, path, mechanism",
+    [
+        ("native", "copy-native", "native"),  # memops recorded by the capture (HIP >= 10)
+        ("eager-capture", "auto", "splice"),  # ROCm < 10: the probe must see the eager memop and splice nodes
+        ("native", "copy-splice", "splice"),  # explicit nodes on a runtime that would record memops too
+    ],
+    ids=["native-memops", "eager-capture-spliced", "forced-splice"],
+)
 def test_graph_replay_on_cuda(shim, mode, path, mechanism):
     res = replay(shim, mode, path)
     assert res["mechanism"] == mechanism and res["path"] == f"copy-{mechanism}", res["summary"]
@@ -237,7 +282,8 @@ def test_graph_replay_on_cuda(shim, mode, path, mechanism):
 def test_native_memops_are_refused_where_capture_does_not_record_them(shim):
     """eager-capture mode: forcing the native mechanism must fail its probe, never run unrecorded memops."""
     pytest.importorskip("gpusync_hip")
-    r = run_py("""
+    r = run_py(
+        """
 import numpy as np, cpumoe_executor as ce, cpumoe_formats as cf, gpusync_hip
 rng = np.random.default_rng(1)
 ex = ce.CpuMoeExecutor("bf16", [cf.get_format("bf16").random_banks(8, 256, 64, rng)], top_k=4, threads=1)
@@ -247,7 +293,9 @@ try:
 except gpusync_hip.GpuSyncError as e:
     print("REFUSED", e)
 ex.close()
-""", {"GPUSYNC_HIP_LIBRARY": str(shim), "HIPSHIM_MODE": "eager-capture", "PYTHONPATH": os.pathsep.join(sys.path)},
-               timeout=WORKER_TIMEOUT_S)
+""",
+        {"GPUSYNC_HIP_LIBRARY": str(shim), "HIPSHIM_MODE": "eager-capture", "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=WORKER_TIMEOUT_S,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     assert r.stdout.startswith("REFUSED"), r.stdout

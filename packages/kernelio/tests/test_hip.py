@@ -33,8 +33,11 @@ def hip_image() -> bytes:
 
 
 def bundler() -> str | None:
-    cands = [shutil.which("clang-offload-bundler"), *sorted(glob.glob("/usr/bin/clang-offload-bundler-*")),
-             "/opt/rocm/llvm/bin/clang-offload-bundler"]
+    cands = [
+        shutil.which("clang-offload-bundler"),
+        *sorted(glob.glob("/usr/bin/clang-offload-bundler-*")),
+        "/opt/rocm/llvm/bin/clang-offload-bundler",
+    ]
     return next((c for c in cands if c and os.access(c, os.X_OK)), None)
 
 
@@ -46,7 +49,7 @@ def bundle_entries(data: bytes) -> dict[str, bytes]:
     out, off = {}, 32
     for _ in range(n):
         o, size, tlen = struct.unpack_from("<QQQ", data, off)
-        out[data[off + 24:off + 24 + tlen].decode()] = data[o:o + size]
+        out[data[off + 24 : off + 24 + tlen].decode()] = data[o : o + size]
         off += 24 + tlen
     return out
 
@@ -85,8 +88,9 @@ def test_clang_offload_bundler_agrees(tmp_path):
     data = hip_image()
     tool = bundler()
     if tool is None:
-        pytest.skip("clang-offload-bundler is not installed here "
-                    "(Debian's hipcc package brings clang-offload-bundler-15)")
+        pytest.skip(
+            "clang-offload-bundler is not installed here (Debian's hipcc package brings clang-offload-bundler-15)"
+        )
     f = tmp_path / "k.hipfb"
     f.write_bytes(data)
     r = subprocess.run([tool, "--list", "--type=o", f"--input={f}"], capture_output=True, text=True, check=True)
@@ -96,15 +100,21 @@ def test_clang_offload_bundler_agrees(tmp_path):
 
 def objdump() -> str | None:
     # the newest LLVM first: an older default llvm-objdump may not decode newer targets
-    cands = ["/opt/rocm/llvm/bin/llvm-objdump", *sorted(glob.glob("/usr/lib/llvm-*/bin/llvm-objdump"),
-                                                        key=lambda p: int(re.sub(r"\D", "", p) or 0), reverse=True),
-             shutil.which("llvm-objdump")]
+    cands = [
+        "/opt/rocm/llvm/bin/llvm-objdump",
+        *sorted(
+            glob.glob("/usr/lib/llvm-*/bin/llvm-objdump"), key=lambda p: int(re.sub(r"\D", "", p) or 0), reverse=True
+        ),
+        shutil.which("llvm-objdump"),
+    ]
     return next((c for c in cands if c and os.access(c, os.X_OK)), None)
 
 
 # What vendor.h's system-scope operations must become (AMDGPU memory model), per target family.
-ISA = {"gfx90a": {"release": "buffer_wbl2", "uncached": ("glc",)},
-       "gfx1030": {"release": "buffer_gl1_inv", "uncached": ("glc", "dlc")}}
+ISA = {
+    "gfx90a": {"release": "buffer_wbl2", "uncached": ("glc",)},
+    "gfx1030": {"release": "buffer_gl1_inv", "uncached": ("glc", "dlc")},
+}
 
 
 def test_system_scope_operations_in_the_isa(tmp_path):
@@ -121,11 +131,15 @@ def test_system_scope_operations_in_the_isa(tmp_path):
             continue
         f = tmp_path / f"{target}.co"
         f.write_bytes(co)
-        asm = subprocess.run([tool, "-d", f"--mcpu={target}", str(f)], capture_output=True, text=True,
-                             check=True).stdout
+        asm = subprocess.run(
+            [tool, "-d", f"--mcpu={target}", str(f)], capture_output=True, text=True, check=True
+        ).stdout
         assert ISA[target]["release"] in asm, f"{target}: no {ISA[target]['release']} (system-scope release)"
-        bypass = [ln for ln in asm.splitlines() if re.search(r"load_(dword|ushort)\s", ln)
-                  and all(b in ln.split() for b in ISA[target]["uncached"])]
+        bypass = [
+            ln
+            for ln in asm.splitlines()
+            if re.search(r"load_(dword|ushort)\s", ln) and all(b in ln.split() for b in ISA[target]["uncached"])
+        ]
         # y in combine: 4 dword loads (16-byte path) and a ushort load (2-byte path), all bypassing
         assert len(bypass) >= 5 and any("load_ushort" in ln for ln in bypass), (target, bypass)
         checked += 1
@@ -141,10 +155,30 @@ def test_bundle_parser_rejects_other_data():
 
 # ---- the kernel source: one file for both vendors ---------------------------------------------
 # Spellings that exist only in CUDA (or only as NVIDIA PTX): each must go through a kio_* name in vendor.h.
-CUDA_ONLY = [r"__ldcv", r"__ldcg", r"__ldca", r"__ldlu", r"__ldg", r"__stcg", r"__stcs", r"__stwt", r"__shfl\w*_sync",
-             r"__ballot_sync", r"__activemask", r"__nanosleep", r"\basm\b", r"%laneid", r"\bcuda[A-Z_]\w*",
-             r"\bcu[A-Z]\w+\(", r"cooperative_groups", r"__CUDA_ARCH__", r"\bwarpSize\b", r"\b__threadfence_system\b",
-             r"\batomicAdd_system\b", r"#include\s*<cuda"]
+CUDA_ONLY = [
+    r"__ldcv",
+    r"__ldcg",
+    r"__ldca",
+    r"__ldlu",
+    r"__ldg",
+    r"__stcg",
+    r"__stcs",
+    r"__stwt",
+    r"__shfl\w*_sync",
+    r"__ballot_sync",
+    r"__activemask",
+    r"__nanosleep",
+    r"\basm\b",
+    r"%laneid",
+    r"\bcuda[A-Z_]\w*",
+    r"\bcu[A-Z]\w+\(",
+    r"cooperative_groups",
+    r"__CUDA_ARCH__",
+    r"\bwarpSize\b",
+    r"\b__threadfence_system\b",
+    r"\batomicAdd_system\b",
+    r"#include\s*<cuda",
+]
 
 
 def _code(path: Path) -> str:
@@ -209,7 +243,9 @@ def test_fallback_targets_only_when_no_default_is_accepted():
 
     # A ROCm 6.0-like toolchain: gfx942 and gfx1100 but no gfx1201; the fallback is not even tried.
     assert hb.choose_hip_targets(groups, probe({"gfx942", "gfx1100", "gfx90a"})) == (
-        ["gfx942", "gfx1100"], {"gfx1201": "no gfx1201"})
+        ["gfx942", "gfx1100"],
+        {"gfx1201": "no gfx1201"},
+    )
     assert tried == DEFAULT_TARGETS
     # Debian's hipcc 5.2: none of the defaults, so the fallback group.
     accepted, refused = hb.choose_hip_targets(groups, probe({"gfx90a", "gfx1030"}))
@@ -251,11 +287,20 @@ _SLOTS_AFTER_MODULE_LOAD = 8  # module_unload .. memcpy_async
 
 
 class MockApi(ctypes.Structure):
-    _fields_ = ([("abi_major", ctypes.c_uint32), ("abi_minor", ctypes.c_uint32), ("struct_size", ctypes.c_uint32),
-                 ("protocol_version", ctypes.c_uint32), ("build_info", ctypes.c_char_p), ("backend", ctypes.c_char_p),
-                 ("last_error", LastError)] +
-                [(f"s{i}", ctypes.c_void_p) for i in range(_SLOTS_BEFORE_MODULE_LOAD)] +
-                [("module_load", ModuleLoad)] + [(f"t{i}", ctypes.c_void_p) for i in range(_SLOTS_AFTER_MODULE_LOAD)])
+    _fields_ = (
+        [
+            ("abi_major", ctypes.c_uint32),
+            ("abi_minor", ctypes.c_uint32),
+            ("struct_size", ctypes.c_uint32),
+            ("protocol_version", ctypes.c_uint32),
+            ("build_info", ctypes.c_char_p),
+            ("backend", ctypes.c_char_p),
+            ("last_error", LastError),
+        ]
+        + [(f"s{i}", ctypes.c_void_p) for i in range(_SLOTS_BEFORE_MODULE_LOAD)]
+        + [("module_load", ModuleLoad)]
+        + [(f"t{i}", ctypes.c_void_p) for i in range(_SLOTS_AFTER_MODULE_LOAD)]
+    )
 
 
 class MockBackend:
@@ -305,8 +350,10 @@ def test_backend_of_reads_the_capsule_name():
 def test_hip_capsule_loads_the_hip_bundle_and_cuda_capsule_the_fatbin():
     pytest.importorskip("gpusync_cuda")
     hip_image()
-    for name, backend, magic in ((HIP_CAPSULE, b"hip", b"__CLANG_OFFLOAD_BUNDLE__"),
-                                 (CUDA_CAPSULE, b"cuda", b"\x50\xed\x55\xba")):
+    for name, backend, magic in (
+        (HIP_CAPSULE, b"hip", b"__CLANG_OFFLOAD_BUNDLE__"),
+        (CUDA_CAPSULE, b"cuda", b"\x50\xed\x55\xba"),
+    ):
         if backend == b"cuda" and not kernelio.image_path("cuda").is_file():
             continue  # built without nvcc
         mock = MockBackend(name, backend)

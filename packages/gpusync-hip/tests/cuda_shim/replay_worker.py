@@ -10,6 +10,7 @@ then REPLAYS times: fresh x/ids/w written into the same device buffers, outputs 
 bounded sync, compare bit for bit with CpuMoeExecutor.decode of the same inputs. Everything GPU-side
 goes through the shim's HIP API (ctypes) and gpusync-hip; no torch. Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -68,11 +69,11 @@ def main(path: str, replays: int) -> dict:
     per_layer = 2 * nx + 2 * nk
     raw = np.zeros(LAYERS * per_layer + nx + 2 * 4096, np.uint8)
     base = (-raw.ctypes.data) % 4096
-    host = raw[base:base + LAYERS * per_layer + nx]
+    host = raw[base : base + LAYERS * per_layer + nx]
     hip("hipHostRegister", host.ctypes.data, host.nbytes, 0x3)  # Mapped | Portable
 
     def view(off, n, dtype, shape):
-        return host[off:off + n].view(dtype).reshape(shape)
+        return host[off : off + n].view(dtype).reshape(shape)
 
     hx = [view(l * per_layer, nx, cf.numerics.BF16, (T, H)) for l in range(LAYERS)]
     hy = [view(l * per_layer + nx, nx, np.uint16, (T, H)) for l in range(LAYERS)]
@@ -126,8 +127,9 @@ def main(path: str, replays: int) -> dict:
         for l in range(LAYERS):
             copy(hy[l].ctypes.data, dy[l], nx)
         if not iob.sync(s, TIMEOUT_S):
-            raise RuntimeError(f"replay {r}: the stream did not drain in {TIMEOUT_S} s (released); "
-                               f"executor health {ex.health()}")
+            raise RuntimeError(
+                f"replay {r}: the stream did not drain in {TIMEOUT_S} s (released); executor health {ex.health()}"
+            )
         bad = [l for l in RINGING if not np.array_equal(hy[l], want[l])]
         bad += [l for l in (ALL_GPU,) if hy[l].any()]
         bad += [SKIPPED] if not (hy[SKIPPED] == POISON).all() else []
@@ -136,11 +138,20 @@ def main(path: str, replays: int) -> dict:
             first_bad = first_bad or {"replay": r, "layers": sorted(set(bad))}
     elapsed = time.perf_counter() - t0
     words = iob.words
-    out.update(replays=replays, mismatches=mismatches, first_bad=first_bad,
-               served=ex.health()["served"] - served0, expected_served=replays * len(RINGING),
-               ready=iob.load_word(words["ready"]), done=iob.load_word(words["done"]), signal=words["signal"],
-               error=ex.health()["error"], us_per_replay=round(elapsed / max(replays, 1) * 1e6, 1),
-               param_entries=iob.param_entries, event_count=iob.event_count)
+    out.update(
+        replays=replays,
+        mismatches=mismatches,
+        first_bad=first_bad,
+        served=ex.health()["served"] - served0,
+        expected_served=replays * len(RINGING),
+        ready=iob.load_word(words["ready"]),
+        done=iob.load_word(words["done"]),
+        signal=words["signal"],
+        error=ex.health()["error"],
+        us_per_replay=round(elapsed / max(replays, 1) * 1e6, 1),
+        param_entries=iob.param_entries,
+        event_count=iob.event_count,
+    )
 
     # The kernel path's image is a HIP code-object bundle: the CUDA driver behind the shim cannot
     # load it, so kernelio reports that and the copy path is what runs (no crash, no silent use).
@@ -155,8 +166,21 @@ def main(path: str, replays: int) -> dict:
     if hasattr(lib, "hipshim_stats"):
         stats = (ctypes.c_long * 8)()
         lib.hipshim_stats(stats)
-        out["shim"] = dict(zip(("memops_captured", "memops_eager", "eager_waits_unsatisfied", "batch_nodes",
-                                "external_records", "release_events", "host_funcs", "signal_allocs"), stats))
+        out["shim"] = dict(
+            zip(
+                (
+                    "memops_captured",
+                    "memops_eager",
+                    "eager_waits_unsatisfied",
+                    "batch_nodes",
+                    "external_records",
+                    "release_events",
+                    "host_funcs",
+                    "signal_allocs",
+                ),
+                stats,
+            )
+        )
     hip("hipGraphExecDestroy", exe), hip("hipGraphDestroy", graph)
     for p in dx + dy + dids + dw:
         hip("hipFree", p)
