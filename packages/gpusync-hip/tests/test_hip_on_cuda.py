@@ -200,6 +200,7 @@ def test_replay_harness_on_the_fake_runtime(tmp_path, config, path, mechanism):
     assert res["served"] == res["expected_served"] == 60 and res["ready"] == 0 and res["done"] >= 1, res
     assert res["shim"] is None  # no shim counters on the fake runtime
     assert res["kernel_probe"].startswith(("kernelio probe failed", "skipped")), res["kernel_probe"]
+    assert res["pending_error"] == 0, res
 
 
 # ---- NVIDIA GPU: 4 layers x REPLAYS graph replays per path ---------------------------------------------
@@ -248,6 +249,7 @@ def check_replays(res: dict) -> None:
     assert st["host_funcs"] == 0, st  # host functions are never used under replay on ROCm
     # kernelio's HIP image cannot load on the CUDA driver: reported, and the copy path ran
     assert res["kernel_probe"].startswith(("kernelio probe failed", "skipped")), res["kernel_probe"]
+    assert res["pending_error"] == 0, res  # no residual HIP error left on the thread
 
 
 @pytest.mark.cuda

@@ -161,6 +161,8 @@ def main(path: str, replays: int) -> dict:
         out["kernel_probe"] = kernelio.probe(gpusync_hip.C_API_CAPSULE, sync._dev.handle, timeout_s=TIMEOUT_S)
     except ImportError as e:
         out["kernel_probe"] = f"skipped: {e}"
+    # gpusync-hip consumes the errors its own calls create (the failed module load included)
+    out["pending_error"] = lib.hipPeekAtLastError()
 
     out["shim"] = None  # a HIP runtime other than the shim (e.g. the fake one, for a CPU dry run) has no counters
     if hasattr(lib, "hipshim_stats"):
