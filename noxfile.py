@@ -4,6 +4,9 @@
     nox -s bench             build cpumoe-formats and run its benchmark (writes bench-formats.json)
     nox -s lint              ruff over the repo
     nox -s test-cuda         GPU tests (skip with a reason when there is no GPU; REQUIRE_GPU=1 makes that fail)
+    nox -s test-rocm         ROCm: installs the distribution's HIP toolchain if missing, builds gpusync-hip and
+                             kernelio for AMD targets and runs their CPU-side tests (fake HIP runtime included);
+                             AMD-GPU tests skip with a reason (REQUIRE_GPU=1 makes a missing AMD GPU fail)
     nox -l                   everything, with descriptions
 
 Tests always run against the wheel built into dist/ and installed into a fresh venv, never the
@@ -15,7 +18,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nox
@@ -30,6 +33,10 @@ ROOT = Path(__file__).resolve().parent
 DIST = ROOT / "dist"
 BACKENDS = ("cpu", "cuda", "rocm")
 GPU_BACKENDS = ("cuda", "rocm")
+# GPU backends whose sessions run without the GPU too: their CPU-side tests (compile-only builds for the
+# device, a fake runtime) run everywhere and only the tests marked for the device skip, each with a reason.
+CPU_SIDE = ("rocm",)
+TOOLCHAIN = {"rocm": "rocm-toolchain"}  # the session that provides a backend's compiler, run before its builds
 RUFF = "ruff>=0.6,<1"
 BUILD = "build>=1.2"
 
@@ -38,7 +45,10 @@ BUILD = "build>=1.2"
 class Pkg:
     backends: tuple[str, ...]  # which test-<pkg>-<backend> sessions exist
     deps: tuple[str, ...] = ()  # our own packages it needs (built first, installed from dist/)
-    gpu_extras: tuple[str, ...] = ()  # our packages its GPU tests also install (an optional extra, e.g. kernels)
+    # backend -> our packages that backend's tests need besides deps (e.g. the backend's gpusync)
+    test_deps: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # backend -> environment of a build-<pkg>-<backend> session (a wheel with that backend's device code)
+    build_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 # The package table, providers first: adding a package is one line. A package's sessions are
@@ -46,9 +56,13 @@ class Pkg:
 PLANNED = {
     "cpumoe-formats": Pkg(("cpu",)),
     "cpumoe-executor": Pkg(("cpu",), deps=("cpumoe-formats",)),
-    "gpusync-cuda": Pkg(("cpu", "cuda"), deps=("cpumoe-formats", "cpumoe-executor"), gpu_extras=("kernelio",)),
-    "gpusync-hip": Pkg(("rocm",)),
-    "kernelio": Pkg(("cpu", "cuda", "rocm"), deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda")),
+    # its kernel-path tests need kernelio (the [kernels] extra), which depends on it
+    "gpusync-cuda": Pkg(("cpu", "cuda"), deps=("cpumoe-formats", "cpumoe-executor"), test_deps={"cuda": ("kernelio",)}),
+    "gpusync-hip": Pkg(("rocm",), deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda")),
+    "kernelio": Pkg(("cpu", "cuda", "rocm"), deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda"),
+                    test_deps={"rocm": ("gpusync-hip",)},
+                    # a HIP code-object bundle is required (not best-effort) in the rocm wheel
+                    build_env={"rocm": {"KERNELIO_HIP": "1"}}),
     "moe-engine-glue": Pkg(("cpu", "cuda", "rocm"),
                            deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda", "gpusync-hip", "kernelio")),
 }
@@ -69,8 +83,9 @@ def _project(name: str) -> dict:
     return nox.project.load_toml(ROOT / "packages" / name / "pyproject.toml")["project"]
 
 
-def _closure(name: str) -> list[str]:
-    """The package and every one of our packages it depends on, providers first."""
+def _closure(name: str, backend: str | None = None) -> list[str]:
+    """The package and every one of our packages it depends on (plus, with `backend`, what that backend's
+    tests need), providers first."""
     out: list[str] = []
 
     def visit(n: str) -> None:
@@ -79,6 +94,9 @@ def _closure(name: str) -> list[str]:
         if n not in out and n in PACKAGES:
             out.append(n)
 
+    if backend is not None and name in PACKAGES:
+        for extra in PACKAGES[name].test_deps.get(backend, ()):
+            visit(extra)
     visit(name)
     return out
 
@@ -87,22 +105,22 @@ def _ours(req: str) -> bool:
     return canonicalize_name(Requirement(req).name) in {canonicalize_name(n) for n in PLANNED}
 
 
-def _third_party(names: list[str], extras: tuple[str, ...]) -> list[str]:
-    """Requirements of our packages (and the named extras of the last one) that come from PyPI."""
+def _third_party(names: list[str], extras: tuple[str, ...], main: str | None = None) -> list[str]:
+    """Requirements of our packages (and the named extras of `main`, default the last) that come from PyPI."""
     reqs: list[str] = []
     for n in names:
         proj = _project(n)
         reqs += proj.get("dependencies", [])
-        if n == names[-1]:
+        if n == (main or names[-1]):
             for e in extras:
                 reqs += proj.get("optional-dependencies", {}).get(e, [])
     return [r for r in dict.fromkeys(reqs) if not _ours(r)]
 
 
-def _install_wheels(session: nox.Session, name: str, extras: tuple[str, ...] = ()) -> None:
+def _install_wheels(session: nox.Session, name: str, extras: tuple[str, ...] = (), backend: str | None = None) -> None:
     """Third-party requirements from PyPI, then our wheels from dist/ only (never an sdist, never PyPI)."""
-    names = _closure(name)
-    reqs = _third_party(names, extras)
+    names = _closure(name, backend)
+    reqs = _third_party(names, extras, main=name)
     if reqs:
         session.install(*reqs)
     pins = [f"{n}=={_project(n)['version']}" if "version" in _project(n) else n for n in names]
@@ -123,11 +141,13 @@ def _check_table() -> None:
 
 def _runnable(backend: str) -> bool:
     """Will test-<pkg>-<backend> run here (rather than skip)? GPU sessions skip without building first."""
-    return backend == "cpu" or detect_gpu.missing(backend) is None or os.environ.get("REQUIRE_GPU") == "1"
+    return (backend == "cpu" or backend in CPU_SIDE or detect_gpu.missing(backend) is None
+            or os.environ.get("REQUIRE_GPU") == "1")
 
 
 def _gpu_gate(session: nox.Session, backend: str) -> None:
-    """Skip (or, with REQUIRE_GPU=1, fail) when this machine cannot run `backend`."""
+    """Skip (or, with REQUIRE_GPU=1, fail) when this machine cannot run `backend`. A CPU_SIDE backend
+    runs anyway: its device tests skip one by one."""
     if backend not in GPU_BACKENDS:
         return
     missing = detect_gpu.missing(backend)
@@ -135,6 +155,9 @@ def _gpu_gate(session: nox.Session, backend: str) -> None:
         return
     if os.environ.get("REQUIRE_GPU") == "1":
         session.error(f"REQUIRE_GPU=1 but {backend} is unavailable: {missing}")
+    if backend in CPU_SIDE:
+        session.log(f"{backend} device unavailable ({missing}): CPU-side tests only, device tests skip")
+        return
     session.skip(f"{backend} unavailable: {missing} (set REQUIRE_GPU=1 to make this an error)")
 
 
@@ -143,7 +166,7 @@ def _dist_files(name: str) -> list[Path]:
     return sorted(DIST.glob(f"{stem}-*.whl")) + sorted(DIST.glob(f"{stem}-*.tar.gz"))
 
 
-def _make_build(name: str):
+def _make_build(name: str, env: dict[str, str] | None = None):
     def build(session: nox.Session) -> None:
         DIST.mkdir(exist_ok=True)
         for f in _dist_files(name):  # no stale artifact of this package may be picked up later
@@ -153,10 +176,12 @@ def _make_build(name: str):
         # wheel we test also proves the sdist is complete. PIP_FIND_LINKS lets build isolation
         # find our own packages (build requirements of consumers) in dist/.
         session.run("python", "-m", "build", "--outdir", str(DIST), str(ROOT / "packages" / name),
-                    env={"PIP_FIND_LINKS": " ".join(filter(None, (os.environ.get("PIP_FIND_LINKS"), str(DIST))))})
+                    env={"PIP_FIND_LINKS": " ".join(filter(None, (os.environ.get("PIP_FIND_LINKS"), str(DIST)))),
+                         **(env or {})})
         session.log("built: " + ", ".join(f.name for f in _dist_files(name)))
 
-    build.__doc__ = f"Build the {name} sdist, then its wheel from that sdist, into dist/."
+    build.__doc__ = f"Build the {name} sdist, then its wheel from that sdist, into dist/" + (
+        f" (with {' '.join(f'{k}={v}' for k, v in env.items())})." if env else ".")
     return build
 
 
@@ -189,9 +214,7 @@ def _make_test(name: str, backend: str):
         _gpu_gate(session, backend)
         if backend in GPU_BACKENDS:
             _machine_stack(session)
-        _install_wheels(session, name, extras=("test",))
-        for extra in PACKAGES[name].gpu_extras if backend in GPU_BACKENDS else ():
-            _install_wheels(session, extra)
+        _install_wheels(session, name, extras=("test",), backend=backend)
         tests = ROOT / "packages" / name / "tests"
         marks = "not gpu" if backend == "cpu" else f"{backend} or not gpu"
         # From a scratch directory: only the installed wheel is importable; conftest.py is still
@@ -201,7 +224,7 @@ def _make_test(name: str, backend: str):
                         "print('testing', m.__name__, getattr(m, '__version__', '?'), 'from', m.__file__)",
                         _import_name(name))
             session.run("python", "-m", "pytest", str(tests), "-m", marks, "-p", "no:cacheprovider",
-                        *session.posargs)
+                        *session.posargs, env=_TEST_ENV.get(backend, {}))
 
     test.__doc__ = f"Run {name}'s tests ({backend}) against its wheel from dist/ in a fresh venv."
     return test
@@ -216,23 +239,36 @@ def _make_aggregate(backend: str, members: list[str]):
     def aggregate(session: nox.Session) -> None:
         if not members:
             session.skip(f"no package has a {backend} backend yet (packages: {', '.join(PACKAGES)})")
-        if backend in GPU_BACKENDS and detect_gpu.missing(backend) is not None:
-            session.skip(f"{backend} tests were skipped: {detect_gpu.missing(backend)}")
-        session.log(f"{backend}: passed " + ", ".join(members))
+        missing = detect_gpu.missing(backend) if backend in GPU_BACKENDS else None
+        if missing is not None and backend not in CPU_SIDE:
+            session.skip(f"{backend} tests were skipped: {missing}")
+        session.log(f"{backend}: passed " + ", ".join(members) +
+                    (f" (CPU-side tests; device tests skipped: {missing})" if missing else ""))
 
     aggregate.__doc__ = f"Every package's {backend} tests" + (" and packaging checks." if backend == "cpu" else ".")
     return aggregate
+
+
+def _build_session(name: str, backend: str) -> str:
+    """The build a backend's tests use: build-<pkg>-<backend> where the package has one, else build-<pkg>."""
+    return f"build-{name}-{backend}" if backend in PACKAGES[name].build_env else f"build-{name}"
 
 
 def _register() -> None:
     for name, pkg in PACKAGES.items():
         nox.session(name=f"build-{name}", venv_backend="virtualenv", tags=["build", name],
                     requires=[f"build-{d}" for d in _closure(name)[:-1]])(_make_build(name))
+        for backend, env in pkg.build_env.items():
+            nox.session(name=f"build-{name}-{backend}", venv_backend="virtualenv", tags=["build", name, backend],
+                        default=False, requires=[*(TOOLCHAIN.get(backend, ()) and [TOOLCHAIN[backend]]),
+                                                 *(f"build-{d}" for d in _closure(name)[:-1])])(_make_build(name, env))
         nox.session(name=f"package-check-{name}", tags=["package-check", "cpu", name],
                     requires=[f"build-{name}"])(_make_package_check(name))
         for backend in pkg.backends:
-            extras = [n for e in pkg.gpu_extras if backend in GPU_BACKENDS for n in _closure(e)]
-            builds = [f"build-{n}" for n in dict.fromkeys(_closure(name) + extras)] if _runnable(backend) else []
+            builds = []
+            if _runnable(backend):  # else it just skips
+                builds = [*(TOOLCHAIN.get(backend, ()) and [TOOLCHAIN[backend]]),
+                          *(_build_session(n, backend) if n == name else f"build-{n}" for n in _closure(name, backend))]
             nox.session(name=f"test-{name}-{backend}", tags=["test", backend, name], default=backend == "cpu",
                         requires=builds)(_make_test(name, backend))
     for backend in BACKENDS:
@@ -243,6 +279,42 @@ def _register() -> None:
             members.append("integration-cuda")
         nox.session(name=f"test-{backend}", venv_backend="none", tags=[backend], default=backend == "cpu",
                     requires=members)(_make_aggregate(backend, members))
+
+
+# test-<pkg>-rocm: a wheel without its HIP image is a failure there, not a skip
+_TEST_ENV = {"rocm": {"KERNELIO_EXPECT_HIP": "1"}}
+ROCM_APT = ("hipcc", "libamdhip64-dev")  # Debian/Ubuntu: hipcc (clang + device libraries) and the HIP headers
+
+
+def _hipcc() -> str | None:
+    for c in (os.environ.get("HIPCC"), *(os.environ.get(v) and f"{os.environ[v]}/bin/hipcc" for v in
+                                         ("ROCM_PATH", "HIP_PATH")), "/opt/rocm/bin/hipcc", shutil.which("hipcc")):
+        if c and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+@nox.session(name="rocm-toolchain", venv_backend="none", default=False, tags=["rocm"])
+def rocm_toolchain(session: nox.Session) -> None:
+    """Make sure a HIP toolchain is here: hipcc on PATH / $ROCM_PATH / /opt/rocm, else the distribution's
+    (apt-get install hipcc libamdhip64-dev, as root or with passwordless sudo), else fail saying what to install."""
+    found = _hipcc()
+    if found:
+        session.log(f"HIP toolchain: {found}")
+        return
+    sudo: list[str] = []
+    if os.geteuid() != 0:
+        ok = shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0
+        sudo = ["sudo", "-n"] if ok else []
+    if not shutil.which("apt-get") or (os.geteuid() != 0 and not sudo):
+        session.error("no HIP toolchain: install ROCm (https://rocm.docs.amd.com) or, on Debian/Ubuntu, "
+                      f"`sudo apt-get install {' '.join(ROCM_APT)}`; or point HIPCC / ROCM_PATH at an installed hipcc")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run(*sudo, "apt-get", "update", "-q", external=True, env=env)
+    session.run(*sudo, "apt-get", "install", "-y", "-q", *ROCM_APT, external=True, env=env)
+    if not _hipcc():
+        session.error(f"apt-get installed {' '.join(ROCM_APT)} but no hipcc is on PATH")
+    session.log(f"HIP toolchain: {_hipcc()}")
 
 
 _check_table()

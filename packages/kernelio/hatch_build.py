@@ -1,10 +1,14 @@
 """Self-contained build of kernelio (hatchling hook and script).
 
-Two products, neither needing a GPU on the build machine:
+Three products, none needing a GPU on the build machine:
   * kernels/kernelio.cu -> src/kernelio/kernels/kernelio.fatbin by nvcc: SASS for
     each of KERNELIO_CUDA_ARCHS that this nvcc accepts plus compute_75 PTX, and
-    build.json recording what was built (and what this nvcc refused). It is
+    kernelio.json recording what was built (and what this nvcc refused). It is
     package data, loaded at run time with cuModuleLoadData through gpusync-cuda.
+  * the same source -> src/kernelio/kernels/kernelio.hipfb by hipcc (HIP_PLATFORM=amd):
+    a clang offload bundle with one code object per AMD target this toolchain
+    accepts (each probed first), and kernelio.hipfb.json; loaded with
+    hipModuleLoadData through gpusync-hip. Built when a HIP toolchain is found.
   * csrc/*.cpp -> kernelio._native (host launchers) by the C++ compiler; it
     includes gpusync/abi.h and links no GPU library.
 
@@ -15,6 +19,13 @@ Environment:
   KERNELIO_FATBIN_OUT  write the fatbin elsewhere (tests build variants)
   KERNELIO_SKIP_FATBIN=1  build without nvcc (CPU-only CI): the package imports, its kernel
                        path reports "no kernel image" and gpusync-cuda decodes with copies
+  HIPCC                hipcc to use (default: $ROCM_PATH/bin, $HIP_PATH/bin, /opt/rocm/bin, PATH)
+  KERNELIO_HIP_ARCHS   AMD targets, ';' or ',' separated (else PYTORCH_ROCM_ARCH, as PyTorch spells it;
+                       else gfx942;gfx1100;gfx1201, or gfx90a;gfx1030 when the toolchain takes none of those)
+  KERNELIO_HIP=1       a HIP image is required: no toolchain or no accepted target is a build error
+                       (also implied by KERNELIO_HIP_ARCHS / PYTORCH_ROCM_ARCH)
+  KERNELIO_SKIP_HIP=1  never build the HIP image
+  KERNELIO_HIP_OUT     write the HIP bundle elsewhere (tests build variants)
   CXX, CPUMOE_DEBUG=1, CPUMOE_BUILD_JOBS
 Run `python hatch_build.py` for an in-place build.
 """
@@ -121,11 +132,134 @@ def build_ext(out_dir: Path = PKG) -> Path:
     return target
 
 
+# ---- HIP: the same kernel source as a code-object bundle for hipModuleLoadData ----
+HIP_DEFAULT_ARCHS = ("gfx942", "gfx1100", "gfx1201")  # MI300, RDNA3, RDNA4
+HIP_FALLBACK_ARCHS = ("gfx90a", "gfx1030")  # MI200, RDNA2: what older toolchains (Debian's hipcc 5.2) build
+_PROBE_SRC = ('#include <hip/hip_runtime.h>\n'
+              'extern "C" __global__ void kio_probe(unsigned long long* p) { __threadfence_system(); *p = 1; }\n')
+
+
+def find_hipcc() -> str | None:
+    for c in (os.environ.get("HIPCC"), *(os.environ.get(v) and f"{os.environ[v]}/bin/hipcc" for v in
+                                         ("ROCM_PATH", "HIP_PATH")), "/opt/rocm/bin/hipcc", shutil.which("hipcc")):
+        if c and Path(c).is_file():
+            return c
+    return None
+
+
+def hip_archs_from_env() -> tuple[list[str], str] | None:
+    """The explicit target list and the variable it came from, or None (use the defaults)."""
+    for var in ("KERNELIO_HIP_ARCHS", "PYTORCH_ROCM_ARCH"):
+        v = os.environ.get(var, "").strip()
+        if v:
+            return [a for a in re.split(r"[;,\s]+", v) if a], var
+    return None
+
+
+def _hip_env() -> dict:
+    # With nvcc on PATH and no AMD GPU, hipcc would pick the NVIDIA platform: say AMD explicitly.
+    return dict(os.environ, HIP_PLATFORM="amd")
+
+
+def _hipcc_version(hipcc: str) -> str:
+    out = subprocess.run([hipcc, "--version"], capture_output=True, text=True, env=_hip_env()).stdout
+    m = re.search(r"HIP version: (\S+)", out)
+    return m.group(1) if m else "?"
+
+
+def _hip_flags(archs: list[str]) -> list[str]:
+    return ["--genco", "-O3", "-std=c++17", *(f"--offload-arch={a}" for a in archs)]
+
+
+def probe_hip_arch(hipcc: str, arch: str, tmp: Path) -> str | None:
+    """None when this toolchain builds device code for `arch` (device libraries included), else why not."""
+    src = tmp / "probe.hip"
+    src.write_text(_PROBE_SRC)
+    r = subprocess.run([hipcc, *_hip_flags([arch]), str(src), "-o", str(tmp / f"probe-{arch}.co")],
+                       capture_output=True, text=True, env=_hip_env())
+    if r.returncode == 0:
+        return None
+    lines = [ln for ln in (r.stderr + r.stdout).splitlines() if "error" in ln]
+    return (lines[0] if lines else f"hipcc exit {r.returncode}").strip()[:300]
+
+
+def choose_hip_targets(groups: list[list[str]], probe) -> tuple[list[str], dict[str, str]]:
+    """(accepted, {refused: why}): each group's targets that probe(target) accepts (None = accepted);
+    a later group (the fallback) is tried only when no target of the earlier ones was accepted."""
+    accepted: list[str] = []
+    refused: dict[str, str] = {}
+    for group in groups:
+        for a in group:
+            why = probe(a)
+            if why is None:
+                accepted.append(a)
+            else:
+                refused[a] = why
+        if accepted:
+            break
+    return accepted, refused
+
+
+def build_hip_bundle(out: Path | None = None, archs: list[str] | None = None) -> Path:
+    """kernelio.cu -> a clang offload bundle of the accepted targets (+ .json of what was built and refused)."""
+    hipcc = find_hipcc()
+    if hipcc is None:
+        raise RuntimeError("kernelio: a HIP image was requested but no hipcc was found (set HIPCC or ROCM_PATH; "
+                           "Debian/Ubuntu: apt-get install hipcc libamdhip64-dev; or KERNELIO_SKIP_HIP=1)")
+    out = Path(out or os.environ.get("KERNELIO_HIP_OUT") or PKG / "kernels" / "kernelio.hipfb")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    explicit = hip_archs_from_env()
+    if archs is not None:
+        explicit = (list(archs), "archs argument")
+    candidates = [explicit[0]] if explicit else [list(HIP_DEFAULT_ARCHS), list(HIP_FALLBACK_ARCHS)]
+    version = _hipcc_version(hipcc)
+    tmp = HERE / "build" / "hip-probe"
+    tmp.mkdir(parents=True, exist_ok=True)
+    accepted, refused = choose_hip_targets(candidates, lambda a: probe_hip_arch(hipcc, a, tmp))
+    for a, why in refused.items():
+        print(f"[kernelio] hipcc {version} cannot build {a}, dropped: {why}", file=sys.stderr)
+    if not accepted:
+        src = f" (from {explicit[1]})" if explicit else ""
+        raise RuntimeError(f"kernelio: hipcc {version} ({hipcc}) accepts none of the AMD targets "
+                           f"{[a for g in candidates for a in g]}{src}: " +
+                           "; ".join(f"{a}: {w}" for a, w in refused.items()) +
+                           ". Set KERNELIO_HIP_ARCHS to targets it supports, or KERNELIO_SKIP_HIP=1")
+    cmd = [hipcc, *_hip_flags(accepted), f"-I{KERNELS}", f"-I{PKG / 'include'}", str(KERNELS / "kernelio.cu"),
+           "-o", str(out)]
+    print(f"[kernelio] hipcc {version}: AMD targets {accepted}", file=sys.stderr)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_hip_env())
+    if r.returncode:
+        raise RuntimeError(f"hipcc failed: HIP_PLATFORM=amd {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+    meta = {"targets": accepted, "tried": [a for g in candidates for a in g], "refused_by_hipcc": refused,
+            "hipcc": version, "source": "kernels/kernelio.cu"}
+    Path(str(out) + ".json").write_text(json.dumps(meta, indent=1) + "\n")
+    return out
+
+
+def maybe_build_hip() -> Path | None:
+    """The HIP bundle when a toolchain is here (or required), None with a note otherwise."""
+    if os.environ.get("KERNELIO_SKIP_HIP") == "1":
+        print("[kernelio] KERNELIO_SKIP_HIP=1: no HIP image in this build", file=sys.stderr)
+        return None
+    required = os.environ.get("KERNELIO_HIP") == "1" or hip_archs_from_env() is not None
+    if not required and find_hipcc() is None:
+        print("[kernelio] no hipcc found: no HIP image in this build (KERNELIO_HIP=1 makes that an error)",
+              file=sys.stderr)
+        return None
+    try:
+        return build_hip_bundle()
+    except RuntimeError as e:
+        if required:
+            raise
+        print(f"[kernelio] no HIP image in this build: {e}", file=sys.stderr)
+        return None
+
+
 def build() -> list[Path | None]:
     skip = os.environ.get("KERNELIO_SKIP_FATBIN") == "1"
     if skip:
         print("[kernelio] KERNELIO_SKIP_FATBIN=1: no kernel image in this build", file=sys.stderr)
-    return [None if skip else build_fatbin(), build_ext()]
+    return [None if skip else build_fatbin(), maybe_build_hip(), build_ext()]
 
 
 try:
@@ -140,7 +274,7 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
     def initialize(self, version, build_data):
         if self.target_name != "wheel":
             return
-        fatbin, so = build()
+        fatbin, hipfb, so = build()
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         build_data["force_include"][str(so)] = f"kernelio/{so.name}"
@@ -148,8 +282,11 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
             build_data["force_include"][str(fatbin)] = f"kernelio/kernels/{fatbin.name}"
             meta = fatbin.with_name(fatbin.stem + ".json")
             build_data["force_include"][str(meta)] = f"kernelio/kernels/{meta.name}"
+        if hipfb is not None:
+            for f in (hipfb, Path(str(hipfb) + ".json")):
+                build_data["force_include"][str(f)] = f"kernelio/kernels/{f.name}"
 
 
 if __name__ == "__main__":
-    for p in build():
-        print(p or "(no fatbin)")
+    for p, what in zip(build(), ("fatbin", "HIP image", "extension")):
+        print(p or f"(no {what})")

@@ -32,6 +32,17 @@ PYBIND11_MODULE(_native, m) {
   m.def("check_backend", [](py::capsule cap) { api_of(cap); },
         "Raise naming both versions unless the capsule is a gpusync ABI this build can use.");
   m.def(
+      "capsule_backend",
+      [](py::capsule cap) {
+        const char* name = cap.name();
+        const std::string n = name ? name : "";
+        if (n == GPUSYNC_CUDA_CAPSULE_NAME) return "cuda";
+        if (n == GPUSYNC_HIP_CAPSULE_NAME) return "hip";
+        throw Error("kernelio: expected a gpusync backend capsule (" GPUSYNC_CUDA_CAPSULE_NAME " or "
+                    GPUSYNC_HIP_CAPSULE_NAME "), got '" + n + "'");
+      },
+      "'cuda' or 'hip': which image the capsule's module_load takes (from the capsule's name alone).");
+  m.def(
       "probe",
       [](py::capsule cap, py::object dev, py::bytes image, double timeout_s) {
         const gpusync_api* api = api_of(cap);

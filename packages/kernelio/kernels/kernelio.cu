@@ -86,12 +86,12 @@ KIO_EXTERN_C __global__ void __launch_bounds__(KERNELIO_THREADS) kernelio_publis
     volatile unsigned long long* done = reinterpret_cast<volatile unsigned long long*>(p.done);
     volatile unsigned long long* ready = reinterpret_cast<volatile unsigned long long*>(p.ready);
     if (!any) {
-      *done = 1ull;  // complete without waking the CPU; the stream's wait passes at once
+      kio_store_system(done, 1ull);  // complete without waking the CPU; the stream's wait passes at once
     } else {
-      kio_fence_system();  // the payload (seen through the counter) before the words
-      *done = 0ull;        // reset first: this step's completion cannot be wiped
-      kio_fence_system();  // done = 0 visible before the doorbell
-      *ready = (unsigned long long)p.task;
+      kio_fence_system();            // the payload (seen through the counter) before the words
+      kio_store_system(done, 0ull);  // reset first: this step's completion cannot be wiped
+      kio_fence_system();            // done = 0 visible before the doorbell
+      kio_store_system(ready, (unsigned long long)p.task);
     }
     kio_fence_system();
   }

@@ -1,30 +1,55 @@
 // The few vendor differences kernelio.cu needs, so one source builds with nvcc
-// (CUDA) and hipcc (ROCm, __HIP_PLATFORM_AMD__). Keep it this thin: anything
-// more belongs in the kernel as portable code.
+// (CUDA) and hipcc/clang -x hip (ROCm). Keep it this thin: anything more
+// belongs in the kernel as portable code. kernelio.cu must spell every
+// vendor-specific operation through a kio_* name below (tests/test_hip.py
+// scans it for CUDA-only spellings).
+//
+// The HIP branch is chosen by __HIP__ (clang's HIP language mode), not by
+// __HIP_PLATFORM_AMD__: hipcc 5.x only defines the latter inside
+// hip_runtime.h, which is what this branch includes.
 #pragma once
 
-#if defined(__HIP_PLATFORM_AMD__)
+#if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
 #include <hip/hip_runtime.h>
-// Uncached 16-byte load of memory the CPU writes (y in the mapped IO block):
-// a nontemporal load per lane, so no stale cache line is returned.
+#include <stdint.h>
+// Load of memory the CPU writes (y in the mapped IO block) that no stale cache
+// line can answer: a relaxed system-scope atomic load per 32/16-bit word, which
+// the AMDGPU memory model lowers to a load bypassing the non-coherent caches
+// (glc on gfx90a, glc dlc on gfx1030; a plain nontemporal load gives only slc
+// on gfx10). Ordering comes from the stream wait before the kernel.
+__device__ inline unsigned kio_load_sys(const unsigned* p) {
+  return __hip_atomic_load(const_cast<unsigned*>(p), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
 __device__ inline uint4 kio_load_uncached(const uint4* p) {
   const unsigned* q = reinterpret_cast<const unsigned*>(p);
   uint4 v;
-  v.x = __builtin_nontemporal_load(q + 0);
-  v.y = __builtin_nontemporal_load(q + 1);
-  v.z = __builtin_nontemporal_load(q + 2);
-  v.w = __builtin_nontemporal_load(q + 3);
+  v.x = kio_load_sys(q + 0);
+  v.y = kio_load_sys(q + 1);
+  v.z = kio_load_sys(q + 2);
+  v.w = kio_load_sys(q + 3);
   return v;
 }
-__device__ inline unsigned short kio_load_uncached(const unsigned short* p) { return __builtin_nontemporal_load(p); }
+__device__ inline unsigned short kio_load_uncached(const unsigned short* p) {
+  return __hip_atomic_load(const_cast<unsigned short*>(p), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+// HIP's __threadfence_system: a system-scope seq_cst fence (on gfx9: L2
+// write-back, wait for outstanding memory, L1/L2 invalidate).
+#define kio_fence_system() __threadfence_system()
+// Doorbell words: a system-scope release store (buffer_wbl2 + wait + store on
+// gfx90a), so the word reaches host memory after everything fenced before it.
+__device__ inline void kio_store_system(volatile unsigned long long* p, unsigned long long v) {
+  __hip_atomic_store(const_cast<unsigned long long*>(p), v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
 #else
 #include <stdint.h>
 // ld.global.cv: "cache volatile", fetch again on every load (never a stale line).
 __device__ inline uint4 kio_load_uncached(const uint4* p) { return __ldcv(p); }
 __device__ inline unsigned short kio_load_uncached(const unsigned short* p) { return __ldcv(p); }
+// membar.sys: orders this thread's prior stores before its later ones for every observer.
+#define kio_fence_system() __threadfence_system()
+// A volatile store (st.volatile.global): never cached or merged; the ordering
+// comes from the kio_fence_system() calls around it.
+__device__ inline void kio_store_system(volatile unsigned long long* p, unsigned long long v) { *p = v; }
 #endif
 
-// Both platforms spell these the same; named here so the kernel says which
-// ordering it relies on.
-#define kio_fence_system() __threadfence_system()
 #define KIO_EXTERN_C extern "C"
