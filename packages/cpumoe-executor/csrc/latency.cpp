@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -103,13 +104,23 @@ std::vector<int64_t> ping_pong(int n, int ring_core, int echo_core) {
 // The same sequence of tasks and id plans as ring_loop, run with run_task on a thread pinned
 // to `core` (the coordinator's, when >= 0) with no doorbell: the CPU task alone, ns each, with
 // the same weights touched in the same order (so the same cache behaviour) and no Python.
+// spin_core >= 0: meanwhile a thread spins there as ring_loop's ringer does (on a VM whose
+// vCPUs share physical cores, a spinning neighbour slows the task; this keeps that out of
+// "round trip - task alone").
 std::vector<int64_t> task_loop(uint64_t handle, const std::vector<uint64_t>& tasks, uint64_t ids_dst,
-                               uint64_t ids_plans, int nplans, int plan_ints, int n, int warmup, int core) {
+                               uint64_t ids_plans, int nplans, int plan_ints, int n, int warmup, int core,
+                               int spin_core) {
   if (!handle || tasks.empty() || n < 1 || warmup < 0 || nplans < 0 || plan_ints < 0)
     throw std::invalid_argument("task_loop: need an executor handle, tasks, n >= 1, warmup >= 0");
   auto* ex = (Executor*)(uintptr_t)handle;
   std::vector<int64_t> out((size_t)n);
   py::gil_scoped_release nogil;
+  std::atomic<bool> stop{false};
+  std::thread spinner([&] {
+    if (spin_core < 0) return;
+    pin_current_thread(spin_core);
+    for (unsigned s = 0; !stop.load(std::memory_order_relaxed); ++s) spin_pause(s);
+  });
   std::thread t([&] {
     if (core >= 0) pin_current_thread(core);
     for (int i = 0; i < n + warmup; ++i) {
@@ -122,6 +133,8 @@ std::vector<int64_t> task_loop(uint64_t handle, const std::vector<uint64_t>& tas
     }
   });
   t.join();
+  stop.store(true);
+  spinner.join();
   return out;
 }
 }  // namespace
@@ -132,6 +145,16 @@ void register_latency(py::module& m) {
         py::arg("timeout_s"), py::arg("core") = -1);
   m.def("ping_pong", &ping_pong, py::arg("n"), py::arg("ring_core") = -1, py::arg("echo_core") = -1);
   m.def("task_loop", &task_loop, py::arg("handle"), py::arg("tasks"), py::arg("ids_dst"), py::arg("ids_plans"),
-        py::arg("nplans"), py::arg("plan_ints"), py::arg("n"), py::arg("warmup"), py::arg("core") = -1);
+        py::arg("nplans"), py::arg("plan_ints"), py::arg("n"), py::arg("warmup"), py::arg("core") = -1,
+        py::arg("spin_core") = -1);
+  // Team sizing knobs (Executor::set_team_unit): benches and tests, on an executor's handle.
+  m.def("set_team_unit", [](uint64_t h, int64_t bytes) { ((Executor*)(uintptr_t)h)->set_team_unit(bytes); });
+  m.def("team_unit", [](uint64_t h) { return ((Executor*)(uintptr_t)h)->team_unit(); });
+  m.def("pool_sleepers", [](uint64_t h) { return ((Executor*)(uintptr_t)h)->pool_sleepers(); });
+  m.def("team_size", [](uint64_t h, int layer, int nroutes, int ngroups) {
+    auto* ex = (Executor*)(uintptr_t)h;
+    if (layer < 0 || layer >= ex->config().num_layers) throw py::value_error("layer out of range");
+    return ex->team_size(layer, nroutes, ngroups);
+  });
 }
 }  // namespace cpumoe_exec

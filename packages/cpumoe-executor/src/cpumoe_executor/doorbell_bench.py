@@ -53,13 +53,16 @@ def bench_threads(threads: int, opts, rng) -> dict:
     spec = cf.get_format("bf16")
     banks = [spec.random_banks(s["E"], s["H"], s["I"], rng) for _ in range(s["layers"])]
     ex = CpuMoeExecutor("bf16", banks, top_k=s["top_k"], max_tokens=max(opts.batch), threads=threads)
+    if opts.team_unit is not None:
+        _native.set_team_unit(ex.handle, opts.team_unit)
     core = ex.core_ids[0]
     free = [c for c in _native.allowed_cpus() if c not in ex.core_ids]
     ring_core = free[0] if free else -1  # the ringer on a core of its own when there is one
     a, iob = ex.io_arrays(), ex.io_block()
     a["x"][...] = rng.standard_normal(a["x"].shape).astype(np.float32).astype(cf.numerics.BF16)
     a["w"][...] = 1.0
-    out = {"threads": ex.threads, "cores": ex.core_ids, "ring_core": ring_core, "isa": ex.isa, "batches": {}}
+    out = {"threads": ex.threads, "cores": ex.core_ids, "ring_core": ring_core, "isa": ex.isa,
+           "team_unit": _native.team_unit(ex.handle), "batches": {}}
     for T in opts.batch:
         row = {}
         for kind, empty in (("task", False), ("empty", True)):
@@ -68,7 +71,8 @@ def bench_threads(threads: int, opts, rng) -> dict:
             # The task alone: the same tasks and plans in the same order through run_task on the coordinator's
             # core, coordinator stopped (so the weights come from the same cache level as in the rings).
             seq = (tasks, iob["ids"], p.ctypes.data, len(p), T * s["top_k"], opts.rings, 200)
-            alone = [_native.task_loop(ex.handle, *seq, core) for _ in range(opts.repeats)]
+            alone = [_native.task_loop(ex.handle, *seq, core, ring_core if opts.spinner else -1)
+                     for _ in range(opts.repeats)]
             ex.start_coordinator()
             rt = []
             try:
@@ -110,6 +114,10 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here")
+    p.add_argument("--team-unit", type=int, default=None,
+                   help="bytes of work per thread of a step's team (0: every thread; default: the executor's)")
+    p.add_argument("--no-spinner", dest="spinner", action="store_false",
+                   help="time the task alone without a thread spinning where the ringer does")
     p.add_argument("--quick", action="store_true", help="tiny run for smoke tests")
     o = p.parse_args(argv)
     o.threads = [int(v) for v in o.threads.split(",")]
