@@ -3,12 +3,13 @@
 # this machine's python3 (and nvcc, unless a fatbin was built elsewhere and travels with the tree),
 # then run the CUDA tests of gpusync-cuda, kernelio and tests-integration, and the handshake bench.
 #   ci/gpu_cuda_inplace.sh OUTDIR        (MARKS="cuda or not gpu" runs the CPU tests everywhere too)
+# SKIP_TESTS=1 / SKIP_BENCH=1: build only (ci/gpu_latency.sh). A PYTHONPATH given is kept after the packages.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(mkdir -p "${1:-$ROOT/gpu-out}" && cd "${1:-$ROOT/gpu-out}" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-$(nproc)}
-export PYTHONPATH=$ROOT/packages/cpumoe-formats/src:$ROOT/packages/cpumoe-executor/src:$ROOT/packages/gpusync-cuda/src:$ROOT/packages/kernelio/src
+export PYTHONPATH=$ROOT/packages/cpumoe-formats/src:$ROOT/packages/cpumoe-executor/src:$ROOT/packages/gpusync-cuda/src:$ROOT/packages/kernelio/src${PYTHONPATH:+:$PYTHONPATH}
 { nvidia-smi -L; nproc; $PY -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
   nvcc --version | tail -2; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
@@ -34,7 +35,7 @@ rc=0
 cd "$ROOT"
 # One pytest per test directory: their conftest.py files share a module name.
 # dir:timeout:marks (kernelio's CPU tests are quick and include the cuobjdump check)
-for spec in "packages/gpusync-cuda/tests:${T_GPUSYNC:-90}:${MARKS:-cuda}" \
+[ "${SKIP_TESTS:-0}" = 1 ] || for spec in "packages/gpusync-cuda/tests:${T_GPUSYNC:-90}:${MARKS:-cuda}" \
             "packages/kernelio/tests:${T_KERNELIO:-45}:${MARKS:-cuda or not gpu}" \
             "tests-integration:${T_INTEGRATION:-200}:${MARKS:-cuda}"; do
   dir=${spec%%:*}; rest=${spec#*:}; limit=${rest%%:*}; marks=${rest#*:}
@@ -46,6 +47,7 @@ for spec in "packages/gpusync-cuda/tests:${T_GPUSYNC:-90}:${MARKS:-cuda}" \
   echo "== $dir: rc=$r in $(($(date +%s) - t1)) s"
   grep -E "passed|failed|error|path=|SKIPPED|FAILED|ERROR|Error|assert" "$log" | tail -25
 done
+[ "${SKIP_BENCH:-0}" = 1 ] && exit $rc
 timeout "${T_BENCH:-100}" $PY -m gpusync_cuda.bench --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
 r=$?; rc=$((rc | r)); echo "== bench: rc=$r"; tail -25 "$OUT/bench.log"
 exit $rc

@@ -13,6 +13,10 @@
 namespace py = pybind11;
 using namespace cpumoe_exec;
 
+namespace cpumoe_exec {
+void register_latency(py::module& m);  // latency.cpp: the doorbell bench's probes
+}
+
 namespace {
 const cpumoe_formats_api* g_formats = nullptr;
 using BankTuple = std::tuple<uint64_t, int64_t, int64_t>;
@@ -79,6 +83,7 @@ PYBIND11_MODULE(_native, m) {
         return true;
       },
       py::arg("ready"), py::arg("done"), py::arg("task"), py::arg("timeout_s"));
+  register_latency(m);
   m.def("call_hostfn", [](uint64_t arg, bool submit) {
     py::gil_scoped_release nogil;
     const auto* api = executor_api();

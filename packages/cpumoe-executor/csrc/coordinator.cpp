@@ -39,15 +39,17 @@ void Executor::coordinator_loop(int core) {
   if (core >= 0) pin_current_thread(core);
   int64_t last = mono_ns(), doze_us = kDozeMinUs;
   unsigned polls = 0;
+  bool served = false;  // a doorbell since the last clock check (no clock read per task)
+  bool hot = true;      // the pool spins (never futex-sleeps) while we are in the spin window
+  pool_.set_hot(true);
   while (!coord_stop_.load(std::memory_order_acquire)) {
     const uint64_t task = load(ready_);
     if (task != 0) {
       store(ready_, 0);  // clear first: the next doorbell can only follow our done
       run_task(task);
-      served_.fetch_add(1, std::memory_order_acq_rel);
-      __atomic_store_n(&iob_->served, served_.load(), __ATOMIC_RELEASE);
+      __atomic_store_n(&iob_->served, served_.fetch_add(1, std::memory_order_acq_rel) + 1, __ATOMIC_RELEASE);
       store(done_, CPUMOE_DONE_COMPLETE);
-      last = mono_ns(), doze_us = kDozeMinUs, polls = 0;
+      served = true, doze_us = kDozeMinUs, polls = 0;
       continue;
     }
     if (++polls & 1023) {
@@ -55,12 +57,21 @@ void Executor::coordinator_loop(int core) {
       continue;
     }
     sched_yield();  // every 1024 polls: let an oversubscribed core run the ringer
-    if (mono_ns() - last < kSpinWindowNs) continue;
-    // Idle: doze with exponential backoff so an idle engine does not burn a core.
+    const int64_t now = mono_ns();
+    if (served) {
+      last = now, served = false;
+      if (!hot) pool_.set_hot(hot = true);
+      continue;
+    }
+    if (now - last < kSpinWindowNs) continue;
+    // Idle: the pool goes back to sleeping after its own spin, and we doze with exponential
+    // backoff, so an idle engine does not burn cores.
+    if (hot) pool_.set_hot(hot = false);
     std::this_thread::sleep_for(std::chrono::microseconds(doze_us));
     doze_us = std::min(doze_us * 2, kDozeMaxUs);
     polls = 1023;  // check the clock again right after the next poll
   }
+  pool_.set_hot(false);
   // Shutdown releases any waiter (done >= 1).
   store(done_, CPUMOE_DONE_SHUTDOWN);
 }

@@ -1,7 +1,11 @@
-// Batched decode step: routes grouped by expert, four phases separated by
-// barriers, work items taken from atomic counters. Every item is computed by
-// exactly one thread in a fixed order, so the output is bit-identical for any
-// thread count.
+// Batched decode step: routes grouped by expert, work items taken from atomic
+// counters in three stages (prepare x; gate_up + activation, the thread that
+// finishes an expert group's last row block preparing that group's g; down).
+// Stages are ordered by completion counters, not barriers: a thread waits only
+// for the work it depends on, never for another thread to arrive, so a late
+// worker (waking, preempted) delays nothing and finds no work left. Every item
+// is computed by exactly one thread in a fixed order, so the output is
+// bit-identical for any thread count and any team size.
 #include "executor.h"
 
 #include <sys/mman.h>
@@ -43,6 +47,8 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
   rwin_.resize(R);
   rg_.resize(R);
   routes_.resize(R);
+  left_.reset(new std::atomic<int>[R]);
+  expert_bytes_.assign(cfg_.num_layers, 0);
 
   // IO block (protocol v1): page-aligned, header then 64-byte aligned arrays.
   const size_t H = p.hidden, K = cfg_.top_k;
@@ -66,6 +72,7 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
 
 Executor::~Executor() {
   stop_coordinator();
+  pool_.quiesce();  // no worker reads the kernel or the scratch below any more
   for (auto* a : args_) delete a;
   if (k_) api_->kernel_destroy(k_);
   if (iob_) munmap(iob_, iob_bytes_);
@@ -75,8 +82,12 @@ void Executor::set_banks(int layer, const std::vector<cpumoe_bank>& banks) {
   if (layer < 0 || layer >= cfg_.num_layers) throw std::out_of_range("layer out of range");
   if (banks.size() > CPUMOE_MAX_BANKS) throw std::invalid_argument("too many banks");
   std::lock_guard<std::mutex> g(run_mu_);
+  pool_.quiesce();
   banks_[layer] = {};
   std::copy(banks.begin(), banks.end(), banks_[layer].begin());
+  int64_t bytes = 0;  // weight bytes of one expert: what a routed group reads
+  for (const auto& b : banks) bytes += b.ptr ? std::max<int64_t>(0, b.expert_stride) : 0;
+  expert_bytes_[layer] = bytes;
 }
 
 int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const float* w, uint16_t* y,
@@ -99,6 +110,7 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
       return CPUMOE_ERR_EXPERT_ID;
     }
   std::lock_guard<std::mutex> g(run_mu_);
+  pool_.quiesce();  // stragglers of the last step are out of body(): the scratch may change
   if (!banks_[layer][0].ptr) {
     if (err) *err = "banks of layer " + std::to_string(layer) + " are not set";
     return CPUMOE_ERR_LAYER;
@@ -132,12 +144,27 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   }
   const int blk = std::max(1, k_->block_hint);
   st_ = {layer, T, nroutes, ngroups, (I + blk - 1) / blk, (H + blk - 1) / blk, blk, x, y, banks_[layer].data()};
-  c0_ = 0, c1_ = 0, c2_ = 0, c3_ = 0;
+  c0_ = 0, c1_ = 0, c3_ = 0, d0_ = 0, d2_ = 0, d3_ = 0;
+  for (int grp = 0; grp < ngroups; ++grp) left_[grp].store(st_.n_iblk, std::memory_order_relaxed);
   busy_since_.store(mono_ns(), std::memory_order_release);
-  pool_.run(&Executor::body_tramp, this);
+  // The caller runs body() too and waits for the last down item: y is complete on return,
+  // while workers may still be leaving body() (the next step's quiesce() waits for them).
+  pool_.start(&Executor::body_tramp, this, team_size(layer, nroutes, ngroups));
+  wait_at_least(d3_, st_.n_hblk);
   pool_runs_.fetch_add(1, std::memory_order_acq_rel);
   busy_since_.store(0, std::memory_order_release);
   return CPUMOE_ERR_NONE;
+}
+
+int Executor::team_size(int layer, int nroutes, int ngroups) const {
+  const int64_t unit = team_unit_.load(std::memory_order_relaxed);
+  if (unit <= 0) return pool_.size();
+  const auto& p = cfg_.params;
+  // Work in bytes: the experts' weights read once per group, plus a fixed cost per row dot
+  // (call, reduction, store) that dominates narrow experts.
+  const int64_t dots = (int64_t)nroutes * (2 * p.inter + p.hidden);
+  const int64_t cost = (int64_t)ngroups * expert_bytes_[layer] + dots * kDotBytes;
+  return (int)std::min<int64_t>(pool_.size(), 1 + cost / unit);
 }
 
 void Executor::body(int) {
@@ -145,28 +172,30 @@ void Executor::body(int) {
   const int H = p.hidden, I = p.inter;
   const Step& s = st_;
   char* xp = (char*)up((uintptr_t)xprep_.data());
-  // phase 0: prepare each token's x
-  for (int t; (t = c0_.fetch_add(1, std::memory_order_relaxed)) < s.T;)
+  // stage 0: prepare each token's x
+  for (int t; (t = c0_.fetch_add(1, std::memory_order_relaxed)) < s.T;) {
     k_->prep_act(k_, s.x + (size_t)t * H, H, xp + xa_ * t);
-  pool_.barrier();
-  // phase 1: gate_up + activation, one (expert group, row block) per item
-  for (int it; (it = c1_.fetch_add(1, std::memory_order_relaxed)) < s.ngroups * s.n_iblk;) {
-    const int grp = it / s.n_iblk, i0 = (it % s.n_iblk) * s.blk, a = gstart_[grp];
-    k_->gate_up(k_, s.banks, gexpert_[grp], i0, std::min(I, i0 + s.blk), gstart_[grp + 1] - a, &rxp_[a], &rwin_[a],
-                &rg_[a]);
+    d0_.fetch_add(1, std::memory_order_release);
   }
-  pool_.barrier();
-  // phase 2: prepare each route's g for the down pass
-  for (int j; (j = c2_.fetch_add(1, std::memory_order_relaxed)) < s.nroutes;)
-    k_->prep_act(k_, rg_[j], I, const_cast<void*>(routes_[j].act));
-  pool_.barrier();
-  // phase 3: down over all routes, one output row block per item, then bf16 y
+  wait_at_least(d0_, s.T);  // every item is claimed: their threads finish them without waiting
+  // stage 1: gate_up + activation, one (expert group, row block) per item; the thread that
+  // completes a group's last block prepares the group's g rows for the down pass
+  for (int it; (it = c1_.fetch_add(1, std::memory_order_relaxed)) < s.ngroups * s.n_iblk;) {
+    const int grp = it / s.n_iblk, i0 = (it % s.n_iblk) * s.blk, a = gstart_[grp], b = gstart_[grp + 1];
+    k_->gate_up(k_, s.banks, gexpert_[grp], i0, std::min(I, i0 + s.blk), b - a, &rxp_[a], &rwin_[a], &rg_[a]);
+    if (s.n_iblk > 1 && left_[grp].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+    for (int j = a; j < b; ++j) k_->prep_act(k_, rg_[j], I, const_cast<void*>(routes_[j].act));
+    d2_.fetch_add(b - a, std::memory_order_release);
+  }
+  wait_at_least(d2_, s.nroutes);
+  // stage 2: down over all routes, one output row block per item, then bf16 y
   for (int hb; (hb = c3_.fetch_add(1, std::memory_order_relaxed)) < s.n_hblk;) {
     const int h0 = hb * s.blk, h1 = std::min(H, h0 + s.blk);
     for (int t = 0; t < s.T; ++t) std::fill(&acc_[(size_t)t * H + h0], &acc_[(size_t)t * H + h1], 0.0f);
     k_->down(k_, s.banks, h0, h1, routes_.data(), s.nroutes, acc_.data() + h0, H);
     for (int t = 0; t < s.T; ++t)
       for (int h = h0; h < h1; ++h) s.y[(size_t)t * H + h] = cpumoe_f32_to_bf16(acc_[(size_t)t * H + h]);
+    d3_.fetch_add(1, std::memory_order_release);
   }
 }
 

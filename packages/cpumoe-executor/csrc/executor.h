@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -56,10 +57,20 @@ class Executor {
   // GB/s sample per repeat (the bench's ceiling, measured like the decode runs).
   std::vector<double> read_bandwidth(const void* p, size_t n, int reps);
 
+  // Team sizing: a step runs on 1 + (its work in bytes) / unit threads, at most threads();
+  // unit <= 0: always every thread. Work = weight bytes of the routed experts + kDotBytes per
+  // row dot. Any team size gives bit-identical output.
+  static constexpr int64_t kDotBytes = 32;
+  static constexpr int64_t kTeamUnitDefault = 64 << 10;
+  void set_team_unit(int64_t bytes) { team_unit_.store(bytes, std::memory_order_relaxed); }
+  int64_t team_unit() const { return team_unit_.load(std::memory_order_relaxed); }
+  int team_size(int layer, int nroutes, int ngroups) const;
+
   const cpumoe_kernel* kernel() const { return k_; }
   const Config& config() const { return cfg_; }
   int threads() const { return pool_.size(); }
   int pinned() const { return pool_.pinned(); }
+  int pool_sleepers() const { return pool_.sleepers(); }
 
  private:
   static void body_tramp(void* self, int tid) { static_cast<Executor*>(self)->body(tid); }
@@ -91,10 +102,16 @@ class Executor {
     uint16_t* y;
     const cpumoe_bank* banks;
   } st_{};
+  // claim counters (c*) and completion counters (d*), each on its own line
   alignas(64) std::atomic<int> c0_{0};
+  alignas(64) std::atomic<int> d0_{0};
   alignas(64) std::atomic<int> c1_{0};
-  alignas(64) std::atomic<int> c2_{0};
+  alignas(64) std::atomic<int> d2_{0};
   alignas(64) std::atomic<int> c3_{0};
+  alignas(64) std::atomic<int> d3_{0};
+  std::unique_ptr<std::atomic<int>[]> left_;  // row blocks left per expert group
+  std::vector<int64_t> expert_bytes_;          // per layer
+  std::atomic<int64_t> team_unit_{kTeamUnitDefault};
 
   // IO block and coordinator
   cpumoe_iob_header* iob_ = nullptr;

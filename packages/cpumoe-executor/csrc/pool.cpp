@@ -6,6 +6,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 
@@ -31,60 +32,72 @@ void spin_pause(unsigned i) {
 }
 
 Pool::Pool(const std::vector<int>& cores, bool pin, int64_t spin_us)
-    : n_((int)std::max<size_t>(1, cores.size())), spin_us_(spin_us) {
+    : n_((int)std::min<size_t>(kMaxThreads, std::max<size_t>(1, cores.size()))), spin_us_(spin_us) {
   for (int t = 1; t < n_; ++t) threads_.emplace_back(&Pool::worker, this, t, cores[t], pin);
 }
 
 Pool::~Pool() {
+  quiesce();
   stop_.store(true, std::memory_order_seq_cst);
-  gen_.fetch_add(1, std::memory_order_seq_cst);
+  const uint32_t g = gen_.load(std::memory_order_relaxed);
+  gen_.store(((g >> 12) + 1) << 12, std::memory_order_seq_cst);  // team 0: nobody runs, everybody sees stop_
   futex_wake_all(&gen_);
   for (auto& t : threads_) t.join();
 }
 
 void Pool::worker(int tid, int core, bool pin) {
   if (pin && pin_current_thread(core)) pinned_.fetch_add(1);
-  uint32_t seen = 0;
+  uint32_t seen = 0;  // gen_'s initial value: a run started before this line is not missed
+  int64_t until = now_us() + spin_us_;
   for (;;) {
-    uint32_t g = gen_.load(std::memory_order_acquire);
-    if (g == seen) {
-      // Spin first (the next layer usually arrives within microseconds), then sleep.
-      const int64_t until = now_us() + spin_us_;
-      for (unsigned i = 0; (g = gen_.load(std::memory_order_acquire)) == seen; ++i) {
-        spin_pause(i);
-        if ((i & 255) == 255 && now_us() > until) {
-          sleepers_.fetch_add(1, std::memory_order_seq_cst);
-          if (gen_.load(std::memory_order_seq_cst) == seen) futex_wait(&gen_, seen);
-          sleepers_.fetch_sub(1, std::memory_order_seq_cst);
-        }
+    uint32_t g;
+    // Spin first (the next layer usually arrives within microseconds; forever while hot),
+    // then sleep. One clock read per 256 spins, none per task.
+    bool late = false;  // past our own spin: only the coordinator's window keeps us spinning
+    for (unsigned i = 0; (g = gen_.load(std::memory_order_acquire)) == seen; ++i) {
+      if (late && (i & 63) == 63) sched_yield();  // hot but idle: hand the core to anyone who wants it
+      else spin_pause(i);
+      if ((i & 255) == 255 && (late || now_us() > until)) {
+        late = true;
+        if (hot_.load(std::memory_order_relaxed)) continue;
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        if (gen_.load(std::memory_order_seq_cst) == seen) futex_wait(&gen_, seen);
+        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
       }
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
+    if (tid >= (int)(g & kMaxThreads)) continue;  // not in this run's team
     fn_(ctx_, tid);
     finished_.fetch_add(1, std::memory_order_acq_rel);
+    until = now_us() + spin_us_;
   }
 }
 
-void Pool::run(Fn fn, void* ctx) {
-  fn_ = fn;
-  ctx_ = ctx;
-  finished_.store(0, std::memory_order_relaxed);
-  bar_count_.store(0, std::memory_order_relaxed);
-  gen_.fetch_add(1, std::memory_order_seq_cst);  // publishes fn_/ctx_ (release)
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&gen_);
-  fn(ctx, 0);
-  for (unsigned i = 0; finished_.load(std::memory_order_acquire) < n_ - 1; ++i) spin_pause(i);
+void Pool::quiesce() {
+  for (unsigned i = 0; finished_.load(std::memory_order_acquire) < expect_; ++i) spin_pause(i);
 }
 
-void Pool::barrier() {
-  if (n_ == 1) return;
-  const uint32_t g = bar_gen_.load(std::memory_order_acquire);
-  if (bar_count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
-    bar_count_.store(0, std::memory_order_relaxed);
-    bar_gen_.store(g + 1, std::memory_order_release);
+void Pool::start(Fn fn, void* ctx, int team) {
+  team = std::max(1, std::min(team, n_));
+  quiesce();  // the last run's workers are out of fn: fn_/ctx_ and what fn reads may change
+  if (team > 1) {
+    fn_ = fn;
+    ctx_ = ctx;
+    expect_ = team - 1;
+    finished_.store(0, std::memory_order_relaxed);
+    const uint32_t g = gen_.load(std::memory_order_relaxed);
+    gen_.store(((g >> 12) + 1) << 12 | (uint32_t)team, std::memory_order_seq_cst);  // publishes fn_/ctx_
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&gen_);
   } else {
-    for (unsigned i = 0; bar_gen_.load(std::memory_order_acquire) == g; ++i) spin_pause(i);
+    expect_ = 0;  // the caller alone: the workers are not disturbed
+    finished_.store(0, std::memory_order_relaxed);
   }
+  fn(ctx, 0);
+}
+
+void Pool::run(Fn fn, void* ctx, int team) {
+  start(fn, ctx, team);
+  quiesce();
 }
 }  // namespace cpumoe_exec

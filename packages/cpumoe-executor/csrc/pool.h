@@ -1,6 +1,12 @@
 // Worker pool: N threads including the caller (tid 0). Pool threads are pinned,
 // spin on a generation word for a while after each task (decode steps come
-// back to back), then sleep on a futex so an idle engine burns no core.
+// back to back), then sleep on a futex so an idle engine burns no core. While
+// the pool is "hot" (the doorbell coordinator's spin window) they keep spinning,
+// so a doorbell never pays a futex wake.
+//
+// A run names its team: workers 1..team-1 join it, the others ignore it. The
+// team size and the run's sequence number share one 32-bit word (the futex
+// word), so a worker never pairs one run's number with another run's team.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -12,6 +18,7 @@ namespace cpumoe_exec {
 class Pool {
  public:
   using Fn = void (*)(void* ctx, int tid);
+  static constexpr int kMaxThreads = 4095;  // the team field of the generation word
   // cores[0] is the caller's (coordinator's) core; pool thread i pins to cores[i].
   Pool(const std::vector<int>& cores, bool pin, int64_t spin_us);
   ~Pool();
@@ -19,11 +26,20 @@ class Pool {
   Pool& operator=(const Pool&) = delete;
 
   int size() const { return n_; }
-  // Runs fn(ctx, tid) on every thread, the caller as tid 0; returns when all are done.
-  void run(Fn fn, void* ctx);
-  // Spin barrier across all n threads of the current run.
-  void barrier();
+  // Runs fn(ctx, tid) on the caller as tid 0 and on workers 1..team-1 (team clamped to
+  // [1, size()]); returns when all of them are done.
+  void run(Fn fn, void* ctx, int team = kMaxThreads);
+  // Same, but returns as soon as the caller's fn(ctx, 0) returns: fn must itself wait for
+  // the work the caller needs. Workers may still be inside fn; quiesce() waits for them and
+  // must precede any change to what fn reads (the next start() calls it first).
+  void start(Fn fn, void* ctx, int team);
+  // Waits until every worker of the last run has left fn.
+  void quiesce();
+  // While hot, idle workers spin instead of sleeping after spin_us.
+  void set_hot(bool hot) { hot_.store(hot, std::memory_order_relaxed); }
   int pinned() const { return pinned_.load(); }
+  // Workers asleep on the futex now (health and tests).
+  int sleepers() const { return sleepers_.load(std::memory_order_acquire); }
 
  private:
   void worker(int tid, int core, bool pin);
@@ -32,17 +48,18 @@ class Pool {
   std::vector<std::thread> threads_;
   Fn fn_ = nullptr;
   void* ctx_ = nullptr;
-  alignas(64) std::atomic<uint32_t> gen_{0};
+  int expect_ = 0;  // workers in the last run (caller-only)
+  alignas(64) std::atomic<uint32_t> gen_{0};  // run sequence << 12 | team
   alignas(64) std::atomic<int> sleepers_{0};
   alignas(64) std::atomic<int> finished_{0};
-  alignas(64) std::atomic<int> bar_count_{0};
-  alignas(64) std::atomic<uint32_t> bar_gen_{0};
+  alignas(64) std::atomic<bool> hot_{false};
   std::atomic<bool> stop_{false};
   std::atomic<int> pinned_{0};
 };
 
-// Spin-wait step: pause, and yield the core every 1024 spins so waiters do not
-// starve the thread they wait for when threads outnumber cores.
+// Spin-wait step: pause, and yield the core every 1024 spins (tens of microseconds:
+// never on a hot path) so waiters do not starve the thread they wait for when
+// threads outnumber cores.
 void spin_pause(unsigned i);
 
 inline void cpu_relax() {
@@ -51,5 +68,10 @@ inline void cpu_relax() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+// Spins until c >= target (acquire).
+inline void wait_at_least(const std::atomic<int>& c, int target) {
+  for (unsigned i = 0; c.load(std::memory_order_acquire) < target; ++i) spin_pause(i);
 }
 }  // namespace cpumoe_exec

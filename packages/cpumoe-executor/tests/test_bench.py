@@ -2,6 +2,8 @@
 import json
 import math
 
+import pytest
+
 from cpumoe_executor import bench
 
 
@@ -19,3 +21,26 @@ def test_model_presets_cover_every_format():
     assert set(bench.FORMAT_MODEL) == {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0"}
     for fmt, model in bench.FORMAT_MODEL.items():
         assert fmt in bench.MODELS[model][1]
+
+
+def test_doorbell_bench_quick(tmp_path):
+    out = tmp_path / "d.json"
+    assert bench.main(["--doorbell", "--quick", "--threads", "1", "--batch", "1,2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["ping_pong_us"]["median"] > 0 and [e["threads"] for e in r["runs"]] == [1]
+    for T in ("1", "2"):
+        for kind in ("task", "empty"):
+            v = r["runs"][0]["batches"][T][kind]
+            assert v["round_trip_us"]["median"] > 0 and v["task_alone_us"]["median"] > 0
+            assert math.isfinite(v["overhead_us"])
+
+
+def test_ring_loop_is_bounded():
+    """A doorbell nobody answers raises after timeout_s instead of hanging."""
+    import numpy as np
+
+    from cpumoe_executor import _native
+
+    words = np.zeros(16, np.uint64)
+    with pytest.raises(RuntimeError, match="not answered"):
+        _native.ring_loop(words.ctypes.data, words.ctypes.data + 64, [1], 0, 0, 0, 0, 1, 0, 0.05)

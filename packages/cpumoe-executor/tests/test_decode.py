@@ -8,6 +8,7 @@ from conftest import ACT, FORMATS, bits, make_banks, routing
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
+from cpumoe_executor import _native
 
 NCORES = len(ce.resolve_cores()[0])
 THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-identical
@@ -23,6 +24,8 @@ def test_parity_all_threads_batches_layers(fmt, rng):
     for threads in THREADS:
         ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=max_tokens, threads=threads, **act)
         assert ex.threads == threads
+        _native.set_team_unit(ex.handle, 0)  # every thread works on these small steps (team sizing: see
+        # test_scheduling.py)
         for T in (1, 3, 8, max_tokens):
             for layer in range(3):
                 x = rng.standard_normal((T, H)).astype(np.float32)

@@ -2,13 +2,14 @@
 // output back, from the GPU stream, with no copies and no host involvement
 // (protocol v1, docs/protocol.md). One source for nvcc and hipcc (vendor.h).
 //
-// publish: x (bf16), ids (int32, routes of GPU-resident experts -> -1) and w
-//   (fp32) are stored through the block's mapped device address by every
-//   block; every thread fences system-wide; the LAST block to finish (a
-//   device-scope counter, reset by that block for the next launch/replay) then
-//   either completes the step itself (done := 1, no doorbell: no route goes to
-//   the CPU) or writes done := 0, fences, and rings ready := task. So no CPU
-//   can see the doorbell before every payload store of every block.
+// publish: done := 0 (one thread, first), then x (bf16), ids (int32, routes of
+//   GPU-resident experts -> -1) and w (fp32) are stored through the block's
+//   mapped device address by every block; every thread fences system-wide; the
+//   LAST block to finish (a device-scope counter, reset by that block for the
+//   next launch/replay) fences once more and either completes the step itself
+//   (done := 1, no doorbell: no route goes to the CPU) or rings ready := task.
+//   So no CPU can see the doorbell before done = 0 and every payload store of
+//   every block, and the serial tail costs one system fence, not three.
 // combine: after the stream's memop wait (done >= 1), y is read uncached from
 //   the block and written to `out`, or added into a GPU partial in place with
 //   the same arithmetic as torch's bf16 add (fp32 sum, round to nearest even).
@@ -45,6 +46,9 @@ __device__ __forceinline__ int cpu_route(const kio_publish_params& p, int i) {
 KIO_EXTERN_C __global__ void __launch_bounds__(KERNELIO_THREADS) kernelio_publish(kio_publish_params p) {
   const int nthr = blockDim.x * gridDim.x;
   const int gid = blockIdx.x * blockDim.x + threadIdx.x;
+  // Reset first: this step's completion cannot be wiped, and the payload fence below
+  // orders this store before the doorbell too.
+  if (gid == 0) kio_store_system(reinterpret_cast<volatile unsigned long long*>(p.done), 0ull);
   if (p.vec) {
     const int per_row = p.H / 8, n = p.T * per_row;
     for (int i = gid; i < n; i += nthr) {
@@ -85,15 +89,11 @@ KIO_EXTERN_C __global__ void __launch_bounds__(KERNELIO_THREADS) kernelio_publis
     scratch[1] = any ? 0 : 1;  // combine: skipped step, no y to read
     volatile unsigned long long* done = reinterpret_cast<volatile unsigned long long*>(p.done);
     volatile unsigned long long* ready = reinterpret_cast<volatile unsigned long long*>(p.ready);
-    if (!any) {
+    kio_fence_system();  // every block's payload and done = 0 (seen through the counter) before the word
+    if (!any)
       kio_store_system(done, 1ull);  // complete without waking the CPU; the stream's wait passes at once
-    } else {
-      kio_fence_system();            // the payload (seen through the counter) before the words
-      kio_store_system(done, 0ull);  // reset first: this step's completion cannot be wiped
-      kio_fence_system();            // done = 0 visible before the doorbell
+    else
       kio_store_system(ready, (unsigned long long)p.task);
-    }
-    kio_fence_system();
   }
 }
 

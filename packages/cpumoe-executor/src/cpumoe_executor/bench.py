@@ -5,6 +5,7 @@ measured in the same run with the same threads.
     python -m cpumoe_executor.bench [--format bf16,nvfp4] [--model qwen3-30b | --shape H,I,E,TOPK]
         [--batch 1,4,8] [--threads N] [--working-set dram|cache] [--routing random|shared|both]
         [--repeats 5] [--steps 20] [--json FILE] [--plot PNG] [--quick]
+    python -m cpumoe_executor.bench --doorbell [...]   (doorbell round trip: see doorbell_bench.py)
 
 dram: the bank holds disjoint windows of experts whose total is at least 4 x LLC
 and each step routes into the next window, so every step reads its experts
@@ -206,6 +207,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--doorbell" in argv:
+        from . import doorbell_bench
+
+        return doorbell_bench.main([a for a in argv if a != "--doorbell"])
     opts = parse_args(argv)
     fmts = opts.format.split(",") if opts.format else [n for n, s in cf.FORMATS.items() if s.banks]
     llc = llc_bytes() or 32 * MiB
