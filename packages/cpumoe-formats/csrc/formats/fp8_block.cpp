@@ -98,7 +98,7 @@ void install(cpumoe_kernel* k) {
 // 128-row block share one scale per K block, so per (row block, token) the kernel
 // forms xs = x * scale[row block][k / 128] * 2^c once, in the layout the decoder
 // wants (exact: bf16 x bf16 fits fp32's 24 bits and 2^c is a power of two), and every
-// row of the block is then a plain stream of FMAs with 8 independent chains and no
+// row of the block is then a plain stream of FMAs (4 chains per row and token, see dot_grid) and no
 // per-block reduction. Each product is exact (4 significant bits x 16) and equals
 // w * x * 2^(c - e) where the decoder yields e4m3 * 2^-e; only the fp32 sums round.
 //
