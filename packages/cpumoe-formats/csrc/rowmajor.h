@@ -1,31 +1,84 @@
-// Work-item loops shared by the row-major formats (bf16, nvfp4, ds_fp4, q4_0,
-// fp8_block): a format supplies only its row dot for its tier.
+// Work-item loops shared by the row-major formats (bf16, fp8_block): a format
+// supplies only its row dot for its tier.
 //
 //   struct Dot {
 //     static constexpr bool kRoundGateUp = false;   // ds_fp4: gate/up -> bf16 before the activation
 //     static constexpr bool kRoundRouteTerm = false; // ds_fp4: each route's term -> bf16 before the sum
 //     // pass 0: gate_up row `row` (K = H), pass 1: down row `row` (K = I); act is a prepared vector
 //     static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act);
+//     // optional, the multi-token micro-kernel: out[t] = dot(row, acts[t]) for NT = 1..kMaxNT tokens at once
+//     static constexpr int kMaxNT = 4;
+//     template <int NT> static void dotn(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e,
+//                                        int row, const void* const* acts, float* out);
 //   };
 //
-// Several tokens routed to one expert share each weight row: the row is pulled
-// from DRAM once and stays in L1 for the other tokens' dots.
+// Several tokens routed to one expert share each weight row: the row is pulled from DRAM once. With dotn the
+// row is also DECODED once per chunk and FMA'd into the accumulators of up to kMaxNT tokens (register
+// blocking), so batch n costs n FMA streams, not n decodes + n reductions. Contract of dotn: every token's
+// arithmetic (its chains, their order, the final reduction) is the same whatever NT and whichever other
+// tokens share the call, so a token's output never depends on its batch (tests/test_batch_identity.py).
 #pragma once
+#include <type_traits>
+
 #include "common.h"
+
+// Full unrolling of the small constant loops over tokens / chains of the micro-kernels: without it GCC may
+// keep accumulator arrays in memory.
+#if defined(__clang__)
+#define CPUMOE_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define CPUMOE_UNROLL _Pragma("GCC unroll 16")
+#else
+#define CPUMOE_UNROLL
+#endif
 
 namespace cpumoe {
 namespace CPUMOE_NS {
 
+// Dot::kMaxNT, or 1 for a Dot without dotn.
+template <class D, class = void>
+struct MaxNT : std::integral_constant<int, 1> {
+  static constexpr bool has_dotn = false;
+};
+template <class D>
+struct MaxNT<D, std::void_t<decltype(D::kMaxNT)>> : std::integral_constant<int, D::kMaxNT> {
+  static constexpr bool has_dotn = true;
+};
+
+// out[t] = Dot's dot of `row` with acts[t], t < nt (nt <= MaxNT<Dot>), through dotn<nt> where the Dot has it.
+template <class Dot, int NT = MaxNT<Dot>::value>
+CPUMOE_INLINE void dot_tokens(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, int nt,
+                              const void* const* acts, float* out) {
+  if constexpr (NT == 1) {
+    (void)nt;
+    if constexpr (!MaxNT<Dot>::has_dotn)
+      out[0] = Dot::dot(k, banks, pass, e, row, acts[0]);
+    else
+      Dot::template dotn<1>(k, banks, pass, e, row, acts, out);
+  } else {
+    if (nt == NT)
+      Dot::template dotn<NT>(k, banks, pass, e, row, acts, out);
+    else
+      dot_tokens<Dot, NT - 1>(k, banks, pass, e, row, nt, acts, out);
+  }
+}
+
 template <class Dot>
 void rowmajor_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
                       const void* const* xs, const float* w_in, uint16_t* const* g) {
+  constexpr int NT = MaxNT<Dot>::value;
   const cpumoe_params& p = k->params;
   for (int32_t i = i0; i < i1; ++i) {
-    for (int32_t j = 0; j < n; ++j) {
-      float gate = Dot::dot(k, banks, 0, e, i, xs[j]) * w_in[j];
-      float up = Dot::dot(k, banks, 0, e, p.inter + i, xs[j]) * w_in[j];
-      if (Dot::kRoundGateUp) gate = round_bf16(gate), up = round_bf16(up);
-      g[j][i] = f32_to_bf16(activate(p, gate, up));
+    for (int32_t j0 = 0; j0 < n; j0 += NT) {  // token blocks: each decode of a row chunk serves nt tokens
+      const int nt = n - j0 < NT ? n - j0 : NT;
+      float gate[NT], up[NT];
+      dot_tokens<Dot>(k, banks, 0, e, i, nt, xs + j0, gate);
+      dot_tokens<Dot>(k, banks, 0, e, p.inter + i, nt, xs + j0, up);
+      for (int t = 0; t < nt; ++t) {
+        float gt = gate[t] * w_in[j0 + t], ut = up[t] * w_in[j0 + t];
+        if (Dot::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
+        g[j0 + t][i] = f32_to_bf16(activate(p, gt, ut));
+      }
     }
   }
 }
@@ -33,15 +86,24 @@ void rowmajor_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t 
 template <class Dot>
 void rowmajor_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
                    int32_t n, float* acc, int64_t acc_stride) {
+  constexpr int NT = MaxNT<Dot>::value;
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;
     const int32_t e = routes[a].expert;
     for (int32_t h = h0; h < h1; ++h)
-      for (int32_t r = a; r < b; ++r) {
-        float t = Dot::dot(k, banks, 1, e, h, routes[r].act) * routes[r].weight;
-        if (Dot::kRoundRouteTerm) t = round_bf16(t);
-        acc[routes[r].token * acc_stride + (h - h0)] += t;
+      for (int32_t r0 = a; r0 < b; r0 += NT) {  // route blocks of the expert group
+        const int nt = b - r0 < NT ? b - r0 : NT;
+        const void* acts[NT];
+        float y[NT];
+        for (int t = 0; t < nt; ++t) acts[t] = routes[r0 + t].act;
+        dot_tokens<Dot>(k, banks, 1, e, h, nt, acts, y);
+        for (int t = 0; t < nt; ++t) {
+          const cpumoe_route& r = routes[r0 + t];
+          float v = y[t] * r.weight;
+          if (Dot::kRoundRouteTerm) v = round_bf16(v);
+          acc[r.token * acc_stride + (h - h0)] += v;
+        }
       }
     a = b;
   }

@@ -13,61 +13,114 @@ CPUMOE_INLINE const uint16_t* row_of(const cpumoe_kernel* k, const cpumoe_bank* 
   return bank_row<uint16_t>(banks[pass], e, row);
 }
 
+// Each token has 4 accumulator chains (chunk c of the main loop goes to chain c % 4, the one-vector tail to
+// chain 0), summed as (a0 + a1) + (a2 + a3), then the scalar tail in order: the same operations for every NT,
+// so a token's dot never depends on which tokens share the call. A weight vector is loaded (and widened)
+// once per NT tokens. NT <= 3 on AVX2 (12 of 16 ymm hold accumulators), <= 4 on AVX-512 (16 of 32 zmm).
 struct Dot {
   static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
-  static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act) {
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+  static constexpr int kMaxNT = 1;
+#elif CPUMOE_TIER == CPUMOE_T_AVX2
+  static constexpr int kMaxNT = 3;
+#else
+  static constexpr int kMaxNT = 4;
+#endif
+  template <int NT>
+  static void dotn(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row,
+                   const void* const* acts, float* out) {
     int K;
     const uint16_t* w = row_of(k, banks, pass, e, row, &K);
     int i = 0;
 #if CPUMOE_TIER == CPUMOE_T_AVX512BF16
-    const uint16_t* x = (const uint16_t*)act;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const uint16_t* x[NT];
+    __m512 a[NT][4];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      x[t] = (const uint16_t*)acts[t];
+      a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
+    }
     for (; i + 128 <= K; i += 128) {
       CPUMOE_PREFETCH(w + i + 512);
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(x + i));
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + i + 32), (__m512bh)_mm512_loadu_si512(x + i + 32));
-      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + i + 64), (__m512bh)_mm512_loadu_si512(x + i + 64));
-      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + i + 96), (__m512bh)_mm512_loadu_si512(x + i + 96));
+      CPUMOE_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i + 32 * c);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t)
+          a[t][c] = _mm512_dpbf16_ps(a[t][c], wv, (__m512bh)_mm512_loadu_si512(x[t] + i + 32 * c));
+      }
     }
     for (; i < K; i += 32) {  // masked tail: zero lanes contribute nothing
-      __mmask32 m = K - i >= 32 ? 0xFFFFFFFFu : ((1u << (K - i)) - 1u);
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w + i), (__m512bh)_mm512_maskz_loadu_epi16(m, x + i));
+      const __mmask32 m = K - i >= 32 ? 0xFFFFFFFFu : ((1u << (K - i)) - 1u);
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + i);
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t)
+        a[t][0] = _mm512_dpbf16_ps(a[t][0], wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x[t] + i));
     }
-    return hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t)
+      out[t] = hsum512(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
 #else
-    const float* x = (const float*)act;
-    float s = 0.f;
+    const float* x[NT];
+    float s[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) x[t] = (const float*)acts[t], s[t] = 0.f;
 #if CPUMOE_TIER == CPUMOE_T_AVX512F
     auto wide = [&](int o) {
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + o))), 16));
     };
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a[NT][4];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
     for (; i + 64 <= K; i += 64) {
       CPUMOE_PREFETCH(w + i + 512);
-      a0 = _mm512_fmadd_ps(wide(i), _mm512_loadu_ps(x + i), a0);
-      a1 = _mm512_fmadd_ps(wide(i + 16), _mm512_loadu_ps(x + i + 16), a1);
-      a2 = _mm512_fmadd_ps(wide(i + 32), _mm512_loadu_ps(x + i + 32), a2);
-      a3 = _mm512_fmadd_ps(wide(i + 48), _mm512_loadu_ps(x + i + 48), a3);
+      CPUMOE_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const __m512 wv = wide(i + 16 * c);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) a[t][c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i + 16 * c), a[t][c]);
+      }
     }
-    for (; i + 16 <= K; i += 16) a0 = _mm512_fmadd_ps(wide(i), _mm512_loadu_ps(x + i), a0);
-    s = hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    for (; i + 16 <= K; i += 16) {
+      const __m512 wv = wide(i);
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) a[t][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i), a[t][0]);
+    }
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t)
+      s[t] = hsum512(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
 #elif CPUMOE_TIER == CPUMOE_T_AVX2
     auto wide = [&](int o) {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + o))), 16));
     };
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 a[NT][4];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_ps();
     for (; i + 32 <= K; i += 32) {
       CPUMOE_PREFETCH(w + i + 256);
-      a0 = _mm256_fmadd_ps(wide(i), _mm256_loadu_ps(x + i), a0);
-      a1 = _mm256_fmadd_ps(wide(i + 8), _mm256_loadu_ps(x + i + 8), a1);
-      a2 = _mm256_fmadd_ps(wide(i + 16), _mm256_loadu_ps(x + i + 16), a2);
-      a3 = _mm256_fmadd_ps(wide(i + 24), _mm256_loadu_ps(x + i + 24), a3);
+      CPUMOE_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const __m256 wv = wide(i + 8 * c);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) a[t][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[t] + i + 8 * c), a[t][c]);
+      }
     }
-    for (; i + 8 <= K; i += 8) a0 = _mm256_fmadd_ps(wide(i), _mm256_loadu_ps(x + i), a0);
-    s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i + 8 <= K; i += 8) {
+      const __m256 wv = wide(i);
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) a[t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[t] + i), a[t][0]);
+    }
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t)
+      s[t] = hsum256(_mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3])));
 #endif
-    for (; i < K; ++i) s += bf16_to_f32(w[i]) * x[i];
-    return s;
+    for (; i < K; ++i) {
+      const float wf = bf16_to_f32(w[i]);
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) s[t] += wf * x[t][i];
+    }
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) out[t] = s[t];
 #endif
   }
 };

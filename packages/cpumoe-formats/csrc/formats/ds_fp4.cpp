@@ -158,26 +158,53 @@ CPUMOE_INLINE VF zero() { return _mm256_setzero_ps(); }
 #endif
 constexpr int32_t kV = kC / 2;  // bytes per vector (32 or 64)
 
-// One chunk: exact integer lane sums of w * q', converted and scaled into acc.
-CPUMOE_INLINE void chunk(const uint8_t* p, const int8_t* rec, const float* sa, VF S, VI tu, VF& acc) {
-  const VI m = set1b(0x0F), b = ld(p);
-  const VI ul = shuf(tu, and_(b, m)), uh = shuf(tu, and_(srl4(b), m));
-  const VI p0 = madd1(add16(maddubs(ul, ld(rec)), maddubs(uh, ld(rec + kV))));
-  const VI p1 = madd1(add16(maddubs(ul, ld(rec + 2 * kV)), maddubs(uh, ld(rec + 3 * kV))));
-  const VI p2 = madd1(add16(maddubs(ul, ld(rec + 4 * kV)), maddubs(uh, ld(rec + 5 * kV))));
+// The weight side of a chunk: u = 2 E2M1 + 12 of the low and the high nibbles (decoded once per NT tokens).
+struct WChunk {
+  VI ul, uh;
+  CPUMOE_INLINE WChunk(const uint8_t* p, VI tu) {
+    const VI m = set1b(0x0F), b = ld(p);
+    ul = shuf(tu, and_(b, m)), uh = shuf(tu, and_(srl4(b), m));
+  }
+};
+// One chunk of one token: exact integer lane sums of w * q', converted and scaled into acc.
+CPUMOE_INLINE void chunk(const WChunk& W, const int8_t* rec, const float* sa, VF S, VF& acc) {
+  const VI p0 = madd1(add16(maddubs(W.ul, ld(rec)), maddubs(W.uh, ld(rec + kV))));
+  const VI p1 = madd1(add16(maddubs(W.ul, ld(rec + 2 * kV)), maddubs(W.uh, ld(rec + 3 * kV))));
+  const VI p2 = madd1(add16(maddubs(W.ul, ld(rec + 4 * kV)), maddubs(W.uh, ld(rec + 5 * kV))));
   const VI t = sub32(add32(add32(sll32<14>(p2), sll32<7>(p1)), p0), ld(rec + 6 * kV));
   acc = fma_(mul(cvt(t), bcast(sa)), S, acc);
 }
 
+// Multi-token: each chunk's nibbles are decoded once for NT tokens (AVX2: NT <= 2, AVX-512: NT <= 4); each
+// token keeps the single-token chains (a0, a1 alternating by chunk) and order, so NT never changes a result.
 struct Dot {
   static constexpr int kBanks = 2;
   static constexpr bool kRoundGateUp = true, kRoundRouteTerm = true;
-  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float, int32_t K, const void* act) {
-    const int8_t* A = (const int8_t*)act;
-    const float* sa = (const float*)((const char*)act + sact_off(K));
+#if defined(__AVX512F__)
+  static constexpr int kMaxNT = 4;
+#else
+  static constexpr int kMaxNT = 2;
+#endif
+  template <int NT>
+  static CPUMOE_INLINE void dotn(const uint8_t* P, const uint8_t* Sc, float, int32_t K, const void* const* acts,
+                                 float* out) {
+    const int8_t* A[NT];
+    const float* sa[NT];
+    VF a0[NT], a1[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      A[t] = (const int8_t*)acts[t];
+      sa[t] = (const float*)((const char*)acts[t] + sact_off(K));
+      a0[t] = a1[t] = zero();
+    }
     const VI tu = utable();
-    VF a0 = zero(), a1 = a0;
     const int32_t nc = K / kC;
+    // chunk c (record c of every token) with scale vector S into each token's acc
+    auto run = [&](const uint8_t* p, int32_t c, int32_t sblk, VF S, VF* acc) {
+      const WChunk W(p, tu);
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) chunk(W, A[t] + (size_t)c * kRec, sa[t] + sblk, S, acc[t]);
+    };
 #if defined(__AVX512F__)
     // 128-element chunks (64 packed bytes, 4 scale blocks = lanes), two per 8 scale bytes
     int32_t c = 0;
@@ -185,10 +212,10 @@ struct Dot {
       const uint8_t* p = P + 64 * c;
       prefetch_stream(p, 2, Sc + 4 * c, 16);
       const __m256 S = e8m0x8(load8(Sc + 4 * c));
-      chunk(p, A + (size_t)c * kRec, sa + c, bcast4x4(S, 0, 1, 2, 3), tu, a0);
-      chunk(p + 64, A + (size_t)(c + 1) * kRec, sa + c + 1, bcast4x4(S, 4, 5, 6, 7), tu, a1);
+      run(p, c, c, bcast4x4(S, 0, 1, 2, 3), a0);
+      run(p + 64, c + 1, c + 1, bcast4x4(S, 4, 5, 6, 7), a1);
     }
-    if (c < nc) chunk(P + 64 * c, A + (size_t)c * kRec, sa + c, bcast4x4(e8m0x8(load4(Sc + 4 * c)), 0, 1, 2, 3), tu, a0);
+    if (c < nc) run(P + 64 * c, c, c, bcast4x4(e8m0x8(load4(Sc + 4 * c)), 0, 1, 2, 3), a0);
 #else
     // 64-element chunks (32 packed bytes, 2 scale blocks = lanes), four per 8 scale bytes
     int32_t c = 0;
@@ -196,20 +223,19 @@ struct Dot {
       const uint8_t* p = P + 32 * c;
       prefetch_stream(p, 2, Sc + 2 * c, 16);
       const __m256 S = e8m0x8(load8(Sc + 2 * c));
-      const int8_t* r = A + (size_t)c * kRec;
-      chunk(p, r, sa + c / 2, bcast2x4(S, 0, 1), tu, a0);
-      chunk(p + 32, r + kRec, sa + c / 2, bcast2x4(S, 2, 3), tu, a1);
-      chunk(p + 64, r + 2 * kRec, sa + c / 2 + 1, bcast2x4(S, 4, 5), tu, a0);
-      chunk(p + 96, r + 3 * kRec, sa + c / 2 + 1, bcast2x4(S, 6, 7), tu, a1);
+      run(p, c, c / 2, bcast2x4(S, 0, 1), a0);
+      run(p + 32, c + 1, c / 2, bcast2x4(S, 2, 3), a1);
+      run(p + 64, c + 2, c / 2 + 1, bcast2x4(S, 4, 5), a0);
+      run(p + 96, c + 3, c / 2 + 1, bcast2x4(S, 6, 7), a1);
     }
     if (c < nc) {  // one 128-element remainder: 2 chunks, 4 scales
       const __m256 S = e8m0x8(load4(Sc + 2 * c));
-      const int8_t* r = A + (size_t)c * kRec;
-      chunk(P + 32 * c, r, sa + c / 2, bcast2x4(S, 0, 1), tu, a0);
-      chunk(P + 32 * c + 32, r + kRec, sa + c / 2, bcast2x4(S, 2, 3), tu, a1);
+      run(P + 32 * c, c, c / 2, bcast2x4(S, 0, 1), a0);
+      run(P + 32 * c + 32, c + 1, c / 2, bcast2x4(S, 2, 3), a1);
     }
 #endif
-    return hsum(a0) + hsum(a1);
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) out[t] = hsum(a0[t]) + hsum(a1[t]);
   }
 };
 #endif

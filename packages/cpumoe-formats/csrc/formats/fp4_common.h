@@ -241,6 +241,7 @@ CPUMOE_INLINE __m512 bcast4x4(__m256 a, int i0, int i1, int i2, int i3) {
 //   static constexpr int kBanks;                 // banks per pass: packed, scale (, fp16 global)
 //   static constexpr bool kRoundGateUp, kRoundRouteTerm;
 //   static float dot(const uint8_t* p, const uint8_t* s, float global, int32_t K, const void* act);
+// (or the multi-token dotn below instead of dot)
 template <int NB>
 struct Rows {
   const uint8_t *p, *s, *g;
@@ -263,18 +264,46 @@ struct Rows {
   }
 };
 
+// Optional multi-token policy (rowmajor.h's MaxNT detects kMaxNT):
+//   static constexpr int kMaxNT;
+//   template <int NT> static void dotn(const uint8_t* p, const uint8_t* s, float global, int32_t K,
+//                                      const void* const* acts, float* out);   // out[t] = dot(.., acts[t])
+// decoding each weight chunk once for NT tokens, with every token's arithmetic independent of NT.
+template <class D, int NT = MaxNT<D>::value>
+CPUMOE_INLINE void fp4_dot_tokens(const uint8_t* p, const uint8_t* s, float gl, int32_t K, int nt,
+                                  const void* const* acts, float* out) {
+  if constexpr (NT == 1) {
+    (void)nt;
+    if constexpr (MaxNT<D>::has_dotn)
+      D::template dotn<1>(p, s, gl, K, acts, out);
+    else
+      out[0] = D::dot(p, s, gl, K, acts[0]);
+  } else {
+    if (nt == NT)
+      D::template dotn<NT>(p, s, gl, K, acts, out);
+    else
+      fp4_dot_tokens<D, NT - 1>(p, s, gl, K, nt, acts, out);
+  }
+}
+
 template <class D>
 void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
                  const void* const* xs, const float* w_in, uint16_t* const* g) {
+  constexpr int NT = MaxNT<D>::value;
   const cpumoe_params& P = k->params;
   Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);
   for (int32_t i = i0; i < i1; ++i, rg.next(), ru.next()) {
     const float sg = rg.global(), su = ru.global();
-    for (int32_t j = 0; j < n; ++j) {
-      float gate = D::dot(rg.p, rg.s, sg, P.hidden, xs[j]) * w_in[j];
-      float up = D::dot(ru.p, ru.s, su, P.hidden, xs[j]) * w_in[j];
-      if (D::kRoundGateUp) gate = round_bf16(gate), up = round_bf16(up);
-      g[j][i] = f32_to_bf16(activate(P, gate, up));
+    for (int32_t j0 = 0; j0 < n; j0 += NT) {  // token blocks: a row chunk is decoded once per block
+      const int nt = n - j0 < NT ? n - j0 : NT;
+      float gate[NT], up[NT];
+      fp4_dot_tokens<D>(rg.p, rg.s, sg, P.hidden, nt, xs + j0, gate);
+      fp4_dot_tokens<D>(ru.p, ru.s, su, P.hidden, nt, xs + j0, up);
+      for (int t = 0; t < nt; ++t) {
+        float gt = gate[t] * w_in[j0 + t], ut = up[t] * w_in[j0 + t];
+        if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
+        g[j0 + t][i] = f32_to_bf16(activate(P, gt, ut));
+      }
     }
   }
 }
@@ -282,6 +311,7 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
 template <class D>
 void fp4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
               int32_t n, float* acc, int64_t acc_stride) {
+  constexpr int NT = MaxNT<D>::value;
   const int32_t I = k->params.inter;
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
@@ -289,10 +319,17 @@ void fp4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int3
     Rows<D::kBanks> r(banks + D::kBanks, routes[a].expert, h0);
     for (int32_t h = h0; h < h1; ++h, r.next()) {
       const float gl = r.global();
-      for (int32_t q = a; q < b; ++q) {
-        float t = D::dot(r.p, r.s, gl, I, routes[q].act) * routes[q].weight;
-        if (D::kRoundRouteTerm) t = round_bf16(t);
-        acc[routes[q].token * acc_stride + (h - h0)] += t;
+      for (int32_t q0 = a; q0 < b; q0 += NT) {  // route blocks of the expert group
+        const int nt = b - q0 < NT ? b - q0 : NT;
+        const void* acts[NT];
+        float y[NT];
+        for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
+        fp4_dot_tokens<D>(r.p, r.s, gl, I, nt, acts, y);
+        for (int t = 0; t < nt; ++t) {
+          float v = y[t] * routes[q0 + t].weight;
+          if (D::kRoundRouteTerm) v = round_bf16(v);
+          acc[routes[q0 + t].token * acc_stride + (h - h0)] += v;
+        }
       }
     }
     a = b;

@@ -25,6 +25,13 @@
 
 #include "../rowmajor.h"
 
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the AVX-512 intrinsics' internal _mm512_undefined_* operands as (maybe-)uninitialized (a known
+// false positive of the headers, not of this code).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
@@ -91,7 +98,7 @@ void install(cpumoe_kernel* k) {
 // 128-row block share one scale per K block, so per (row block, token) the kernel
 // forms xs = x * scale[row block][k / 128] * 2^c once, in the layout the decoder
 // wants (exact: bf16 x bf16 fits fp32's 24 bits and 2^c is a power of two), and every
-// row of the block is then a plain stream of FMAs with 8 independent chains and no
+// row of the block is then a plain stream of FMAs (4 chains per row and token, see dot_grid) and no
 // per-block reduction. Each product is exact (4 significant bits x 16) and equals
 // w * x * 2^(c - e) where the decoder yields e4m3 * 2^-e; only the fp32 sums round.
 //
@@ -122,9 +129,6 @@ void install(cpumoe_kernel* k) {
 #endif
 #ifndef CPUMOE_FP8_PF
 #define CPUMOE_FP8_PF 4096  // software prefetch distance in the weight row (bytes; 0 = off)
-#endif
-#ifndef CPUMOE_FP8_GU_PAIR
-#define CPUMOE_FP8_GU_PAIR 1  // gate_up: the gate and up rows of an i in one loop (two streams)
 #endif
 #ifndef CPUMOE_FP8_PF_LOC
 #define CPUMOE_FP8_PF_LOC 0  // __builtin_prefetch locality (0 = prefetchnta)
@@ -215,17 +219,14 @@ CPUMOE_INLINE float scale_factor(const float*, const uint16_t*, int, float* two_
   return 1.f;
 }
 constexpr int kXStep = kChunk / 2;  // stream entries per chunk
-// kChunk codes; xe points at the chunk's first even entry (stream stride S).
-CPUMOE_INLINE void chunk(WVec w, const float* xe, size_t S, Acc& A) {
+// kChunk codes -> 4 weight vectors; vector c multiplies x + xoff(c, S) (stream stride S).
+CPUMOE_INLINE void decode4(WVec w, Vec* v) {
   const WVec m = set16(0xBF80);
   const WVec od = wand(srai16(w, 1), m);
   const WVec ev = wand(srai16(slli16(w, 8), 1), m);
-  const float* xo = xe + S;
-  A.a0 = vfma(cvt_lo(ev), vload(xe), A.a0);
-  A.a1 = vfma(cvt_hi(ev), vload(xe + VL), A.a1);
-  A.a2 = vfma(cvt_lo(od), vload(xo), A.a2);
-  A.a3 = vfma(cvt_hi(od), vload(xo + VL), A.a3);
+  v[0] = cvt_lo(ev), v[1] = cvt_hi(ev), v[2] = cvt_lo(od), v[3] = cvt_hi(od);
 }
+CPUMOE_INLINE size_t xoff(int c, size_t S) { return (c >> 1) * S + (c & 1) * VL; }
 #else
 // Layout: 4 streams of Q = 32 nb(K) floats, zero padded, then max|x| (for the guard).
 constexpr int kStreams = 4, kPerBlock = 32;
@@ -261,74 +262,87 @@ CPUMOE_INLINE float scale_factor(const float* x, const uint16_t* srow, int K, fl
   return std::ldexp(1.f, shift);
 }
 constexpr int kXStep = kChunk / 4;  // stream entries per chunk
-// kChunk codes; x points at the chunk's stream-0 entry (stream stride S).
-CPUMOE_INLINE void chunk(WVec w, const float* x, size_t S, Acc& A) {
+// kChunk codes -> 4 weight vectors; vector c multiplies x + xoff(c, S) (stream stride S).
+CPUMOE_INLINE void decode4(WVec w, Vec* v) {
   const WVec m16 = set16(0x87F0), hi = set32(0xFFFF0000u);
   const WVec o16 = wand(srai16(w, 4), m16);
   const WVec e16 = wand(srai16(slli16(w, 8), 4), m16);
-  A.a0 = vfma(as_ps(slli32(e16, 16)), vload(x), A.a0);
-  A.a1 = vfma(as_ps(slli32(o16, 16)), vload(x + S), A.a1);
-  A.a2 = vfma(as_ps(wand(e16, hi)), vload(x + 2 * S), A.a2);
-  A.a3 = vfma(as_ps(wand(o16, hi)), vload(x + 3 * S), A.a3);
+  v[0] = as_ps(slli32(e16, 16)), v[1] = as_ps(slli32(o16, 16)), v[2] = as_ps(wand(e16, hi)), v[3] = as_ps(wand(o16, hi));
 }
+CPUMOE_INLINE size_t xoff(int c, size_t S) { return (size_t)c * S; }
 #endif
 
-CPUMOE_INLINE void prefetch_ahead(const uint8_t* p) {
-#if CPUMOE_FP8_PF
-  for (int o = 0; o < 2 * kChunk; o += 64) __builtin_prefetch(p + CPUMOE_FP8_PF + o, 0, CPUMOE_FP8_PF_LOC);
+// The micro-kernel: out[r][t] = dot(row w[r] of K codes, pre-scaled activation x[r][t]) for an R x NT grid of
+// (row, token) pairs. Each chunk of a row is decoded ONCE and FMA'd into the NT tokens' accumulators. Every
+// (row, token) pair has its own 4 chains (chunk vector c -> chain c, the tail chunk included), reduced as
+// (a0 + a1) + (a2 + a3): the arithmetic of a pair does not depend on R, NT or its neighbours, so gate_up /
+// down may group rows and tokens freely and a token's result never depends on its batch. Grid size:
+// R * NT <= kGrid (AVX2: 8 of 16 ymm accumulate; AVX-512: 16 of 32 zmm).
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+constexpr int kGrid = 2;
 #else
-  (void)p;
+constexpr int kGrid = 4;
 #endif
-}
-
-// dot(row w of K codes, pre-scaled activation xs), 8 independent chains.
-CPUMOE_INLINE float dot_scaled(const uint8_t* w, int K, const float* xs) {
+template <int R, int NT>
+CPUMOE_INLINE void dot_grid(const uint8_t* const* w, int K, const float* const (*x)[NT], float (*out)[NT]) {
   const size_t S = slen(K);
-  const uint8_t* const end = w + K;
-  Acc A, B;
-  A.zero();
-  B.zero();
-  for (; w + 2 * kChunk <= end; w += 2 * kChunk, xs += 2 * kXStep) {
-    prefetch_ahead(w);
-    chunk(wload(w), xs, S, A);
-    chunk(wload(w + kChunk), xs + kXStep, S, B);
-  }
-  if (w + kChunk <= end) {
-    chunk(wload(w), xs, S, A);
-    w += kChunk, xs += kXStep;
-  }
-  if (w < end) chunk(wload_tail(w, (int)(end - w)), xs, S, B);
-  return vhsum(vadd(A.sum(), B.sum()));
-}
-
-// Two rows at once (4 chains each): halves the per-row reduction and loop overhead,
-// which matters for short rows (the down pass, K = I = 512), and keeps two streams in flight.
-CPUMOE_INLINE void dot2_scaled(const uint8_t* w0, const uint8_t* w1, int K, const float* x0, const float* x1,
-                               float* r0, float* r1) {
-  const size_t S = slen(K);
-  const uint8_t* const end = w0 + K;
-  Acc A, B;
-  A.zero();
-  B.zero();
-  for (; w0 + kChunk <= end; w0 += kChunk, w1 += kChunk, x0 += kXStep, x1 += kXStep) {
+  Vec A[R][NT][4];
+  CPUMOE_UNROLL
+  for (int r = 0; r < R; ++r)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) A[r][t][0] = A[r][t][1] = A[r][t][2] = A[r][t][3] = vzero();
+  auto step = [&](int o, size_t xo, auto load) {
+    CPUMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      Vec v[4];
+      decode4(load(w[r] + o), v);
+      CPUMOE_UNROLL
+      for (int c = 0; c < 4; ++c)
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) A[r][t][c] = vfma(v[c], vload(x[r][t] + xo + xoff(c, S)), A[r][t][c]);
+    }
+  };
+  int o = 0;
+  size_t xo = 0;
+  for (; o + kChunk <= K; o += kChunk, xo += kXStep) {
 #if CPUMOE_FP8_PF
 #if CPUMOE_TIER == CPUMOE_T_AVX2
-    if (!((uintptr_t)(end - w0) & 63))  // one prefetch per cache line and row
+    if (!((K - o) & 63))  // one prefetch per cache line and row
 #endif
-    {
-      __builtin_prefetch(w0 + CPUMOE_FP8_PF, 0, CPUMOE_FP8_PF_LOC);
-      __builtin_prefetch(w1 + CPUMOE_FP8_PF, 0, CPUMOE_FP8_PF_LOC);
-    }
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) __builtin_prefetch(w[r] + o + CPUMOE_FP8_PF, 0, CPUMOE_FP8_PF_LOC);
 #endif
-    chunk(wload(w0), x0, S, A);
-    chunk(wload(w1), x1, S, B);
+    step(o, xo, [](const uint8_t* p) { return wload(p); });
   }
-  if (w0 < end) {
-    chunk(wload_tail(w0, (int)(end - w0)), x0, S, A);
-    chunk(wload_tail(w1, (int)(end - w0)), x1, S, B);
+  if (o < K) step(o, xo, [&](const uint8_t* p) { return wload_tail(p, K - o); });
+  CPUMOE_UNROLL
+  for (int r = 0; r < R; ++r)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) out[r][t] = vhsum(vadd(vadd(A[r][t][0], A[r][t][1]), vadd(A[r][t][2], A[r][t][3])));
+}
+
+// One row against nt <= kGrid tokens (x[t]), through the grid kernel of that size.
+template <int NT = kGrid>
+CPUMOE_INLINE void dot_row_tokens(const uint8_t* w, int K, int nt, const float* const* x, float* out) {
+  if constexpr (NT > 1) {
+    if (nt < NT) return dot_row_tokens<NT - 1>(w, K, nt, x, out);
   }
-  *r0 = vhsum(A.sum());
-  *r1 = vhsum(B.sum());
+  const float* xg[1][NT];
+  float o[1][NT];
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) xg[0][t] = x[t];
+  dot_grid<1, NT>(&w, K, xg, o);
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) out[t] = o[0][t];
+}
+// Two rows against one token (x0 for w0, x1 for w1): the batch-1 shape, two streams in flight.
+CPUMOE_INLINE void dot_rows2(const uint8_t* w0, const uint8_t* w1, int K, const float* x0, const float* x1, float* r0,
+                             float* r1) {
+  const uint8_t* w[2] = {w0, w1};
+  const float* x[2][1] = {{x0}, {x1}};
+  float o[2][1];
+  dot_grid<2, 1>(w, K, x, o);
+  *r0 = o[0][0], *r1 = o[1][0];
 }
 
 // xs = x * scale row `srow` (nb(K) bf16 entries) * 2^c in every stream; returns the
@@ -378,16 +392,20 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
     for (; i < iend; ++i) {
       const uint8_t* wg = bank_row<uint8_t>(banks[0], e, i);
       const uint8_t* wu = bank_row<uint8_t>(banks[0], e, I + i);
-      for (int j = 0; j < n; ++j) {
-        const float* xg = sx + 2 * L * j;
-        float gate, up;
-#if CPUMOE_FP8_GU_PAIR
-        dot2_scaled(wg, wu, H, xg, xg + L, &gate, &up);
-#else
-        gate = dot_scaled(wg, H, xg);
-        up = dot_scaled(wu, H, xg + L);
-#endif
-        g[j][i] = f32_to_bf16(activate(p, gate * post[2 * j], up * post[2 * j + 1]));
+      for (int j0 = 0; j0 < n;) {
+        float gate[kGrid], up[kGrid];
+        int nt = n - j0 < kGrid ? n - j0 : kGrid;
+        if (nt == 1) {  // a lone token: its gate and up rows together
+          dot_rows2(wg, wu, H, sx + 2 * L * j0, sx + 2 * L * j0 + L, gate, up);
+        } else {  // a token block: each row chunk decoded once for nt tokens
+          const float* xg[kGrid];
+          const float* xu[kGrid];
+          for (int t = 0; t < nt; ++t) xg[t] = sx + 2 * L * (j0 + t), xu[t] = xg[t] + L;
+          dot_row_tokens(wg, H, nt, xg, gate);
+          dot_row_tokens(wu, H, nt, xu, up);
+        }
+        for (int t = 0; t < nt; ++t, ++j0)
+          g[j0][i] = f32_to_bf16(activate(p, gate[t] * post[2 * j0], up[t] * post[2 * j0 + 1]));
       }
     }
   }
@@ -409,10 +427,27 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       const uint16_t* srow = bank_row<uint16_t>(banks[3], e, rb);
       for (int r = a; r < b; ++r)
         post[r - a] = scale_act((const float*)routes[r].act, srow, I, sx + L * (r - a)) * routes[r].weight;
-      for (; h < hend; ++h) {  // one row at a time: at DRAM rates this streams best
+      const int nr = b - a;
+      if (nr == 1) {  // one route: two rows at a time (two streams in flight)
+        const float* xr = sx;
+        float* o = acc + routes[a].token * acc_stride;
+        for (; h + 2 <= hend; h += 2) {
+          float y0, y1;
+          dot_rows2(bank_row<uint8_t>(banks[2], e, h), bank_row<uint8_t>(banks[2], e, h + 1), I, xr, xr, &y0, &y1);
+          o[h - h0] += y0 * post[0];
+          o[h + 1 - h0] += y1 * post[0];
+        }
+      }
+      for (; h < hend; ++h) {  // each row chunk decoded once per block of routes
         const uint8_t* w = bank_row<uint8_t>(banks[2], e, h);
-        for (int r = a; r < b; ++r)
-          acc[routes[r].token * acc_stride + (h - h0)] += dot_scaled(w, I, sx + L * (r - a)) * post[r - a];
+        for (int r0 = 0; r0 < nr; r0 += kGrid) {
+          const int nt = nr - r0 < kGrid ? nr - r0 : kGrid;
+          const float* xr[kGrid];
+          float y[kGrid];
+          for (int t = 0; t < nt; ++t) xr[t] = sx + L * (r0 + t);
+          dot_row_tokens(w, I, nt, xr, y);
+          for (int t = 0; t < nt; ++t) acc[routes[a + r0 + t].token * acc_stride + (h - h0)] += y[t] * post[r0 + t];
+        }
       }
       h = hend;
     }
@@ -464,39 +499,56 @@ CPUMOE_INLINE __m512 dp(__m512 a, __m512i wv, const uint16_t* x) {
   return _mm512_dpbf16_ps(a, (__m512bh)wv, (__m512bh)_mm512_loadu_si512(x));
 }
 
+// Multi-token: each 32-code group is widened once and fed to the vdpbf16ps of NT <= 4 tokens; every token
+// keeps its own per-block chains and total, in the same order whatever NT (see rowmajor.h).
 struct Dot {
   static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
-  static float dot(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row, const void* act) {
+  static constexpr int kMaxNT = 4;
+  template <int NT>
+  static void dotn(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row,
+                   const void* const* acts, float* out) {
     const RowRef r = row_ref(k, banks, pass, e, row);
-    const uint16_t* x = (const uint16_t*)act;
+    const uint16_t* x[NT];
+    __m512 tot[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) x[t] = (const uint16_t*)acts[t], tot[t] = _mm512_setzero_ps();
     const __m512i tbl = _mm512_loadu_si512(sub_table().v);
     const int nfull = r.K / kBlk;
-    __m512 tot = _mm512_setzero_ps();
     for (int b = 0; b < nfull; ++b) {
       const uint8_t* w = r.w + b * kBlk;
-      const uint16_t* xb = x + b * kBlk;
       CPUMOE_PREFETCH(w + kPfBytes);
       CPUMOE_PREFETCH(w + kPfBytes + 64);
-      const __m512 zero = _mm512_setzero_ps();
-      __m512 a0 = dp(zero, widen(_mm256_loadu_si256((const __m256i*)w), tbl), xb);
-      __m512 a1 = dp(zero, widen(_mm256_loadu_si256((const __m256i*)(w + 32)), tbl), xb + 32);
-      __m512 a2 = dp(zero, widen(_mm256_loadu_si256((const __m256i*)(w + 64)), tbl), xb + 64);
-      __m512 a3 = dp(zero, widen(_mm256_loadu_si256((const __m256i*)(w + 96)), tbl), xb + 96);
-      const __m512 s = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-      tot = _mm512_fmadd_ps(s, _mm512_set1_ps(bf16_to_f32(r.s[b])), tot);
+      __m512 a[NT][4];
+      CPUMOE_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const __m512i wv = widen(_mm256_loadu_si256((const __m256i*)(w + 32 * c)), tbl);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) a[t][c] = dp(_mm512_setzero_ps(), wv, x[t] + b * kBlk + 32 * c);
+      }
+      const __m512 sc = _mm512_set1_ps(bf16_to_f32(r.s[b]));
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t)
+        tot[t] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])), sc,
+                                 tot[t]);
     }
     const int rem = r.K - nfull * kBlk;
     if (rem) {  // partial last block, 32 codes at a time, masked (x is zero padded)
       const uint8_t* w = r.w + nfull * kBlk;
-      const uint16_t* xb = x + nfull * kBlk;
-      __m512 a = _mm512_setzero_ps();
+      __m512 a[NT];
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
       for (int c = 0; c < rem; c += 32) {
         const __mmask32 m = rem - c >= 32 ? 0xFFFFFFFFu : ((1u << (rem - c)) - 1u);
-        a = dp(a, widen(_mm256_maskz_loadu_epi8(m, w + c), tbl), xb + c);
+        const __m512i wv = widen(_mm256_maskz_loadu_epi8(m, w + c), tbl);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) a[t] = dp(a[t], wv, x[t] + nfull * kBlk + c);
       }
-      tot = _mm512_fmadd_ps(a, _mm512_set1_ps(bf16_to_f32(r.s[nfull])), tot);
+      const __m512 sc = _mm512_set1_ps(bf16_to_f32(r.s[nfull]));
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) tot[t] = _mm512_fmadd_ps(a[t], sc, tot[t]);
     }
-    return hsum512(tot);
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) out[t] = hsum512(tot[t]);
   }
 };
 

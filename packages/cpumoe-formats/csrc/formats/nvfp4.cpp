@@ -37,78 +37,127 @@ void prep_native(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst
   for (int32_t k = 0; k < K; ++k) d[f32_pos(k, K, kNL)] = bf16_to_f32(src[k]);
 }
 
+// Multi-token: each chunk is decoded once, half at a time (low nibbles V0..V3, then high W0..W3), and FMA'd
+// into the chains of NT tokens (AVX2: NT <= 2, AVX-512: NT <= 4). Per token the chains are those of the
+// single-token dot in the same order (ta: V0 V1 W0 W1, tb: V2 V3 W2 W3, then a0 += ta * scales, a1 += tb *
+// scales; the 16-block tail into a0), so a token's result does not depend on NT.
 struct DotNative {
   static constexpr int kBanks = 3;
   static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
-  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* act) {
-    const Row r{P, Sc, gl, K};
-    const float* x = (const float*)act;
-    const int32_t nb = r.K / 16;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
-    float acc = 0.f;
-    for (int32_t b = 0; b < nb; ++b) acc += e4m3_to_f32(r.s[b]) * block16_scalar(r.p + 8 * b, x + 16 * b);
-    return acc * r.g;
+  static constexpr int kMaxNT = 1;
+#elif defined(__AVX512F__)
+  static constexpr int kMaxNT = 4;
+#else
+  static constexpr int kMaxNT = 2;
+#endif
+  template <int NT>
+  static CPUMOE_INLINE void dotn(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* const* acts,
+                                 float* out) {
+    const Row r{P, Sc, gl, K};
+    const int32_t nb = r.K / 16;
+    const float* x[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) x[t] = (const float*)acts[t];
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+    for (int t = 0; t < NT; ++t) {
+      float acc = 0.f;
+      for (int32_t b = 0; b < nb; ++b) acc += e4m3_to_f32(r.s[b]) * block16_scalar(r.p + 8 * b, x[t] + 16 * b);
+      out[t] = acc * r.g;
+    }
 #elif defined(__AVX512F__)
     // 128-element chunks: 64 packed bytes, 8 blocks; V0,V1,W0,W1 lanes L hold block 2L,
     // V2,V3,W2,W3 block 2L+1.
-    const __m512i t2 = tbl512(tbl_byte2()), t3 = tbl512(tbl_byte3());
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    const __m512i t2 = tbl512(tbl_byte2()), t3 = tbl512(tbl_byte3()), m = _mm512_set1_epi8(0x0F);
+    __m512 a0[NT], a1[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
     const int32_t nc = r.K / 128;
     for (int32_t c = 0; c < nc; ++c) {
       const uint8_t* p = r.p + 64 * c;
-      const float* xc = x + 128 * c;
       prefetch_stream(p, 1, r.s + 8 * c, 8);
-      const Chunk16 w = decode_chunk_512(p, t2, t3);
+      const __m512i bytes = _mm512_loadu_si512((const void*)p);
       const __m256 S = e4m3x8(load8(r.s + 8 * c));
-      __m512 ta = _mm512_mul_ps(w.v0, _mm512_loadu_ps(xc));
-      __m512 tb = _mm512_mul_ps(w.v2, _mm512_loadu_ps(xc + 32));
-      ta = _mm512_fmadd_ps(w.v1, _mm512_loadu_ps(xc + 16), ta);
-      tb = _mm512_fmadd_ps(w.v3, _mm512_loadu_ps(xc + 48), tb);
-      ta = _mm512_fmadd_ps(w.w0, _mm512_loadu_ps(xc + 64), ta);
-      tb = _mm512_fmadd_ps(w.w2, _mm512_loadu_ps(xc + 96), tb);
-      ta = _mm512_fmadd_ps(w.w1, _mm512_loadu_ps(xc + 80), ta);
-      tb = _mm512_fmadd_ps(w.w3, _mm512_loadu_ps(xc + 112), tb);
-      a0 = _mm512_fmadd_ps(ta, bcast4x4(S, 0, 2, 4, 6), a0);
-      a1 = _mm512_fmadd_ps(tb, bcast4x4(S, 1, 3, 5, 7), a1);
+      const __m512 sa = bcast4x4(S, 0, 2, 4, 6), sb = bcast4x4(S, 1, 3, 5, 7);
+      __m512 v0, v1, v2, v3, ta[NT], tb[NT];
+      decode_e2m1_512(_mm512_and_si512(bytes, m), t2, t3, v0, v1, v2, v3);
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const float* xc = x[t] + 128 * c;
+        ta[t] = _mm512_mul_ps(v0, _mm512_loadu_ps(xc));
+        tb[t] = _mm512_mul_ps(v2, _mm512_loadu_ps(xc + 32));
+        ta[t] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xc + 16), ta[t]);
+        tb[t] = _mm512_fmadd_ps(v3, _mm512_loadu_ps(xc + 48), tb[t]);
+      }
+      decode_e2m1_512(_mm512_and_si512(_mm512_srli_epi16(bytes, 4), m), t2, t3, v0, v1, v2, v3);  // W0..W3
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const float* xc = x[t] + 128 * c;
+        ta[t] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(xc + 64), ta[t]);
+        tb[t] = _mm512_fmadd_ps(v2, _mm512_loadu_ps(xc + 96), tb[t]);
+        ta[t] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xc + 80), ta[t]);
+        tb[t] = _mm512_fmadd_ps(v3, _mm512_loadu_ps(xc + 112), tb[t]);
+        a0[t] = _mm512_fmadd_ps(ta[t], sa, a0[t]);
+        a1[t] = _mm512_fmadd_ps(tb[t], sb, a1[t]);
+      }
     }
-    __m256 at = _mm256_setzero_ps();
-    for (int32_t b = nc * 8; b < nb; ++b)
-      at = _mm256_fmadd_ps(block16_avx2(r.p + 8 * b, x + 16 * b), _mm256_set1_ps(e4m3_to_f32(r.s[b])), at);
-    return (hsum512(_mm512_add_ps(a0, a1)) + hsum256(at)) * r.g;
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      __m256 at = _mm256_setzero_ps();
+      for (int32_t b = nc * 8; b < nb; ++b)
+        at = _mm256_fmadd_ps(block16_avx2(r.p + 8 * b, x[t] + 16 * b), _mm256_set1_ps(e4m3_to_f32(r.s[b])), at);
+      out[t] = (hsum512(_mm512_add_ps(a0[t], a1[t])) + hsum256(at)) * r.g;
+    }
 #else  // AVX2
     // 64-element chunks: 32 packed bytes, 4 blocks; V0,V1,W0,W1 lanes L hold block 2L,
     // V2,V3,W2,W3 block 2L+1. Two chunks (8 scales) per iteration.
     const __m256i t2 = tbl_byte2(), t3 = tbl_byte3();
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    __m256 a0[NT], a1[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
     const int32_t nc = r.K / 64;
-    auto chunk = [&](const uint8_t* p, const float* xc, __m256 sa, __m256 sb) {
-      const Chunk8 w = decode_chunk(p, t2, t3);
-      __m256 ta = _mm256_mul_ps(w.v0, _mm256_loadu_ps(xc));
-      __m256 tb = _mm256_mul_ps(w.v2, _mm256_loadu_ps(xc + 16));
-      ta = _mm256_fmadd_ps(w.v1, _mm256_loadu_ps(xc + 8), ta);
-      tb = _mm256_fmadd_ps(w.v3, _mm256_loadu_ps(xc + 24), tb);
-      ta = _mm256_fmadd_ps(w.w0, _mm256_loadu_ps(xc + 32), ta);
-      tb = _mm256_fmadd_ps(w.w2, _mm256_loadu_ps(xc + 48), tb);
-      ta = _mm256_fmadd_ps(w.w1, _mm256_loadu_ps(xc + 40), ta);
-      tb = _mm256_fmadd_ps(w.w3, _mm256_loadu_ps(xc + 56), tb);
-      a0 = _mm256_fmadd_ps(ta, sa, a0);
-      a1 = _mm256_fmadd_ps(tb, sb, a1);
+    auto chunk = [&](const uint8_t* p, int32_t xo, __m256 sa, __m256 sb) {
+      const __m256i m = _mm256_set1_epi8(0x0F), bytes = _mm256_loadu_si256((const __m256i*)p);
+      __m256 v0, v1, v2, v3, ta[NT], tb[NT];
+      decode_e2m1(_mm256_and_si256(bytes, m), t2, t3, v0, v1, v2, v3);
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const float* xc = x[t] + xo;
+        ta[t] = _mm256_mul_ps(v0, _mm256_loadu_ps(xc));
+        tb[t] = _mm256_mul_ps(v2, _mm256_loadu_ps(xc + 16));
+        ta[t] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xc + 8), ta[t]);
+        tb[t] = _mm256_fmadd_ps(v3, _mm256_loadu_ps(xc + 24), tb[t]);
+      }
+      decode_e2m1(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), m), t2, t3, v0, v1, v2, v3);  // W0..W3
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const float* xc = x[t] + xo;
+        ta[t] = _mm256_fmadd_ps(v0, _mm256_loadu_ps(xc + 32), ta[t]);
+        tb[t] = _mm256_fmadd_ps(v2, _mm256_loadu_ps(xc + 48), tb[t]);
+        ta[t] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xc + 40), ta[t]);
+        tb[t] = _mm256_fmadd_ps(v3, _mm256_loadu_ps(xc + 56), tb[t]);
+        a0[t] = _mm256_fmadd_ps(ta[t], sa, a0[t]);
+        a1[t] = _mm256_fmadd_ps(tb[t], sb, a1[t]);
+      }
     };
     int32_t c = 0;
     for (; c + 2 <= nc; c += 2) {
       const uint8_t* p = r.p + 32 * c;
       prefetch_stream(p, 1, r.s + 4 * c, 8);
       const __m256 S = e4m3x8(load8(r.s + 4 * c));
-      chunk(p, x + 64 * c, bcast2x4(S, 0, 2), bcast2x4(S, 1, 3));
-      chunk(p + 32, x + 64 * c + 64, bcast2x4(S, 4, 6), bcast2x4(S, 5, 7));
+      chunk(p, 64 * c, bcast2x4(S, 0, 2), bcast2x4(S, 1, 3));
+      chunk(p + 32, 64 * c + 64, bcast2x4(S, 4, 6), bcast2x4(S, 5, 7));
     }
     if (c < nc) {
       const __m256 S = e4m3x8(load4(r.s + 4 * c));
-      chunk(r.p + 32 * c, x + 64 * c, bcast2x4(S, 0, 2), bcast2x4(S, 1, 3));
+      chunk(r.p + 32 * c, 64 * c, bcast2x4(S, 0, 2), bcast2x4(S, 1, 3));
     }
-    for (int32_t b = nc * 4; b < nb; ++b)
-      a0 = _mm256_fmadd_ps(block16_avx2(r.p + 8 * b, x + 16 * b), _mm256_set1_ps(e4m3_to_f32(r.s[b])), a0);
-    return hsum256(_mm256_add_ps(a0, a1)) * r.g;
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      for (int32_t b = nc * 4; b < nb; ++b)
+        a0[t] = _mm256_fmadd_ps(block16_avx2(r.p + 8 * b, x[t] + 16 * b), _mm256_set1_ps(e4m3_to_f32(r.s[b])), a0[t]);
+      out[t] = hsum256(_mm256_add_ps(a0[t], a1[t])) * r.g;
+    }
 #endif
   }
 };

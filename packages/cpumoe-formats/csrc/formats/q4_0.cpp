@@ -18,6 +18,7 @@
 // output rows in pairs, so two weight rows stream against one activation (shared activation loads, two
 // independent dependency chains). A row's arithmetic does not depend on how rows are grouped.
 #include <cfloat>
+#include <type_traits>
 
 #include "../rowmajor.h"
 
@@ -255,6 +256,17 @@ struct PairAct {
       : ql(_mm256_loadu_si256((const __m256i*)qa)), qh(_mm256_loadu_si256((const __m256i*)(qa + 32))),
         c(_mm256_loadu_si256((const __m256i*)corr)) {}
 };
+// The weight side of pair_idot (the decode, shared by every token of a multi-token call).
+struct PairNib {
+  __m256i lo, hi;
+  CPUMOE_INLINE explicit PairNib(const uint8_t* p) {
+    const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(p + 2))),
+                                                _mm_loadu_si128((const __m128i*)(p + QB + 2)), 1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+  }
+};
+CPUMOE_INLINE __m256i pair_idot(const PairNib& W, const PairAct& A) { return idot256(W.lo, W.hi, A.ql, A.qh, A.c); }
 // Two blocks at p (36 bytes): [qs_b | qs_b+1] split once into low and high nibbles. Lanes 0-3 block b, 4-7 b+1.
 CPUMOE_INLINE __m256i pair_idot(const uint8_t* p, const PairAct& A) {
   const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(p + 2))),
@@ -274,63 +286,92 @@ CPUMOE_INLINE __m256i single_idot(const uint8_t* p, const int8_t* qa, const int3
 #endif
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-// Per row two fp32 accumulators: pairs 0, 2 of each 8-block step (and the 4-block step's first pair, the
-// lone pair) go to acc[r][0], pairs 1, 3 (and the 4-block step's second pair, the odd last block) to acc[r][1].
+// Per (row, token) two fp32 accumulators: pairs 0, 2 of each 8-block step (and the 4-block step's first pair,
+// the lone pair) go to acc[0], pairs 1, 3 (and the 4-block step's second pair, the odd last block) to acc[1].
+// R rows x NT tokens at once (R * NT <= kGrid): the nibble split of a row's block pair is done once for the NT
+// tokens; each (row, token) pair's operations are the same whatever R and NT.
 struct RowsW4A8 {
-  template <int R>
-  static void dot(const uint8_t* const* w, int K, const void* act, float* out) {
-    const ActQ8 a(act, K);
+  static constexpr int kGrid = 2;
+  template <int R, int NT>
+  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
     const int nb = K / QK;
-    __m256 acc[R][2];
+    const int8_t* q[NT];
+    const float* da[NT];
+    const int32_t* corr[NT];
     Q4_UNROLL
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int t = 0; t < NT; ++t) {
+      const ActQ8 a(act[t], K);
+      q[t] = a.q, da[t] = a.da, corr[t] = a.corr;
+    }
+    __m256 acc[R][NT][2];
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r)
+      Q4_UNROLL
+      for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     const __m256i i0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), two = _mm256_set1_epi32(2);
     int b = 0;
     for (; b + 8 <= nb; b += 8) {  // 8 blocks (144 bytes per row): 4 pairs
-      const __m256 da8 = _mm256_loadu_ps(a.da + b);
-      __m256 s8[R];
+      __m256 s8[R][NT];
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         prefetch_ahead(w[r] + (size_t)b * QB);
-        s8[r] = _mm256_mul_ps(d8_f32(w[r] + (size_t)b * QB), da8);  // fp16(d) * d_a, 8 blocks
+        const __m256 d8 = d8_f32(w[r] + (size_t)b * QB);
+        Q4_UNROLL
+        for (int t = 0; t < NT; ++t) s8[r][t] = _mm256_mul_ps(d8, _mm256_loadu_ps(da[t] + b));  // fp16(d) * d_a
       }
       __m256i idx = i0;
       Q4_UNROLL
       for (int j = 0; j < 4; ++j, idx = _mm256_add_epi32(idx, two)) {
-        const PairAct A(a.q + (size_t)(b + 2 * j) * QK, a.corr + 4 * (b + 2 * j));
         Q4_UNROLL
-        for (int r = 0; r < R; ++r)
-          acc[r][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(w[r] + (size_t)(b + 2 * j) * QB, A)),
-                                          _mm256_permutevar8x32_ps(s8[r], idx), acc[r][j & 1]);
+        for (int r = 0; r < R; ++r) {
+          const PairNib W(w[r] + (size_t)(b + 2 * j) * QB);
+          Q4_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            const PairAct A(q[t] + (size_t)(b + 2 * j) * QK, corr[t] + 4 * (b + 2 * j));
+            acc[r][t][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(W, A)),
+                                               _mm256_permutevar8x32_ps(s8[r][t], idx), acc[r][t][j & 1]);
+          }
+        }
       }
     }
     if (b + 4 <= nb) {  // 4 blocks: 2 pairs
-      const __m128 da4 = _mm_loadu_ps(a.da + b);
-      __m256 s4[R];
+      __m256 s4[R][NT];
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {  // lanes 4..7 unused: the permutes read lanes 0..3
         prefetch_ahead(w[r] + (size_t)b * QB, 2);
-        s4[r] = _mm256_castps128_ps256(_mm_mul_ps(d4_f32(w[r] + (size_t)b * QB), da4));
+        const __m128 d4 = d4_f32(w[r] + (size_t)b * QB);
+        Q4_UNROLL
+        for (int t = 0; t < NT; ++t) s4[r][t] = _mm256_castps128_ps256(_mm_mul_ps(d4, _mm_loadu_ps(da[t] + b)));
       }
       __m256i idx = i0;
       Q4_UNROLL
       for (int j = 0; j < 2; ++j, idx = _mm256_add_epi32(idx, two)) {
-        const PairAct A(a.q + (size_t)(b + 2 * j) * QK, a.corr + 4 * (b + 2 * j));
         Q4_UNROLL
-        for (int r = 0; r < R; ++r)
-          acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(w[r] + (size_t)(b + 2 * j) * QB, A)),
-                                      _mm256_permutevar8x32_ps(s4[r], idx), acc[r][j]);
+        for (int r = 0; r < R; ++r) {
+          const PairNib W(w[r] + (size_t)(b + 2 * j) * QB);
+          Q4_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            const PairAct A(q[t] + (size_t)(b + 2 * j) * QK, corr[t] + 4 * (b + 2 * j));
+            acc[r][t][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(W, A)), _mm256_permutevar8x32_ps(s4[r][t], idx),
+                                           acc[r][t][j]);
+          }
+        }
       }
       b += 4;
     }
     if (b + 2 <= nb) {  // a pair
-      const PairAct A(a.q + (size_t)b * QK, a.corr + 4 * b);
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
         prefetch_ahead(p, 1);
-        const __m256 s = _mm256_set_m128(_mm_set1_ps(d1_f32(p + QB) * a.da[b + 1]), _mm_set1_ps(d1_f32(p) * a.da[b]));
-        acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(p, A)), s, acc[r][0]);
+        const PairNib W(p);
+        const float d0 = d1_f32(p), d1 = d1_f32(p + QB);
+        Q4_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const PairAct A(q[t] + (size_t)b * QK, corr[t] + 4 * b);
+          const __m256 sc = _mm256_set_m128(_mm_set1_ps(d1 * da[t][b + 1]), _mm_set1_ps(d0 * da[t][b]));
+          acc[r][t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(W, A)), sc, acc[r][t][0]);
+        }
       }
       b += 2;
     }
@@ -338,12 +379,17 @@ struct RowsW4A8 {
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
-        acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(single_idot(p, a.q + (size_t)b * QK, a.corr + 4 * b)),
-                                    _mm256_set1_ps(d1_f32(p) * a.da[b]), acc[r][1]);
+        const float d = d1_f32(p);
+        Q4_UNROLL
+        for (int t = 0; t < NT; ++t)
+          acc[r][t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(single_idot(p, q[t] + (size_t)b * QK, corr[t] + 4 * b)),
+                                         _mm256_set1_ps(d * da[t][b]), acc[r][t][1]);
       }
     }
     Q4_UNROLL
-    for (int r = 0; r < R; ++r) out[r] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
+    for (int r = 0; r < R; ++r)
+      Q4_UNROLL
+      for (int t = 0; t < NT; ++t) out[r * NT + t] = hsum256(_mm256_add_ps(acc[r][t][0], acc[r][t][1]));
   }
 };
 #endif
@@ -356,6 +402,21 @@ struct QuadAct {
   CPUMOE_INLINE QuadAct(const int8_t* qa, const int32_t* corr)
       : ql(_mm512_loadu_si512(qa)), qh(_mm512_loadu_si512(qa + 64)), c(_mm512_loadu_si512(corr)) {}
 };
+// The weight side of quad_idot (shared by every token of a multi-token call).
+struct QuadNib {
+  __m512i lo, hi;
+  CPUMOE_INLINE explicit QuadNib(const uint8_t* p) {
+    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(p + 2)));
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + QB + 2)), 1);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 2 * QB + 2)), 2);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 3 * QB + 2)), 3);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+  }
+};
+CPUMOE_INLINE __m512i quad_idot(const QuadNib& W, const QuadAct& A) {
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A.c, W.lo, A.ql), W.hi, A.qh);
+}
 CPUMOE_INLINE __m512i quad_idot(const uint8_t* p, const QuadAct& A) {
   __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(p + 2)));
   raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + QB + 2)), 1);
@@ -366,39 +427,60 @@ CPUMOE_INLINE __m512i quad_idot(const uint8_t* p, const QuadAct& A) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A.c, lo, A.ql), hi, A.qh);
 }
 
+// R rows x NT tokens at once (R * NT <= kGrid), as the avx2 RowsW4A8: per (row, token) acc[0] (blocks 0-3 of
+// each 8-block step, the 4-block step), acc[1] (blocks 4-7) and the < 4 block tail, whatever R and NT.
 struct RowsW4A8 {
-  template <int R>
-  static void dot(const uint8_t* const* w, int K, const void* act, float* out) {
-    const ActQ8 a(act, K);
+  static constexpr int kGrid = 4;
+  template <int R, int NT>
+  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
     const int nb = K / QK;
-    __m512 acc[R][2];
-    __m256 tail[R];
+    const int8_t* q[NT];
+    const float* da[NT];
+    const int32_t* corr[NT];
     Q4_UNROLL
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps(), tail[r] = _mm256_setzero_ps();
+    for (int t = 0; t < NT; ++t) {
+      const ActQ8 a(act[t], K);
+      q[t] = a.q, da[t] = a.da, corr[t] = a.corr;
+    }
+    __m512 acc[R][NT][2];
+    __m256 tail[R][NT];
+    Q4_UNROLL
+    for (int r = 0; r < R; ++r)
+      Q4_UNROLL
+      for (int t = 0; t < NT; ++t)
+        acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps(), tail[r][t] = _mm256_setzero_ps();
     const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i i4 = _mm512_add_epi32(i0, _mm512_set1_epi32(4));
     int b = 0;
     for (; b + 8 <= nb; b += 8) {  // 8 blocks (144 bytes per row) in two zmm
-      const __m256 da8 = _mm256_loadu_ps(a.da + b);
-      const QuadAct A0(a.q + (size_t)b * QK, a.corr + 4 * b), A1(a.q + (size_t)(b + 4) * QK, a.corr + 4 * (b + 4));
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
         prefetch_ahead(p);
-        const __m512 s8 = _mm512_castps256_ps512(_mm256_mul_ps(d8_f32(p), da8));  // permutes read lanes 0..7
-        acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p, A0)), _mm512_permutexvar_ps(i0, s8), acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p + 4 * QB, A1)), _mm512_permutexvar_ps(i4, s8), acc[r][1]);
+        const __m256 d8 = d8_f32(p);
+        const QuadNib W0(p), W1(p + 4 * QB);
+        Q4_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const QuadAct A0(q[t] + (size_t)b * QK, corr[t] + 4 * b), A1(q[t] + (size_t)(b + 4) * QK, corr[t] + 4 * (b + 4));
+          const __m512 s8 = _mm512_castps256_ps512(_mm256_mul_ps(d8, _mm256_loadu_ps(da[t] + b)));  // lanes 0..7 read
+          acc[r][t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(W0, A0)), _mm512_permutexvar_ps(i0, s8), acc[r][t][0]);
+          acc[r][t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(W1, A1)), _mm512_permutexvar_ps(i4, s8), acc[r][t][1]);
+        }
       }
     }
     if (b + 4 <= nb) {
-      const __m128 da4 = _mm_loadu_ps(a.da + b);
-      const QuadAct A(a.q + (size_t)b * QK, a.corr + 4 * b);
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
         prefetch_ahead(p, 2);
-        const __m512 s4 = _mm512_castps128_ps512(_mm_mul_ps(d4_f32(p), da4));  // permute reads lanes 0..3
-        acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(p, A)), _mm512_permutexvar_ps(i0, s4), acc[r][0]);
+        const __m128 d4 = d4_f32(p);
+        const QuadNib W(p);
+        Q4_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const QuadAct A(q[t] + (size_t)b * QK, corr[t] + 4 * b);
+          const __m512 s4 = _mm512_castps128_ps512(_mm_mul_ps(d4, _mm_loadu_ps(da[t] + b)));  // lanes 0..3 read
+          acc[r][t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_idot(W, A)), _mm512_permutexvar_ps(i0, s4), acc[r][t][0]);
+        }
       }
       b += 4;
     }
@@ -406,11 +488,17 @@ struct RowsW4A8 {
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
-        tail[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(single_idot(p, a.q + (size_t)b * QK, a.corr + 4 * b)),
-                                  _mm256_set1_ps(d1_f32(p) * a.da[b]), tail[r]);
+        const float d = d1_f32(p);
+        Q4_UNROLL
+        for (int t = 0; t < NT; ++t)
+          tail[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(single_idot(p, q[t] + (size_t)b * QK, corr[t] + 4 * b)),
+                                       _mm256_set1_ps(d * da[t][b]), tail[r][t]);
       }
     Q4_UNROLL
-    for (int r = 0; r < R; ++r) out[r] = hsum512(_mm512_add_ps(acc[r][0], acc[r][1])) + hsum256(tail[r]);
+    for (int r = 0; r < R; ++r)
+      Q4_UNROLL
+      for (int t = 0; t < NT; ++t)
+        out[r * NT + t] = hsum512(_mm512_add_ps(acc[r][t][0], acc[r][t][1])) + hsum256(tail[r][t]);
   }
 };
 #endif
@@ -527,16 +615,55 @@ struct RowsNative {
 // ---------------------------------------------------------------------------------------------------------------
 // Work items (abi.h semantics; the same arithmetic as rowmajor.h's loops with kRound* = false).
 // ---------------------------------------------------------------------------------------------------------------
+// Rows::kGrid (R * NT budget of its multi-token dot<R, NT>), or 1 for a Rows with only the per-token dot<R>.
+template <class Rows, class = void>
+struct GridOf : std::integral_constant<int, 1> {};
+template <class Rows>
+struct GridOf<Rows, std::void_t<decltype(Rows::kGrid)>> : std::integral_constant<int, Rows::kGrid> {};
+
+// out[r * NT + t] = dot(w[r], act[t]).
+template <class Rows, int R, int NT>
+CPUMOE_INLINE void dot_rt(const uint8_t* const* w, int K, const void* const* act, float* out) {
+  if constexpr (GridOf<Rows>::value > 1) {
+    Rows::template dot<R, NT>(w, K, act, out);
+  } else {
+    for (int t = 0; t < NT; ++t) {
+      float o[R];
+      Rows::template dot<R>(w, K, act[t], o);
+      for (int r = 0; r < R; ++r) out[r * NT + t] = o[r];
+    }
+  }
+}
+// One row against nt <= NT tokens.
+template <class Rows, int NT = GridOf<Rows>::value>
+CPUMOE_INLINE void row_tokens(const uint8_t* w, int K, int nt, const void* const* act, float* out) {
+  if constexpr (NT > 1) {
+    if (nt < NT) return row_tokens<Rows, NT - 1>(w, K, nt, act, out);
+  }
+  dot_rt<Rows, 1, NT>(&w, K, act, out);
+}
+
+// A lone token runs its gate and up rows together (two streams); a block of tokens runs each row against up to
+// kGrid tokens, decoding each weight chunk once for all of them.
 template <class Rows>
 void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
                 const void* const* xs, const float* w_in, uint16_t* const* g) {
+  constexpr int G = GridOf<Rows>::value;
   const cpumoe_params& p = k->params;
   for (int32_t i = i0; i < i1; ++i) {
     const uint8_t* rows[2] = {bank_row<uint8_t>(banks[0], e, i), bank_row<uint8_t>(banks[0], e, p.inter + i)};
-    for (int32_t j = 0; j < n; ++j) {
-      float gu[2];
-      Rows::template dot<2>(rows, p.hidden, xs[j], gu);
-      g[j][i] = f32_to_bf16(activate(p, gu[0] * w_in[j], gu[1] * w_in[j]));
+    for (int32_t j0 = 0; j0 < n;) {
+      const int nt = n - j0 < G ? n - j0 : G;
+      float gate[G], up[G];
+      if (nt == 1) {
+        float gu[2];
+        dot_rt<Rows, 2, 1>(rows, p.hidden, xs + j0, gu);
+        gate[0] = gu[0], up[0] = gu[1];
+      } else {
+        row_tokens<Rows>(rows[0], p.hidden, nt, xs + j0, gate);
+        row_tokens<Rows>(rows[1], p.hidden, nt, xs + j0, up);
+      }
+      for (int t = 0; t < nt; ++t, ++j0) g[j0][i] = f32_to_bf16(activate(p, gate[t] * w_in[j0], up[t] * w_in[j0]));
     }
   }
 }
@@ -544,17 +671,33 @@ void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int
 template <class Rows>
 void q4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
              int32_t n, float* acc, int64_t acc_stride) {
+  constexpr int G = GridOf<Rows>::value;
   const int K = k->params.inter;
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;
     const int32_t e = routes[a].expert;
-    int32_t h = h0;
+    if (G > 1 && b - a > 1) {  // several routes: each row against blocks of up to G routes
+      for (int32_t h = h0; h < h1; ++h) {
+        const uint8_t* w = bank_row<uint8_t>(banks[1], e, h);
+        for (int32_t r0 = a; r0 < b; r0 += G) {
+          const int nt = b - r0 < G ? b - r0 : G;
+          const void* acts[G];
+          float y[G];
+          for (int t = 0; t < nt; ++t) acts[t] = routes[r0 + t].act;
+          row_tokens<Rows>(w, K, nt, acts, y);
+          for (int t = 0; t < nt; ++t) acc[routes[r0 + t].token * acc_stride + (h - h0)] += y[t] * routes[r0 + t].weight;
+        }
+      }
+      a = b;
+      continue;
+    }
+    int32_t h = h0;  // one route (or a Rows without multi-token dots): rows in pairs, two streams
     for (; h + 2 <= h1; h += 2) {
       const uint8_t* rows[2] = {bank_row<uint8_t>(banks[1], e, h), bank_row<uint8_t>(banks[1], e, h + 1)};
       for (int32_t r = a; r < b; ++r) {
         float y[2];
-        Rows::template dot<2>(rows, K, routes[r].act, y);
+        dot_rt<Rows, 2, 1>(rows, K, &routes[r].act, y);
         float* o = acc + routes[r].token * acc_stride + (h - h0);
         o[0] += y[0] * routes[r].weight;
         o[1] += y[1] * routes[r].weight;
@@ -564,7 +707,7 @@ void q4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32
       const uint8_t* rows[1] = {bank_row<uint8_t>(banks[1], e, h)};
       for (int32_t r = a; r < b; ++r) {
         float y;
-        Rows::template dot<1>(rows, K, routes[r].act, &y);
+        dot_rt<Rows, 1, 1>(rows, K, &routes[r].act, &y);
         acc[routes[r].token * acc_stride + (h - h0)] += y * routes[r].weight;
       }
     }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Multi-token (batched) decode check on the lent GPU host (16 Xeon cores, AVX-512/VNNI/BF16, no network):
+#   ci/device_batch.sh OUTDIR
+# 1. builds cpumoe-formats + cpumoe-executor in place with the image's python3 (wheels from .whl/);
+# 2. runs the batch-identity test (batch n == n single-token steps, bit for bit, every format x mode x tier,
+#    all six tiers exist there) and the row-major formats' reference tests, every tier forced in turn;
+# 3. runs the executor bench at 16 threads, batch 1 and 8, shared and random routing, dram working set, each
+#    format at its model preset, and writes the batch-8 / batch-1 step-time ratios.
+# Everything lands in OUTDIR (logs, JSON, summary.txt). Budget: < 5 minutes (each stage is time-boxed).
+set -uo pipefail
+OUT=${1:?usage: ci/device_batch.sh OUTDIR}
+mkdir -p "$OUT"
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site
+lscpu > "$OUT/lscpu.txt"
+export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
+(cd packages/cpumoe-formats && python3 hatch_build.py) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+(cd packages/cpumoe-executor && PYTHONPATH=../cpumoe-formats/src:/tmp/site python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+export PYTHONPATH=$PWD/packages/cpumoe-formats/src:$PWD/packages/cpumoe-executor/src:/tmp/site
+echo "build done at +$(( $(date +%s) - T0 )) s" | tee "$OUT/summary.txt"
+rc=0
+python3 -c "import cpumoe_formats as cf; print('usable tiers:', cf.usable_tiers())" | tee -a "$OUT/summary.txt"
+(cd packages/cpumoe-formats && timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_batch_identity.py) \
+  > "$OUT/test-batch-identity.log" 2>&1 || rc=1
+echo "batch identity: $(tail -1 "$OUT/test-batch-identity.log")" | tee -a "$OUT/summary.txt"
+(cd packages/cpumoe-formats && timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_bf16.py \
+  tests/test_fp8_block.py tests/test_nvfp4.py tests/test_ds_fp4.py tests/test_q4_0.py) > "$OUT/test-formats.log" 2>&1 || rc=1
+echo "formats tests: $(tail -1 "$OUT/test-formats.log")" | tee -a "$OUT/summary.txt"
+echo "tests done at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
+timeout 150 python3 -m cpumoe_executor.bench --format bf16,fp8_block,nvfp4,ds_fp4,q4_0 --batch 1,8 --routing both \
+  --threads "${THREADS:-16}" --repeats 3 --steps 10 --json "$OUT/bench-executor-batch.json" \
+  > "$OUT/bench-executor-batch.log" 2>&1 || rc=1
+tail -25 "$OUT/bench-executor-batch.log"
+python3 - "$OUT/bench-executor-batch.json" >> "$OUT/summary.txt" <<'PY' || rc=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{'format':10s} {'isa':18s} {'b1 GB/s':>8s} {'ceiling':>8s} {'%':>5s} {'shared b8/b1':>13s} {'random b8/b1':>13s}")
+for f, e in r["formats"].items():
+    print(f"{f:10s} {e['isa']:18s} {e['gbps']:8.1f} {e['ceiling_gbps']:8.1f} {100 * e['ratio']:4.0f}% "
+          f"{e.get('shared_batch8_over_batch1', float('nan')):12.2f}x {e.get('random_batch8_over_batch1', float('nan')):12.2f}x")
+PY
+echo "all done at +$(( $(date +%s) - T0 )) s, rc=$rc" | tee -a "$OUT/summary.txt"
+cat "$OUT/summary.txt"
+exit $rc

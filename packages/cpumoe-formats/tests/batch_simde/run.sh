@@ -1,0 +1,31 @@
+#!/bin/sh
+# Batch identity and tier agreement of the multi-token kernels for EVERY tier, on a CPU without AVX-512/VNNI:
+# the avxvnni / avx512f / avx512vnni / avx512bf16 objects of bf16, fp8_block, nvfp4, ds_fp4 and q4_0 are
+# compiled against SIMDe's portable intrinsics (apt: libsimde-dev), scalar and avx2 natively, all linked with
+# the package's own step (csrc/step.cpp) into one library that check.py drives through ctypes:
+#   - every token of a batch (ragged shapes, batch 1..9, shared and random routing, duplicated and -1 routes)
+#     gives the same bits as its single-token step, at every tier;
+#   - every tier agrees with the float64 reference within the format's test tolerance.
+# Not collected by pytest (needs SIMDe and ~2 minutes of compiling).
+#   sh packages/cpumoe-formats/tests/batch_simde/run.sh
+set -e
+HERE=$(cd "$(dirname "$0")" && pwd)
+PKG=$(cd "$HERE/../.." && pwd)
+OUT=${TMPDIR:-/tmp}/cpumoe_batch_simde
+mkdir -p "$OUT"
+cd "$PKG"
+B="-std=c++17 -O2 -fPIC -ffp-contract=off -Icsrc -Isrc/cpumoe_formats/include -w"
+AVX2="-mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt"
+EMU="-include $HERE/simde_extra.h"
+for f in bf16 fp8_block nvfp4 ds_fp4 q4_0; do
+  c++ $B -DCPUMOE_TIER=0 -DCPUMOE_TIER_TAG=scalar -fno-tree-vectorize -c csrc/formats/$f.cpp -o "$OUT/$f.scalar.o" &
+  c++ $B $AVX2 -DCPUMOE_TIER=1 -DCPUMOE_TIER_TAG=avx2 -c csrc/formats/$f.cpp -o "$OUT/$f.avx2.o"
+  c++ $B $AVX2 $EMU -DSIMD_AVX512=0 -DCPUMOE_TIER=2 -DCPUMOE_TIER_TAG=avxvnni -c csrc/formats/$f.cpp -o "$OUT/$f.avxvnni.o" &
+  c++ $B $AVX2 $EMU -DSIMD_AVX512=1 -DCPUMOE_TIER=3 -DCPUMOE_TIER_TAG=avx512f -c csrc/formats/$f.cpp -o "$OUT/$f.avx512f.o"
+  wait
+  c++ $B $AVX2 $EMU -DSIMD_AVX512=1 -DCPUMOE_TIER=4 -DCPUMOE_TIER_TAG=avx512vnni -c csrc/formats/$f.cpp -o "$OUT/$f.avx512vnni.o" &
+  c++ $B $AVX2 $EMU -DSIMD_AVX512=1 -DCPUMOE_TIER=5 -DCPUMOE_TIER_TAG=avx512bf16 -c csrc/formats/$f.cpp -o "$OUT/$f.avx512bf16.o"
+  wait
+done
+c++ $B -shared "$HERE/harness.cpp" "$OUT"/*.o -o "$OUT/libbatch_simde.so"
+PYTHONPATH="$PKG/src${PYTHONPATH:+:$PYTHONPATH}" python3 "$HERE/check.py" "$OUT/libbatch_simde.so"

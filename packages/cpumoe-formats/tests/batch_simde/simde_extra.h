@@ -1,0 +1,81 @@
+// SIMDe 0.7 gaps for the bf16 / fp8_block AVX-512 tiers (after tests/fp4_simde/simde_pre.h): mask types and the
+// masked loads, which must not touch masked-off bytes (they can lie past the end of a row).
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include "../fp4_simde/simde_pre.h"
+typedef simde__mmask16 __mmask16;
+typedef simde__mmask32 __mmask32;
+typedef simde__mmask64 __mmask64;
+static inline simde__m512i bk_maskz_loadu_epi16(uint32_t m, const void* p) {
+  uint16_t v[32] = {0};
+  for (int i = 0; i < 32; ++i)
+    if (m >> i & 1) memcpy(&v[i], (const char*)p + 2 * i, 2);
+  return simde_mm512_loadu_si512(v);
+}
+static inline simde__m512i bk_maskz_loadu_epi8(uint64_t m, const void* p) {
+  uint8_t v[64] = {0};
+  for (int i = 0; i < 64; ++i)
+    if (m >> i & 1) v[i] = ((const uint8_t*)p)[i];
+  return simde_mm512_loadu_si512(v);
+}
+static inline simde__m256i bk_maskz_loadu_epi8_256(uint32_t m, const void* p) {
+  uint8_t v[32] = {0};
+  for (int i = 0; i < 32; ++i)
+    if (m >> i & 1) v[i] = ((const uint8_t*)p)[i];
+  return simde_mm256_loadu_si256(v);
+}
+static inline simde__m512i bk_cvtepu8_epi16(simde__m256i a) {
+  uint8_t b[32];
+  uint16_t w[32];
+  simde_mm256_storeu_si256(b, a);
+  for (int i = 0; i < 32; ++i) w[i] = b[i];
+  return simde_mm512_loadu_si512(w);
+}
+static inline uint32_t bk_testn_epi16_mask(simde__m512i a, simde__m512i b) {
+  uint16_t x[32], y[32];
+  simde_mm512_storeu_si512(x, a);
+  simde_mm512_storeu_si512(y, b);
+  uint32_t m = 0;
+  for (int i = 0; i < 32; ++i) m |= (uint32_t)((x[i] & y[i]) == 0) << i;
+  return m;
+}
+#undef _mm512_testn_epi16_mask
+#define _mm512_testn_epi16_mask(a, b) bk_testn_epi16_mask((a), (b))
+static inline simde__m512i bk_cvtepu16_epi32(simde__m256i a) {
+  uint16_t h[16];
+  uint32_t w[16];
+  simde_mm256_storeu_si256(h, a);
+  for (int i = 0; i < 16; ++i) w[i] = h[i];
+  return simde_mm512_loadu_si512(w);
+}
+#undef _mm512_cvtepu16_epi32
+#define _mm512_cvtepu16_epi32(a) bk_cvtepu16_epi32(a)
+static inline simde__m512i bk_cvtepu8_epi32(simde__m128i a) {
+  uint8_t b[16];
+  uint32_t w[16];
+  simde_mm_storeu_si128(b, a);
+  for (int i = 0; i < 16; ++i) w[i] = b[i];
+  return simde_mm512_loadu_si512(w);
+}
+static inline simde__m512 bk_cvtph_ps(simde__m256i a) {  // exact fp16 -> fp32 through the 128-bit F16C emulation
+  return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(a))),
+                                 simde_mm256_cvtph_ps(simde_mm256_extracti128_si256(a, 1)), 1);
+}
+#undef _mm512_cvtepu8_epi32
+#define _mm512_cvtepu8_epi32(a) bk_cvtepu8_epi32(a)
+#undef _mm512_cvtph_ps
+#define _mm512_cvtph_ps(a) bk_cvtph_ps(a)
+#ifndef _MM_FROUND_NO_EXC
+#define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
+#define _MM_FROUND_TO_NEAREST_INT SIMDE_MM_FROUND_TO_NEAREST_INT
+#endif
+#undef _mm512_maskz_loadu_epi16
+#undef _mm512_maskz_loadu_epi8
+#undef _mm256_maskz_loadu_epi8
+#undef _mm512_cvtepu8_epi16
+#define _mm512_maskz_loadu_epi16(m, p) bk_maskz_loadu_epi16((m), (p))
+#define _mm512_maskz_loadu_epi8(m, p) bk_maskz_loadu_epi8((m), (p))
+#define _mm256_maskz_loadu_epi8(m, p) bk_maskz_loadu_epi8_256((m), (p))
+#define _mm512_cvtepu8_epi16(a) bk_cvtepu8_epi16(a)

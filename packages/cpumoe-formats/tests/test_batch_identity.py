@@ -1,0 +1,88 @@
+"""A token's output never depends on which other tokens share its step.
+
+The kernels compute several tokens of one expert at once (multi-token micro-kernels: a weight chunk is
+decoded once and FMA'd into the accumulators of up to 3-8 tokens). Their contract is that every token keeps
+the exact arithmetic of the single-token path, so for every format, mode and tier a batch of n tokens must
+give, token by token, the SAME BITS as n steps of one token (no tolerance: the comparison is on the raw bf16
+words). Ragged shapes (K tails, partial scale blocks), batch sizes that are not multiples of the token
+blocks, duplicated experts within a token, -1 routes and every token on the same experts (the shared-routing
+case that makes the token blocks full) are covered. Outputs are poisoned before each run (run_forced).
+"""
+
+import numpy as np
+import pytest
+from conftest import routes, run_forced, tier_cases
+
+import cpumoe_formats as cf
+
+# Per format: a ragged (E, H, I) the format accepts, exercising main loops and their tails.
+SHAPES = {
+    "bf16": (6, 1059, 331),  # K % 8 != 0: scalar tails; K % 32: one-vector tails
+    "fp8_block": (6, 1100, 300),  # partial 128-blocks in both passes and in the scale rows
+    "nvfp4": (6, 720, 368),  # 720 = 11 * 64 + 16: chunk loop plus 16-block tail
+    "ds_fp4": (6, 640, 384),  # 5 and 3 128-blocks: odd chunk counts
+    "q4_0": (6, 736, 416),  # 23 and 13 blocks: 8-block, 4-block, pair and single-block paths
+    "mxfp4": (6, 320, 288),
+}
+PARAMS = [pytest.param(f, *p.values, id=f"{f}-{p.id}", marks=p.marks) for f in SHAPES for p in tier_cases(f)]
+
+
+def _banks(fmt, rng):
+    E, H, I = SHAPES[fmt]  # noqa: E741
+    return cf.get_format(fmt).random_banks(E, H, I, rng), E, H
+
+
+@pytest.mark.parametrize("fmt,mode,tier", PARAMS)
+@pytest.mark.parametrize("routing", ["random", "shared"])
+@pytest.mark.parametrize("T", [2, 9])
+def test_batch_equals_single_tokens(rng, fmt, mode, tier, routing, T):
+    banks, E, H = _banks(fmt, rng)
+    top_k = 4
+    x = rng.standard_normal((T, H), dtype=np.float32)
+    w, ids = routes(rng, T, top_k, E)  # duplicated expert in token 0, a -1 route in the last token
+    if routing == "shared":  # every token on the same experts: full token blocks in every group
+        ids[:] = ids[0]
+        ids[0, 2] = -1  # ...except one route of token 0, so one group is one token short
+    y = run_forced(fmt, banks, x, w, ids, mode, tier).astype(np.float32)
+    for t in range(T):
+        y1 = run_forced(fmt, banks, x[t : t + 1], w[t : t + 1], ids[t : t + 1], mode, tier).astype(np.float32)
+        np.testing.assert_array_equal(
+            y[t].view(np.uint32), y1[0].view(np.uint32), err_msg=f"token {t} of {T} differs from its single-token step"
+        )
+
+
+@pytest.mark.parametrize("fmt,mode,tier", PARAMS)
+def test_probe_cancels_exactly(rng, fmt, mode, tier):
+    """The sensitive form of the same contract. bf16 outputs hide most fp32 reassociation (a 1-ulp change of a
+    dot rarely moves the bf16 of y), so: experts 0 and 1 are bit-identical copies; every token routes to expert
+    0 (whose group runs in token blocks), and one probe token also routes to expert 1 (alone in its group:
+    the single-token path) with the opposite weight. y[probe] = w * dot_block(e0) - w * dot_single(e1) is
+    exactly 0 iff the blocked and the single-token arithmetic agree to the last bit (g rows included)."""
+    banks, E, H = _banks(fmt, rng)
+    for a in banks.values():
+        a[1] = a[0]
+    T, top_k = 9, 3
+    x = rng.standard_normal((T, H), dtype=np.float32)
+    w = rng.random((T, top_k), dtype=np.float32) + 0.05
+    for probe in (0, 4, T - 1):  # first, middle and last token block
+        ids = rng.integers(2, E, (T, top_k)).astype(np.int32)
+        ids[:, 0] = 0
+        ids[probe] = [0, 1, -1]
+        w[probe, 1] = -w[probe, 0]
+        y = run_forced(fmt, banks, x, w, ids, mode, tier).astype(np.float32)
+        assert (y[probe] == 0).all(), f"probe token {probe}: the token-blocked dot differs from the single-token dot"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "q4_0", "fp8_block"])
+def test_router_weight_on_input(rng, fmt):
+    """apply_router_weight_on_input scales x per route in gate_up: still per token (default mode and tier)."""
+    banks, E, H = _banks(fmt, rng)
+    T, top_k = 6, 3
+    x = rng.standard_normal((T, H), dtype=np.float32)
+    w, ids = routes(rng, T, top_k, E)
+    ids[1:3] = ids[0]
+    kw = dict(apply_router_weight_on_input=True)
+    y = cf.moe_forward(fmt, banks, x, w, ids, **kw).astype(np.float32)
+    for t in range(T):
+        y1 = cf.moe_forward(fmt, banks, x[t : t + 1], w[t : t + 1], ids[t : t + 1], **kw).astype(np.float32)
+        np.testing.assert_array_equal(y[t].view(np.uint32), y1[0].view(np.uint32), err_msg=f"token {t}")
