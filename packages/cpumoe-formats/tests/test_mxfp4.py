@@ -563,3 +563,53 @@ def test_w4a8_zero_and_extreme_blocks(rng, mode, tier):
     y = run_forced(FMT, banks, x, w, ids, mode, tier, activation="silu")
     ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids, mode=mode, activation="silu"))
     _close_elementwise(y, ref, atol=2.0**-126)
+
+
+# ---------------------------------------------------------------- batching: bit-identical per token
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+@pytest.mark.parametrize("H,I", [(160, 96), (2880, 224)])  # noqa: E741 - ragged (32 not 64) and gpt-oss H
+def test_batch_bit_identical_to_single_token(rng, mode, tier, H, I):  # noqa: E741
+    """Several tokens per work item decode each weight chunk once and accumulate every token from it;
+    each token's result must equal, bit for bit, the same work item run for that token alone: g from
+    gate_up with n = 1..11 tokens (token groups, their remainders, more than one pass of 8) on whole
+    and odd row ranges, down accumulators with n routes of one expert, and whole steps (T = 8, all
+    tokens on the same experts, vs T = 1 per token)."""
+    E = 3
+    banks = SPEC.random_banks(E, H, I, rng)
+    views = SPEC.bank_views(SPEC.validate(banks)[0])
+    k = cf.Kernel(FMT, E, H, I, mode=mode, isa=tier, **GPT_OSS)
+
+    def prep(v):
+        src = np.ascontiguousarray(_bf16(v)).view(np.uint16)
+        dst = cf.aligned_empty((k._k.act_bytes(len(src)),), np.uint8)
+        k._k.prep_act(src.ctypes.data, len(src), dst.ctypes.data)
+        return dst
+
+    xs = rng.standard_normal((11, H))
+    px = [prep(v) for v in xs]
+    for n in (2, 3, 5, 8, 11):
+        for i0, i1 in ((0, I), (5, I - 37)):
+            g = poisoned(n, I)
+            k._k.gate_up(views, 1, i0, i1, [p.ctypes.data for p in px[:n]], [1.0] * n,
+                         [g[j].ctypes.data for j in range(n)])
+            for j in range(n):
+                g1 = poisoned(1, I)
+                k._k.gate_up(views, 1, i0, i1, [px[j].ctypes.data], [1.0], [g1.ctypes.data])
+                assert np.array_equal(g[j].view(np.uint16), g1[0].view(np.uint16)), (n, j, i0, i1)
+    pg = [prep(v) for v in rng.standard_normal((11, I))]
+    for n in (2, 3, 8, 11):
+        for h0, h1 in ((0, H), (3, H - 29)):
+            acc = np.zeros((n, h1 - h0), np.float32)
+            k._k.down(views, h0, h1, [(j, 2, 0.5 + j, pg[j].ctypes.data) for j in range(n)], acc.ctypes.data, h1 - h0)
+            for j in range(n):
+                a1 = np.zeros((1, h1 - h0), np.float32)
+                k._k.down(views, h0, h1, [(0, 2, 0.5 + j, pg[j].ctypes.data)], a1.ctypes.data, h1 - h0)
+                assert np.array_equal(acc[j].view(np.uint32), a1[0].view(np.uint32)), (n, j, h0, h1)
+    x = rng.standard_normal((8, H), dtype=np.float32)
+    ids = np.tile(np.array([[2, 0]], np.int32), (8, 1))
+    w = rng.random((8, 2)).astype(np.float32)
+    y = run_forced(FMT, banks, x, w, ids, mode, tier, **GPT_OSS)
+    for t in range(8):
+        y1 = run_forced(FMT, banks, x[t:t + 1], w[t:t + 1], ids[t:t + 1], mode, tier, **GPT_OSS)
+        assert np.array_equal(y[t].view(np.uint16), y1[0].view(np.uint16)), t

@@ -27,6 +27,7 @@
 //
 // Mode w4a8 (int8 activations per 32 K): mxfp4_w8.h.
 #include "fp4_common.h"
+#include <cstdlib>
 
 namespace cpumoe {
 namespace CPUMOE_NS {
@@ -110,15 +111,23 @@ struct V256 {
   static CPUMOE_INLINE I sll16(I a) { return _mm256_slli_epi32(a, 16); }
   static CPUMOE_INLINE I sub32(I a, I b) { return _mm256_sub_epi32(a, b); }
   static CPUMOE_INLINE I minu8(I a, int v) { return _mm256_min_epu8(a, _mm256_set1_epi8((char)v)); }
-  // acc + the sum of the 4 products u * a per dword (u unsigned <= 24, a signed): exact
-  static CPUMOE_INLINE I dot4(I acc, I u, I a) {
+  // VNNI: acc + the sum of the 4 products u * a per dword (u unsigned <= 24, a signed), exact.
+  // Otherwise madd2 (vpmaddubsw: pairs u * a, <= 2 * 24 * 127 = 6096, never saturating) into int16
+  // accumulators and widen (vpmaddwd with 1: the dword's two int16) every few row pairs.
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER >= CPUMOE_T_AVX512VNNI
+  static constexpr bool kVnni = true;
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-    return _mm256_dpbusd_avx_epi32(acc, u, a);
-#elif CPUMOE_TIER >= CPUMOE_T_AVX512VNNI
-    return _mm256_dpbusd_epi32(acc, u, a);
-#else  // pairs <= 2 * 24 * 127 = 6096: no int16 saturation
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
+  static CPUMOE_INLINE I dot4(I acc, I u, I a) { return _mm256_dpbusd_avx_epi32(acc, u, a); }
+#else
+  static CPUMOE_INLINE I dot4(I acc, I u, I a) { return _mm256_dpbusd_epi32(acc, u, a); }
 #endif
+#else
+  static constexpr bool kVnni = false;
+  static CPUMOE_INLINE I dot4(I acc, I, I) { return acc; }  // unused
+#endif
+  static CPUMOE_INLINE I madd2(I acc16, I u, I a) { return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(u, a)); }
+  static CPUMOE_INLINE I widen(I acc32, I acc16) {
+    return _mm256_add_epi32(acc32, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1)));
   }
   static CPUMOE_INLINE F cast(I a) { return _mm256_castsi256_ps(a); }
   static CPUMOE_INLINE F cvt(I a) { return _mm256_cvtepi32_ps(a); }
@@ -158,12 +167,16 @@ struct V512 {
   static CPUMOE_INLINE I sll16(I a) { return _mm512_slli_epi32(a, 16); }
   static CPUMOE_INLINE I sub32(I a, I b) { return _mm512_sub_epi32(a, b); }
   static CPUMOE_INLINE I minu8(I a, int v) { return _mm512_min_epu8(a, _mm512_set1_epi8((char)v)); }
-  static CPUMOE_INLINE I dot4(I acc, I u, I a) {
 #if CPUMOE_TIER >= CPUMOE_T_AVX512VNNI
-    return _mm512_dpbusd_epi32(acc, u, a);
+  static constexpr bool kVnni = true;
+  static CPUMOE_INLINE I dot4(I acc, I u, I a) { return _mm512_dpbusd_epi32(acc, u, a); }
 #else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1)));
+  static constexpr bool kVnni = false;
+  static CPUMOE_INLINE I dot4(I acc, I, I) { return acc; }  // unused
 #endif
+  static CPUMOE_INLINE I madd2(I acc16, I u, I a) { return _mm512_add_epi16(acc16, _mm512_maddubs_epi16(u, a)); }
+  static CPUMOE_INLINE I widen(I acc32, I acc16) {
+    return _mm512_add_epi32(acc32, _mm512_madd_epi16(acc16, _mm512_set1_epi16(1)));
   }
   static CPUMOE_INLINE F cast(I a) { return _mm512_castsi512_ps(a); }
   static CPUMOE_INLINE F cvt(I a) { return _mm512_cvtepi32_ps(a); }
@@ -528,6 +541,7 @@ bool CPUMOE_INIT_FN(mxfp4)(cpumoe_kernel* k) {
     k->down = &down<false>;
   }
   k->block_hint = 64;  // a down work item reads whole 64-byte lines per K row
+  if (const char* e = getenv("MXFP4_BLOCK")) k->block_hint = atoi(e);  // EXPERIMENT
   return true;
 #endif
 }

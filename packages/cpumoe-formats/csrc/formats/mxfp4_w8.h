@@ -14,8 +14,9 @@
 // unsigned u = w + 12 (0..24, one vpshufb, fp4::w2_offset) and interleaved so that each dword holds
 // (u[2kb], u[2kb+1], u[2kb+2], u[2kb+3]) of one column: the row pair's four K in the order of the
 // activation's bytes q[4m .. 4m+3]. A token then needs one dword broadcast and, per 8 columns, one
-// u.q dot of 4 bytes into int32 (vpdpbusd on VNNI tiers; vpmaddubsw (pairs <= 2*24*127 = 6096, no
-// saturation) + vpmaddwd(1) otherwise: the same exact integer), and S = acc - c12 per group. The
+// u.q dot of 4 bytes into int32: vpdpbusd on VNNI tiers; otherwise vpmaddubsw (pairs <= 2*24*127 = 6096,
+// never saturating) into int16 accumulators over 4 row pairs (<= 24384), widened by vpmaddwd(1): the same
+// exact integer. S = acc - c12 per group. The
 // decoded group (8 row pairs x 4 vectors) stays in L1 while every token of the item uses it.
 // Lane order of the 4 int32 vectors of a W-column load: vector q, lane l = column w8_col(q, l).
 #pragma once
@@ -110,20 +111,39 @@ CPUMOE_INLINE void dot_tokens(const typename V::I* buf, const uint8_t* const* as
   for (int t = 0; t < NT; ++t)
     MX_UNROLL
     for (int q = 0; q < 4; ++q) acc[t][q] = V::zero();
-  for (int rp = 0; rp < kGroupRows / 2; ++rp) {
-    I a[NT];
+  // Row pairs in runs of kRun: without VNNI each int16 lane sums kRun rows, <= 4 * 6096 = 24384.
+  constexpr int kRun = 4;
+  for (int r0 = 0; r0 < kGroupRows / 2; r0 += kRun) {
+    I acc16[NT][4];
     MX_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      int32_t a4;
-      std::memcpy(&a4, as[t] + 2 * kb0 + 4 * rp, 4);  // q[2kb .. 2kb+3], kb = kb0 + 2 rp
-      a[t] = V::set1_32(a4);
-    }
-    MX_UNROLL
-    for (int q = 0; q < 4; ++q) {
-      const I u = buf[4 * rp + q];
+    for (int t = 0; t < NT; ++t)
       MX_UNROLL
-      for (int t = 0; t < NT; ++t) acc[t][q] = V::dot4(acc[t][q], u, a[t]);
+      for (int q = 0; q < 4; ++q) acc16[t][q] = V::zero();
+    for (int rp = r0; rp < r0 + kRun; ++rp) {
+      I a[NT];
+      MX_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        int32_t a4;
+        std::memcpy(&a4, as[t] + 2 * kb0 + 4 * rp, 4);  // q[2kb .. 2kb+3], kb = kb0 + 2 rp
+        a[t] = V::set1_32(a4);
+      }
+      MX_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        const I u = buf[4 * rp + q];
+        MX_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          if (V::kVnni)
+            acc[t][q] = V::dot4(acc[t][q], u, a[t]);
+          else
+            acc16[t][q] = V::madd2(acc16[t][q], u, a[t]);
+        }
+      }
     }
+    if (!V::kVnni)
+      MX_UNROLL
+      for (int t = 0; t < NT; ++t)
+        MX_UNROLL
+        for (int q = 0; q < 4; ++q) acc[t][q] = V::widen(acc[t][q], acc16[t][q]);
   }
   MX_UNROLL
   for (int t = 0; t < NT; ++t) {
