@@ -12,11 +12,11 @@
 // Tiles are walked group by group across all their column chunks, so each K row of an item is
 // read once, as one contiguous run.
 //
-// Several tokens per expert (batched decode): each 16-row group of a chunk is decoded ONCE into an
-// L1 buffer and every token accumulates from it (register-blocked token groups), so batch n reads
-// and decodes the weights once instead of n/2 times. Per token and column the fp32 operations and
-// their order are exactly those of the one-token path: every token's result is bit-identical
-// whatever the batch (tested).
+// Several tokens per expert (batched decode): from 3 tokens on, each 16-row group of a chunk is
+// decoded ONCE into an L1 buffer and every token accumulates from it (register-blocked token groups),
+// so batch n reads and decodes the weights once instead of n/2 times; 1 or 2 tokens decode straight
+// into their FMAs. Per token and column the fp32 operations and their order are the same on every
+// path: each token's result is bit-identical whatever the batch (tested).
 //
 // SIMD decode (avx2: 32 columns per 256-bit load, avx512f: 64 per 512-bit load, the same
 // template): nibbles -> two pshufb LUTs giving the high and low byte of the code's bf16 bits
@@ -27,7 +27,6 @@
 //
 // Mode w4a8 (int8 activations per 32 K): mxfp4_w8.h.
 #include "fp4_common.h"
-#include <cstdlib>
 
 namespace cpumoe {
 namespace CPUMOE_NS {
@@ -258,15 +257,18 @@ CPUMOE_INLINE void store_totals(const typename V::F* tot, int ts, int nt, int nc
       }
 }
 
-// One token: nch chunks of NCV*W columns starting at column c0, decoded straight into the FMAs.
-template <class V, int NCV>
-void tile_one(const Tile& T, int c0, int nch, const float* x, float* out, int os) {
+// One or two tokens: nch chunks of NCV*W columns starting at column c0, decoded straight into the
+// FMAs (no buffer: cheapest while the accumulators of all tokens fit in registers).
+template <class V, int NCV, int NT>
+void tile_few(const Tile& T, int c0, int nch, const float* const* xs, float* out, int os) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int W = V::W, NV = 4 * NCV, L = W / 4, CW = NCV * W;  // L = fp32 lanes per vector
   const I m0f = V::set1_8(0x0F), lh = V::lut(kLutHi), ll = V::lut(kLutLo), mhi = V::set1_32((int)0xFFFF0000u);
-  F tot[kMaxCols / L];
-  for (int v = 0; v < nch * NV; ++v) tot[v] = V::fzero();
+  const int ts = os / L;  // vectors per token in tot
+  F tot[kPassFloats / L];
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < nch * NV; ++v) tot[t * ts + v] = V::fzero();
   const uint8_t* blk = T.blk + c0;
   const uint8_t* scl = T.scl + c0;
   const int64_t pfd = kPrefetchRows * T.bs;
@@ -277,25 +279,33 @@ void tile_one(const Tile& T, int c0, int nch, const float* x, float* out, int os
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
     for (int ch = 0; ch < nch; ++ch) {
-      F acc[NV];
+      F acc[NT][NV];
       MX_UNROLL
-      for (int v = 0; v < NV; ++v) acc[v] = V::fzero();
+      for (int t = 0; t < NT; ++t)
+        MX_UNROLL
+        for (int v = 0; v < NV; ++v) acc[t][v] = V::fzero();
       const uint8_t* p = blk + (int64_t)kb0 * T.bs + ch * CW;
       for (int r = 0; r < kGroupRows; ++r, p += T.bs) {
         MX_UNROLL
         for (int o = 0; o < CW; o += 64) MX_PREFETCH(p + pfd + o);
         if (CW % 64 == 0 && unaligned) MX_PREFETCH(p + pfd + CW - 1);  // the tile may not start on a line
-        const F x0 = V::bcast(x + 2 * (kb0 + r)), x1 = V::bcast(x + 2 * (kb0 + r) + 1);
+        F x0[NT], x1[NT];
+        MX_UNROLL
+        for (int t = 0; t < NT; ++t) x0[t] = V::bcast(xs[t] + 2 * (kb0 + r)), x1[t] = V::bcast(xs[t] + 2 * (kb0 + r) + 1);
         MX_UNROLL
         for (int c = 0; c < NCV; ++c) {
           const I b = V::load(p + c * W);
           F w[4];
           decode4<V>(V::band(b, m0f), lh, ll, mhi, w);
           MX_UNROLL
-          for (int q = 0; q < 4; ++q) acc[4 * c + q] = V::fma(w[q], x0, acc[4 * c + q]);
+          for (int t = 0; t < NT; ++t)
+            MX_UNROLL
+            for (int q = 0; q < 4; ++q) acc[t][4 * c + q] = V::fma(w[q], x0[t], acc[t][4 * c + q]);
           decode4<V>(V::band(V::srl4(b), m0f), lh, ll, mhi, w);
           MX_UNROLL
-          for (int q = 0; q < 4; ++q) acc[4 * c + q] = V::fma(w[q], x1, acc[4 * c + q]);
+          for (int t = 0; t < NT; ++t)
+            MX_UNROLL
+            for (int q = 0; q < 4; ++q) acc[t][4 * c + q] = V::fma(w[q], x1[t], acc[t][4 * c + q]);
         }
       }
       const uint8_t* sp = scl + (int64_t)g * T.ss + ch * CW;
@@ -305,15 +315,20 @@ void tile_one(const Tile& T, int c0, int nch, const float* x, float* out, int os
         F sc[4];
         scales4<V>(sp + c * W, sc);
         MX_UNROLL
-        for (int q = 0; q < 4; ++q) tot[ch * NV + 4 * c + q] = V::fma(acc[4 * c + q], sc[q], tot[ch * NV + 4 * c + q]);
+        for (int t = 0; t < NT; ++t)
+          MX_UNROLL
+          for (int q = 0; q < 4; ++q) {
+            F& d = tot[t * ts + ch * NV + 4 * c + q];
+            d = V::fma(acc[t][4 * c + q], sc[q], d);
+          }
       }
     }
   }
-  store_totals<V, lane_col>(tot, 0, 1, nch * NCV, out, os, c0);
+  store_totals<V, lane_col>(tot, ts, NT, nch * NCV, out, os, c0);
 }
 
 // NT tokens against one decoded group: buf[8 r + q] = weights of row r (q < 4: low nibbles, K = 2kb;
-// q >= 4: high nibbles, K = 2kb+1). The same fp32 operations in the same order as tile_one, per token.
+// q >= 4: high nibbles, K = 2kb+1). The same fp32 operations in the same order as tile_few, per token.
 template <class V, int NT>
 CPUMOE_INLINE void fma_tokens(const typename V::F* buf, const float* const* xs, int kb0, const typename V::F* sc,
                               typename V::F* tot, int ts) {
@@ -342,7 +357,7 @@ CPUMOE_INLINE void fma_tokens(const typename V::F* buf, const float* const* xs, 
     for (int q = 0; q < 4; ++q) tot[t * ts + q] = V::fma(acc[t][q], sc[q], tot[t * ts + q]);
 }
 
-// nt >= 2 tokens: nch chunks of W columns; each (group, chunk) decoded once into buf, then the
+// nt >= 3 tokens: nch chunks of W columns; each (group, chunk) decoded once into buf, then the
 // tokens in register-blocked groups of NTG.
 template <class V, int NTG>
 void tile_multi(const Tile& T, int c0, int nch, int nt, const float* const* xs, float* out, int os) {
@@ -399,13 +414,17 @@ int tile_run(const Tile& T, int c, int nc, int nt, const float* const* xs, float
   if (nt == 1) {
     if (nc - c >= 2 * W) {  // two vectors' worth of columns per chunk
       const int nch = (nc - c) / (2 * W);
-      tile_one<V, 2>(T, c, nch, xs[0], out, os);
+      tile_few<V, 2, 1>(T, c, nch, xs, out, os);
       c += nch * 2 * W;
     }
     if (nc - c >= W) {
-      tile_one<V, 1>(T, c, 1, xs[0], out, os);
+      tile_few<V, 1, 1>(T, c, 1, xs, out, os);
       c += W;
     }
+  } else if (nt == 2 && nc - c >= W) {
+    const int nch = (nc - c) / W;
+    tile_few<V, 1, 2>(T, c, nch, xs, out, os);
+    c += nch * W;
   } else if (nc - c >= W) {
     const int nch = (nc - c) / W;
     tile_multi<V, NTG>(T, c, nch, nt, xs, out, os);
@@ -541,7 +560,6 @@ bool CPUMOE_INIT_FN(mxfp4)(cpumoe_kernel* k) {
     k->down = &down<false>;
   }
   k->block_hint = 64;  // a down work item reads whole 64-byte lines per K row
-  if (const char* e = getenv("MXFP4_BLOCK")) k->block_hint = atoi(e);  // EXPERIMENT
   return true;
 #endif
 }
