@@ -7,7 +7,8 @@
 #   4. the executor bench for mxfp4 at 16 threads, batch 1 and 8, shared and random routing, native
 #      and (through CpuMoeExecutor(mode="w4a8")) w4a8.
 # Usage (repository root):  ci/device_mxfp4.sh OUTDIR      (logs + JSON under OUTDIR)
-#   e.g. through the device tool: run(command="ci/device_mxfp4.sh $OUT")
+#   through the device tool: run(command="ci/device_mxfp4.sh $OUT", carry=[".whl"])
+#   THREADS (default 16) sets the executor benches' worker count.
 set -uo pipefail
 OUT=${1:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"
@@ -17,6 +18,7 @@ fi
 export PYTHONPATH=/tmp/site
 lscpu > "$OUT/lscpu.txt"
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
+export THREADS=${THREADS:-16}
 (cd packages/cpumoe-formats && python3 hatch_build.py) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 (cd packages/cpumoe-executor && PYTHONPATH=../cpumoe-formats/src:/tmp/site python3 hatch_build.py) >> "$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; exit 1; }
@@ -27,17 +29,17 @@ echo "== tests/test_mxfp4.py"
   > "$OUT/test-mxfp4.log" 2>&1 || rc=1
 grep -E "passed|failed|error" "$OUT/test-mxfp4.log" | tail -3
 echo "== formats bench (single thread)"
-timeout 120 python3 -m cpumoe_formats.bench --formats mxfp4 --repeats 3 --steps 12 \
+timeout 120 python3 -m cpumoe_formats.bench --formats mxfp4 --repeats 3 --steps 10 \
   --json "$OUT/bench-formats-mxfp4.json" > "$OUT/bench-formats-mxfp4.log" 2>&1 || rc=1
 tail -15 "$OUT/bench-formats-mxfp4.log"
-echo "== executor bench (16 threads)"
-timeout 90 python3 -m cpumoe_executor.bench --format mxfp4 --batch 1,8 --routing both --threads 16 --repeats 3 \
-  --steps 10 --json "$OUT/bench-executor-mxfp4.json" > "$OUT/bench-executor-mxfp4.log" 2>&1 || rc=1
+echo "== executor bench ($THREADS threads)"
+timeout 90 python3 -m cpumoe_executor.bench --format mxfp4 --batch 1,8 --routing both --threads "$THREADS" --repeats 2 \
+  --steps 8 --json "$OUT/bench-executor-mxfp4.json" > "$OUT/bench-executor-mxfp4.log" 2>&1 || rc=1
 tail -12 "$OUT/bench-executor-mxfp4.log"
-echo "== executor, w4a8 (16 threads, batch 1 and 8, shared routing)"
+echo "== executor, native and w4a8 ($THREADS threads, batch 1 and 8, shared routing)"
 timeout 60 python3 - > "$OUT/executor-w4a8.log" 2>&1 <<'EOF' || rc=1
 # Same method as cpumoe_executor.bench (dram working set, fresh experts per step), mode w4a8.
-import statistics, time
+import os, statistics, time
 import numpy as np
 import cpumoe_formats as cf
 from cpumoe_executor import CpuMoeExecutor
@@ -49,7 +51,7 @@ rng = np.random.default_rng(0)
 banks = spec.random_banks(E, H, I, rng)
 for mode in ("native", "w4a8"):
     ex = CpuMoeExecutor("mxfp4", [banks], top_k=K, activation="swigluoai", alpha=1.702, limit=7.0, max_tokens=8,
-                        threads=16, mode=mode)
+                        threads=int(os.environ["THREADS"]), mode=mode)
     res = {}
     for T in (1, 8):
         x = rng.standard_normal((T, H)).astype(np.float32)

@@ -29,7 +29,8 @@ Modes:
   1/s_b overflows, so the block contributes 0), ``q = clamp(rint(x * id), -127, 127)`` (half to
   even); the q4_0 Q8_0 rule. Per group and column the kernel takes the exact integer
   ``S = sum(2 * E2M1[code] * q)`` and adds ``(float)S * ((e8m0 * 0.5f) * s_b)`` in fp32 (every tier
-  bit-identical: scalar, avx2, avxvnni, avx512f, avx512vnni). ``act_in`` reproduces the quantization bit-exactly (``w8_quantize``).
+  bit-identical: scalar, avx2, avxvnni, avx512f, avx512vnni). ``act_in`` reproduces the quantization
+  bit-exactly (``w8_quantize``).
 """
 from __future__ import annotations
 
