@@ -459,10 +459,11 @@ def test_kernel_names():
         if t in USABLE:
             want = {"scalar": "scalar", "avx2": "avx2", "avxvnni": "avx2"}.get(t, "avx512f")
             assert cf.selected_tier(FMT, isa=t) == want
+    w8 = {"scalar": "scalar", "avx2": "avx2", "avxvnni": "avxvnni", "avx512f": "avx512f", "avx512vnni": "avx512vnni",
+          "avx512bf16": "avx512vnni"}
     for t in cf.TIERS:
         if t in USABLE:
-            want = ("scalar" if t == "scalar" else "avx2") + "+w4a8"
-            assert cf.Kernel(FMT, 1, 64, 64, mode="w4a8", isa=t).name == want
+            assert cf.Kernel(FMT, 1, 64, 64, mode="w4a8", isa=t).name == w8[t] + "+w4a8"
     with pytest.raises(ValueError):
         cf.Kernel(FMT, 1, 64, 64, mode="w8a8")
 
@@ -484,9 +485,9 @@ def _tie_vector(rng, nb):
 
 @pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",))])
 def test_w4a8_prep_act_bit_exact(rng, tier):
-    """The kernel's prep_act equals act_in's quantization bit for bit: entry kb = (|q0| |q1| |q0| |q1|,
-    q0 x4, q1 x4, 0 x4) for the K pair (2kb, 2kb+1), then fp32 s_b per 32 K; on random data, .5 ties,
-    zero blocks, tiny blocks where 1/s_b overflows, bf16 subnormals and huge values."""
+    """The kernel's prep_act equals act_in's quantization bit for bit: int8 q[K], then fp32 s_b per 32 K,
+    then int32 12 * sum(q) per 32 K; on random data, .5 ties, zero blocks, tiny blocks where 1/s_b
+    overflows, bf16 subnormals and huge values."""
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
     K = 32 * 23
@@ -501,24 +502,20 @@ def test_w4a8_prep_act_bit_exact(rng, tier):
     k = cf.Kernel(FMT, 2, 32, K, mode="w4a8", isa=tier)
     src = np.ascontiguousarray(g).view(np.uint16)
     n = k._k.act_bytes(K)
-    assert n == K // 2 * 16 + K // 32 * 4
+    assert n == K + K // 32 * 8
     raw = cf.aligned_empty((n,), np.uint8)
     k._k.prep_act(src.ctypes.data, K, raw.ctypes.data)
-    ent = raw[:K * 8].reshape(K // 2, 16)
-    sb = raw[K * 8:].view(np.float32)
+    q_kernel = raw[:K].view(np.int8).reshape(K // 32, 32)
+    sb = raw[K:K + K // 8].view(np.float32)
+    c12 = raw[K + K // 8:].view(np.int32)
     q_ref, d_ref = _w8_slow(g.astype(np.float64))
     from cpumoe_formats.formats.mxfp4 import w8_quantize
     q_vec, d_vec = w8_quantize(g.astype(np.float64))
     np.testing.assert_array_equal(q_vec, q_ref)
     np.testing.assert_array_equal(d_vec.view(np.uint32), d_ref.view(np.uint32))
     np.testing.assert_array_equal(sb.view(np.uint32), d_ref.view(np.uint32))
-    q = q_ref.reshape(-1).astype(np.int32)
-    q0, q1 = q[0::2], q[1::2]
-    want = np.zeros((K // 2, 16), np.uint8)
-    want[:, 0], want[:, 1], want[:, 2], want[:, 3] = np.abs(q0), np.abs(q1), np.abs(q0), np.abs(q1)
-    want[:, 4:8] = (q0 & 0xFF)[:, None]
-    want[:, 8:12] = (q1 & 0xFF)[:, None]
-    np.testing.assert_array_equal(ent, want)
+    np.testing.assert_array_equal(q_kernel, q_ref)
+    np.testing.assert_array_equal(c12, 12 * q_ref.astype(np.int64).sum(axis=1))
     assert np.all(q_ref[5] == 0) and np.all(q_ref[6] == 0) and np.all(q_ref[8] == 0)
     assert np.any(q_ref[7] != 0)
     # act_in is q * s_b in float64
@@ -566,3 +563,53 @@ def test_w4a8_zero_and_extreme_blocks(rng, mode, tier):
     y = run_forced(FMT, banks, x, w, ids, mode, tier, activation="silu")
     ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids, mode=mode, activation="silu"))
     _close_elementwise(y, ref, atol=2.0**-126)
+
+
+# ---------------------------------------------------------------- batching: bit-identical per token
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+@pytest.mark.parametrize("H,I", [(160, 96), (2880, 224)])  # noqa: E741 - ragged (32 not 64) and gpt-oss H
+def test_batch_bit_identical_to_single_token(rng, mode, tier, H, I):  # noqa: E741
+    """Several tokens per work item decode each weight chunk once and accumulate every token from it;
+    each token's result must equal, bit for bit, the same work item run for that token alone: g from
+    gate_up with n = 1..11 tokens (token groups, their remainders, more than one pass of 8) on whole
+    and odd row ranges, down accumulators with n routes of one expert, and whole steps (T = 8, all
+    tokens on the same experts, vs T = 1 per token)."""
+    E = 3
+    banks = SPEC.random_banks(E, H, I, rng)
+    views = SPEC.bank_views(SPEC.validate(banks)[0])
+    k = cf.Kernel(FMT, E, H, I, mode=mode, isa=tier, **GPT_OSS)
+
+    def prep(v):
+        src = np.ascontiguousarray(_bf16(v)).view(np.uint16)
+        dst = cf.aligned_empty((k._k.act_bytes(len(src)),), np.uint8)
+        k._k.prep_act(src.ctypes.data, len(src), dst.ctypes.data)
+        return dst
+
+    xs = rng.standard_normal((11, H))
+    px = [prep(v) for v in xs]
+    for n in (2, 3, 5, 8, 11):
+        for i0, i1 in ((0, I), (5, I - 37)):
+            g = poisoned(n, I)
+            k._k.gate_up(views, 1, i0, i1, [p.ctypes.data for p in px[:n]], [1.0] * n,
+                         [g[j].ctypes.data for j in range(n)])
+            for j in range(n):
+                g1 = poisoned(1, I)
+                k._k.gate_up(views, 1, i0, i1, [px[j].ctypes.data], [1.0], [g1.ctypes.data])
+                assert np.array_equal(g[j].view(np.uint16), g1[0].view(np.uint16)), (n, j, i0, i1)
+    pg = [prep(v) for v in rng.standard_normal((11, I))]
+    for n in (2, 3, 8, 11):
+        for h0, h1 in ((0, H), (3, H - 29)):
+            acc = np.zeros((n, h1 - h0), np.float32)
+            k._k.down(views, h0, h1, [(j, 2, 0.5 + j, pg[j].ctypes.data) for j in range(n)], acc.ctypes.data, h1 - h0)
+            for j in range(n):
+                a1 = np.zeros((1, h1 - h0), np.float32)
+                k._k.down(views, h0, h1, [(0, 2, 0.5 + j, pg[j].ctypes.data)], a1.ctypes.data, h1 - h0)
+                assert np.array_equal(acc[j].view(np.uint32), a1[0].view(np.uint32)), (n, j, h0, h1)
+    x = rng.standard_normal((8, H), dtype=np.float32)
+    ids = np.tile(np.array([[2, 0]], np.int32), (8, 1))
+    w = rng.random((8, 2)).astype(np.float32)
+    y = run_forced(FMT, banks, x, w, ids, mode, tier, **GPT_OSS)
+    for t in range(8):
+        y1 = run_forced(FMT, banks, x[t:t + 1], w[t:t + 1], ids[t:t + 1], mode, tier, **GPT_OSS)
+        assert np.array_equal(y[t].view(np.uint16), y1[0].view(np.uint16)), t

@@ -28,8 +28,9 @@ Modes:
   block) to int8 in fp32: ``s_b = amax / 127``, ``id = 1 / s_b`` (0 where not finite: amax == 0, or
   1/s_b overflows, so the block contributes 0), ``q = clamp(rint(x * id), -127, 127)`` (half to
   even); the q4_0 Q8_0 rule. Per group and column the kernel takes the exact integer
-  ``S = sum(2 * E2M1[code] * q)`` and adds ``(float)S * ((e8m0 * 0.5f) * s_b)`` in fp32 (scalar and
-  avx2 bit-identical). ``act_in`` reproduces the quantization bit-exactly (``w8_quantize``).
+  ``S = sum(2 * E2M1[code] * q)`` and adds ``(float)S * ((e8m0 * 0.5f) * s_b)`` in fp32 (every tier
+  bit-identical: scalar, avx2, avxvnni, avx512f, avx512vnni). ``act_in`` reproduces the quantization
+  bit-exactly (``w8_quantize``).
 """
 from __future__ import annotations
 
@@ -187,5 +188,6 @@ SPEC = Mxfp4Format(
     description="gpt-oss mxfp4 (e2m1 + e8m0 per 32 K), transposed split-K, interleaved gate/up, biases "
                 "(native W4A16; w4a8 = int8 activations per 32 K)",
     modes=("native", "w4a8"),
-    kernel_tiers={"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f"),
+                  "w4a8": ("scalar", "avx2", "avxvnni", "avx512f", "avx512vnni")},
 )
