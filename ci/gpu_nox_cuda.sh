@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # On a GPU machine without PyPI (the H200 lease): run `nox -s test-cuda` exactly as a CI maintainer
 # would, with every Python package it needs taken from a wheelhouse instead of the index.
-#   ci/gpu_nox_cuda.sh WHEELHOUSE [OUTDIR]     (WHEELHOUSE: nox, virtualenv, hatchling, build, pybind11, ...)
+#   ci/gpu_nox_cuda.sh WHEELHOUSE [OUTDIR]     (WHEELHOUSE and WHEELHOUSE/nox: nox, virtualenv, hatchling, build, pybind11, ...)
 # torch and the CUDA stack come from the machine (GPU sessions use system site packages).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WH=$(cd "${1:?wheelhouse}" && pwd)
 OUT=$(mkdir -p "${2:-$ROOT/gpu-out}" && cd "${2:-$ROOT/gpu-out}" && pwd)
 PY=${PYTHON:-python3}
-export PIP_NO_INDEX=1 PIP_FIND_LINKS=$WH PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WH $WH/nox" PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 if $PY -m venv /tmp/noxenv >/dev/null 2>&1; then
   /tmp/noxenv/bin/python -m pip install -q nox || exit 1
   NOX=(/tmp/noxenv/bin/python -m nox)
 else  # no ensurepip: nox and its deps onto a private path
-  $PY -m pip install -q --no-deps --target /tmp/noxsite "$WH"/{nox,argcomplete,attrs,colorlog,dependency_groups,humanize,packaging,platformdirs,python_discovery,virtualenv,distlib,filelock}-*.whl || exit 1
+  $PY -m pip install -q --target /tmp/noxsite nox || exit 1
   export PYTHONPATH=/tmp/noxsite
   NOX=($PY -m nox)
 fi
