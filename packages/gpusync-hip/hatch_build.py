@@ -34,13 +34,13 @@ def _provider_include(module: str, sibling: str, probe: str) -> str:
     try:
         mod = __import__(module)
         return mod.get_include()
-    except ImportError:
+    except ImportError as e:
         p = HERE.parent / sibling / "src" / module / "include"
         if (p / probe).is_file():
             return str(p)
         raise RuntimeError(
             f"gpusync-hip needs {probe} from {sibling}: install {sibling} first "
-            f"(pip install packages/{sibling}) or build from the monorepo"
+            f"(pip install packages/{sibling}) or build from the monorepo (import {module}: {e})"
         ) from None
 
 

@@ -49,6 +49,7 @@ std::string Device::capture_note(hipStream_t s) const {
 }
 
 bool Device::sync(hipStream_t s, double timeout_s) const {
+  ErrorScope scope(rt_, "stream sync");  // a runtime that records hipErrorNotReady must not leave it behind
   Guard g(*this);
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (unsigned i = 0;; ++i) {

@@ -62,6 +62,7 @@ Iob::Iob(std::shared_ptr<Device> dev, const cpumoe_executor_api* api, cpumoe_exe
 
 Iob::~Iob() {
   try {
+    const bool clean_before = rt().hipPeekAtLastError() == hipSuccess;  // never consume a caller's error
     {
       std::lock_guard<std::mutex> g(ev_mu_);
       for (auto& kv : events_) rt().hipEventDestroy(kv.second);
@@ -70,7 +71,7 @@ Iob::~Iob() {
     if (signal_)
       for (uint64_t* w : {ready_, done_, scratch_}) dev_->free(w);
     if (owned_) dev_->host_unregister(hdr_);
-    rt().hipGetLastError();  // a teardown failure must not surface in the caller's next call
+    if (clean_before) rt().hipGetLastError();  // a teardown failure must not surface in the caller's next call
   } catch (...) {  // never throw from a destructor; the process may be tearing down
   }
 }

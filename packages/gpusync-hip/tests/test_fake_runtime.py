@@ -133,7 +133,7 @@ ok(H.hipStreamWriteValue64(s, ready, 1, 0))
 t.join(); sync(s)
 print(json.dumps({{"seen": seen[0], "after_sync": dst[0]}}))
 """,
-        config="payload=late",
+        config="payload=late;late_ms=300",  # a wide window: the watcher is a Python thread
     )
     assert (out["seen"] == 0) == want_stale and out["after_sync"] == 0xBEEF
 
