@@ -14,6 +14,7 @@ source tree: pytest runs from a scratch directory, with packages/<pkg>/tests as 
 """
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 import shutil
@@ -276,7 +277,7 @@ def _register() -> None:
         if backend == "cpu":
             members = [f"package-check-{n}" for n in PACKAGES] + members
         elif backend == "cuda":
-            members.append("integration-cuda")
+            members += ["integration-cuda", "test-hip-on-cuda"]
         nox.session(name=f"test-{backend}", venv_backend="none", tags=[backend], default=backend == "cpu",
                     requires=members)(_make_aggregate(backend, members))
 
@@ -344,6 +345,23 @@ def integration_cuda(session: nox.Session) -> None:
     with session.chdir(session.create_tmp()):
         session.run("python", "-m", "pytest", str(ROOT / "tests-integration"), "-m", "cuda", "-p", "no:cacheprovider",
                     *session.posargs)
+
+
+@nox.session(name="test-hip-on-cuda", default=False, tags=["cuda"],
+             requires=[f"build-{n}" for n in ("cpumoe-formats", "cpumoe-executor", "gpusync-cuda", "gpusync-hip",
+                                              "kernelio") if n in PACKAGES])
+def test_hip_on_cuda(session: nox.Session) -> None:
+    """gpusync-hip on an NVIDIA GPU through the HIP-on-CUDA shim (packages/gpusync-hip/tests/cuda_shim):
+    4 layers x 1,000 graph replays per path. GPU tests skip without an NVIDIA GPU (REQUIRE_GPU=1: fail)."""
+    if "gpusync-hip" not in PACKAGES:
+        session.skip("packages/gpusync-hip is not in this checkout")
+    if not glob.glob("/dev/nvidia[0-9]*") and os.environ.get("REQUIRE_GPU") == "1":
+        session.error("REQUIRE_GPU=1 but there is no NVIDIA GPU (/dev/nvidia<N> absent)")
+    _install_wheels(session, "gpusync-hip", extras=("test",))
+    _install_wheels(session, "kernelio")
+    with session.chdir(session.create_tmp()):
+        session.run("python", "-m", "pytest", str(ROOT / "packages" / "gpusync-hip" / "tests" / "test_hip_on_cuda.py"),
+                    "-m", "cuda or not gpu", "-p", "no:cacheprovider", "-rs", *session.posargs)
 
 
 @nox.session(name="bench", default=False, requires=["build-cpumoe-formats"])

@@ -246,7 +246,7 @@ def check_replays(res: dict) -> None:
     st = res["shim"]
     # the system-release event: created with hipEventReleaseToSystem, recorded as external event nodes
     assert st["release_events"] >= 1 and st["external_records"] >= 3, st
-    assert st["host_funcs"] == 0, st  # host functions are never used under replay on ROCm
+    assert st["host_funcs"] == 0, st  # no host function ever enters a graph on ROCm (an eager probe call may)
     # kernelio's HIP image cannot load on the CUDA driver: reported, and the copy path ran
     assert res["kernel_probe"].startswith(("kernelio probe failed", "skipped")), res["kernel_probe"]
     assert res["pending_error"] == 0, res  # no residual HIP error left on the thread

@@ -541,8 +541,10 @@ HIPSHIM_API hipError_t hipGraphAddHostNode(hipGraphNode_t* node, hipGraph_t g, c
   ENTER();
   if (!p) return ret(hipErrorInvalidValue);
   const CuHostNodeParams cp{p->fn, p->userData};
-  return ret(c.cuGraphAddHostNode(reinterpret_cast<cu::CUgraphNode*>(node), reinterpret_cast<cu::CUgraph>(g),
-                                  reinterpret_cast<const cu::CUgraphNode*>(deps), n, &cp));
+  const CUresult rc = c.cuGraphAddHostNode(reinterpret_cast<cu::CUgraphNode*>(node), reinterpret_cast<cu::CUgraph>(g),
+                                           reinterpret_cast<const cu::CUgraphNode*>(deps), n, &cp);
+  if (!rc) ++g_stats.host_funcs;
+  return ret(rc);
 }
 
 // ---- events and host functions ---------------------------------------------------------------
@@ -576,7 +578,8 @@ HIPSHIM_API hipError_t hipEventSynchronize(hipEvent_t e) {
 }
 HIPSHIM_API hipError_t hipLaunchHostFunc(hipStream_t s, hipHostFn_t fn, void* arg) {
   ENTER();
-  ++g_stats.host_funcs;
+  CUresult err{};
+  if (capturing(c, s, &err)) ++g_stats.host_funcs;  // into a graph; an eager call (the probe's) is fine
   return ret(c.cuLaunchHostFunc(S(s), fn, arg));
 }
 
@@ -610,7 +613,7 @@ HIPSHIM_API int hipshim_status(char* msg, size_t len) {
 }
 // out[8]: memops captured, memops executed eagerly under capture, eager waits found unsatisfied,
 // batch-memop nodes added, external event records, events created with ReleaseToSystem,
-// host functions launched, signal allocations.
+// host functions put into a graph (captured launch or explicit node), signal allocations.
 HIPSHIM_API void hipshim_stats(long* out) {
   out[0] = g_stats.memops_captured, out[1] = g_stats.memops_eager, out[2] = g_stats.eager_waits_unsatisfied;
   out[3] = g_stats.batch_nodes, out[4] = g_stats.external_records, out[5] = g_stats.release_events;
