@@ -46,6 +46,7 @@ void Executor::coordinator_loop(int core) {
     const uint64_t task = load(ready_);
     if (task != 0) {
       store(ready_, 0);  // clear first: the next doorbell can only follow our done
+      if (!hot) pool_.set_hot(hot = true);  // after a doze: workers woken for this task stay up
       run_task(task);
       __atomic_store_n(&iob_->served, served_.fetch_add(1, std::memory_order_acq_rel) + 1, __ATOMIC_RELEASE);
       store(done_, CPUMOE_DONE_COMPLETE);
@@ -60,7 +61,6 @@ void Executor::coordinator_loop(int core) {
     const int64_t now = mono_ns();
     if (served) {
       last = now, served = false;
-      if (!hot) pool_.set_hot(hot = true);
       continue;
     }
     if (now - last < kSpinWindowNs) continue;

@@ -49,17 +49,24 @@ void Pool::worker(int tid, int core, bool pin) {
   if (pin && pin_current_thread(core)) pinned_.fetch_add(1);
   uint32_t seen = 0;  // gen_'s initial value: a run started before this line is not missed
   int64_t until = now_us() + spin_us_;
+  // Runs in a row this worker was left out of (team sizing): one the steps do not use is not
+  // kept hot. Starts "unused" until it takes part in a run.
+  int skipped = kUnusedAfter;
+  uint32_t solo_at = 0;  // solo_ (caller-alone runs, which do not touch gen_) when we last ran
   for (;;) {
     uint32_t g;
-    // Spin first (the next layer usually arrives within microseconds; forever while hot),
-    // then sleep. One clock read per 256 spins, none per task.
+    // Spin first (the next layer usually arrives within microseconds; while the pool is hot and
+    // this worker is in use, for as long as the coordinator spins), then sleep. One clock read
+    // per 256 spins, none per task.
     bool late = false;  // past our own spin: only the coordinator's window keeps us spinning
     for (unsigned i = 0; (g = gen_.load(std::memory_order_acquire)) == seen; ++i) {
       if (late && (i & 63) == 63) sched_yield();  // hot but idle: hand the core to anyone who wants it
       else spin_pause(i);
       if ((i & 255) == 255 && (late || now_us() > until)) {
         late = true;
-        if (hot_.load(std::memory_order_relaxed)) continue;
+        const bool in_use =
+            skipped < kUnusedAfter && solo_.load(std::memory_order_relaxed) - solo_at < (uint32_t)kUnusedAfter;
+        if (in_use && hot_.load(std::memory_order_relaxed)) continue;
         sleepers_.fetch_add(1, std::memory_order_seq_cst);
         if (gen_.load(std::memory_order_seq_cst) == seen) futex_wait(&gen_, seen);
         sleepers_.fetch_sub(1, std::memory_order_seq_cst);
@@ -67,7 +74,11 @@ void Pool::worker(int tid, int core, bool pin) {
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
-    if (tid >= (int)(g & kMaxThreads)) continue;  // not in this run's team
+    if (tid >= (int)(g & kMaxThreads)) {  // not in this run's team
+      skipped += skipped < kUnusedAfter;
+      continue;
+    }
+    skipped = 0, solo_at = solo_.load(std::memory_order_relaxed);
     fn_(ctx_, tid);
     finished_.fetch_add(1, std::memory_order_acq_rel);
     until = now_us() + spin_us_;
@@ -90,8 +101,9 @@ void Pool::start(Fn fn, void* ctx, int team) {
     gen_.store(((g >> 12) + 1) << 12 | (uint32_t)team, std::memory_order_seq_cst);  // publishes fn_/ctx_
     if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&gen_);
   } else {
-    expect_ = 0;  // the caller alone: the workers are not disturbed
+    expect_ = 0;  // the caller alone: the workers are not disturbed, only counted (a relaxed store)
     finished_.store(0, std::memory_order_relaxed);
+    solo_.store(solo_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
   fn(ctx, 0);
 }

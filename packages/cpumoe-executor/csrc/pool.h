@@ -1,8 +1,9 @@
 // Worker pool: N threads including the caller (tid 0). Pool threads are pinned,
 // spin on a generation word for a while after each task (decode steps come
 // back to back), then sleep on a futex so an idle engine burns no core. While
-// the pool is "hot" (the doorbell coordinator's spin window) they keep spinning,
-// so a doorbell never pays a futex wake.
+// the pool is "hot" (the doorbell coordinator's spin window) the workers the
+// steps use keep spinning, so a doorbell never pays a futex wake; a worker left
+// out of 64 runs in a row (team sizing) sleeps anyway.
 //
 // A run names its team: workers 1..team-1 join it, the others ignore it. The
 // team size and the run's sequence number share one 32-bit word (the futex
@@ -19,6 +20,7 @@ class Pool {
  public:
   using Fn = void (*)(void* ctx, int tid);
   static constexpr int kMaxThreads = 4095;  // the team field of the generation word
+  static constexpr int kUnusedAfter = 64;   // left out of this many runs in a row: not kept hot
   // cores[0] is the caller's (coordinator's) core; pool thread i pins to cores[i].
   Pool(const std::vector<int>& cores, bool pin, int64_t spin_us);
   ~Pool();
@@ -53,6 +55,7 @@ class Pool {
   alignas(64) std::atomic<int> sleepers_{0};
   alignas(64) std::atomic<int> finished_{0};
   alignas(64) std::atomic<bool> hot_{false};
+  std::atomic<uint32_t> solo_{0};  // runs of the caller alone (team 1)
   std::atomic<bool> stop_{false};
   std::atomic<int> pinned_{0};
 };

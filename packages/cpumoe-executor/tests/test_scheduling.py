@@ -104,6 +104,15 @@ def test_pool_stays_hot_in_the_coordinator_window_then_sleeps(rng):
                 break
         assert hot_seen
         np.testing.assert_array_equal(bits(a["y"][:2]), bits(want))
+        # A worker the steps stop using (team sizing: the caller alone) is not kept hot.
+        _native.set_team_unit(ex.handle, 1 << 40)
+        t0 = time.monotonic()
+        for _ in range(70):
+            assert _native.play_gpu(iob["ready"], iob["done"], 2, TIMEOUT)
+        asleep = wait_until(lambda: _native.pool_sleepers(ex.handle) == 1, 0.03)
+        if time.monotonic() - t0 < 0.04:  # still inside the window: only the team rule put it to sleep
+            assert asleep, "an unused worker was kept spinning"
+        _native.set_team_unit(ex.handle, 0)
         # After the window everything sleeps and the process burns no core.
         assert wait_until(lambda: _native.pool_sleepers(ex.handle) == 1), "the worker never slept after the window"
         time.sleep(0.02)

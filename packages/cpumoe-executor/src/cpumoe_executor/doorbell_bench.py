@@ -49,7 +49,7 @@ def plans(rng, T: int, K: int, E: int, n: int, empty: bool) -> np.ndarray:
 
 
 def bench_threads(threads: int, opts, rng) -> dict:
-    s = SHAPE
+    s = dict(SHAPE, H=opts.hidden)
     spec = cf.get_format("bf16")
     banks = [spec.random_banks(s["E"], s["H"], s["I"], rng) for _ in range(s["layers"])]
     ex = CpuMoeExecutor("bf16", banks, top_k=s["top_k"], max_tokens=max(opts.batch), threads=threads)
@@ -110,6 +110,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m cpumoe_executor.bench --doorbell", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", default="1,2", help="comma list of executor thread counts (coordinator included)")
     p.add_argument("--batch", default="1,4,8", help="comma list of batch sizes")
+    p.add_argument("--hidden", type=int, default=SHAPE["H"], help="H (smaller: less work, the handshake shows)")
     p.add_argument("--rings", type=int, default=5000, help="timed rings per run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
     cpus = list(_native.allowed_cpus())  # echo where the coordinator sits, ring where the ringer does
     pp_cores = {"ring_core": cpus[1] if len(cpus) > 1 else -1, "echo_core": cpus[0]}
     pp = summary([_native.ping_pong(opts.rings, **pp_cores) for _ in range(opts.repeats)])
-    report = {"shape": SHAPE, "settings": {k: v for k, v in vars(opts).items() if k != "json"},
+    report = {"shape": dict(SHAPE, H=opts.hidden), "settings": {k: v for k, v in vars(opts).items() if k != "json"},
               "ping_pong_us": pp, "runs": [bench_threads(t, opts, rng) for t in opts.threads]}
     report["ping_pong_after_us"] = summary([_native.ping_pong(opts.rings, **pp_cores) for _ in range(opts.repeats)])
     print(table(report))
