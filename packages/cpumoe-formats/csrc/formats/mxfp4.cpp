@@ -340,22 +340,15 @@ CPUMOE_INLINE void fma_tokens(const typename V::F* buf, const float* const* xs, 
     for (int q = 0; q < 4; ++q) acc[t][q] = V::fzero();
   for (int r = 0; r < kGroupRows; ++r) {
     const F* w = buf + 8 * r;
-    F x[NT];  // one weight load per vector for all NT tokens (loads, not FMAs, would bind otherwise)
     MX_UNROLL
-    for (int t = 0; t < NT; ++t) x[t] = V::bcast(xs[t] + 2 * (kb0 + r));
-    MX_UNROLL
-    for (int q = 0; q < 4; ++q) {
-      const F wq = w[q];
+    for (int t = 0; t < NT; ++t) {
+      const float* x = xs[t] + 2 * (kb0 + r);
+      const F x0 = V::bcast(x);
       MX_UNROLL
-      for (int t = 0; t < NT; ++t) acc[t][q] = V::fma(wq, x[t], acc[t][q]);
-    }
-    MX_UNROLL
-    for (int t = 0; t < NT; ++t) x[t] = V::bcast(xs[t] + 2 * (kb0 + r) + 1);
-    MX_UNROLL
-    for (int q = 0; q < 4; ++q) {
-      const F wq = w[4 + q];
+      for (int q = 0; q < 4; ++q) acc[t][q] = V::fma(w[q], x0, acc[t][q]);
+      const F x1 = V::bcast(x + 1);
       MX_UNROLL
-      for (int t = 0; t < NT; ++t) acc[t][q] = V::fma(wq, x[t], acc[t][q]);
+      for (int q = 0; q < 4; ++q) acc[t][q] = V::fma(w[4 + q], x1, acc[t][q]);
     }
   }
   MX_UNROLL
@@ -446,9 +439,9 @@ void tile(const Tile& T, int nc, int nt, const float* const* xs, float* out, int
   int c = 0;
 #if CPUMOE_TIER >= CPUMOE_T_AVX512F
   c = tile_run<V512, 4>(T, c, nc, nt, xs, out, os);
-  c = tile_run<V256, 2>(T, c, nc, nt, xs, out, os);
+  c = tile_run<V256, 3>(T, c, nc, nt, xs, out, os);
 #elif CPUMOE_TIER >= CPUMOE_T_AVX2
-  c = tile_run<V256, 2>(T, c, nc, nt, xs, out, os);
+  c = tile_run<V256, 3>(T, c, nc, nt, xs, out, os);
 #endif
   if (c < nc) tile_scalar(T, c, nc - c, nt, xs, out, os);
 }

@@ -82,6 +82,9 @@ void tile_scalar(const Tile& T, int c0, int nc, int nt, const uint8_t* const* as
 }
 
 #if CPUMOE_TIER >= CPUMOE_T_AVX2
+// Tokens per register block with 256-bit vectors (4 int32 + 4 int16 accumulators each); 1, 2 and 3
+// were within the dev box's noise for batch 8.
+constexpr int kW8Ntg256 = 2;
 CPUMOE_INLINE int w8_col(int q, int l) { return 16 * (l / 4) + 4 * q + (l % 4); }
 
 // Rows kb, kb+1 (at p, p + bs), W columns -> d[q] dword lane l = (u_lo[kb], u_hi[kb], u_lo[kb+1],
@@ -228,9 +231,9 @@ void tile_any(const Tile& T, int nc, int nt, const uint8_t* const* as, float* ou
   int c = 0;
 #if CPUMOE_TIER >= CPUMOE_T_AVX512F
   c = tile_run<V512, 4>(T, c, nc, nt, as, out, os);
-  c = tile_run<V256, 2>(T, c, nc, nt, as, out, os);
+  c = tile_run<V256, kW8Ntg256>(T, c, nc, nt, as, out, os);
 #elif CPUMOE_TIER >= CPUMOE_T_AVX2
-  c = tile_run<V256, 2>(T, c, nc, nt, as, out, os);
+  c = tile_run<V256, kW8Ntg256>(T, c, nc, nt, as, out, os);
 #endif
   if (c < nc) tile_scalar(T, c, nc - c, nt, as, out, os);
 }
