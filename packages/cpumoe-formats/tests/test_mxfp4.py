@@ -143,13 +143,18 @@ def test_arbitrary_work_items(rng, mode, tier):
         xa = np.stack([SPEC.act_in(v, mode) for v in xs])  # what the kernel consumes (w4a8: int8 * s_b)
         gate_up = xa @ gu[e].T + bgu[e]  # [n, 2I] gate then up
         g_ref = round_bf16(act(gate_up[:, :I], gate_up[:, I:]))
+        # fp32 accumulation of <= H/32 + 1 rounded block terms errs by at most 2^-21 * sum|terms| per
+        # pre-activation; swigluoai (alpha 1.702, limit 1.5) has |d/dgate| <= 2.75 and |d/dup| <= 1.4, so
+        # an element near a cancellation may differ by 4 * (e_gate + e_up) beyond the bf16 rounding (rel).
+        e_pre = 2.0**-21 * (np.abs(xa) @ np.abs(gu[e]).T + np.abs(bgu[e]))
+        g_atol = 4.0 * (e_pre[:, :I] + e_pre[:, I:]) + 2.0**-133
         for i0, i1 in ((0, I), (0, 1), (3, 20), (5, 37), (31, 33), (40, 105), (I - 7, I)):
             g = poisoned(n, I)
             k._k.gate_up(views, e, i0, i1, [p.ctypes.data for p in px], [1.0] * n, [g[j].ctypes.data for j in range(n)])
             raw = g.view(np.uint16)
             assert (raw[:, :i0] == 0x7FC1).all() and (raw[:, i1:] == 0x7FC1).all(), "wrote outside [i0, i1)"
             got = g.astype(np.float64)[:, i0:i1]
-            _close_elementwise(got, g_ref[:, i0:i1], rel=2.0**-7, atol=2.0**-133)
+            _close_elementwise(got, g_ref[:, i0:i1], rel=2.0**-7, atol=g_atol[:, i0:i1])
         # down: routes grouped by expert, tokens repeating, weights != 1
         gs = round_bf16(rng.standard_normal((n, I)))
         pg = [prep(v) for v in gs]
