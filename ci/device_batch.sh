@@ -21,12 +21,16 @@ export PYTHONPATH=$PWD/packages/cpumoe-formats/src:$PWD/packages/cpumoe-executor
 echo "build done at +$(( $(date +%s) - T0 )) s" | tee "$OUT/summary.txt"
 rc=0
 python3 -c "import cpumoe_formats as cf; print('usable tiers:', cf.usable_tiers())" | tee -a "$OUT/summary.txt"
-(cd packages/cpumoe-formats && timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_batch_identity.py) \
-  > "$OUT/test-batch-identity.log" 2>&1 || rc=1
-echo "batch identity: $(tail -1 "$OUT/test-batch-identity.log")" | tee -a "$OUT/summary.txt"
-(cd packages/cpumoe-formats && timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_bf16.py \
-  tests/test_fp8_block.py tests/test_nvfp4.py tests/test_ds_fp4.py tests/test_q4_0.py) > "$OUT/test-formats.log" 2>&1 || rc=1
-echo "formats tests: $(tail -1 "$OUT/test-formats.log")" | tee -a "$OUT/summary.txt"
+# the test files run side by side (one process each, 16 cores), each time-boxed
+pids=""
+for t in test_batch_identity test_bf16 test_fp8_block test_nvfp4 test_ds_fp4 test_q4_0; do
+  (cd packages/cpumoe-formats && timeout 120 python3 -m pytest -q -p no:cacheprovider "tests/$t.py") > "$OUT/$t.log" 2>&1 &
+  pids="$pids $!"
+done
+for p in $pids; do wait "$p" || rc=1; done
+for t in test_batch_identity test_bf16 test_fp8_block test_nvfp4 test_ds_fp4 test_q4_0; do
+  echo "$t: $(tail -1 "$OUT/$t.log")" | tee -a "$OUT/summary.txt"
+done
 echo "tests done at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
 timeout 150 python3 -m cpumoe_executor.bench --format bf16,fp8_block,nvfp4,ds_fp4,q4_0 --batch 1,8 --routing both \
   --threads "${THREADS:-16}" --repeats 3 --steps 10 --json "$OUT/bench-executor-batch.json" \

@@ -427,17 +427,7 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       const uint16_t* srow = bank_row<uint16_t>(banks[3], e, rb);
       for (int r = a; r < b; ++r)
         post[r - a] = scale_act((const float*)routes[r].act, srow, I, sx + L * (r - a)) * routes[r].weight;
-      const int nr = b - a;
-      if (nr == 1) {  // one route: two rows at a time (two streams in flight)
-        const float* xr = sx;
-        float* o = acc + routes[a].token * acc_stride;
-        for (; h + 2 <= hend; h += 2) {
-          float y0, y1;
-          dot_rows2(bank_row<uint8_t>(banks[2], e, h), bank_row<uint8_t>(banks[2], e, h + 1), I, xr, xr, &y0, &y1);
-          o[h - h0] += y0 * post[0];
-          o[h + 1 - h0] += y1 * post[0];
-        }
-      }
+      const int nr = b - a;  // one row at a time (at DRAM rates one stream per row block streams best)
       for (; h < hend; ++h) {  // each row chunk decoded once per block of routes
         const uint8_t* w = bank_row<uint8_t>(banks[2], e, h);
         for (int r0 = 0; r0 < nr; r0 += kGrid) {

@@ -2,6 +2,8 @@
 // masked loads, which must not touch masked-off bytes (they can lie past the end of a row).
 #pragma once
 #include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../fp4_simde/simde_pre.h"
@@ -71,6 +73,16 @@ static inline simde__m512 bk_cvtph_ps(simde__m256i a) {  // exact fp16 -> fp32 t
 #define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
 #define _MM_FROUND_TO_NEAREST_INT SIMDE_MM_FROUND_TO_NEAREST_INT
 #endif
+// SIMDe 0.7's round-to-nearest rounds halves away from zero; the hardware (and q4_0's quantizer) rounds to even.
+static inline simde__m256 bk_round_ps(simde__m256 a, int mode) {
+  if ((mode & 3) != 0) abort();  // only round-to-nearest is used by the kernels
+  float v[8];
+  simde_mm256_storeu_ps(v, a);
+  for (int i = 0; i < 8; ++i) v[i] = nearbyintf(v[i]);
+  return simde_mm256_loadu_ps(v);
+}
+#undef _mm256_round_ps
+#define _mm256_round_ps(a, mode) bk_round_ps((a), (mode))
 #undef _mm512_maskz_loadu_epi16
 #undef _mm512_maskz_loadu_epi8
 #undef _mm256_maskz_loadu_epi8
