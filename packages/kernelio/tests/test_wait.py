@@ -106,7 +106,8 @@ def test_hip_combine_polls_with_a_system_scope_acquire(tmp_path):
                              check=True).stdout
         body = re.search(r"<kernelio_combine>:\n(.*?)(\n\n|\Z)", asm, flags=re.S).group(1).splitlines()
         bits, inv = HIP_ACQUIRE[target]
-        polls = [i for i, ln in enumerate(body) if re.search(r"load_dwordx2\s", ln) and all(b in ln.split() for b in bits)]
+        polls = [i for i, ln in enumerate(body)
+                 if re.search(r"load_dwordx2\s", ln) and all(b in ln.split() for b in bits)]
         assert len(polls) == 1, (target, "the poll of done: one 64-bit load bypassing the caches", polls)
         assert any(inv in ln for ln in body[polls[0]:polls[0] + 6]), (target, f"no {inv} after the poll (acquire)")
         assert sum("s_memrealtime" in ln for ln in body) >= 2, (target, "the poll is not bounded by wall_clock64")
