@@ -54,6 +54,8 @@ class CudaSync:
         bad = [p for p in paths if p not in PATHS]
         if bad:
             raise ValueError(f"unknown paths {bad}; expected a subset of {list(PATHS)}")
+        if "kernel" in paths:
+            self._kernel_wait_forced()  # a bad KERNELIO_WAIT is refused before anything starts
         self.executor, self.timeout_s, self.ordinal = executor, float(timeout_s), _ordinal(device)
         self.reasons: dict[str, str] = {p: "not tried" for p in PATHS if p != "eager"}
         self.path, self.kernel_image = "eager", None
@@ -181,8 +183,11 @@ class CudaSync:
 
     @staticmethod
     def _kernel_wait_forced() -> str | None:
-        import kernelio
-
+        """$KERNELIO_WAIT ('poll' | 'memop', ValueError otherwise), None when unset or kernelio is absent."""
+        try:
+            import kernelio
+        except ImportError:
+            return None
         return kernelio.wait_override()
 
     # ---- decode ---------------------------------------------------------------------------------
