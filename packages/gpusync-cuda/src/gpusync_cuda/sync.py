@@ -168,7 +168,7 @@ class CudaSync:
             if path == "kernel" and self.kernel_wait == "poll" and self._kernel_wait_forced() is None:
                 # The in-kernel wait failed under replay: the kernels with a memop wait may still qualify.
                 self.kernel_wait = "memop"
-                self.reasons[path] += f"; in-kernel wait failed qualification ({type(e).__name__}: {e}): memop wait"
+                self.reasons[path] += f"; in-kernel wait did not qualify ({type(e).__name__}: {e}): memop wait"
                 warnings.warn(f"gpusync_cuda: kernelio's in-kernel wait failed its qualification, waiting with "
                               f"memops instead: {e}", RuntimeWarning, stacklevel=3)
                 return self._qualify(path)
