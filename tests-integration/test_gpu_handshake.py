@@ -4,7 +4,10 @@ and skipped layers, captured once and replayed REPLAYS times with fresh x, ids
 and weights written into the same GPU tensors before each replay. Every
 output must be bit-identical to the executor's synchronous decode of the same
 inputs, the doorbells served must equal the ringing layers, nothing may be
-pending afterwards, and every wait is bounded (CudaSync.synchronize)."""
+pending afterwards, and every wait is bounded (CudaSync.synchronize). The
+kernel path runs with the wait the probe chose (the in-kernel wait on a GPU
+that passes it) and, as "kernel/memop-wait", with the stream memop wait."""
+import contextlib
 import os
 import zlib
 
@@ -15,7 +18,7 @@ from conftest import cuda, cuda_missing
 MISSING = cuda_missing()
 pytestmark = cuda + [pytest.mark.skipif(MISSING is not None, reason=f"no CUDA GPU: {MISSING}")]
 REPLAYS = int(os.environ.get("GPUSYNC_TEST_REPLAYS", "1000"))
-PATHS = ("kernel", "memop", "host-func")
+PATHS = ("kernel", "kernel/memop-wait", "memop", "host-func")
 E, H, I, K, T, LAYERS = 16, 512, 64, 4, 5, 4  # noqa: E741
 
 
@@ -30,9 +33,29 @@ def sync():
     ex = ce.CpuMoeExecutor("bf16", banks, top_k=K, max_tokens=8, threads=4)
     s = gs.CudaSync(ex)
     assert s.path == "kernel", s.summary()
+    print(f"kernel path: {s.kernel_wait} wait ({s.reasons['kernel']})")
     yield s
     s.close()
     ex.close()
+
+
+@contextlib.contextmanager
+def variant(sync, path):
+    """The path name _decode takes; "kernel/memop-wait" is the kernel path with a stream memop wait."""
+    if path != "kernel/memop-wait":
+        yield path
+        return
+    was, sync.kernel_wait = sync.kernel_wait, "memop"
+    try:
+        yield "kernel"
+    finally:
+        sync.kernel_wait = was
+
+
+def test_kernel_path_uses_the_in_kernel_wait(sync):
+    import kernelio
+
+    assert sync.kernel_wait == (kernelio.wait_override() or "poll"), sync.summary()
 
 
 def bits(t):
@@ -62,10 +85,15 @@ def inputs(torch, g, ring: bool, mask):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_eager(sync, path):
+    with variant(sync, path) as p:
+        _eager(sync, p, path)
+
+
+def _eager(sync, path, name):
     import torch
 
     ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
-    g = torch.Generator().manual_seed(zlib.crc32(path.encode()))
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     mask = torch.zeros(E, dtype=torch.bool)
     mask[::4] = True
     for layer in range(LAYERS):
@@ -86,10 +114,15 @@ def test_eager(sync, path):
 @pytest.mark.parametrize("path", PATHS)
 def test_graph_replay(sync, path):
     """Layers 0 and 2 ring, 1 and 3 are skipped; 0 and 3 write out, 1 and 2 add into a partial."""
+    with variant(sync, path) as p:
+        _graph_replay(sync, p, path)
+
+
+def _graph_replay(sync, path, name):
     import torch
 
     ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
-    g = torch.Generator().manual_seed(1000 + zlib.crc32(path.encode()))
+    g = torch.Generator().manual_seed(1000 + zlib.crc32(name.encode()))
     mask = torch.zeros(E, dtype=torch.bool)
     mask[1::3] = True
     ring = (True, False, True, False)
@@ -121,7 +154,8 @@ def test_graph_replay(sync, path):
         served = ex.health()["served"] - served0
     torch.cuda.current_stream(dev).wait_stream(s)
     bells = sum(ring) if path == "kernel" else LAYERS
-    print(f"path={path} replays={REPLAYS} layers/replay={LAYERS} mismatches={mismatches} "
+    wait = sync.kernel_wait if path == "kernel" else "-"
+    print(f"path={name} wait={wait} replays={REPLAYS} layers/replay={LAYERS} mismatches={mismatches} "
           f"doorbells={served} (expected {bells * REPLAYS})")
     assert mismatches == 0
     assert served == bells * REPLAYS

@@ -64,12 +64,80 @@ def test_probes_pass_and_kernel_path_is_chosen(sync):
     assert sync.kernel_image.endswith("SASS"), sync.kernel_image
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("mode", ["new", "out", "partial"])
-def test_decode_matches_the_executor(sync, path, mode):
+def test_kernel_path_waits_in_kernel(sync):
+    """The probe passed the in-kernel wait, so decode's graph holds no memop wait (unless KERNELIO_WAIT forces it)."""
+    _need_kernelio()
+    import kernelio
+
+    want_wait = kernelio.wait_override() or "poll"
+    assert sync.kernel_wait == want_wait, sync.summary()
+    if want_wait == "poll":
+        assert "waits in-kernel" in sync.reasons["kernel"], sync.reasons["kernel"]
+
+
+def test_in_kernel_wait_puts_only_kernels_in_the_graph(sync):
     import torch
 
-    _need_kernelio(path)
+    _need_kernelio()
+    if sync.kernel_wait != "poll":
+        pytest.skip("the in-kernel wait is not in use (KERNELIO_WAIT=memop)")
+    d, ex, dev = sync._dev, sync.executor, torch.device("cuda", sync.ordinal)
+    x = torch.zeros(2, ex.H, dtype=torch.bfloat16, device=dev)
+    ids = torch.full((2, ex.top_k), -1, dtype=torch.int32, device=dev)
+    w, out = torch.zeros(2, ex.top_k, device=dev), torch.empty(2, ex.H, dtype=torch.bfloat16, device=dev)
+    torch.cuda.synchronize()
+    s = d._stream_create()
+    try:
+        d._capture_begin(s)
+        with torch.cuda.stream(torch.cuda.ExternalStream(s)):
+            sync._decode("kernel", 0, x, w, ids, None, out, None)
+        types = d._capture_end(s)
+    finally:
+        d._stream_destroy(s)
+    assert types == {0: 2}  # CU_GRAPH_NODE_TYPE_KERNEL: publish, combine; no BATCH_MEM_OP (12)
+
+
+def test_in_kernel_wait_timeout_surfaces_in_synchronize(sync):
+    """A combine that gives up waiting (nobody stored done) leaves its output alone and synchronize raises."""
+    import torch
+
+    from cpumoe_executor import _native as xn
+
+    _need_kernelio()
+    if sync.kernel_wait != "poll":
+        pytest.skip("the in-kernel wait is not in use (KERNELIO_WAIT=memop)")
+    ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
+    g = torch.Generator().manual_seed(77)
+    x = torch.randn(2, ex.H, generator=g).to(torch.bfloat16).to(dev)
+    w = torch.rand(2, ex.top_k, generator=g).to(dev)
+    ids = torch.zeros(2, ex.top_k, dtype=torch.int32, device=dev)  # CPU routes: the step rings
+    sync.decode(0, x, w, ids)
+    sync.synchronize()  # the skip flag is now 0: a combine after this one waits for done
+    iob, keep = ex.io_block(), sync._kio.poll_timeout_s
+    out = torch.full((2, ex.H), 3.0, dtype=torch.bfloat16, device=dev)
+    xn.store_u64(iob["done"], 0)  # a step nobody will answer (ready stays 0: the coordinator idles)
+    try:
+        sync._kio.poll_timeout_s = 0.05
+        sync._kio.combine(torch.cuda.current_stream(dev).cuda_stream, 2, out.data_ptr(), out.stride(0), False, True)
+        with pytest.raises(TimeoutError, match="gave up waiting for done after 0.05 s"):
+            sync.synchronize(timeout_s=5.0)
+        assert (out.float() == 3.0).all()
+    finally:
+        sync._kio.poll_timeout_s = keep
+        xn.store_u64(iob["done"], 1)
+    sync.synchronize()  # the count was cleared
+    assert not sync.pending()
+
+
+@pytest.mark.parametrize("path", PATHS + ("kernel/memop-wait",))
+@pytest.mark.parametrize("mode", ["new", "out", "partial"])
+def test_decode_matches_the_executor(sync, path, mode, monkeypatch):
+    import torch
+
+    _need_kernelio(path.split("/")[0])
+    if path == "kernel/memop-wait":  # the variant the probe did not choose: a memop wait, then combine
+        monkeypatch.setattr(sync, "kernel_wait", "memop")
+        path = "kernel"
 
     ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
     g = torch.Generator().manual_seed(zlib.crc32(f"{path}/{mode}".encode()))

@@ -45,6 +45,25 @@ print(json.dumps({"st": g.driver_status(), "path": s.path, "reasons": s.reasons,
     assert "4 host" in out["reasons"]["host-func"]
 
 
+def test_kernel_wait_choice_on_a_gpu_without_kernels(fake_libcuda):
+    """No kernel runs on the fake: no wait is chosen (the kernel path is off); a bad KERNELIO_WAIT is refused."""
+    pytest.importorskip("kernelio")
+    code = PRELUDE + """
+try:
+    s = g.CudaSync(ex, qualify=False)
+    print(json.dumps({"wait": s.kernel_wait, "path": s.path}))
+except ValueError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+    for forced, want in (("", {"wait": None, "path": "memop"}), ("poll", {"wait": None, "path": "memop"})):
+        r = run_py(code, env={"GPUSYNC_LIBCUDA": str(fake_libcuda), "KERNELIO_WAIT": forced})
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1]) == want, forced
+    r = run_py(code, env={"GPUSYNC_LIBCUDA": str(fake_libcuda), "KERNELIO_WAIT": "spin"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "KERNELIO_WAIT='spin'" in json.loads(r.stdout.strip().splitlines()[-1])["error"]
+
+
 @pytest.mark.parametrize("path", ["memop", "host-func"])
 def test_copy_step_matches_the_executor(fake_libcuda, path):
     out = fake(fake_libcuda, f"""

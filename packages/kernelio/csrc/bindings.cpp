@@ -44,15 +44,16 @@ PYBIND11_MODULE(_native, m) {
       "'cuda' or 'hip': which image the capsule's module_load takes (from the capsule's name alone).");
   m.def(
       "probe",
-      [](py::capsule cap, py::object dev, py::bytes image, double timeout_s) {
+      [](py::capsule cap, py::object dev, py::bytes image, double timeout_s, bool wait) {
         const gpusync_api* api = api_of(cap);
         gpusync_device* d = dev_of(dev);
         std::string img = image;
         py::gil_scoped_release nogil;
-        return probe(api, d, img, timeout_s);
+        return probe(api, d, img, timeout_s, wait);
       },
-      py::arg("backend"), py::arg("device"), py::arg("image"), py::arg("timeout_s") = 10.0,
-      "Self-test on scratch pinned memory; returns '' when it passed, else what failed.");
+      py::arg("backend"), py::arg("device"), py::arg("image"), py::arg("timeout_s") = 10.0, py::arg("wait") = false,
+      "Self-test on scratch pinned memory; returns '' when it passed, else what failed. wait=True also "
+      "tests combine's in-kernel wait (released by a host store, skipped steps, its timeout).");
 
   py::class_<KernelIO>(m, "KernelIO")
       // keep_alive<1, 3>: the device object outlives the kernels (their destructor frees through it).
@@ -70,6 +71,17 @@ PYBIND11_MODULE(_native, m) {
            py::arg("ids"), py::arg("ids_stride"), py::arg("w"), py::arg("w_stride"), py::arg("resident"),
            py::arg("num_experts"), py::arg("task"))
       .def("combine", &KernelIO::combine, py::arg("stream"), py::arg("T"), py::arg("out"), py::arg("out_stride"),
-           py::arg("accumulate"))
+           py::arg("accumulate"), py::arg("wait") = false,
+           "wait=True: the kernel polls done >= 1 itself (no stream memop wait before it), bounded by "
+           "poll_timeout_s; a timed-out launch reads no y and counts in poll_timeouts().")
+      .def("poll_timeouts", &KernelIO::poll_timeouts, py::arg("clear") = true,
+           "Combine blocks that gave up waiting since the last clear (synchronizes the null stream).")
+      .def_property(
+          "poll_timeout_s", [](const KernelIO& k) { return k.poll_timeout_ns() * 1e-9; },
+          [](KernelIO& k, double s) {
+            if (!(s > 0 && s <= 3600)) throw py::value_error("poll_timeout_s must be in (0, 3600] seconds");
+            k.set_poll_timeout_ns((uint64_t)(s * 1e9));
+          },
+          "In-kernel wait bound for launches made from now on (a captured graph keeps its value).")
       .def_property_readonly("scratch", &KernelIO::scratch);
 }

@@ -62,15 +62,29 @@ void KernelIO::publish(uint64_t stream, int T, uint64_t x, int64_t x_stride, uin
   check(api_->launch(dev_, publish_, grid, block, 0, stream, args), "publish launch");
 }
 
-void KernelIO::combine(uint64_t stream, int T, uint64_t out, int64_t out_stride, bool accumulate) {
+void KernelIO::combine(uint64_t stream, int T, uint64_t out, int64_t out_stride, bool accumulate, bool wait) {
   if (T < 1 || T > io_.max_tokens) throw Error("kernelio: combine: T out of range");
   kio_combine_params p{};
   p.io_y = io_.io_y, p.out = out, p.out_stride = out_stride, p.scratch = scratch_;
   p.T = T, p.H = io_.H, p.accumulate = accumulate ? 1 : 0;
+  p.done = io_.done, p.timeout_ns = poll_timeout_ns_, p.wait = wait ? 1 : 0;
   p.vec = (io_.H % 8 == 0) && (out % 16 == 0) && ((out_stride * 2) % 16 == 0) && (io_.io_y % 16 == 0);
   const int64_t items = p.vec ? (int64_t)T * io_.H / 8 : (int64_t)T * io_.H;
   const uint32_t grid[3] = {blocks_for(items), 1, 1}, block[3] = {KERNELIO_THREADS, 1, 1};
   void* args[] = {&p};
   check(api_->launch(dev_, combine_, grid, block, 0, stream, args), "combine launch");
+}
+
+uint32_t KernelIO::poll_timeouts(bool clear) {
+  uint32_t n = 0;
+  const uint64_t at = scratch_ + 2 * sizeof(uint32_t);
+  check(api_->memcpy_async(dev_, (uint64_t)(uintptr_t)&n, at, sizeof n, 0), "reading the poll-timeout count");
+  check(api_->stream_sync(dev_, nullptr, 0, 10.0), "reading the poll-timeout count");
+  if (clear && n) {
+    static const uint32_t zero = 0;
+    check(api_->memcpy_async(dev_, at, (uint64_t)(uintptr_t)&zero, sizeof zero, 0), "clearing the poll-timeout count");
+    check(api_->stream_sync(dev_, nullptr, 0, 10.0), "clearing the poll-timeout count");
+  }
+  return n;
 }
 }  // namespace kernelio

@@ -36,7 +36,14 @@ class KernelIO {
   void publish(uint64_t stream, int T, uint64_t x, int64_t x_stride, uint64_t ids, int64_t ids_stride, uint64_t w,
                int64_t w_stride, uint64_t resident, int num_experts, uint64_t task);
   // out: bf16 [T, out_stride]; accumulate: add into it (a GPU partial) instead of writing.
-  void combine(uint64_t stream, int T, uint64_t out, int64_t out_stride, bool accumulate);
+  // wait: the kernel itself waits for done >= 1 (no stream memop wait before it), at most
+  // poll_timeout_ns; a timed-out launch reads no y and is counted (poll_timeouts()).
+  void combine(uint64_t stream, int T, uint64_t out, int64_t out_stride, bool accumulate, bool wait = false);
+  // How many combine blocks gave up waiting since the last clear; synchronizes the device's
+  // null stream to read it (call it after the stream was synchronized). clear: reset to 0.
+  uint32_t poll_timeouts(bool clear);
+  uint64_t poll_timeout_ns() const { return poll_timeout_ns_; }
+  void set_poll_timeout_ns(uint64_t ns) { poll_timeout_ns_ = ns; }
 
   const IoTarget& io() const { return io_; }
   uint64_t scratch() const { return scratch_; }
@@ -52,6 +59,7 @@ class KernelIO {
   void* publish_ = nullptr;
   void* combine_ = nullptr;
   uint64_t scratch_ = 0;
+  uint64_t poll_timeout_ns_ = 10'000'000'000ull;  // 10 s: far beyond any CPU step, short of a hang
 };
 
 // Bind the backend's C ABI from its capsule pointer: major/minor/size checked,
@@ -60,6 +68,9 @@ const gpusync_api* bind_api(const void* capsule_ptr);
 
 // Start-up self-test on scratch pinned memory (no IO block, no CPU involvement):
 // publish with and without CPU routes, vector and scalar copies, several blocks,
-// and combine in both modes, all compared bit for bit. Returns "" when it passed.
-std::string probe(const gpusync_api* api, gpusync_device* dev, const std::string& image, double timeout_s);
+// and combine in both modes, all compared bit for bit. wait: also combine's in-kernel
+// wait (released by a host store while spinning; skipped steps; its timeout).
+// Returns "" when it passed.
+std::string probe(const gpusync_api* api, gpusync_device* dev, const std::string& image, double timeout_s,
+                  bool wait);
 }  // namespace kernelio

@@ -1,7 +1,9 @@
 // kernelio start-up probe on scratch pinned memory: proves the image loads and
 // both kernels produce the exact bits, before any IO block or graph uses them.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "launcher.h"
@@ -71,9 +73,58 @@ struct DevBuf {
   }
   ~DevBuf() { api->mem_free(dev, p); }
 };
+// combine's in-kernel wait (wait = 1) after a ringing step (done = 0, skip flag 0):
+// it must still be spinning when the host stores y and then done = 1, and read
+// that y; with nobody to release it, it must give up after its timeout, count
+// it and leave out untouched. A wait that never ends is released by the probe
+// (done := SHUTDOWN) so the probe itself stays bounded.
+void probe_wait(const gpusync_api* api, gpusync_device* dev, KernelIO& kio, Scratch& sc, uint64_t dout, int64_t os,
+                const std::vector<uint16_t>& out, Rng& rng, double timeout_s, std::string& stage) {
+  std::vector<uint16_t> got(out.size());
+  auto finish = [&](double limit, const char* what) {
+    if (api->stream_sync(dev, nullptr, 0, limit) == 0) return;
+    __atomic_store_n(const_cast<uint64_t*>(&sc.done()), CPUMOE_DONE_SHUTDOWN, __ATOMIC_RELEASE);
+    api->stream_sync(dev, nullptr, 0, 2.0);
+    throw Error(std::string(what) + ": the in-kernel wait did not end within " + std::to_string(limit) +
+                " s (released with done := SHUTDOWN)");
+  };
+  auto fetch = [&] {
+    if (api->memcpy_async(dev, (uint64_t)(uintptr_t)got.data(), dout, got.size() * 2, 0))
+      throw Error(api->last_error());
+    finish(timeout_s, "copy back");
+  };
+  stage = "combine waiting in the kernel, released by a host store of done";
+  if (kio.poll_timeouts(true)) throw Error("poll-timeout count not 0 before the wait stages");
+  sc.done() = 0;
+  kio.combine(0, T_MAX, dout, os, false, true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the kernel is spinning by now
+  uint16_t* y = sc.at<uint16_t>(Scratch::Y);
+  for (int i = 0; i < T_MAX * H; ++i) y[i] = rng.bf16();  // written after the launch: only a waiting kernel sees it
+  __atomic_store_n(const_cast<uint64_t*>(&sc.done()), CPUMOE_DONE_COMPLETE, __ATOMIC_RELEASE);
+  finish(timeout_s, "combine (wait)");
+  fetch();
+  for (int t = 0; t < T_MAX; ++t)
+    if (std::memcmp(got.data() + t * os, y + t * H, H * 2))
+      throw Error("row " + std::to_string(t) + " is not the y stored before done: the kernel did not wait");
+  if (kio.poll_timeouts(true)) throw Error("a released wait was counted as a timeout");
+
+  stage = "combine waiting in the kernel, nobody releasing it (timeout)";
+  if (api->memcpy_async(dev, dout, (uint64_t)(uintptr_t)out.data(), out.size() * 2, 0)) throw Error(api->last_error());
+  sc.done() = 0;
+  const uint64_t keep = kio.poll_timeout_ns();
+  kio.set_poll_timeout_ns(2'000'000);  // 2 ms
+  kio.combine(0, T_MAX, dout, os, true, true);
+  kio.set_poll_timeout_ns(keep);
+  finish(timeout_s, "combine (timeout)");
+  const uint32_t n = kio.poll_timeouts(true);
+  if (n < 1) throw Error("the wait ended without done >= 1 and without counting a timeout");
+  fetch();
+  if (got != out) throw Error("a timed-out combine wrote its output (it must read no y)");
+  if (kio.poll_timeouts(true)) throw Error("the poll-timeout count was not cleared");
+}
 }  // namespace
 
-std::string probe(const gpusync_api* api, gpusync_device* dev, const std::string& image, double timeout_s) {
+std::string probe(const gpusync_api* api, gpusync_device* dev, const std::string& image, double timeout_s, bool wait) {
   std::string stage = "setup";
   try {
     Scratch sc(api, dev);
@@ -153,7 +204,7 @@ std::string probe(const gpusync_api* api, gpusync_device* dev, const std::string
     if (sc.done() != 1 || sc.ready() != 0) throw Error("skip: expected done 1 and no doorbell");
     for (int acc = 1; acc >= 0; --acc) {
       up(dout.p, out.data(), out.size() * 2);
-      kio.combine(0, 2, dout.p, os, acc != 0);
+      kio.combine(0, 2, dout.p, os, acc != 0, wait);  // a skipped step waits for nothing
       if (api->memcpy_async(dev, (uint64_t)(uintptr_t)got.data(), dout.p, got.size() * 2, 0))
         throw Error(api->last_error());
       sync("combine skip");
@@ -173,6 +224,7 @@ std::string probe(const gpusync_api* api, gpusync_device* dev, const std::string
     sync("publish unaligned");
     check_payload(3, x.data() + 1, xs - 1, "publish unaligned");
     if (sc.done() != 0 || sc.ready() != ((1ull << 32) | 3)) throw Error("unaligned publish: doorbell words");
+    if (wait) probe_wait(api, dev, kio, sc, dout.p, os, out, rng, timeout_s, stage);
     return "";
   } catch (const std::exception& e) {
     return "kernelio probe failed at " + stage + ": " + e.what();

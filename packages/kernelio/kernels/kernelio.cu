@@ -10,10 +10,19 @@
 //   (done := 1, no doorbell: no route goes to the CPU) or rings ready := task.
 //   So no CPU can see the doorbell before done = 0 and every payload store of
 //   every block, and the serial tail costs one system fence, not three.
-// combine: after the stream's memop wait (done >= 1), y is read uncached from
-//   the block and written to `out`, or added into a GPU partial in place with
-//   the same arithmetic as torch's bf16 add (fp32 sum, round to nearest even).
-//   A skipped step reads no y: it writes zeros / adds zeros.
+// combine: once done >= 1, y is read uncached from the block and written to
+//   `out`, or added into a GPU partial in place with the same arithmetic as
+//   torch's bf16 add (fp32 sum, round to nearest even). A skipped step reads
+//   no y (and waits for nothing): it writes zeros / adds zeros.
+//   wait = 0: the stream's memop wait (done >= 1) ran before the kernel.
+//   wait = 1: the kernel waits itself (a satisfied memop wait in a graph costs
+//   more than a poll): thread 0 of EVERY block polls done with system-scope
+//   acquire loads, then the block barrier releases the block's other threads.
+//   Each block polls rather than one block doing all the work, so the grid
+//   (and the parallelism of the PCIe reads of y) stays as it was; at decode
+//   sizes that is 1-8 polling threads. Bounded: after timeout_ns the block
+//   counts a timeout in scratch[2] and returns without reading y or writing
+//   out; the host reads that count (KernelIO::poll_timeouts) and raises.
 #include "vendor.h"
 #include "kernelio/params.h"
 
@@ -101,6 +110,26 @@ KIO_EXTERN_C __global__ void __launch_bounds__(KERNELIO_THREADS) kernelio_combin
   const int nthr = blockDim.x * gridDim.x;
   const int gid = blockIdx.x * blockDim.x + threadIdx.x;
   const bool skip = reinterpret_cast<volatile const unsigned*>(p.scratch)[1] != 0;
+  if (p.wait && !skip) {
+    __shared__ int timed_out;
+    if (threadIdx.x == 0) {
+      const volatile unsigned long long* done = reinterpret_cast<const volatile unsigned long long*>(p.done);
+      const unsigned long long t0 = kio_time_ns();
+      int late = 0;
+      // done >= 1 as the memop's cyclic GEQ reads it: (int64)(done - 1) >= 0, so
+      // COMPLETE (1) and the host's release on timeout (SHUTDOWN, 2^63-1) both pass.
+      while ((long long)(kio_load_acquire_system(done) - 1ull) < 0) {
+        if (kio_time_ns() - t0 > p.timeout_ns) {
+          late = 1;
+          break;
+        }
+      }
+      if (late) atomicAdd(reinterpret_cast<unsigned*>(p.scratch) + 2, 1u);
+      timed_out = late;
+    }
+    __syncthreads();
+    if (timed_out) return;  // no y was published: leave out untouched, the host check raises
+  }
   if (p.vec) {
     const int per_row = p.H / 8, n = p.T * per_row;
     for (int i = gid; i < n; i += nthr) {

@@ -40,6 +40,18 @@ __device__ inline unsigned short kio_load_uncached(const unsigned short* p) {
 __device__ inline void kio_store_system(volatile unsigned long long* p, unsigned long long v) {
   __hip_atomic_store(const_cast<unsigned long long*>(p), v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+// The in-kernel wait's poll of done (combine with wait = 1): a system-scope
+// acquire load, so the loads of y after it (and, through the block barrier,
+// every thread's) see what the CPU stored before its release of done.
+__device__ inline unsigned long long kio_load_acquire_system(const volatile unsigned long long* p) {
+  return __hip_atomic_load(const_cast<unsigned long long*>(p), __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+// Nanoseconds for the poll's timeout: wall_clock64() runs at a constant rate
+// the device reports (hipDeviceAttributeWallClockRate); 100 MHz on gfx90a,
+// gfx942 and RDNA parts. Assumed here: a device at another rate scales the
+// timeout (a safety net of ~10 s), never the result.
+#define KIO_WALL_CLOCK_HZ 100000000ull
+__device__ inline unsigned long long kio_time_ns() { return wall_clock64() * (1000000000ull / KIO_WALL_CLOCK_HZ); }
 #else
 #include <stdint.h>
 // ld.global.cv: "cache volatile", fetch again on every load (never a stale line).
@@ -50,6 +62,21 @@ __device__ inline unsigned short kio_load_uncached(const unsigned short* p) { re
 // A volatile store (st.volatile.global): never cached or merged; the ordering
 // comes from the kio_fence_system() calls around it.
 __device__ inline void kio_store_system(volatile unsigned long long* p, unsigned long long v) { *p = v; }
+// The in-kernel wait's poll of done (combine with wait = 1): ld.acquire.sys,
+// a system-scope acquire load (never answered by a stale cache line), so the
+// loads of y after it (and, through the block barrier, every thread's) see
+// what the CPU stored before its release of done. sm_70+ (we build sm_75+).
+__device__ inline unsigned long long kio_load_acquire_system(const volatile unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+// %globaltimer: nanoseconds, the same clock on every SM (the poll's timeout).
+__device__ inline unsigned long long kio_time_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 #endif
 
 #define KIO_EXTERN_C extern "C"

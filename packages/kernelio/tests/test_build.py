@@ -44,7 +44,7 @@ def test_headers_ship():
     inc = Path(kernelio.get_include())
     text = (inc / "kernelio" / "params.h").read_text()
     assert "kio_publish_params" in text and "kio_combine_params" in text
-    assert _native.PARAMS_VERSION == 1
+    assert _native.PARAMS_VERSION == 2  # 2: combine carries done, timeout_ns, wait
 
 
 def test_fatbin_parser_rejects_other_data():

@@ -79,10 +79,14 @@ def decode(sync, path, layer, x, w, ids, mask, out, partial):
             m = m.contiguous()
         sync._kio.publish(stream, T, x.data_ptr(), x.stride(0), ids32.data_ptr(), ids32.stride(0), w32.data_ptr(),
                           w32.stride(0), 0 if m is None else m.data_ptr(), ex.E, (layer << 32) | T)
-        sync._iob.wait(_ID["kernel"], stream)
+        # In-kernel wait (the probe passed it): combine polls done itself, which costs less in a
+        # graph than a satisfied stream memop wait; else the memop wait, then a plain combine.
+        poll = sync.kernel_wait == "poll"
+        if not poll:
+            sync._iob.wait(_ID["kernel"], stream)
         if target is None:
             target = torch.empty((T, ex.H), dtype=torch.bfloat16, device=x.device)
-        sync._kio.combine(stream, T, target.data_ptr(), target.stride(0), partial is not None)
+        sync._kio.combine(stream, T, target.data_ptr(), target.stride(0), partial is not None, poll)
         return target
 
     # Copy paths: D2H x/ids/w, doorbell, wait, H2D y (gpusync step), then the add.

@@ -54,9 +54,14 @@ class CudaSync:
         bad = [p for p in paths if p not in PATHS]
         if bad:
             raise ValueError(f"unknown paths {bad}; expected a subset of {list(PATHS)}")
+        if "kernel" in paths:
+            self._kernel_wait_forced()  # a bad KERNELIO_WAIT is refused before anything starts
         self.executor, self.timeout_s, self.ordinal = executor, float(timeout_s), _ordinal(device)
         self.reasons: dict[str, str] = {p: "not tried" for p in PATHS if p != "eager"}
         self.path, self.kernel_image = "eager", None
+        # How the kernel path waits for done: "poll" (in combine) or "memop" (stream wait); kernelio's probe
+        # chooses, $KERNELIO_WAIT forces (kernelio.probe_wait).
+        self.kernel_wait: str | None = None
         self._dev = self._iob = self._kio = None
         self._started_coordinator = False
         st = _native.driver_status()
@@ -91,7 +96,7 @@ class CudaSync:
         groups: dict[str, list[str]] = {}
         for p, r in self.reasons.items():
             ok = self._usable(p) and "failed" not in r
-            label = r if not ok else f"ok ({self.kernel_image})" if p == "kernel" else "ok"
+            label = r if not ok else f"ok ({self.kernel_image}, {self.kernel_wait} wait)" if p == "kernel" else "ok"
             groups.setdefault(label, []).append(p)
         return "; ".join(f"{', '.join(ps)}: {r}" for r, ps in groups.items())
 
@@ -119,8 +124,8 @@ class CudaSync:
         except OSError as e:
             self.reasons["kernel"] = str(e)
             return
-        msg = kernelio.probe(_native._C_API_v1, self._dev, data, self.timeout_s)
-        if msg:
+        wait, msg = kernelio.probe_wait(_native._C_API_v1, self._dev, data, self.timeout_s)
+        if wait is None:
             self.reasons["kernel"] = msg
             warnings.warn(f"gpusync_cuda: kernel IO unavailable, decoding with copies + memops instead: {msg}",
                           RuntimeWarning, stacklevel=3)
@@ -139,7 +144,9 @@ class CudaSync:
         major, minor = divmod(self._dev.cc, 10)
         sass = [a for k, a in entries if k == "sass" and int(a[3:]) // 10 == major and int(a[3:]) % 10 <= minor]
         self.kernel_image = f"{sass[-1]} SASS" if sass else "PTX (JIT)"
-        self.reasons["kernel"] = f"kernelio probe passed ({self.kernel_image})"
+        self.kernel_wait = wait
+        how = "waits in-kernel" if wait == "poll" else f"memop wait: {msg}"
+        self.reasons["kernel"] = f"kernelio probe passed ({self.kernel_image}; {how})"
 
     def _qualify(self, path: str) -> bool:
         """Eager and graph-replayed decode on `path` == the executor's synchronous result, bit for bit."""
@@ -158,6 +165,13 @@ class CudaSync:
             qualify(self, path, torch)
             return True
         except Exception as e:  # noqa: BLE001 - any failure disqualifies the path
+            if path == "kernel" and self.kernel_wait == "poll" and self._kernel_wait_forced() is None:
+                # The in-kernel wait failed under replay: the kernels with a memop wait may still qualify.
+                self.kernel_wait = "memop"
+                self.reasons[path] += f"; in-kernel wait did not qualify ({type(e).__name__}: {e}): memop wait"
+                warnings.warn(f"gpusync_cuda: kernelio's in-kernel wait failed its qualification, waiting with "
+                              f"memops instead: {e}", RuntimeWarning, stacklevel=3)
+                return self._qualify(path)
             self.reasons[path] = f"failed qualification: {type(e).__name__}: {e}"
             warnings.warn(f"gpusync_cuda: the {path} path failed its start-up qualification: {e}", RuntimeWarning,
                           stacklevel=3)
@@ -166,6 +180,15 @@ class CudaSync:
             return False
         finally:
             self._iob.set_replay_safe(kid, was)
+
+    @staticmethod
+    def _kernel_wait_forced() -> str | None:
+        """$KERNELIO_WAIT ('poll' | 'memop', ValueError otherwise), None when unset or kernelio is absent."""
+        try:
+            import kernelio
+        except ImportError:
+            return None
+        return kernelio.wait_override()
 
     # ---- decode ---------------------------------------------------------------------------------
     def decode(self, layer: int, x, topk_weights, topk_ids, residency_mask=None, *, out=None, partial=None):
@@ -184,7 +207,9 @@ class CudaSync:
     # ---- waits and health -----------------------------------------------------------------------
     def synchronize(self, stream=None, timeout_s: float | None = None) -> None:
         """Wait for `stream` (default: current) at most timeout_s; on expiry the stream is released
-        (done := SHUTDOWN) and TimeoutError names the executor's state. Never hangs."""
+        (done := SHUTDOWN) and TimeoutError names the executor's state. Never hangs. With the in-kernel
+        wait, also raises TimeoutError when a combine kernel gave up waiting (its own bound,
+        kio.poll_timeout_s) since the last call: that step's output was not written."""
         torch = _torch()
         s = torch.cuda.current_stream(self.ordinal) if stream is None else stream
         h = getattr(s, "cuda_stream", s)
@@ -193,6 +218,12 @@ class CudaSync:
         if not ok:
             raise TimeoutError(f"gpusync_cuda: stream did not complete within {t} s and was released; "
                                f"executor health: {self.executor.health()}")
+        if self._kio is not None and self.kernel_wait == "poll":
+            n = self._kio.poll_timeouts(True)
+            if n:
+                raise TimeoutError(f"gpusync_cuda: {n} kernelio combine block(s) gave up waiting for done after "
+                                   f"{self._kio.poll_timeout_s:g} s and left their output unwritten; "
+                                   f"executor health: {self.executor.health()}")
 
     def pending(self) -> bool:
         """A doorbell rung and not answered yet."""

@@ -144,17 +144,45 @@ def _image_for(backend, data: bytes | None) -> bytes:
     return data
 
 
-def probe(backend, device, data: bytes | None = None, timeout_s: float = 10.0) -> str:
+def probe(backend, device, data: bytes | None = None, timeout_s: float = 10.0, wait: bool = False) -> str:
     """Self-test both kernels on scratch pinned memory through `backend` (a
     gpusync capsule: its kind picks the image) on `device` (the backend's Device,
-    or its handle). '' means passed; otherwise why not (a missing image for this
-    backend included): the caller falls back to the copy path."""
+    or its handle). wait=True also tests combine's in-kernel wait. '' means
+    passed; otherwise why not (a missing image for this backend included): the
+    caller falls back to the copy path."""
     from . import _native
 
     try:
-        return _native.probe(backend, device, _image_for(backend, data), timeout_s)
+        return _native.probe(backend, device, _image_for(backend, data), timeout_s, wait)
     except Exception as e:  # noqa: BLE001 - a probe reports, it does not raise
         return f"kernelio probe failed: {e}"
+
+
+WAITS = ("poll", "memop")
+
+
+def wait_override() -> str | None:
+    """$KERNELIO_WAIT ('poll' or 'memop') when set: forces how combine's caller waits for done."""
+    v = os.environ.get("KERNELIO_WAIT", "").strip()
+    if v and v not in WAITS:
+        raise ValueError(f"KERNELIO_WAIT={v!r}; expected one of {list(WAITS)} (or unset: chosen by the probe)")
+    return v or None
+
+
+def probe_wait(backend, device, data: bytes | None = None, timeout_s: float = 10.0) -> tuple[str | None, str]:
+    """The start-up probe and the choice of wait it implies: (wait, report).
+    wait 'poll': combine(wait=True) waits in the kernel (its stages passed too);
+    'memop': the caller waits with a stream memop before combine(wait=False);
+    None: the kernels failed (report says why). KERNELIO_WAIT forces one variant:
+    only that one is probed."""
+    forced = wait_override()
+    msg = probe(backend, device, data, timeout_s, wait=forced != "memop")
+    if not msg:
+        return forced or "poll", f"KERNELIO_WAIT={forced}" if forced else "in-kernel wait probed"
+    if forced:
+        return None, msg
+    plain = probe(backend, device, data, timeout_s, wait=False)  # did only the in-kernel wait fail?
+    return (None, plain) if plain else ("memop", f"in-kernel wait failed its probe ({msg})")
 
 
 def open_kernels(backend, device, io: dict, data: bytes | None = None):
@@ -170,4 +198,4 @@ def open_kernels(backend, device, io: dict, data: bytes | None = None):
 
 
 __all__ = ["BACKENDS", "backend_of", "build_info", "fatbin_entries", "fatbin_path", "get_include", "hip_bundle_targets",
-           "image", "image_kind", "image_path", "open_kernels", "probe"]
+           "image", "image_kind", "image_path", "open_kernels", "probe", "probe_wait", "wait_override", "WAITS"]
