@@ -5,6 +5,7 @@
 
 #include "capi.h"
 #include "probe.h"
+#include "gpusync/py_objects.h"
 
 namespace py = pybind11;
 using namespace gpusync;
@@ -15,42 +16,6 @@ PyObject* g_no_driver = nullptr;        // NoDriverError(GpuSyncError)
 PyObject* g_capture_refused = nullptr;  // CaptureRefusedError(GpuSyncError)
 
 hipStream_t S(uint64_t s) { return reinterpret_cast<hipStream_t>(static_cast<uintptr_t>(s)); }
-
-struct PyDevice {
-  gpusync_device* h;
-  explicit PyDevice(int ordinal) {
-    if (const int rc = api()->device_open(ordinal, &h)) throw Error(rc, api()->last_error());
-  }
-  ~PyDevice() { api()->device_close(h); }
-  Device& d() const { return *device_of(h); }
-};
-
-const cpumoe_executor_api* executor_api_of(py::capsule cap) {
-  const char* name = cap.name();
-  if (!name || std::string(name) != CPUMOE_EXECUTOR_CAPSULE_NAME)
-    throw Error(GPUSYNC_E_INVALID, std::string("expected the capsule ") + CPUMOE_EXECUTOR_CAPSULE_NAME + ", got " +
-                                       (name ? name : "an unnamed capsule") +
-                                       "; install a cpumoe-executor with ABI major " +
-                                       std::to_string(CPUMOE_EXECUTOR_ABI_MAJOR));
-  auto* a = static_cast<const cpumoe_executor_api*>(cap.get_pointer());
-  char err[512];
-  if (cpumoe_executor_check_api(a, err, sizeof err)) throw Error(GPUSYNC_E_INVALID, err);
-  return a;
-}
-
-struct PyIob {
-  std::shared_ptr<PyDevice> dev;  // keeps the device open while the block is registered
-  py::object exec_ref;            // keeps the executor alive
-  gpusync_iob* h = nullptr;
-  PyIob(std::shared_ptr<PyDevice> d, py::capsule cap, uint64_t handle, py::object keep)
-      : dev(std::move(d)), exec_ref(std::move(keep)) {
-    const cpumoe_executor_api* a = executor_api_of(cap);
-    if (const int rc = api()->iob_register(dev->h, a, reinterpret_cast<cpumoe_executor*>(handle), &h))
-      throw Error(rc, api()->last_error());
-  }
-  ~PyIob() { api()->iob_release(h); }
-  Iob& b() const { return *iob_of(h); }
-};
 
 py::dict runtime_status() {
   const Runtime& r = Runtime::get();
