@@ -8,33 +8,11 @@
 
 #include "probe.h"
 
+#include "gpusync/backend_common.h"
+
 namespace gpusync {
 namespace {
-struct Inputs {
-  std::vector<uint16_t> x;
-  std::vector<int32_t> ids;
-  std::vector<float> w;
-};
-
-// Deterministic, changes with the seed: finite bf16 x, routes to expert 0 (the
-// only id every executor has) or -1, positive weights.
-Inputs make_inputs(uint32_t seed, size_t T, size_t H, size_t K) {
-  uint64_t s = 0x9E3779B97F4A7C15ull * (seed + 1);
-  auto next = [&s] { return (uint32_t)((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 33); };
-  Inputs in;
-  in.x.resize(T * H), in.ids.resize(T * K), in.w.resize(T * K);
-  for (auto& v : in.x) {
-    float f = ((int)(next() % 4001) - 2000) / 1000.0f;
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    v = (uint16_t)(u >> 16);
-  }
-  for (size_t r = 0; r < T * K; ++r) {
-    in.ids[r] = (r == 0 || next() % 3) ? 0 : -1;
-    in.w[r] = 0.05f + (next() % 1000) / 1000.0f;
-  }
-  return in;
-}
+using Inputs = common::ProbeInputs;
 
 struct Task {
   uint32_t layer, T;
@@ -113,7 +91,7 @@ ProbeResult probe(Iob& b, int path, double timeout_s) {
       const std::vector<uint16_t> poison(maxT * H, 0x7FC1);  // quiet NaN: never a CPU result
       for (size_t i = 0; i < tasks.size(); ++i) {
         Task& t = tasks[i];
-        t.in = make_inputs(seed * 7 + (uint32_t)i, t.T, H, K);
+        t.in = common::make_probe_inputs(seed * 7 + (uint32_t)i, t.T, H, K);
         std::memcpy(b.host(h->x_off), t.in.x.data(), t.T * H * 2);
         std::memcpy(b.host(h->ids_off), t.in.ids.data(), t.T * K * 4);
         std::memcpy(b.host(h->w_off), t.in.w.data(), t.T * K * 4);

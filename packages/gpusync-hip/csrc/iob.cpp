@@ -5,24 +5,14 @@
 
 #include <cstdio>
 
+#include "gpusync/backend_common.h"
+
 namespace gpusync {
 namespace {
-std::string hex(uint64_t v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "0x%llx", (unsigned long long)v);
-  return b;
-}
+using common::hex;
 }  // namespace
 
-const char* path_name(int path) {
-  switch (path) {
-    case GPUSYNC_PATH_EAGER: return "eager";
-    case GPUSYNC_PATH_MEMOP: return "memop";
-    case GPUSYNC_PATH_HOSTFN: return "host-func";
-    case GPUSYNC_PATH_KERNEL: return "kernel";
-    default: return "unknown";
-  }
-}
+const char* path_name(int path) { return common::path_name(path); }
 
 const char* mechanism_name(int m) {
   switch (m) {
@@ -34,16 +24,7 @@ const char* mechanism_name(int m) {
 
 Iob::Iob(std::shared_ptr<Device> dev, const cpumoe_executor_api* api, cpumoe_executor* exec)
     : dev_(std::move(dev)), api_(api), exec_(exec) {
-  char err[512];
-  if (cpumoe_executor_check_api(api, err, sizeof err)) throw Error(GPUSYNC_E_INVALID, err);
-  if (!exec) throw Error(GPUSYNC_E_INVALID, "executor handle is NULL");
-  hdr_ = api->iob(exec);
-  if (!hdr_ || hdr_->magic != CPUMOE_IOB_MAGIC || hdr_->version != CPUMOE_PROTOCOL_VERSION)
-    throw Error(GPUSYNC_E_INVALID,
-                "IO block protocol mismatch: the executor's block is version " +
-                    std::to_string(hdr_ ? hdr_->version : 0) + " (magic " + hex(hdr_ ? hdr_->magic : 0) +
-                    ") but gpusync-hip speaks protocol v" + std::to_string(CPUMOE_PROTOCOL_VERSION) +
-                    "; reinstall matching cpumoe-executor and gpusync-hip");
+  hdr_ = common::checked_iob<Error>(api, exec, "gpusync-hip");
   ErrorScope scope(rt(), "register the IO block");
   dbase_ = dev_->host_register(hdr_, hdr_->total_bytes, &owned_);
   try {
