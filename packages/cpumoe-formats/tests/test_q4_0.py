@@ -468,6 +468,7 @@ def test_dequantize_exact(rng):
     banks = SPEC.random_banks(E, H, I, rng)
     gu = banks["gate_up"].reshape(E, 2 * I, -1, 18)
     gu[0, 0, 0, 0:2] = np.array([0x0001], "<u2").view(np.uint8)  # smallest fp16 subnormal
+    gu[0, 0, 0, 2] = (gu[0, 0, 0, 2] & 0xF0) | 0x0F  # element 0: nibble 15 (a random 8 would decode to 0)
     gu[0, 0, 1, 0:2] = np.array([0x8000], "<u2").view(np.uint8)  # -0
     gu[0, 1, 0, 0:2] = np.array([0xFBFF], "<u2").view(np.uint8)  # -65504
     gu[0, 1, 0, 2:] = 0x0F  # elements 0..15: nibble 15, 16..31: nibble 0
