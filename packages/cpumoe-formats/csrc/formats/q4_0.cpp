@@ -60,115 +60,7 @@ CPUMOE_INLINE uint16_t ld16(const uint8_t* p) {
   return v;  // x86 is little-endian, as the GGUF block is
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// w4a8 activation prep
-// ---------------------------------------------------------------------------------------------------------------
-// Layout of a prepared vector of length K (nb = K/32 blocks), see the file comment:
-//   int8  q[K]        grouped by G (low halves of a full group's blocks, then their high halves)
-//   float da[nb]      per-block activation scale
-//   int32 corr[4*nb]  corr[4b+m] = -8 * sum_{i<4} (q_b[4m+i] + q_b[16+4m+i]): the "-8" of (nib - 8) for the
-//                     int32 lane m of block b in the SIMD dots, which multiply the raw nibble (0..15)
-struct ActQ8 {
-  const int8_t* q;
-  const float* da;
-  const int32_t* corr;
-  CPUMOE_INLINE ActQ8(const void* act, int K)
-      : q((const int8_t*)act), da((const float*)(q + K)), corr((const int32_t*)(da + K / QK)) {}
-};
-size_t act_bytes_q8(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_t)(K / QK) * 20; }
-
-// Byte offsets of block b's low (elements 0..15) and high (16..31) halves in a layout grouped by G.
-CPUMOE_INLINE void half_offsets(int b, int nb, int G, size_t* lo, size_t* hi) {
-  const int g = b / G;
-  if ((g + 1) * G <= nb) {
-    *lo = (size_t)g * G * QK + (size_t)(b % G) * 16;
-    *hi = *lo + (size_t)G * 16;
-  } else {
-    *lo = (size_t)b * QK;
-    *hi = *lo + 16;
-  }
-}
-
-// 1/d_a, or 0 where it is not finite (amax == 0 gives 1/0 = inf; amax < ~127*2^-128 overflows).
-CPUMOE_INLINE float inv_scale(float d) {
-  const float id = 1.0f / d;
-  return id <= FLT_MAX ? id : 0.0f;  // also catches NaN
-}
-
-// One block of bf16 x -> 32 int8 (lo = elements 0..15, hi = 16..31) and 4 lane corrections; returns d_a.
-// Scalar and AVX2 versions give identical results: exact abs/max, one fp32 division each for d_a and 1/d_a,
-// one fp32 multiply, round half to even, clamp.
-CPUMOE_INLINE float quant_block_scalar(const uint16_t* src, int8_t* lo, int8_t* hi, int32_t* corr) {
-  float x[QK], amax = 0.0f;
-  for (int j = 0; j < QK; ++j) {
-    x[j] = bf16_to_f32(src[j]);
-    const float a = std::fabs(x[j]);
-    amax = a > amax ? a : amax;
-  }
-  const float d = amax / 127.0f, id = inv_scale(d);
-  int8_t q[QK];
-  for (int j = 0; j < QK; ++j) {
-    const float v = std::nearbyint(x[j] * id);  // round half to even (the default rounding mode)
-    q[j] = (int8_t)(!(v >= -127.0f) ? -127 : (v > 127.0f ? 127 : (int)v));  // NaN -> -127, like the SIMD path
-  }
-  for (int j = 0; j < 16; ++j) lo[j] = q[j], hi[j] = q[j + 16];
-  for (int m = 0; m < 4; ++m) {
-    int32_t s = 0;
-    for (int i = 0; i < 4; ++i) s += q[4 * m + i] + q[16 + 4 * m + i];
-    corr[m] = -8 * s;
-  }
-  return d;
-}
-
-#if defined(__AVX2__)
-CPUMOE_INLINE float quant_block_avx2(const uint16_t* src, int8_t* lo, int8_t* hi, int32_t* corr) {
-  auto ld = [&](int o) {
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(src + o))), 16));
-  };
-  const __m256 x0 = ld(0), x1 = ld(8), x2 = ld(16), x3 = ld(24);
-  const __m256 sgn = _mm256_set1_ps(-0.0f);
-  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sgn, x0), _mm256_andnot_ps(sgn, x1)),
-                           _mm256_max_ps(_mm256_andnot_ps(sgn, x2), _mm256_andnot_ps(sgn, x3)));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  const float amax = _mm_cvtss_f32(h);
-  const float d = amax / 127.0f, id = inv_scale(d);
-  const __m256 vid = _mm256_set1_ps(id);
-  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
-  auto q = [&](__m256 x) {
-    const __m256 r = _mm256_round_ps(_mm256_mul_ps(x, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(r), lim), nlim);  // NaN -> INT_MIN -> -127
-  };
-  const __m256i p01 = _mm256_packs_epi32(q(x0), q(x1)), p23 = _mm256_packs_epi32(q(x2), q(x3));
-  // the packs work per 128-bit lane: dwords come out as elements [0-3 8-11 16-19 24-27 | 4-7 12-15 20-23 28-31]
-  const __m256i v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm_storeu_si128((__m128i*)lo, _mm256_castsi256_si128(v));
-  _mm_storeu_si128((__m128i*)hi, _mm256_extracti128_si256(v, 1));
-  const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
-  const __m128i c = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-  _mm_storeu_si128((__m128i*)corr, _mm_mullo_epi32(c, _mm_set1_epi32(-8)));
-  return d;
-}
-#endif
-
-template <int G>
-void prep_act_q8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  int8_t* q = (int8_t*)dst;
-  float* da = (float*)(q + K);
-  const int nb = K / QK;
-  int32_t* corr = (int32_t*)(da + nb);
-  for (int b = 0; b < nb; ++b) {
-    size_t lo, hi;
-    half_offsets(b, nb, G, &lo, &hi);
-#if defined(__AVX2__)
-    da[b] = quant_block_avx2(src + (size_t)b * QK, q + lo, q + hi, corr + 4 * b);
-#else
-    da[b] = quant_block_scalar(src + (size_t)b * QK, q + lo, q + hi, corr + 4 * b);
-#endif
-  }
-}
+#include "q4_0_q8act.h"
 
 // ---------------------------------------------------------------------------------------------------------------
 // Row kernels. Each tier defines
@@ -295,14 +187,9 @@ struct RowsW4A8 {
   template <int R, int NT>
   static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
     const int nb = K / QK;
-    const int8_t* q[NT];
-    const float* da[NT];
-    const int32_t* corr[NT];
-    Q4_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const ActQ8 a(act[t], K);
-      q[t] = a.q, da[t] = a.da, corr[t] = a.corr;
-    }
+    const ActsQ8<NT> A(act, K);
+    const auto &q = A.q, &corr = A.corr;
+    const auto& da = A.da;
     __m256 acc[R][NT][2];
     Q4_UNROLL
     for (int r = 0; r < R; ++r)
@@ -434,14 +321,9 @@ struct RowsW4A8 {
   template <int R, int NT>
   static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
     const int nb = K / QK;
-    const int8_t* q[NT];
-    const float* da[NT];
-    const int32_t* corr[NT];
-    Q4_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const ActQ8 a(act[t], K);
-      q[t] = a.q, da[t] = a.da, corr[t] = a.corr;
-    }
+    const ActsQ8<NT> A(act, K);
+    const auto &q = A.q, &corr = A.corr;
+    const auto& da = A.da;
     __m512 acc[R][NT][2];
     __m256 tail[R][NT];
     Q4_UNROLL
