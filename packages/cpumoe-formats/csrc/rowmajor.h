@@ -83,10 +83,38 @@ void rowmajor_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t 
   }
 }
 
+// Dot::rows_acc (optional): for down rows [row0, row0 + nr), nr <= kRowBlock, and one route when I <= kSmallK:
+// out[i] += dot(row0 + i, act) * weight (product rounded, then the sum: the same two roundings as the row path
+// below). At tiny I a row's dot is a few lanes and its fixed cost (call, chains, horizontal sum) is everything:
+// the 2,048 rows of an H = 2048 layer with I = 8 took ~25 us one row at a time, a few us in blocks.
+template <class D, class = void>
+struct SmallK {
+  static constexpr bool value = false;
+  static bool applies(const cpumoe_kernel*) { return false; }
+};
+template <class D>
+struct SmallK<D, std::void_t<decltype(D::kSmallK)>> {
+  static_assert(!D::kRoundRouteTerm, "rows_acc adds unrounded route terms");
+  static constexpr bool value = true;
+  static bool applies(const cpumoe_kernel* k) { return k->params.inter <= D::kSmallK; }
+};
+
 template <class Dot>
 void rowmajor_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
                    int32_t n, float* acc, int64_t acc_stride) {
   constexpr int NT = MaxNT<Dot>::value;
+  if constexpr (SmallK<Dot>::value) {
+    if (SmallK<Dot>::applies(k)) {  // route by route (tokens never share a row's registers here), rows in blocks
+      for (int32_t j = 0; j < n; ++j) {
+        const cpumoe_route& r = routes[j];
+        float* out = acc + r.token * acc_stride - h0;
+        for (int32_t h = h0; h < h1; h += Dot::kRowBlock)
+          Dot::rows_acc(k, banks, r.expert, h, h1 - h < Dot::kRowBlock ? h1 - h : Dot::kRowBlock, r.act, r.weight,
+                        out + h);
+      }
+      return;
+    }
+  }
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;

@@ -91,3 +91,29 @@ static inline simde__m256 bk_round_ps(simde__m256 a, int mode) {
 #define _mm512_maskz_loadu_epi8(m, p) bk_maskz_loadu_epi8((m), (p))
 #define _mm256_maskz_loadu_epi8(m, p) bk_maskz_loadu_epi8_256((m), (p))
 #define _mm512_cvtepu8_epi16(a) bk_cvtepu8_epi16(a)
+// bf16's small-I down rows (Dot::rows_acc): a masked fp32 load, a masked 16 x 16-bit load, the 128-bit-lane shuffle.
+static inline simde__m512 bk_maskz_loadu_ps(uint32_t m, const void* p) {
+  float v[16] = {0};
+  for (int i = 0; i < 16; ++i)
+    if (m >> i & 1) memcpy(&v[i], (const char*)p + 4 * i, 4);
+  return simde_mm512_loadu_ps(v);
+}
+static inline simde__m256i bk_maskz_loadu_epi16_256(uint32_t m, const void* p) {
+  uint16_t v[16] = {0};
+  for (int i = 0; i < 16; ++i)
+    if (m >> i & 1) memcpy(&v[i], (const char*)p + 2 * i, 2);
+  return simde_mm256_loadu_si256(v);
+}
+static inline simde__m512 bk_shuffle_f32x4(simde__m512 a, simde__m512 b, int imm) {
+  float x[16], y[16], r[16];
+  simde_mm512_storeu_ps(x, a);
+  simde_mm512_storeu_ps(y, b);
+  for (int q = 0; q < 4; ++q) memcpy(&r[4 * q], (q < 2 ? x : y) + 4 * (imm >> (2 * q) & 3), 16);
+  return simde_mm512_loadu_ps(r);
+}
+#undef _mm512_maskz_loadu_ps
+#undef _mm256_maskz_loadu_epi16
+#undef _mm512_shuffle_f32x4
+#define _mm512_maskz_loadu_ps(m, p) bk_maskz_loadu_ps((m), (p))
+#define _mm256_maskz_loadu_epi16(m, p) bk_maskz_loadu_epi16_256((m), (p))
+#define _mm512_shuffle_f32x4(a, b, imm) bk_shuffle_f32x4((a), (b), (imm))
