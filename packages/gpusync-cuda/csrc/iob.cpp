@@ -56,13 +56,23 @@ void CopyFork::release() {
   try {
     Device::Guard g(dev_);
     const Driver& d = dev_.drv();
-    // Work still queued on a side stream finishes first (the driver releases the stream after it);
-    // return codes are not raised from here (destructor), each handle is released regardless.
-    for (CUevent& e : join_)
-      if (e) d.cuEventDestroy(e), e = nullptr;
-    if (fork_) d.cuEventDestroy(fork_), fork_ = nullptr;
-    for (CUstream& st : side_)
-      if (st) d.cuStreamDestroy(st), st = nullptr;
+    // Work still queued on a side stream finishes first (the driver releases the stream after it).
+    // A destructor cannot raise: a failure is reported on stderr and the other handles are released.
+    auto warn = [&](CUresult rc, const std::string& what) {
+      if (rc != SUCCESS)
+        std::fprintf(stderr, "gpusync-cuda: %s failed at teardown: %s\n", what.c_str(), d.name(rc).c_str());
+    };
+    for (int i = 0; i < kBranches; ++i)
+      if (join_[i]) {
+        warn(d.cuEventDestroy(join_[i]), std::string("cuEventDestroy(copy join event for ") + kCopyNames[i] + ")");
+        join_[i] = nullptr;
+      }
+    if (fork_) warn(d.cuEventDestroy(fork_), "cuEventDestroy(copy fork event)"), fork_ = nullptr;
+    for (int i = 0; i < kBranches; ++i)
+      if (side_[i]) {
+        warn(d.cuStreamDestroy(side_[i]), std::string("cuStreamDestroy(copy side stream for ") + kCopyNames[i] + ")");
+        side_[i] = nullptr;
+      }
   } catch (...) {  // the context could not be made current: the process is tearing down
   }
 }

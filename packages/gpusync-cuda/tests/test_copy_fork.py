@@ -47,7 +47,10 @@ FORK = {"1": "copies forked (GPUSYNC_COPY_FORK=1", "0": "copies serial (GPUSYNC_
 def fake(lib, code, **env):
     r = run_py(PRELUDE + code, env={"GPUSYNC_LIBCUDA": str(lib), **env})
     assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if isinstance(out, dict):
+        out["stderr"] = r.stderr
+    return out
 
 
 def ancestors(graph, i):
@@ -302,6 +305,8 @@ print(json.dumps({"base": base, "live": live, "after": after, "fails": fails, "t
     td = out["teardown"]
     assert td["streams"] == base["streams"] and td["registered"] == base["registered"]
     assert td["events"] == base["events"] + (1 if on else 0)  # only the event whose release failed
+    said = "cuEventDestroy(copy join event for x) failed at teardown: CUDA_ERROR_UNKNOWN"
+    assert (said in out["stderr"]) == on, out["stderr"]
 
 
 def test_bad_copy_fork_value_is_refused(fake_libcuda):
