@@ -14,6 +14,7 @@ struct CUfunc_st;
 struct CUgraph_st;
 struct CUgraphExec_st;
 struct CUgraphNode_st;
+struct CUevent_st;
 
 namespace gpusync {
 namespace cu {
@@ -26,6 +27,7 @@ using CUfunction = CUfunc_st*;
 using CUgraph = CUgraph_st*;
 using CUgraphExec = CUgraphExec_st*;
 using CUgraphNode = CUgraphNode_st*;
+using CUevent = CUevent_st*;
 using CUdeviceptr = unsigned long long;
 using cuuint64_t = uint64_t;
 using CUhostFn = void (*)(void*);
@@ -40,6 +42,7 @@ constexpr CUresult ERROR_NOT_SUPPORTED = 801;
 constexpr unsigned MEMHOSTREGISTER_PORTABLE = 0x01;
 constexpr unsigned MEMHOSTREGISTER_DEVICEMAP = 0x02;
 constexpr unsigned STREAM_NON_BLOCKING = 0x1;
+constexpr unsigned EVENT_DISABLE_TIMING = 0x2;  // the copy fork/join's events: ordering only, no timestamps
 constexpr unsigned STREAM_WAIT_VALUE_GEQ = 0x0;
 constexpr unsigned STREAM_WRITE_VALUE_DEFAULT = 0x0;  // carries the stream-scoped system fence
 constexpr int CAPTURE_STATUS_NONE = 0, CAPTURE_STATUS_ACTIVE = 1, CAPTURE_STATUS_INVALIDATED = 2;

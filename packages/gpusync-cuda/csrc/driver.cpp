@@ -81,6 +81,10 @@ void load(Driver& d) {
       {"cuStreamQuery", "cuStreamQuery", slot(d.cuStreamQuery), true},
       {"cuStreamSynchronize", "cuStreamSynchronize", slot(d.cuStreamSynchronize), true},
       {"cuStreamIsCapturing", "cuStreamIsCapturing", slot(d.cuStreamIsCapturing), true},
+      {"cuEventCreate", "cuEventCreate", slot(d.cuEventCreate), true},
+      {"cuEventDestroy", "cuEventDestroy_v2", slot(d.cuEventDestroy), true},
+      {"cuEventRecord", "cuEventRecord", slot(d.cuEventRecord), true},
+      {"cuStreamWaitEvent", "cuStreamWaitEvent", slot(d.cuStreamWaitEvent), true},
       // v2 memops only; never the unsuffixed (v1) export.
       {"cuStreamWriteValue64", "cuStreamWriteValue64_v2", slot(d.cuStreamWriteValue64), false},
       {"cuStreamWaitValue64", "cuStreamWaitValue64_v2", slot(d.cuStreamWaitValue64), false},

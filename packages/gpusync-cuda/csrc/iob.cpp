@@ -2,18 +2,83 @@
 #include "iob.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "gpusync/backend_common.h"
 
 namespace gpusync {
 namespace {
 using common::hex;
+const char* const kCopyNames[CopyFork::kBranches] = {"x", "ids", "w"};
 }  // namespace
 
 const char* path_name(int path) { return common::path_name(path); }
 
+bool copy_fork_from_env() {
+  const char* v = std::getenv("GPUSYNC_COPY_FORK");
+  if (!v || !*v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw Error(GPUSYNC_E_INVALID, std::string("GPUSYNC_COPY_FORK='") + v +
+                                     "': expected 0 (the copy step's input copies one after another on the "
+                                     "caller's stream) or 1 (forked onto side streams; the default), or unset");
+}
+
+CopyFork::CopyFork(const Device& dev, bool on) : dev_(dev), on_(on) {
+  if (!on_) return;
+  const Driver& d = dev_.drv();
+  try {
+    Device::Guard g(dev_);
+    for (int i = 0; i < kBranches; ++i) {
+      CUstream st = nullptr;  // assigned only on success: release() never sees a garbage handle
+      d.check(d.cuStreamCreate(&st, STREAM_NON_BLOCKING),
+              std::string("cuStreamCreate(copy side stream for ") + kCopyNames[i] + ", NON_BLOCKING)");
+      side_[i] = st;
+    }
+    CUevent ev = nullptr;
+    d.check(d.cuEventCreate(&ev, EVENT_DISABLE_TIMING), "cuEventCreate(copy fork event, DISABLE_TIMING)");
+    fork_ = ev;
+    for (int i = 0; i < kBranches; ++i) {
+      ev = nullptr;
+      d.check(d.cuEventCreate(&ev, EVENT_DISABLE_TIMING),
+              std::string("cuEventCreate(copy join event for ") + kCopyNames[i] + ", DISABLE_TIMING)");
+      join_[i] = ev;
+    }
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+CopyFork::~CopyFork() { release(); }
+
+void CopyFork::release() {
+  if (!on_) return;
+  try {
+    Device::Guard g(dev_);
+    const Driver& d = dev_.drv();
+    // Work still queued on a side stream finishes first (the driver releases the stream after it).
+    // A destructor cannot raise: a failure is reported on stderr and the other handles are released.
+    auto warn = [&](CUresult rc, const std::string& what) {
+      if (rc != SUCCESS)
+        std::fprintf(stderr, "gpusync-cuda: %s failed at teardown: %s\n", what.c_str(), d.name(rc).c_str());
+    };
+    for (int i = 0; i < kBranches; ++i)
+      if (join_[i]) {
+        warn(d.cuEventDestroy(join_[i]), std::string("cuEventDestroy(copy join event for ") + kCopyNames[i] + ")");
+        join_[i] = nullptr;
+      }
+    if (fork_) warn(d.cuEventDestroy(fork_), "cuEventDestroy(copy fork event)"), fork_ = nullptr;
+    for (int i = 0; i < kBranches; ++i)
+      if (side_[i]) {
+        warn(d.cuStreamDestroy(side_[i]), std::string("cuStreamDestroy(copy side stream for ") + kCopyNames[i] + ")");
+        side_[i] = nullptr;
+      }
+  } catch (...) {  // the context could not be made current: the process is tearing down
+  }
+}
+
 Iob::Iob(std::shared_ptr<Device> dev, const cpumoe_executor_api* api, cpumoe_executor* exec)
-    : dev_(std::move(dev)), api_(api), exec_(exec) {
+    : dev_(std::move(dev)), api_(api), exec_(exec), fork_(*dev_, copy_fork_from_env()) {
   hdr_ = common::checked_iob<Error>(api, exec, "gpusync-cuda");
   // The whole block, header words included: the GPU writes ready/done and the
   // arrays through one device mapping.
@@ -27,6 +92,11 @@ Iob::~Iob() {
     } catch (...) {  // never throw from a destructor; the process may be tearing down
     }
   }
+}
+
+std::string Iob::copy_mode() const {
+  return fork_.on() ? "copies forked (GPUSYNC_COPY_FORK=1: x, ids, w on 3 side streams, done := 0 beside them)"
+                    : "copies serial (GPUSYNC_COPY_FORK=0)";
 }
 
 CUdeviceptr Iob::dptr(const void* host) const {
@@ -69,29 +139,36 @@ void Iob::guard_capture(int path, CUstream s, const char* op) const {
                     "enforce_eager), or fix the cause above and restart so the start-up probe passes");
 }
 
+void Iob::write_word(CUstream s, uint64_t off, uint64_t value, const std::string& what) const {
+  const Driver& d = dev_->drv();
+  const CUresult rc = d.cuStreamWriteValue64(s, dptr_off(off), value, STREAM_WRITE_VALUE_DEFAULT);
+  if (rc != SUCCESS) d.fail(rc, "cuStreamWriteValue64(" + what + ")", dev_->capture_note(s));
+}
+
 void Iob::submit(int path, CUstream s, uint32_t layer, uint32_t T) {
   check_task(layer, T);
+  if (path != GPUSYNC_PATH_MEMOP && path != GPUSYNC_PATH_HOSTFN)
+    throw Error(GPUSYNC_E_INVALID, std::string("submit: path ") + path_name(path) + " has no doorbell of its own");
+  Device::Guard g(*dev_);
+  guard_capture(path, s, "submit");
+  ring(path, s, layer, T, true);
+}
+
+void Iob::ring(int path, CUstream s, uint32_t layer, uint32_t T, bool reset_done) {
   const uint64_t task = CPUMOE_TASK(layer, T);
   const Driver& d = dev_->drv();
-  Device::Guard g(*dev_);
   if (path == GPUSYNC_PATH_MEMOP) {
-    guard_capture(path, s, "submit");
     if (!dev_->memops64()) throw Error(GPUSYNC_E_UNSUPPORTED, "v2 64-bit stream memops are unavailable here");
     // done := 0 first, so this step's completion cannot be wiped; the default
     // write flag fences (system scope, stream order) before each write, so the
-    // copies before it and done = 0 are visible before ready = task.
-    CUresult rc = d.cuStreamWriteValue64(s, dptr_off(CPUMOE_IOB_DONE_OFF), CPUMOE_DONE_PENDING,
-                                         STREAM_WRITE_VALUE_DEFAULT);
-    if (rc != SUCCESS) d.fail(rc, "cuStreamWriteValue64(done := 0)", dev_->capture_note(s));
-    rc = d.cuStreamWriteValue64(s, dptr_off(CPUMOE_IOB_READY_OFF), task, STREAM_WRITE_VALUE_DEFAULT);
-    if (rc != SUCCESS) d.fail(rc, "cuStreamWriteValue64(ready := " + hex(task) + ")", dev_->capture_note(s));
-  } else if (path == GPUSYNC_PATH_HOSTFN) {
-    guard_capture(path, s, "submit");
+    // copies before it and done = 0 are visible before ready = task. (The forked
+    // copy step writes done := 0 itself, beside its copies: reset_done = false.)
+    if (reset_done) write_word(s, CPUMOE_IOB_DONE_OFF, CPUMOE_DONE_PENDING, "done := 0");
+    write_word(s, CPUMOE_IOB_READY_OFF, task, "ready := " + hex(task));
+  } else {
     if (!d.cuLaunchHostFunc) throw Error(GPUSYNC_E_UNSUPPORTED, "the CUDA driver lacks cuLaunchHostFunc");
     const CUresult rc = d.cuLaunchHostFunc(s, api_->hostfn_submit, hostfn_arg(layer, T));
     if (rc != SUCCESS) d.fail(rc, "cuLaunchHostFunc(hostfn_submit, task " + hex(task) + ")", dev_->capture_note(s));
-  } else {
-    throw Error(GPUSYNC_E_INVALID, std::string("submit: path ") + path_name(path) + " has no doorbell of its own");
   }
 }
 
@@ -116,25 +193,80 @@ void Iob::wait(int path, CUstream s) {
   }
 }
 
+void Iob::copy_in(const Copy& c, CUstream on, CUstream s) const {
+  const Driver& d = dev_->drv();
+  const CUresult rc = d.cuMemcpyDtoHAsync(host(c.off), c.src, c.bytes, on);
+  if (rc != SUCCESS)
+    d.fail(rc, std::string("cuMemcpyDtoHAsync(") + c.what + " -> IO block" + (on == s ? "" : ", side stream") + ")",
+           dev_->capture_note(s));
+}
+
+void Iob::copies_forked(CUstream s, const Copy (&in)[CopyFork::kBranches], bool reset_done) {
+  const Driver& d = dev_->drv();
+  auto check = [&](CUresult rc, const std::string& op) {
+    if (rc != SUCCESS) d.fail(rc, op, dev_->capture_note(s));
+  };
+  std::lock_guard<std::mutex> lock(fork_.mu());
+  int forked = 0;  // side streams ordered after the fork (when capturing: joined to the capture)
+  try {
+    // Fork: the side streams start after everything already on s (the previous
+    // step's y copy included). Under capture the wait pulls each side stream into
+    // the capture; its copy becomes a node depending on s's last node.
+    check(d.cuEventRecord(fork_.fork_event(), s), "cuEventRecord(copy fork, caller's stream)");
+    for (; forked < CopyFork::kBranches; ++forked)
+      check(d.cuStreamWaitEvent(fork_.side(forked), fork_.fork_event(), 0),
+            std::string("cuStreamWaitEvent(side stream for ") + kCopyNames[forked] + " waits for the fork)");
+    for (int i = 0; i < CopyFork::kBranches; ++i) copy_in(in[i], fork_.side(i), s);
+    // done := 0 beside the copies: it only has to precede ready := task (same
+    // stream, below) and follow the previous step's wait (it does: stream order).
+    if (reset_done) write_word(s, CPUMOE_IOB_DONE_OFF, CPUMOE_DONE_PENDING, "done := 0");
+    // Join: nothing after this on s (the doorbell first) starts before every
+    // copy has landed, so the coordinator never sees ready before the payload.
+    for (int i = 0; i < CopyFork::kBranches; ++i) {
+      check(d.cuEventRecord(fork_.join_event(i), fork_.side(i)),
+            std::string("cuEventRecord(copy join, side stream for ") + kCopyNames[i] + ")");
+      check(d.cuStreamWaitEvent(s, fork_.join_event(i), 0),
+            std::string("cuStreamWaitEvent(caller's stream waits for the ") + kCopyNames[i] + " copy)");
+    }
+  } catch (...) {
+    // Join back every side stream that forked (best effort, codes ignored: the
+    // first error is the one raised), so a capture is never left with unjoined
+    // work and later eager work on s stays ordered after what was queued.
+    for (int i = 0; i < forked; ++i)
+      if (d.cuEventRecord(fork_.join_event(i), fork_.side(i)) == SUCCESS)
+        d.cuStreamWaitEvent(s, fork_.join_event(i), 0);
+    throw;
+  }
+}
+
 void Iob::step(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, CUdeviceptr ids, CUdeviceptr w,
                CUdeviceptr y) {
   check_task(layer, T);
   if (path != GPUSYNC_PATH_MEMOP && path != GPUSYNC_PATH_HOSTFN)
     throw Error(GPUSYNC_E_INVALID, std::string("step: path ") + path_name(path) + " is not a copy path");
   guard_capture(path, s, "step");
+  if (path == GPUSYNC_PATH_MEMOP && !dev_->memops64())
+    throw Error(GPUSYNC_E_UNSUPPORTED, "v2 64-bit stream memops are unavailable here");
+  if (path == GPUSYNC_PATH_HOSTFN && !dev_->drv().cuLaunchHostFunc)
+    throw Error(GPUSYNC_E_UNSUPPORTED, "the CUDA driver lacks cuLaunchHostFunc");
   const Driver& d = dev_->drv();
   Device::Guard g(*dev_);
   const size_t H = hdr_->hidden, K = hdr_->top_k;
-  auto d2h = [&](uint64_t off, CUdeviceptr src, size_t n, const char* what) {
-    const CUresult rc = d.cuMemcpyDtoHAsync(host(off), src, n, s);
-    if (rc != SUCCESS) d.fail(rc, std::string("cuMemcpyDtoHAsync(") + what + " -> IO block)", dev_->capture_note(s));
-  };
-  d2h(hdr_->x_off, x, T * H * 2, "x");
-  d2h(hdr_->ids_off, ids, T * K * 4, "ids");
-  d2h(hdr_->w_off, w, T * K * 4, "w");
-  // Stream order makes the copies complete before the doorbell; the memop write
-  // (or the host function, which runs after prior work) publishes them.
-  submit(path, s, layer, T);
+  const Copy in[CopyFork::kBranches] = {{hdr_->x_off, x, T * H * 2, kCopyNames[0]},
+                                        {hdr_->ids_off, ids, T * K * 4, kCopyNames[1]},
+                                        {hdr_->w_off, w, T * K * 4, kCopyNames[2]}};
+  const bool memop = path == GPUSYNC_PATH_MEMOP;
+  if (fork_.on()) {
+    // x, ids, w (and done := 0) concurrently, then the doorbell: in a graph the
+    // four are sibling nodes and ready := task depends on all of them.
+    copies_forked(s, in, memop);
+    ring(path, s, layer, T, false);
+  } else {
+    // Stream order makes the copies complete before the doorbell; the memop write
+    // (or the host function, which runs after prior work) publishes them.
+    for (const Copy& c : in) copy_in(c, s, s);
+    ring(path, s, layer, T, true);
+  }
   wait(path, s);
   const CUresult rc = d.cuMemcpyHtoDAsync(y, host(hdr_->y_off), T * H * 2, s);
   if (rc != SUCCESS) d.fail(rc, "cuMemcpyHtoDAsync(IO block y -> y)", dev_->capture_note(s));

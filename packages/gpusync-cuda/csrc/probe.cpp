@@ -154,7 +154,7 @@ ProbeResult probe(Iob& b, int path, double timeout_s) {
     }
     res.safe = true;
     res.report = name + ": eager ok; captured " + shape + "; " + std::to_string(replays) +
-                 " replays with changed inputs bit-identical to the synchronous CPU result";
+                 " replays with changed inputs bit-identical to the synchronous CPU result; " + b.copy_mode();
   } catch (const std::exception& e) {
     if (capturing) {  // end the capture so the stream is usable again
       CUgraph g2 = nullptr;
@@ -163,7 +163,7 @@ ProbeResult probe(Iob& b, int path, double timeout_s) {
     }
     b.set_replay_safe(path, was_safe);
     res.safe = false;
-    res.report = name + " failed at " + stage + ": " + e.what();
+    res.report = name + " failed at " + stage + ": " + e.what() + " (" + b.copy_mode() + ")";
   }
   if (exec) d.cuGraphExecDestroy(exec);
   if (graph) d.cuGraphDestroy(graph);

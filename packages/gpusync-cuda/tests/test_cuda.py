@@ -189,6 +189,30 @@ def test_memops_are_graph_nodes(sync):
     assert types == {12: 3}  # CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: write done, write ready, wait
 
 
+@pytest.mark.parametrize("fork", ["0", "1"])
+def test_copy_fork_passes_the_probes_with_the_same_nodes(sync, fork, monkeypatch):
+    """GPUSYNC_COPY_FORK is read when a block is registered: a second registration of the executor's block with
+    each value passes both copy paths' probes (eager, capture, 3 replays with changed inputs, bit-identical to
+    the CPU), and the fork adds no graph node (under capture its events are edges, not nodes)."""
+    import cpumoe_executor as ce
+    from gpusync_cuda import _native
+
+    monkeypatch.setenv("GPUSYNC_COPY_FORK", fork)
+    b = _native.Iob(sync._dev, ce.C_API_CAPSULE, sync.executor.handle, sync.executor)
+    try:
+        for path, shape in (
+            ("memop", "14 nodes (6 memop, 0 host, 8 memcpy, 0 other)"),
+            ("host-func", "12 nodes (0 memop, 4 host, 8 memcpy, 0 other)"),
+        ):
+            safe, report = b.probe(_native.PATHS[path], 10.0)
+            print(f"GPUSYNC_COPY_FORK={fork} {report}")
+            assert safe and shape in report, report
+            assert ("copies forked" if fork == "1" else "copies serial") in report, report
+    finally:
+        del b
+    assert not sync.pending()
+
+
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
 def test_capture_is_refused_without_a_replay_safe_path(rng):
     import torch
