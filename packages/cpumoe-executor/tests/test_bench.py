@@ -44,3 +44,17 @@ def test_ring_loop_is_bounded():
     words = np.zeros(16, np.uint64)
     with pytest.raises(RuntimeError, match="not answered"):
         _native.ring_loop(words.ctypes.data, words.ctypes.data + 64, [1], 0, 0, 0, 0, 1, 0, 0.05)
+
+
+def test_mode_option(tmp_path):
+    assert bench.parse_modes("w4a8") == {"nvfp4": "w4a8", "mxfp4": "w4a8", "q4_0": "w4a8"}
+    assert bench.parse_modes("nvfp4=w4a8,mxfp4_triton=native") == {"nvfp4": "w4a8", "mxfp4": "native"}
+    with pytest.raises(ValueError, match="format 'bf16' has modes"):
+        bench.parse_modes("bf16=w4a8")
+    with pytest.raises(ValueError, match="no format has mode 'int3'"):
+        bench.parse_modes("int3")
+    with pytest.raises(SystemExit):  # argparse reports it as a usage error
+        bench.parse_args(["--mode", "nvfp4=int3"])
+    out = tmp_path / "b.json"
+    assert bench.main(["--quick", "--format", "nvfp4", "--batch", "1", "--mode", "w4a8", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["formats"]["nvfp4"]["isa"].endswith("+w4a8")

@@ -73,6 +73,29 @@ def model_for(fmt: str, opts) -> Model:
     return MODELS[opts.model or FORMAT_MODEL[fmt]][0]
 
 
+def parse_modes(text: str | None) -> dict:
+    """--mode: 'w4a8' (every format that has that mode; the others keep their default), or per format
+    'nvfp4=w4a8,mxfp4=native'. Unknown formats or modes raise ValueError naming the accepted ones."""
+    if not text:
+        return {}
+    out = {}
+    for item in text.split(","):
+        fmt, _, mode = item.rpartition("=")
+        fmts = [cf.get_format(fmt).name] if fmt else [n for n, sp in cf.FORMATS.items() if mode in sp.modes]
+        if not fmts:
+            modes = sorted({m for sp in cf.FORMATS.values() for m in sp.modes})
+            raise ValueError(f"--mode {item!r}: no format has mode {mode!r}; expected one of {modes}")
+        for f in fmts:
+            if mode not in cf.get_format(f).modes:
+                raise ValueError(f"--mode {item!r}: format {f!r} has modes {list(cf.get_format(f).modes)}")
+            out[f] = mode
+    return out
+
+
+def mode_for(fmt: str, modes: dict) -> str | None:
+    return modes.get(cf.get_format(fmt).name)
+
+
 def routes_for(rng, window: np.ndarray, T: int, K: int, shared: bool) -> np.ndarray:
     if shared:
         return np.tile(rng.choice(window, K, replace=False).astype(np.int32), (T, 1))
@@ -91,7 +114,7 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
     E = window * n_win
     banks = build_banks(spec, E, m.H, m.I, rng, f"{fmt} ({E} experts, {E * bpe / MiB:.0f} MiB)")
     ex = CpuMoeExecutor(fmt, [banks], top_k=m.top_k, max_tokens=max(opts.batch), threads=threads,
-                        activation=m.activation, alpha=m.alpha, limit=m.limit)
+                        activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode_for(fmt, opts.mode))
     ws = cf.aligned_empty((max(4 * llc, 64 * MiB),), np.uint8)
     ws[:] = 1
     ceiling = []
@@ -190,6 +213,9 @@ def parse_args(argv=None):
     p.add_argument("--shape", help="H,I,E,TOPK instead of a preset")
     p.add_argument("--batch", default="1,4,8", help="comma list of batch sizes")
     p.add_argument("--threads", type=int, default=None, help="worker threads (default: one per physical core)")
+    p.add_argument("--mode", default=None,
+                   help="precision mode: 'w4a8' for every format that has it, or per format "
+                        "'nvfp4=w4a8,mxfp4=native' (default: each format's default mode; the isa column shows it)")
     p.add_argument("--working-set", choices=("dram", "cache"), default="dram")
     p.add_argument("--routing", choices=("random", "shared", "both"), default="both")
     p.add_argument("--repeats", type=int, default=5)
@@ -200,6 +226,10 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny run for smoke tests")
     o = p.parse_args(argv)
     o.batch = [int(v) for v in o.batch.split(",")]
+    try:
+        o.mode = parse_modes(o.mode)
+    except ValueError as e:
+        p.error(str(e))
     o.routings = ["random", "shared"] if o.routing == "both" else [o.routing]
     if o.quick:
         o.repeats, o.steps = 2, 3
