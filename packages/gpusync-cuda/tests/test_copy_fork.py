@@ -317,16 +317,22 @@ try:
     err = None
 except g.GpuSyncError as e:
     err = str(e)
-s = g.CudaSync(ex, paths=("memop", "eager"), qualify=False)
-print(json.dumps({"err": err, "path": s.path, "memop": s.reasons["memop"], "state": state()}))
-s.close()
+try:
+    s = g.CudaSync(ex, paths=("memop", "eager"), qualify=False)
+    path, memop, py_err = s.path, s.reasons["memop"], None
+    s.close()
+except ValueError as e:
+    path = memop = None
+    py_err = str(e)
+print(json.dumps({"err": err, "py_err": py_err, "path": path, "memop": memop, "state": state()}))
 """
     for bad in ("2", "yes", " 1", "true"):
         out = fake(fake_libcuda, code, GPUSYNC_COPY_FORK=bad)
         assert out["err"] and f"GPUSYNC_COPY_FORK='{bad}': expected 0" in out["err"] and "or 1" in out["err"], out
-        # CudaSync cannot register the block: no GPU path, the reason names the variable (capture then raises it).
-        assert out["path"] == "eager" and "GPUSYNC_COPY_FORK" in out["memop"], out
+        # CudaSync refuses it up front with a ValueError naming the variable and the accepted values.
+        assert out["path"] is None and f"GPUSYNC_COPY_FORK='{bad}': expected 0" in out["py_err"], out
         assert out["state"]["streams"] == 0 and out["state"]["events"] == 0
     for good, mode in (("", "1"), ("1", "1"), ("0", "0")):
         out = fake(fake_libcuda, code, GPUSYNC_COPY_FORK=good)
-        assert out["err"] is None and out["path"] == "memop" and FORK[mode] in out["memop"], (good, out)
+        assert out["err"] is None and out["py_err"] is None, (good, out)
+        assert out["path"] == "memop" and FORK[mode] in out["memop"], (good, out)
