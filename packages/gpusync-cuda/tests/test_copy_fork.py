@@ -234,6 +234,7 @@ del b
 gc.collect()
 print(json.dumps({{"res": res, "base": base, "final": state()}}))
 """,
+        GPUSYNC_COPY_FORK="1",
     )
     want = {(n, k): w for n, k, w in FORKED_STEP_CALLS}
     assert len(out["res"]) == 2 * len(FORKED_STEP_CALLS)
@@ -332,7 +333,7 @@ print(json.dumps({"err": err, "py_err": py_err, "path": path, "memop": memop, "s
         # CudaSync refuses it up front with a ValueError naming the variable and the accepted values.
         assert out["path"] is None and f"GPUSYNC_COPY_FORK='{bad}': expected 0" in out["py_err"], out
         assert out["state"]["streams"] == 0 and out["state"]["events"] == 0
-    for good, mode in (("", "1"), ("1", "1"), ("0", "0")):
+    for good, mode in (("", "0"), ("1", "1"), ("0", "0")):  # unset or empty: serial, the default
         out = fake(fake_libcuda, code, GPUSYNC_COPY_FORK=good)
         assert out["err"] is None and out["py_err"] is None, (good, out)
         assert out["path"] == "memop" and FORK[mode] in out["memop"], (good, out)

@@ -59,7 +59,7 @@ class CudaSync:
             self._kernel_wait_forced()  # a bad KERNELIO_WAIT is refused before anything starts
         fork = os.environ.get("GPUSYNC_COPY_FORK")  # read again by the IO block; refused here, before anything starts
         if fork not in (None, "", "0", "1"):
-            raise ValueError(f"GPUSYNC_COPY_FORK={fork!r}: expected 0 (serial copies) or 1 (forked, the default); "
+            raise ValueError(f"GPUSYNC_COPY_FORK={fork!r}: expected 0 (serial copies, the default) or 1 (forked); "
                              "unset it for the default")
         self.executor, self.timeout_s, self.ordinal = executor, float(timeout_s), _ordinal(device)
         self.reasons: dict[str, str] = {p: "not tried" for p in PATHS if p != "eager"}
