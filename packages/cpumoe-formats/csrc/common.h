@@ -40,9 +40,11 @@
 
 #if defined(__GNUC__)
 #define CPUMOE_INLINE inline __attribute__((always_inline))
+#define CPUMOE_LAMBDA_INLINE __attribute__((always_inline))  // after a lambda's parameter list
 #define CPUMOE_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 0)
 #else
 #define CPUMOE_INLINE inline
+#define CPUMOE_LAMBDA_INLINE
 #define CPUMOE_PREFETCH(p) ((void)0)
 #endif
 

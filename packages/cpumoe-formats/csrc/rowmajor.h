@@ -83,8 +83,8 @@ void rowmajor_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t 
   }
 }
 
-// Dot::rows_acc (optional): for down rows [row0, row0 + nr), nr <= kRowBlock, and one route when I <= kSmallK:
-// out[i] += dot(row0 + i, act) * weight (product rounded, then the sum: the same two roundings as the row path
+// Dot::rows_acc (optional): for down rows [h0, h1) and one route when I <= kSmallK:
+// out[h - h0] += dot(h, act) * weight (product rounded, then the sum: the same two roundings as the row path
 // below). At tiny I a row's dot is a few lanes and its fixed cost (call, chains, horizontal sum) is everything:
 // the 2,048 rows of an H = 2048 layer with I = 8 took ~25 us one row at a time, a few us in blocks.
 template <class D, class = void>
@@ -105,13 +105,9 @@ void rowmajor_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0,
   constexpr int NT = MaxNT<Dot>::value;
   if constexpr (SmallK<Dot>::value) {
     if (SmallK<Dot>::applies(k)) {  // route by route (tokens never share a row's registers here), rows in blocks
-      for (int32_t j = 0; j < n; ++j) {
-        const cpumoe_route& r = routes[j];
-        float* out = acc + r.token * acc_stride - h0;
-        for (int32_t h = h0; h < h1; h += Dot::kRowBlock)
-          Dot::rows_acc(k, banks, r.expert, h, h1 - h < Dot::kRowBlock ? h1 - h : Dot::kRowBlock, r.act, r.weight,
-                        out + h);
-      }
+      for (int32_t j = 0; j < n; ++j)
+        Dot::rows_acc(k, banks, routes[j].expert, h0, h1, routes[j].act, routes[j].weight,
+                      acc + routes[j].token * acc_stride);
       return;
     }
   }

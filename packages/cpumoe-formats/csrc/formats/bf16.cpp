@@ -136,96 +136,111 @@ struct Dot {
 #else
   static constexpr int kSmallK = 16, kRowBlock = 16;  // one 16-lane fp32 product
 #endif
-  static void rows_acc(const cpumoe_kernel* k, const cpumoe_bank* banks, int e, int row0, int nr, const void* act,
+  // out[h - h0] += dot(down row h, act) * weight for h in [h0, h1): full blocks of kRowBlock rows, then one
+  // block with the missing rows zero (their sums land in slots that are not stored).
+  static void rows_acc(const cpumoe_kernel* k, const cpumoe_bank* banks, int e, int h0, int h1, const void* act,
                        float weight, float* out) {
     const int K = k->params.inter;
-    auto wrow = [&](int r) { return bank_row<uint16_t>(banks[1], e, row0 + r); };
+    const cpumoe_bank& b = banks[1];
+    const char* base = (const char*)b.ptr + (int64_t)e * b.expert_stride;
+    auto wrow = [&](int h) { return (const uint16_t*)(base + (int64_t)h * b.row_stride); };
 #if CPUMOE_TIER == CPUMOE_T_AVX2
     alignas(32) float xp[16] = {};
-    std::memcpy(xp, act, (size_t)K * 4);
-    const __m256 x0 = _mm256_load_ps(xp), x1 = _mm256_load_ps(xp + 8);
+    for (int i = 0; i < K; ++i) xp[i] = ((const float*)act)[i];
+    const __m256 x0 = _mm256_load_ps(xp), x1 = _mm256_load_ps(xp + 8), wt = _mm256_set1_ps(weight);
     auto wide = [](const uint16_t* w) {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)w)), 16));
     };
-    // Row pointers: the bank's row when it holds whole 8-vectors, else a zero-padded copy; rows past nr read
-    // zeros (their sums land in slots that are not stored).
-    alignas(32) static const uint16_t kZero[16] = {};
-    alignas(32) uint16_t pad[8][16];
-    const uint16_t* p[8];
-    for (int r = 0; r < 8; ++r) {
-      if (r >= nr) {
-        p[r] = kZero;
-      } else if (K % 8 == 0) {
-        p[r] = wrow(r);
+    const bool direct = K % 8 == 0, two = K > 8;  // direct: the bank's rows hold whole 8-vectors
+    alignas(32) uint16_t pad[8][16] = {};         // zero-padded copies of ragged rows (and zero rows)
+    auto block = [&](int h, int nr) CPUMOE_LAMBDA_INLINE {  // -> 8 sums * weight of rows h .. h + 7 (rows >= nr zero)
+      const uint16_t* p[8];
+      const int64_t rs = b.row_stride / 2;  // in bf16 elements (rows are 2-byte aligned)
+      if (direct && nr == 8) {              // the common case: straight from the bank, no pointer table
+        const uint16_t* w = wrow(h);
+        CPUMOE_UNROLL
+        for (int r = 0; r < 8; ++r) p[r] = w + r * rs;
       } else {
-        std::memset(pad[r], 0, sizeof pad[r]);
-        std::memcpy(pad[r], wrow(r), (size_t)K * 2);
-        p[r] = pad[r];
+        for (int r = 0; r < 8; ++r) {
+          if (direct && r < nr) {
+            p[r] = wrow(h + r);
+          } else {
+            for (int i = 0; i < 16; ++i) pad[r][i] = r < nr && i < K ? wrow(h + r)[i] : 0;
+            p[r] = pad[r];
+          }
+        }
       }
+      __m256 v[8];
+      if (two) {
+        CPUMOE_UNROLL
+        for (int r = 0; r < 8; ++r) v[r] = _mm256_fmadd_ps(wide(p[r] + 8), x1, _mm256_mul_ps(wide(p[r]), x0));
+      } else {
+        CPUMOE_UNROLL
+        for (int r = 0; r < 8; ++r) v[r] = _mm256_mul_ps(wide(p[r]), x0);
+      }
+      // each row's lanes l0..l7: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+      const __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+      const __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+      const __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);  // rows 0-3 | 4-7, per half
+      const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+      return _mm256_mul_ps(sum, wt);  // y * weight, then += (never fused)
+    };
+    int h = h0;
+    for (; h + 8 <= h1; h += 8) _mm256_storeu_ps(out + (h - h0), _mm256_add_ps(_mm256_loadu_ps(out + (h - h0)), block(h, 8)));
+    if (h < h1) {
+      alignas(32) float o[8];
+      _mm256_store_ps(o, block(h, h1 - h));
+      for (int r = 0; r < h1 - h; ++r) out[h - h0 + r] += o[r];
     }
-    __m256 v[8];
-    if (K > 8) {
-      CPUMOE_UNROLL
-      for (int r = 0; r < 8; ++r) v[r] = _mm256_fmadd_ps(wide(p[r] + 8), x1, _mm256_mul_ps(wide(p[r]), x0));
-    } else {
-      CPUMOE_UNROLL
-      for (int r = 0; r < 8; ++r) v[r] = _mm256_mul_ps(wide(p[r]), x0);
-    }
-    // rows' lanes (l0..l7): ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) for every row
-    const __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
-    const __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
-    const __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);  // rows 0-3 | 4-7, per 128 half
-    const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
-    const __m256 term = _mm256_mul_ps(sum, _mm256_set1_ps(weight));  // y * weight, then += (never fused)
-    if (nr == 8) {
-      _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), term));
-      return;
-    }
-    alignas(32) float o[8];
-    _mm256_store_ps(o, term);
 #else
-    __m512 v[16];
 #if CPUMOE_TIER == CPUMOE_T_AVX512BF16
     const __mmask32 m = K == 32 ? 0xFFFFFFFFu : (1u << K) - 1u;  // masked lanes read nothing, count 0
     const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, act);
-    CPUMOE_UNROLL
-    for (int r = 0; r < 16; ++r)
-      v[r] = r < nr ? _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_maskz_loadu_epi16(m, wrow(r)), xv)
-                    : _mm512_setzero_ps();
+    auto prod = [&](int h) { return _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_maskz_loadu_epi16(m, wrow(h)), xv); };
 #else
     const __mmask16 m = (__mmask16)((1u << K) - 1u);
     const __m512 xv = _mm512_maskz_loadu_ps(m, act);
-    CPUMOE_UNROLL
-    for (int r = 0; r < 16; ++r)
-      v[r] = r < nr ? _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(
-                                        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, wrow(r))), 16)),
-                                    xv)
-                    : _mm512_setzero_ps();
+    auto prod = [&](int h) {
+      return _mm512_mul_ps(
+          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, wrow(h))), 16)), xv);
+    };
 #endif
-    // Per 128-bit quarter: ((l0 + l2) + (l1 + l3)); then quarters (Q0 + Q1) + (Q2 + Q3): the same for every row.
-    __m512 s[8], q[4], t[2];
-    CPUMOE_UNROLL
-    for (int i = 0; i < 8; ++i)
-      s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    CPUMOE_UNROLL
-    for (int i = 0; i < 4; ++i) {  // rows 4i..4i+3 in each quarter
-      const __m512d a = _mm512_castps_pd(s[2 * i]), b = _mm512_castps_pd(s[2 * i + 1]);
-      q[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    const __m512 wt = _mm512_set1_ps(weight);
+    auto block = [&](int h, int nr) CPUMOE_LAMBDA_INLINE {  // -> 16 sums * weight of rows h .. h + 15 (rows >= nr zero)
+      __m512 v[16];
+      if (nr == 16) {
+        CPUMOE_UNROLL
+        for (int r = 0; r < 16; ++r) v[r] = prod(h + r);
+      } else {
+        for (int r = 0; r < 16; ++r) v[r] = r < nr ? prod(h + r) : _mm512_setzero_ps();
+      }
+      // Per 128-bit quarter: ((l0 + l2) + (l1 + l3)); then quarters (Q0 + Q1) + (Q2 + Q3): the same for every row.
+      __m512 s[8], q[4], t[2];
+      CPUMOE_UNROLL
+      for (int i = 0; i < 8; ++i)
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+      CPUMOE_UNROLL
+      for (int i = 0; i < 4; ++i) {  // rows 4i..4i+3 in each quarter
+        const __m512d a = _mm512_castps_pd(s[2 * i]), c = _mm512_castps_pd(s[2 * i + 1]);
+        q[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, c)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, c)));
+      }
+      CPUMOE_UNROLL
+      for (int i = 0; i < 2; ++i)  // [rows 8i..8i+3: Q0+Q1, Q2+Q3 | rows 8i+4..8i+7: Q0+Q1, Q2+Q3]
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(q[2 * i], q[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(q[2 * i], q[2 * i + 1], 0xDD));
+      const __m512 sum =
+          _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xDD));
+      return _mm512_mul_ps(sum, wt);
+    };
+    int h = h0;
+    for (; h + 16 <= h1; h += 16)
+      _mm512_storeu_ps(out + (h - h0), _mm512_add_ps(_mm512_loadu_ps(out + (h - h0)), block(h, 16)));
+    if (h < h1) {
+      alignas(64) float o[16];
+      _mm512_store_ps(o, block(h, h1 - h));
+      for (int r = 0; r < h1 - h; ++r) out[h - h0 + r] += o[r];
     }
-    CPUMOE_UNROLL
-    for (int i = 0; i < 2; ++i)  // [rows 8i..8i+3: Q0+Q1, Q2+Q3 | rows 8i+4..8i+7: Q0+Q1, Q2+Q3]
-      t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(q[2 * i], q[2 * i + 1], 0x88),
-                           _mm512_shuffle_f32x4(q[2 * i], q[2 * i + 1], 0xDD));
-    const __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xDD));
-    const __m512 term = _mm512_mul_ps(sum, _mm512_set1_ps(weight));
-    if (nr == 16) {
-      _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), term));
-      return;
-    }
-    alignas(64) float o[16];
-    _mm512_store_ps(o, term);
 #endif
-    for (int r = 0; r < nr; ++r) out[r] += o[r];
   }
 #endif
 };
