@@ -11,29 +11,8 @@
 # 4. tests-integration/test_gpu_handshake.py for the copy paths (memop, host-func: eager + 1,000 graph replays
 #    bit-identical to the executor) with GPUSYNC_COPY_FORK=1, then =0. (The kernel path does not use the copy step.)
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(mkdir -p "${1:?usage: ci/gpu_memfork.sh OUTDIR}" && cd "$1" && pwd)
-PY=${PYTHON:-python3}
-if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then  # wheels the image lacks (ml_dtypes, pybind11, hypothesis)
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-t0=$(date +%s)
-SKIP_TESTS=1 SKIP_BENCH=1 "$ROOT/ci/gpu_cuda_inplace.sh" "$OUT" >"$OUT/build.txt" 2>&1 \
-  || { tail -40 "$OUT/build.txt"; echo "build failed"; exit 1; }
-echo "build: $(($(date +%s) - t0)) s"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH=$ROOT/packages/cpumoe-formats/src:$ROOT/packages/cpumoe-executor/src:$ROOT/packages/gpusync-cuda/src:$ROOT/packages/kernelio/src${PYTHONPATH:+:$PYTHONPATH}
-cd "$ROOT"
-rc=0
-run() {  # name timeout tail-lines command...
-  local name=$1 limit=$2 lines=$3; shift 3
-  local t1; t1=$(date +%s)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local r=$?; rc=$((rc | r))
-  echo "== $name: rc=$r in $(($(date +%s) - t1)) s"
-  tail -"$lines" "$OUT/$name.log"
-}
+source "$(dirname "$0")/gpu_setup.sh"
 for f in 0 1; do
   run "bench-fork$f" 100 14 env GPUSYNC_COPY_FORK=$f $PY -m gpusync_cuda.bench --batches 1,8 --paths memop,kernel \
     --json "$OUT/bench-fork$f.json"
