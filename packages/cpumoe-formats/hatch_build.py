@@ -39,7 +39,10 @@ TIERS = {
     "avx512f": (3, _AVX512),
     "avx512vnni": (4, _AVX512 + ["-mavx512vnni"]),
     "avx512bf16": (5, _AVX512 + ["-mavx512vnni", "-mavx512bf16"]),
+    "amx": (6, _AVX512 + ["-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]),
 }
+# Tiers only some formats have kernels for (the registry's table holds nullptr for the rest).
+TIER_FORMATS = {"amx": {"bf16"}}
 
 
 def _cxx() -> list[str]:
@@ -90,6 +93,8 @@ def build(out_dir: Path = PKG, verbose: bool = True) -> Path:
         jobs.append((src, obj_dir / f"{src.stem}.o", defs))
     for src in sorted((CSRC / "formats").glob("*.cpp")):
         for tag, (num, flags) in tiers.items():
+            if tag in TIER_FORMATS and src.stem not in TIER_FORMATS[tag]:
+                continue
             jobs.append((src, obj_dir / f"{src.stem}.{tag}.o",
                          flags + [f"-DCPUMOE_TIER={num}", f"-DCPUMOE_TIER_TAG={tag}"]))
     hdr = _newest_header()

@@ -30,6 +30,7 @@
 #define CPUMOE_T_AVX512F 3
 #define CPUMOE_T_AVX512VNNI 4
 #define CPUMOE_T_AVX512BF16 5
+#define CPUMOE_T_AMX 6
 #define CPUMOE_CAT2(a, b) a##b
 #define CPUMOE_CAT(a, b) CPUMOE_CAT2(a, b)
 #define CPUMOE_INIT_FN(fmt) CPUMOE_CAT(CPUMOE_CAT(cpumoe_init_, fmt), CPUMOE_CAT(_, CPUMOE_TIER_TAG))

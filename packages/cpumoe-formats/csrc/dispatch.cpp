@@ -9,12 +9,29 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace cpumoe {
 namespace {
 struct Features {
-  bool avx2 = false, avxvnni = false, avx512 = false, avx512vnni = false, avx512bf16 = false;
+  bool avx2 = false, avxvnni = false, avx512 = false, avx512vnni = false, avx512bf16 = false, amx = false;
 };
+
+// Linux hands out AMX tile data state per process, on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA); without it the first tile instruction is SIGILL. Asked once, at detection.
+bool os_grants_amx() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kReqXcompPerm = 0x1023, kGetXcompPerm = 0x1022, kXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) != 0) return false;
+  unsigned long long perm = 0;
+  return syscall(SYS_arch_prctl, kGetXcompPerm, &perm) == 0 && (perm >> kXtiledata & 1);
+#else
+  return false;
+#endif
+}
 
 Features probe() {
   Features f;
@@ -33,6 +50,8 @@ Features probe() {
   const bool avx2 = b & (1u << 5), bmi1 = b & (1u << 3), bmi2 = b & (1u << 8);
   const bool f512 = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
   const bool vnni512 = c & (1u << 11);
+  const bool amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24);
+  const bool os_tiles = (xlo & (3u << 17)) == (3u << 17);  // XTILECFG + XTILEDATA enabled in XCR0
   unsigned a1 = 0, b1, c1, d1;
   __cpuid_count(7, 1, a1, b1, c1, d1);
   f.avx2 = os_ymm && avx2 && fma && f16c && bmi1 && bmi2;
@@ -40,6 +59,7 @@ Features probe() {
   f.avx512 = f.avx2 && os_zmm && f512 && dq && bw && vl;
   f.avx512vnni = f.avx512 && vnni512;
   f.avx512bf16 = f.avx512vnni && (a1 & (1u << 5));
+  f.amx = f.avx512bf16 && amx_tile && amx_bf16 && os_tiles && os_grants_amx();
 #endif
   return f;
 }
@@ -61,10 +81,13 @@ unsigned built_mask() {
 #ifdef CPUMOE_BUILT_avx512bf16
   m |= 1u << CPUMOE_TIER_AVX512BF16;
 #endif
+#ifdef CPUMOE_BUILT_amx
+  m |= 1u << CPUMOE_TIER_AMX;
+#endif
   return m;
 }
 
-const char* const kNames[CPUMOE_TIER_COUNT] = {"scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16"};
+const char* const kNames[CPUMOE_TIER_COUNT] = {"scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16", "amx"};
 }  // namespace
 
 unsigned usable_tier_mask() {
@@ -76,6 +99,7 @@ unsigned usable_tier_mask() {
     if (f.avx512) m |= 1u << CPUMOE_TIER_AVX512F;
     if (f.avx512vnni) m |= 1u << CPUMOE_TIER_AVX512VNNI;
     if (f.avx512bf16) m |= 1u << CPUMOE_TIER_AVX512BF16;
+    if (f.amx) m |= 1u << CPUMOE_TIER_AMX;
     return m & built_mask();
   }();
   return mask;

@@ -43,11 +43,24 @@ CPUMOE_DECL_ALL(avx512bf16)
 #else
 #define V_avx512bf16(f) nullptr
 #endif
+// amx: only bf16 has tile kernels (hatch_build.py compiles bf16.cpp alone at this tier); the others run
+// their best tier below it.
+#ifdef CPUMOE_BUILT_amx
+CPUMOE_DECL(bf16, amx)
+#define V_amx_bf16 &cpumoe_init_bf16_amx
+#else
+#define V_amx_bf16 nullptr
+#endif
+#define V_amx_nvfp4 nullptr
+#define V_amx_mxfp4 nullptr
+#define V_amx_ds_fp4 nullptr
+#define V_amx_q4_0 nullptr
+#define V_amx_fp8_block nullptr
 
 namespace cpumoe {
 namespace {
 using InitFn = bool (*)(cpumoe_kernel*);
-#define ROW(f) {&cpumoe_init_##f##_scalar, V_avx2(f), V_avxvnni(f), V_avx512f(f), V_avx512vnni(f), V_avx512bf16(f)}
+#define ROW(f) {&cpumoe_init_##f##_scalar, V_avx2(f), V_avxvnni(f), V_avx512f(f), V_avx512vnni(f), V_avx512bf16(f), V_amx_##f}
 const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(nvfp4), ROW(mxfp4),
                                                               ROW(ds_fp4), ROW(q4_0),  ROW(fp8_block)};
 #undef ROW
@@ -86,7 +99,7 @@ int32_t kernel_create(const cpumoe_params* p, int32_t cap, cpumoe_kernel** out, 
     cap = env_tier_cap();
     if (cap < 0) {
       const char* v = std::getenv("CPUMOE_ISA");
-      FAIL("CPUMOE_ISA=%s is not a tier; expected one of scalar, avx2, avxvnni, avx512f, avx512vnni, avx512bf16, auto",
+      FAIL("CPUMOE_ISA=%s is not a tier; expected one of scalar, avx2, avxvnni, avx512f, avx512vnni, avx512bf16, amx, auto",
            v ? v : "");
     }
   }

@@ -2,7 +2,7 @@
 #pragma once
 #include "cpumoe_formats/abi.h"
 
-#define CPUMOE_FOR_EACH_TIER(X) X(scalar) X(avx2) X(avxvnni) X(avx512f) X(avx512vnni) X(avx512bf16)
+#define CPUMOE_FOR_EACH_TIER(X) X(scalar) X(avx2) X(avxvnni) X(avx512f) X(avx512vnni) X(avx512bf16) X(amx)
 #define CPUMOE_FOR_EACH_FORMAT(X) X(bf16) X(nvfp4) X(mxfp4) X(ds_fp4) X(q4_0) X(fp8_block)
 
 namespace cpumoe {

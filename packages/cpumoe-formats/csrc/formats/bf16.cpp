@@ -1,7 +1,8 @@
 // bf16 experts: gate_up [E, 2I, H], down [E, H, I], both bf16, row-major.
 // Banks (slots): 0 gate_up, 1 down. Ragged H and I allowed (scalar tails).
 // Tiers: scalar; avx2 and avx512f widen bf16 to fp32 (x prepared as fp32,
-// 4 independent FMA chains); avx512bf16 feeds vdpbf16ps with bf16 x.
+// 4 independent FMA chains); avx512bf16 feeds vdpbf16ps with bf16 x; amx runs
+// 16-row x 16-token tile products (bf16_amx.h).
 #include "../rowmajor.h"
 
 namespace cpumoe {
@@ -249,11 +250,22 @@ struct Dot {
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
 
+#if CPUMOE_TIER == CPUMOE_T_AMX
+#include "bf16_amx.h"
+#endif
+
 bool CPUMOE_INIT_FN(bf16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   (void)k;
   return false;  // no int8 variant: the tier below runs
+#elif CPUMOE_TIER == CPUMOE_T_AMX
+  k->act_bytes = &act_bytes_bf16;
+  k->prep_act = &prep_act_bf16;
+  k->gate_up = &amx::gate_up;
+  k->down = &amx::down;
+  k->block_hint = 32;  // work items in whole 16-row tiles
+  return true;
 #else
 #if CPUMOE_TIER == CPUMOE_T_AVX512BF16
   k->act_bytes = &act_bytes_bf16;

@@ -14,7 +14,7 @@ from .inputs import check_routing, x_as_bf16
 from .numerics import BF16
 
 log = logging.getLogger("cpumoe_formats")
-TIERS = ("scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16")
+TIERS = ("scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16", "amx")
 _MODES = ("native", "w4a8")
 
 

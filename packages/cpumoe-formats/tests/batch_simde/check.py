@@ -14,11 +14,11 @@ import numpy as np
 import cpumoe_formats as cf
 from cpumoe_formats.numerics import BF16
 
-TIERS = ["scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16"]
+TIERS = ["scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16", "amx"]
 FMT_ID = {"bf16": 0, "nvfp4": 1, "ds_fp4": 3, "q4_0": 4, "fp8_block": 5}
 TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 5e-3, "q4_0": 5e-3, "ds_fp4": 2e-2}
 SHAPES = {  # ragged shapes (tails of every loop) and a model-like one
-    "bf16": [(5, 1059, 331), (3, 2048, 768), (4, 2051, 8), (4, 515, 13), (3, 300, 32)],  # tiny I: rows_acc
+    "bf16": [(5, 1059, 331), (3, 2048, 768), (4, 2051, 8), (4, 515, 13), (3, 300, 32), (4, 96, 64)],  # tiny I
     "fp8_block": [(5, 1100, 300), (3, 2048, 512)],
     "nvfp4": [(5, 720, 368), (3, 2048, 512)],
     "ds_fp4": [(5, 640, 384), (3, 1024, 512)],

@@ -11,6 +11,7 @@
 #define BK_TIERS(f) BK_DECL(f, scalar) BK_DECL(f, avx2) BK_DECL(f, avxvnni) BK_DECL(f, avx512f) BK_DECL(f, avx512vnni) \
   BK_DECL(f, avx512bf16)
 BK_TIERS(bf16) BK_TIERS(fp8_block) BK_TIERS(nvfp4) BK_TIERS(ds_fp4) BK_TIERS(q4_0)
+BK_DECL(bf16, amx)  // amx_emu.h
 
 namespace cpumoe {
 unsigned usable_tier_mask() { return 3; }
@@ -25,13 +26,14 @@ int32_t format_bank_count(int32_t) { return 0; }
 typedef bool (*Init)(cpumoe_kernel*);
 struct Entry {
   int format;
-  Init init[6];
+  Init init[7];
 };
-#define BK_ROW(id, f) {id, {cpumoe_init_##f##_scalar, cpumoe_init_##f##_avx2, cpumoe_init_##f##_avxvnni, \
-  cpumoe_init_##f##_avx512f, cpumoe_init_##f##_avx512vnni, cpumoe_init_##f##_avx512bf16}}
-static const Entry kEntries[] = {BK_ROW(CPUMOE_FMT_BF16, bf16), BK_ROW(CPUMOE_FMT_FP8_BLOCK, fp8_block),
-                                 BK_ROW(CPUMOE_FMT_NVFP4, nvfp4), BK_ROW(CPUMOE_FMT_DS_FP4, ds_fp4),
-                                 BK_ROW(CPUMOE_FMT_Q4_0, q4_0)};
+#define BK_ROW(id, f, amx) {id, {cpumoe_init_##f##_scalar, cpumoe_init_##f##_avx2, cpumoe_init_##f##_avxvnni, \
+  cpumoe_init_##f##_avx512f, cpumoe_init_##f##_avx512vnni, cpumoe_init_##f##_avx512bf16, amx}}
+#define BK_ROW6(id, f) BK_ROW(id, f, nullptr)
+static const Entry kEntries[] = {BK_ROW(CPUMOE_FMT_BF16, bf16, cpumoe_init_bf16_amx), BK_ROW6(CPUMOE_FMT_FP8_BLOCK, fp8_block),
+                                 BK_ROW6(CPUMOE_FMT_NVFP4, nvfp4), BK_ROW6(CPUMOE_FMT_DS_FP4, ds_fp4),
+                                 BK_ROW6(CPUMOE_FMT_Q4_0, q4_0)};
 
 // Returns 0, -2 when the format has no kernel of its own at `tier` for the mode, -1 on a step error.
 extern "C" __attribute__((visibility("default"))) int bk_step(const cpumoe_params* p, int tier, int block_hint,
@@ -44,7 +46,7 @@ extern "C" __attribute__((visibility("default"))) int bk_step(const cpumoe_param
     k.struct_size = sizeof k;
     k.params = *p;
     k.block_hint = block_hint;
-    if (!e.init[tier](&k)) return -2;
+    if (!e.init[tier] || !e.init[tier](&k)) return -2;
     std::vector<char> scratch(cpumoe::step_scratch_bytes(&k, T, top_k));
     char err[256];
     const int rc = cpumoe::moe_step(&k, banks, T, top_k, x, ids, w, y, scratch.data(), err, sizeof err);

@@ -40,5 +40,5 @@ SPEC = Bf16Format(
     banks=(BankSpec("gate_up", (BF16, np.uint16), lambda E, H, I: (E, 2 * I, H), align=2),
            BankSpec("down", (BF16, np.uint16), lambda E, H, I: (E, H, I), align=2)),
     description="bf16 weights, fp32 accumulation (W16A16)",
-    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16", "amx")},
 )

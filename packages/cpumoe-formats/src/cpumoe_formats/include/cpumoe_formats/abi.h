@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 0
+#define CPUMOE_FORMATS_ABI_MINOR 1
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -53,7 +53,8 @@ enum cpumoe_tier {
   CPUMOE_TIER_AVX512F = 3,    /* AVX-512 F/BW/DQ/VL (Skylake-SP baseline) */
   CPUMOE_TIER_AVX512VNNI = 4, /* + AVX512-VNNI */
   CPUMOE_TIER_AVX512BF16 = 5, /* + AVX512-BF16 (vdpbf16ps) */
-  CPUMOE_TIER_COUNT = 6
+  CPUMOE_TIER_AMX = 6,        /* + AMX-TILE + AMX-BF16, OS permission granted (tile dot products; ABI 1.1) */
+  CPUMOE_TIER_COUNT = 7
 };
 
 /* Activation precision modes. Each format lists the modes it supports; the

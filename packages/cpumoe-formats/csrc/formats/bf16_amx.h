@@ -1,0 +1,179 @@
+// bf16 experts on AMX tiles (tier amx; included by bf16.cpp at that tier only).
+//
+// One tile dot product C[16 rows][16 tokens] += A[16 rows][32 k] . B[32 k][16 tokens] per 32-wide K chunk:
+//   A = 16 consecutive weight rows, 64 bytes each, loaded straight from the bank (tileloadd takes the row stride);
+//   B = the tokens' activations for that chunk in AMX's pair layout, B[r][t] = (x_t[32c + 2r], x_t[32c + 2r + 1]),
+//       built once per work item for all chunks (a few KB per token) and reused by every row block;
+//   C = fp32, one element per (row, token), accumulated over the chunks in order.
+// Each C element depends only on its row and its token's column, so a token's result does not depend on which
+// tokens share the tile (batch identity) and a row's does not depend on where its block starts (work splits).
+// Rows past the item's range and tokens past n are zeros; a K tail (K % 32) is zero-padded in A and B (a bf16
+// NaN in the next row's bytes times a zero activation would still be NaN). Precision: as vdpbf16ps (bf16
+// products in fp32, bf16 subnormal inputs read as zero), the same W16A16 mode as the avx512bf16 tier.
+//
+// Tile configuration: palette 1, every tile 16 rows x 64 bytes. The tile state is per thread and another
+// library on the same thread (oneDNN under torch) may configure it differently, so every work item loads ours
+// and releases the tiles when it returns.
+#pragma once
+#include <vector>
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace amx {
+
+constexpr int kRows = 16, kCols = 16, kChunk = 32;  // rows per A tile, tokens per B/C tile, k per chunk
+
+// Tiles 0, 1: A (16 rows x 64 bytes); 4: B and 2, 3: C, 16 rows x 4 nt bytes (nt tokens).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  explicit TileConfig(int nt) {
+    for (int t = 0; t < 5; ++t) rows[t] = kRows, colsb[t] = t < 2 ? 64 : (uint16_t)(4 * nt);
+  }
+};
+
+struct Tiles {  // released when the work item returns
+  ~Tiles() { _tile_release(); }
+  void configure(int nt) {  // per token group: LDTILECFG also zeroes the tiles
+    if (nt == nt_) return;
+    const TileConfig cfg(nt);
+    _tile_loadconfig(&cfg);
+    nt_ = nt;
+  }
+  int nt_ = 0;
+};
+
+// B operands of n <= 16 prepared activations (bf16, length K), chunk by chunk: B[r][t] = pair r of chunk c of
+// token t. One token's full chunks are its own activation read with a 4-byte row stride; otherwise (several
+// tokens, or the K tail) the pairs are interleaved into `buf`, zero past K.
+struct BOperand {
+  BOperand(const void* const* acts, int n, int K, std::vector<uint32_t>& buf) : acts_(acts), n_(n), K_(K) {
+    const int nchunks = (K + kChunk - 1) / kChunk, npairs = K / 2;
+    const bool direct = n == 1;
+    const int built = direct ? (K % kChunk ? 1 : 0) : nchunks;  // chunks that live in buf
+    first_built_ = nchunks - built;
+    buf.assign((size_t)built * kRows * n, 0u);
+    for (int t = 0; t < n; ++t) {
+      const uint16_t* x = (const uint16_t*)acts[t];
+      for (int q = first_built_ * kRows; q < npairs; ++q) {  // whole pairs
+        uint32_t v;
+        std::memcpy(&v, x + 2 * q, 4);
+        buf[(size_t)(q - first_built_ * kRows) * n + t] = v;
+      }
+      if (K & 1) {  // a half pair: the odd element alone
+        const int q = npairs;
+        buf[(size_t)(q - first_built_ * kRows) * n + t] = x[K - 1];
+      }
+    }
+    buf_ = buf.data();
+  }
+  // (pointer, row stride in bytes) of chunk c
+  const void* chunk(int c, int* stride) const {
+    if (c < first_built_) {
+      *stride = 4;
+      return (const uint16_t*)acts_[0] + (size_t)c * kChunk;
+    }
+    *stride = 4 * n_;
+    return buf_ + (size_t)(c - first_built_) * kRows * n_;
+  }
+  const void* const* acts_;
+  int n_, K_, first_built_ = 0;
+  const uint32_t* buf_ = nullptr;
+};
+
+// C[r][t] = sum over k of row (row0 + r)[k] * act_t[k] for rows [row0, row0 + nr) of `bank` (expert e), in
+// 16-row tiles, with the rows [row0b, row0b + nr) as a second set sharing every B load when row0b >= 0 (gate
+// and up). emit(r, m, c0, c1) receives each finished block of m <= 16 rows: c0[i][t] (c1: the second set).
+template <class Emit>
+void rows_x_tokens(const cpumoe_bank& bank, int e, int row0, int nr, int row0b, int K, const BOperand& B, Emit emit) {
+  const int nfull = K / kChunk, nchunks = (K + kChunk - 1) / kChunk;
+  const int64_t rs = bank.row_stride;
+  const char* base = (const char*)bank.ptr + (int64_t)e * bank.expert_stride;
+  alignas(64) uint16_t pad[2][kRows][kChunk];  // zero-padded A for a partial row block and the K tail
+  alignas(64) float c0[kRows][kCols], c1[kRows][kCols];
+  for (int r = 0; r < nr; r += kRows) {
+    const int m = nr - r < kRows ? nr - r : kRows;
+    const char* a[2] = {base + (int64_t)(row0 + r) * rs, row0b >= 0 ? base + (int64_t)(row0b + r) * rs : nullptr};
+    auto load_a = [&](int which, int c) CPUMOE_LAMBDA_INLINE {  // tile `which` <- chunk c of the block's rows
+      const int kn = c < nfull ? kChunk : K % kChunk;
+      if (m == kRows && kn == kChunk) {
+        if (which == 0) _tile_loadd(0, a[0] + 2 * c * kChunk, rs);
+        else _tile_loadd(1, a[1] + 2 * c * kChunk, rs);
+        return;
+      }
+      std::memset(pad[which], 0, sizeof pad[which]);
+      for (int i = 0; i < m; ++i) std::memcpy(pad[which][i], a[which] + i * rs + 2 * c * kChunk, (size_t)kn * 2);
+      if (which == 0) _tile_loadd(0, pad[0], 64);
+      else _tile_loadd(1, pad[1], 64);
+    };
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int c = 0; c < nchunks; ++c) {
+      int bs;
+      const void* b = B.chunk(c, &bs);
+      _tile_loadd(4, b, bs);
+      load_a(0, c);
+      _tile_dpbf16ps(2, 0, 4);
+      if (a[1]) {
+        load_a(1, c);
+        _tile_dpbf16ps(3, 1, 4);
+      }
+    }
+    _tile_stored(2, c0, 64);
+    if (a[1]) _tile_stored(3, c1, 64);
+    emit(r, m, c0, c1);
+  }
+}
+
+inline std::vector<uint32_t>& scratch() {
+  thread_local std::vector<uint32_t> b;
+  return b;
+}
+
+void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+             const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& p = k->params;
+  Tiles tiles;
+  for (int32_t j0 = 0; j0 < n; j0 += kCols) {  // token groups of 16
+    const int nt = n - j0 < kCols ? n - j0 : kCols;
+    tiles.configure(nt);
+    const BOperand B(xs + j0, nt, p.hidden, scratch());
+    rows_x_tokens(banks[0], e, i0, i1 - i0, p.inter + i0, p.hidden, B,
+                  [&](int r, int m, float (*gate)[kCols], float (*up)[kCols]) {
+                    for (int i = 0; i < m; ++i)
+                      for (int t = 0; t < nt; ++t) {
+                        const float wi = w_in[j0 + t];
+                        g[j0 + t][i0 + r + i] = f32_to_bf16(activate(p, gate[i][t] * wi, up[i][t] * wi));
+                      }
+                  });
+  }
+}
+
+void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+          int32_t n, float* acc, int64_t acc_stride) {
+  const cpumoe_params& p = k->params;
+  Tiles tiles;
+  const void* acts[kCols];
+  for (int32_t a = 0; a < n;) {  // expert groups (routes of one expert are adjacent), then groups of 16 routes
+    int32_t b = a + 1;
+    while (b < n && b - a < kCols && routes[b].expert == routes[a].expert) ++b;
+    const int nt = b - a;
+    for (int t = 0; t < nt; ++t) acts[t] = routes[a + t].act;
+    tiles.configure(nt);
+    const BOperand B(acts, nt, p.inter, scratch());
+    rows_x_tokens(banks[1], routes[a].expert, h0, h1 - h0, -1, p.inter, B,
+                  [&](int r, int m, float (*y)[kCols], float (*)[kCols]) {
+                    for (int t = 0; t < nt; ++t) {  // route order, as the row path: y * weight, then +=
+                      const cpumoe_route& rt = routes[a + t];
+                      float* out = acc + rt.token * acc_stride + r;
+                      for (int i = 0; i < m; ++i) out[i] += y[i][t] * rt.weight;
+                    }
+                  });
+    a = b;
+  }
+}
+
+}  // namespace amx
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
