@@ -22,10 +22,6 @@ namespace CPUMOE_NS {
 namespace amx {
 
 constexpr int kRows = 16, kCols = 16, kChunk = 32;  // rows per A tile, tokens per B/C tile, k per chunk
-#ifndef CPUMOE_AMX_PF
-#define CPUMOE_AMX_PF 8
-#endif
-constexpr int kPrefetchChunks = CPUMOE_AMX_PF;      // software prefetch distance in chunks (8: 512 bytes per row)
 
 // Tiles 0, 1: A (16 rows x 64 bytes); 4: B and 2, 3: C, 16 rows x 4 nt bytes (nt tokens).
 struct alignas(64) TileConfig {
@@ -114,12 +110,6 @@ void rows_x_tokens(const cpumoe_bank& bank, int e, int row0, int nr, int row0b, 
     _tile_zero(2);
     _tile_zero(3);
     for (int c = 0; c < nchunks; ++c) {
-      if (kPrefetchChunks && m == kRows && c + kPrefetchChunks < nfull) {  // a tile load touches 16 (gate + up: 32) row streams at
-        for (int i = 0; i < kRows; ++i) {               // once, more than the hardware prefetcher follows
-          CPUMOE_PREFETCH(a[0] + i * rs + 2 * (c + kPrefetchChunks) * kChunk);
-          if (a[1]) CPUMOE_PREFETCH(a[1] + i * rs + 2 * (c + kPrefetchChunks) * kChunk);
-        }
-      }
       int bs;
       const void* b = B.chunk(c, &bs);
       _tile_loadd(4, b, bs);
