@@ -15,8 +15,9 @@
 //  native (W4A16): fp32 activations, per block d * sum((nib-8) * x) in fp32. Tiers: scalar, avx2, avx512f.
 //
 // The work-item loops are this file's own: gate_up computes a gate row and its up row together, down walks
-// output rows in pairs, so two weight rows stream against one activation (shared activation loads, two
-// independent dependency chains). A row's arithmetic does not depend on how rows are grouped.
+// output rows in pairs (quads for the avx2 / avxvnni w4a8 rows), so several weight rows stream against one
+// activation (shared activation loads, independent dependency chains). A row's arithmetic does not depend on how
+// rows are grouped.
 #include <cfloat>
 #include <type_traits>
 
