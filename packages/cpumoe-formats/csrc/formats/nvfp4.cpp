@@ -350,7 +350,7 @@ struct DotW4A8 {
   }
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  // R rows against one activation (gate_up: the gate and up rows, down: 2 consecutive rows): the activation
+  // R rows against one activation (gate_up: the gate and up rows, down: rows h and h + half): the activation
   // codes, corrections and scales are loaded once per group for the R rows, and the R rows are R independent
   // chains. Each row's operations are exactly those of dot() above (same integers, same fp32 products and
   // sums in the same order: vpackssdw + vpmaddwd give vphaddd's integers, the hadd-ordered scale copy the

@@ -627,18 +627,24 @@ void q4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32
       a = b;
       continue;
     }
-    int32_t h = h0;  // one route (or a Rows without multi-token dots): rows in quads (kRowsDown = 4) / pairs
+    int32_t h = h0;  // one route (or a Rows without multi-token dots): rows in split quads (kRowsDown = 4) / pairs
     if constexpr (RowsDownOf<Rows>::value == 4) {
-      for (; h + 4 <= h1; h += 4) {
+      // quads of two far-apart row pairs (h, h+1, h+half, h+half+1): two weight streams in flight. On the Zen 3
+      // dev VM this beat adjacent quads in 4 of 4 A/B rounds (~64-71 % -> ~65-79 % of the read ceiling).
+      const int32_t half = (h1 - h0) / 2 & ~1;
+      for (; h < h0 + half; h += 2) {
         const uint8_t* rows[4] = {bank_row<uint8_t>(banks[1], e, h), bank_row<uint8_t>(banks[1], e, h + 1),
-                                  bank_row<uint8_t>(banks[1], e, h + 2), bank_row<uint8_t>(banks[1], e, h + 3)};
+                                  bank_row<uint8_t>(banks[1], e, h + half),
+                                  bank_row<uint8_t>(banks[1], e, h + half + 1)};
         for (int32_t r = a; r < b; ++r) {
           float y[4];
           dot_rt<Rows, 4, 1>(rows, K, &routes[r].act, y);
           float* o = acc + routes[r].token * acc_stride + (h - h0);
-          for (int j = 0; j < 4; ++j) o[j] += y[j] * routes[r].weight;
+          o[0] += y[0] * routes[r].weight, o[1] += y[1] * routes[r].weight;
+          o[half] += y[2] * routes[r].weight, o[half + 1] += y[3] * routes[r].weight;
         }
       }
+      h = h0 + 2 * half;  // < 4 rows left: the pair / single loops below
     }
     for (; h + 2 <= h1; h += 2) {
       const uint8_t* rows[2] = {bank_row<uint8_t>(banks[1], e, h), bank_row<uint8_t>(banks[1], e, h + 1)};
