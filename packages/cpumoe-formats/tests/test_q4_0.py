@@ -380,6 +380,38 @@ def test_prep_act_bit_exact(rng, tier):
     assert np.any(q_ref[7] != 0)  # amax ~ 3e-37: 1/d_a still finite
 
 
+def _corr8_slot(b: int, nb: int) -> int:
+    """Slot of block b in the prepared corr8 array (q4_0_q8act.h): lanes 0 2 4 6 1 3 5 7 of each full group of 8
+    blocks, then 0 2 1 3 for a following group of 4, natural after that."""
+    g, i = b & ~7, b & 7
+    if g + 8 <= nb:
+        return g + (i & 1) * 4 + i // 2
+    if g + 4 <= nb and i < 4:
+        return g + (i & 1) * 2 + i // 2
+    return b
+
+
+@pytest.mark.parametrize("tier", ["scalar", "avx2", "avxvnni", "avx512vnni"])
+@pytest.mark.parametrize("nb", [1, 2, 4, 5, 8, 12, 14, 15, 22, 23, 88])
+def test_prep_act_block_corrections(rng, tier, nb):
+    """The whole-block corrections -8 * sum(q_b) the avx2 / avxvnni 8- and 4-block steps add after their integer
+    reduction, at the slots of their lane order, for every group shape (full 8-groups, a 4-group, a natural
+    tail)."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    K = 32 * nb
+    g = bf16(rng.standard_normal(K) * np.exp(rng.uniform(-4, 4, nb).repeat(32)))
+    k = kernel_for(2, 32, K, "w4a8", tier)
+    raw = prep(k, g)
+    assert k._k.act_bytes(K) == K + 24 * nb
+    corr8 = raw[K + 20 * nb:K + 24 * nb].view(np.int32)
+    q_ref, _ = q8_0_slow(g.astype(np.float64))
+    want = np.empty(nb, np.int32)
+    for b in range(nb):
+        want[_corr8_slot(b, nb)] = -8 * int(q_ref[b].astype(np.int32).sum())
+    np.testing.assert_array_equal(corr8, want)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # quantizer and decoders
 # ---------------------------------------------------------------------------------------------------------------

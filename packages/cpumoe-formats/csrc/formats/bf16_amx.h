@@ -153,6 +153,12 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
 void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
           int32_t n, float* acc, int64_t acc_stride) {
   const cpumoe_params& p = k->params;
+  if (p.inter <= Dot::kSmallK) {  // tiny I (a layer property): vdpbf16ps row blocks, as the avx512bf16 tier
+    for (int32_t j = 0; j < n; ++j)
+      Dot::rows_acc(k, banks, routes[j].expert, h0, h1, routes[j].act, routes[j].weight,
+                    acc + routes[j].token * acc_stride);
+    return;
+  }
   Tiles tiles;
   const void* acts[kCols];
   for (int32_t a = 0; a < n;) {  // expert groups (routes of one expert are adjacent), then groups of 16 routes

@@ -121,11 +121,10 @@ CPUMOE_INLINE VI and_(VI a, VI b) { return _mm512_and_si512(a, b); }
 CPUMOE_INLINE VI srl4(VI a) { return _mm512_srli_epi16(a, 4); }
 CPUMOE_INLINE VI shuf(VI t, VI i) { return _mm512_shuffle_epi8(t, i); }
 CPUMOE_INLINE VI maddubs(VI a, VI b) { return _mm512_maddubs_epi16(a, b); }
-CPUMOE_INLINE VI madd1(VI a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
+template <short M = 1> CPUMOE_INLINE VI madd1(VI a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(M)); }
 CPUMOE_INLINE VI add16(VI a, VI b) { return _mm512_add_epi16(a, b); }
 CPUMOE_INLINE VI add32(VI a, VI b) { return _mm512_add_epi32(a, b); }
 CPUMOE_INLINE VI sub32(VI a, VI b) { return _mm512_sub_epi32(a, b); }
-template <int N> CPUMOE_INLINE VI sll32(VI a) { return _mm512_slli_epi32(a, N); }
 CPUMOE_INLINE VF cvt(VI a) { return _mm512_cvtepi32_ps(a); }
 CPUMOE_INLINE VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
 CPUMOE_INLINE VF fma_(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
@@ -142,11 +141,10 @@ CPUMOE_INLINE VI and_(VI a, VI b) { return _mm256_and_si256(a, b); }
 CPUMOE_INLINE VI srl4(VI a) { return _mm256_srli_epi16(a, 4); }
 CPUMOE_INLINE VI shuf(VI t, VI i) { return _mm256_shuffle_epi8(t, i); }
 CPUMOE_INLINE VI maddubs(VI a, VI b) { return _mm256_maddubs_epi16(a, b); }
-CPUMOE_INLINE VI madd1(VI a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
+template <short M = 1> CPUMOE_INLINE VI madd1(VI a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(M)); }
 CPUMOE_INLINE VI add16(VI a, VI b) { return _mm256_add_epi16(a, b); }
 CPUMOE_INLINE VI add32(VI a, VI b) { return _mm256_add_epi32(a, b); }
 CPUMOE_INLINE VI sub32(VI a, VI b) { return _mm256_sub_epi32(a, b); }
-template <int N> CPUMOE_INLINE VI sll32(VI a) { return _mm256_slli_epi32(a, N); }
 CPUMOE_INLINE VF cvt(VI a) { return _mm256_cvtepi32_ps(a); }
 CPUMOE_INLINE VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
 CPUMOE_INLINE VF fma_(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
@@ -168,10 +166,12 @@ struct WChunk {
 };
 // One chunk of one token: exact integer lane sums of w * q', converted and scaled into acc.
 CPUMOE_INLINE void chunk(const WChunk& W, const int8_t* rec, const float* sa, VF S, VF& acc) {
+  // the piece weights 2^7 and 2^14 ride on the vpmaddwd (int16 multipliers 128 and 16384: the pair sums are
+  // <= 12192, so 16384 * 2 * 12192 < 2^31), no shifts: the same integers as (p2 << 14) + (p1 << 7) + p0
   const VI p0 = madd1(add16(maddubs(W.ul, ld(rec)), maddubs(W.uh, ld(rec + kV))));
-  const VI p1 = madd1(add16(maddubs(W.ul, ld(rec + 2 * kV)), maddubs(W.uh, ld(rec + 3 * kV))));
-  const VI p2 = madd1(add16(maddubs(W.ul, ld(rec + 4 * kV)), maddubs(W.uh, ld(rec + 5 * kV))));
-  const VI t = sub32(add32(add32(sll32<14>(p2), sll32<7>(p1)), p0), ld(rec + 6 * kV));
+  const VI p1 = madd1<128>(add16(maddubs(W.ul, ld(rec + 2 * kV)), maddubs(W.uh, ld(rec + 3 * kV))));
+  const VI p2 = madd1<16384>(add16(maddubs(W.ul, ld(rec + 4 * kV)), maddubs(W.uh, ld(rec + 5 * kV))));
+  const VI t = sub32(add32(add32(p2, p1), p0), ld(rec + 6 * kV));
   acc = fma_(mul(cvt(t), bcast(sa)), S, acc);
 }
 

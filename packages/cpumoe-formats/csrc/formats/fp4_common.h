@@ -286,6 +286,20 @@ CPUMOE_INLINE void fp4_dot_tokens(const uint8_t* p, const uint8_t* s, float gl, 
   }
 }
 
+// Optional multi-row policy (single token): kRowsGateUp (2: a gate row and its up row together), kRowsDown (2:
+// down rows h and h + half of the work item together) and
+//   template <int R> static void dotr(const uint8_t* const* p, const uint8_t* const* s, const float* global,
+//                                     int32_t K, const void* act, float* out);   // out[r] = dot(row r, act)
+// with each row's arithmetic exactly that of dot (so a row's result does not depend on R).
+template <class D, class = void>
+struct MultiRow {
+  static constexpr int gate_up = 1, down = 1;
+};
+template <class D>
+struct MultiRow<D, std::void_t<decltype(D::kRowsGateUp)>> {
+  static constexpr int gate_up = D::kRowsGateUp, down = D::kRowsDown;
+};
+
 template <class D>
 void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
                  const void* const* xs, const float* w_in, uint16_t* const* g) {
@@ -294,6 +308,21 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
   Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);
   for (int32_t i = i0; i < i1; ++i, rg.next(), ru.next()) {
     const float sg = rg.global(), su = ru.global();
+    if constexpr (MultiRow<D>::gate_up == 2) {
+      if ((n == 1 || !MaxNT<D>::has_dotn)) {  // a token's gate and up rows in one call
+        const uint8_t* pp[2] = {rg.p, ru.p};
+        const uint8_t* ss[2] = {rg.s, ru.s};
+        const float gg[2] = {sg, su};
+        for (int32_t j = 0; j < n; ++j) {
+          float gu[2];
+          D::template dotr<2>(pp, ss, gg, P.hidden, xs[j], gu);
+          float gt = gu[0] * w_in[j], ut = gu[1] * w_in[j];
+          if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
+          g[j][i] = f32_to_bf16(activate(P, gt, ut));
+        }
+        continue;
+      }
+    }
     for (int32_t j0 = 0; j0 < n; j0 += NT) {  // token blocks: a row chunk is decoded once per block
       const int nt = n - j0 < NT ? n - j0 : NT;
       float gate[NT], up[NT];
@@ -317,7 +346,32 @@ void fp4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int3
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;
     Rows<D::kBanks> r(banks + D::kBanks, routes[a].expert, h0);
-    for (int32_t h = h0; h < h1; ++h, r.next()) {
+    int32_t h = h0;
+    if constexpr (MultiRow<D>::down == 2) {
+      if ((b - a == 1 || !MaxNT<D>::has_dotn)) {
+        // row h with row h + half: two weight streams far apart (on the Zen 3 dev VM adjacent row pairs streamed
+        // no faster than single rows, far-apart ones did), each route of the group in turn
+        const int32_t half = (h1 - h0) / 2;
+        Rows<D::kBanks> r2(banks + D::kBanks, routes[a].expert, h0 + half);
+        for (; h < h0 + half; ++h, r.next(), r2.next()) {
+          const uint8_t* pp[2] = {r.p, r2.p};
+          const uint8_t* ss[2] = {r.s, r2.s};
+          const float gg[2] = {r.global(), r2.global()};
+          for (int32_t q = a; q < b; ++q) {
+            float y[2];
+            D::template dotr<2>(pp, ss, gg, I, routes[q].act, y);
+            float* o = acc + routes[q].token * acc_stride + (h - h0);
+            float v0 = y[0] * routes[q].weight, v1 = y[1] * routes[q].weight;
+            if (D::kRoundRouteTerm) v0 = round_bf16(v0), v1 = round_bf16(v1);
+            o[0] += v0;
+            o[half] += v1;
+          }
+        }
+        h = h0 + 2 * half;  // at most one row left
+        r = Rows<D::kBanks>(banks + D::kBanks, routes[a].expert, h);
+      }
+    }
+    for (; h < h1; ++h, r.next()) {
       const float gl = r.global();
       for (int32_t q0 = a; q0 < b; q0 += NT) {  // route blocks of the expert group
         const int nt = b - q0 < NT ? b - q0 : NT;

@@ -166,11 +166,13 @@ struct DotNative {
 // Prepared vector: int8 codes [K]; then (at a 64-byte boundary) fp32 block scales [K/16]
 // in natural block order; then int32 corrections 12 * sum(q) per block, for the full
 // 128-groups in the avx2 lane order (blocks 0,1,4,5,2,3,6,7 of each group), natural for
-// the tail. Codes: groups of 128 elements as ae[64] ao[64] (ae[j] = q(x[2j]),
-// group-local), then the K % 128 tail per 16-block as ae[8] ao[8].
+// the tail; then the fp32 block scales again in that same order (the avx2 / avxvnni rows
+// read them so, without a permute). Codes: groups of 128 elements as ae[64] ao[64]
+// (ae[j] = q(x[2j]), group-local), then the K % 128 tail per 16-block as ae[8] ao[8].
 CPUMOE_INLINE size_t w4a8_scale_off(int32_t K) { return ((size_t)K + 63) & ~(size_t)63; }
 CPUMOE_INLINE size_t w4a8_corr_off(int32_t K) { return w4a8_scale_off(K) + (size_t)(K / 16) * sizeof(float); }
-size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_corr_off(K) + (size_t)(K / 16) * sizeof(int32_t); }
+CPUMOE_INLINE size_t w4a8_hscale_off(int32_t K) { return w4a8_corr_off(K) + (size_t)(K / 16) * sizeof(int32_t); }
+size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_hscale_off(K) + (size_t)(K / 16) * sizeof(float); }
 // avx2 lane order of a group's 8 block sums after vphaddd (blocks 0..3 from P, 4..7 from Q).
 constexpr int kHaddOrder[8] = {0, 1, 4, 5, 2, 3, 6, 7};
 
@@ -188,6 +190,7 @@ void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) 
   int8_t* q = (int8_t*)dst;
   float* sc = (float*)((char*)dst + w4a8_scale_off(K));
   int32_t* corr = (int32_t*)((char*)dst + w4a8_corr_off(K));
+  float* hsc = (float*)((char*)dst + w4a8_hscale_off(K));
   const int32_t nmain = K / 128 * 8;
   for (int32_t b = 0; b < K / 16; ++b) {
     int32_t qsum = 0;
@@ -210,6 +213,7 @@ void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) 
       for (int j = 0; j < 8; ++j)
         if (kHaddOrder[j] == (b & 7)) slot = (b & ~7) + j;
     corr[slot] = kW2Offset * qsum;
+    hsc[slot] = s;
   }
 }
 
@@ -248,6 +252,37 @@ CPUMOE_INLINE __m256i quad_i8(const uint8_t* p, const int8_t* ae, const int8_t* 
   const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(ul, ql), _mm256_maddubs_epi16(uh, qh));
   return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
 #endif
+}
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// The weight half of quad_i8 against activation registers (the rows of a multi-row call share them): avx2 16
+// int16 lanes (4 per block), avxvnni 8 int32 lanes (2 per block).
+CPUMOE_INLINE __m256i quad_u(const uint8_t* p, __m256i ql, __m256i qh, __m256i tu) {
+  const __m256i m = _mm256_set1_epi8(0x0F), b = _mm256_loadu_si256((const __m256i*)p);
+  const __m256i ul = _mm256_shuffle_epi8(tu, _mm256_and_si256(b, m));
+  const __m256i uh = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(b, 4), m));
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ul, ql), uh, qh);
+#else
+  return _mm256_add_epi16(_mm256_maddubs_epi16(ul, ql), _mm256_maddubs_epi16(uh, qh));
+#endif
+}
+// Block sums of a 128-group from its two quads, in the order 0,1,4,5,2,3,6,7: the integers of vphaddd(P, Q), by
+// vpackssdw + vpmaddwd (the 2-lane partial sums are <= 8 * 24 * 127 = 24384: exact in int16), which Zen3 runs
+// in half the time of vphaddd.
+CPUMOE_INLINE __m256i oct_sums(__m256i P, __m256i Q) {
+  const __m256i one = _mm256_set1_epi16(1);
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+  P = _mm256_madd_epi16(P, one), Q = _mm256_madd_epi16(Q, one);
+#endif
+  return _mm256_madd_epi16(_mm256_packs_epi32(P, Q), one);
+}
+// e4m3x8 with the 8 scales in the order 0,1,4,5,2,3,6,7 (the zero-extending byte shuffle also reorders).
+CPUMOE_INLINE __m256 e4m3x8_hadd(__m128i codes) {
+  __m128i h = _mm_shuffle_epi8(codes, _mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 2, -1, 3, -1, 6, -1, 7, -1));
+  h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(h, 8), 1), _mm_set1_epi16((short)0xBFFF));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
 }
 #endif
 
@@ -313,6 +348,54 @@ struct DotW4A8 {
     return (hsum256(_mm256_add_ps(acc0, acc1)) + w4a8_blocks_scalar(r, a, as, ng * 8)) * (0.5f * r.g);
 #endif
   }
+
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  // R rows against one activation (gate_up: the gate and up rows, down: rows h and h + half): the activation
+  // codes, corrections and scales are loaded once per group for the R rows, and the R rows are R independent
+  // chains. Each row's operations are exactly those of dot() above (same integers, same fp32 products and
+  // sums in the same order: vpackssdw + vpmaddwd give vphaddd's integers, the hadd-ordered scale copy the
+  // permuted values), so a row's result does not depend on R.
+  static constexpr int kRowsGateUp = 2, kRowsDown = 2;
+  template <int R>
+  static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
+                                 const void* act, float* out) {
+    const int8_t* a = (const int8_t*)act;
+    const float* as = (const float*)((const char*)act + w4a8_scale_off(K));
+    const float* hs = (const float*)((const char*)act + w4a8_hscale_off(K));
+    const int32_t* corr = (const int32_t*)((const char*)act + w4a8_corr_off(K));
+    const int32_t ng = K / 128;
+    const __m256i tu = w2_offset();
+    __m256 acc[R][2];
+    CPUMOE_UNROLL
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int32_t g0 = 0; g0 < ng; g0 += 2) {  // even groups into acc[r][0], odd into acc[r][1]
+      CPUMOE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const int32_t g = g0 + j;
+        if (g >= ng) break;
+        const int8_t* ag = a + 128 * g;
+        const __m256i ae0 = _mm256_loadu_si256((const __m256i*)ag), ao0 = _mm256_loadu_si256((const __m256i*)(ag + 64));
+        const __m256i ae1 = _mm256_loadu_si256((const __m256i*)(ag + 32));
+        const __m256i ao1 = _mm256_loadu_si256((const __m256i*)(ag + 96));
+        const __m256i C = _mm256_loadu_si256((const __m256i*)(corr + 8 * g));
+        const __m256 A = _mm256_loadu_ps(hs + 8 * g);
+        CPUMOE_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const uint8_t* p = P[r] + 64 * g;
+          prefetch_stream(p, 1, Sc[r] + 8 * g, 8);
+          const __m256i S = _mm256_sub_epi32(oct_sums(quad_u(p, ae0, ao0, tu), quad_u(p + 32, ae1, ao1, tu)), C);
+          const __m256 comb = _mm256_mul_ps(e4m3x8_hadd(load8(Sc[r] + 8 * g)), A);
+          acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(_mm256_cvtepi32_ps(S), comb));
+        }
+      }
+    }
+    CPUMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const Row row{P[r], Sc[r], gl[r], K};
+      out[r] = (hsum256(_mm256_add_ps(acc[r][0], acc[r][1])) + w4a8_blocks_scalar(row, a, as, ng * 8)) * (0.5f * gl[r]);
+    }
+  }
+#endif
 };
 
 }  // namespace

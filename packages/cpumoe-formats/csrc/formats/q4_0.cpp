@@ -15,8 +15,9 @@
 //  native (W4A16): fp32 activations, per block d * sum((nib-8) * x) in fp32. Tiers: scalar, avx2, avx512f.
 //
 // The work-item loops are this file's own: gate_up computes a gate row and its up row together, down walks
-// output rows in pairs, so two weight rows stream against one activation (shared activation loads, two
-// independent dependency chains). A row's arithmetic does not depend on how rows are grouped.
+// output rows in pairs (quads for the avx2 / avxvnni w4a8 rows), so several weight rows stream against one
+// activation (shared activation loads, independent dependency chains). A row's arithmetic does not depend on how
+// rows are grouped.
 #include <cfloat>
 #include <type_traits>
 
@@ -178,70 +179,116 @@ CPUMOE_INLINE __m256i single_idot(const uint8_t* p, const int8_t* qa, const int3
 #endif
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-// Per (row, token) two fp32 accumulators: pairs 0, 2 of each 8-block step (and the 4-block step's first pair,
-// the lone pair) go to acc[0], pairs 1, 3 (and the 4-block step's second pair, the odd last block) to acc[1].
-// R rows x NT tokens at once (R * NT <= kGrid): the nibble split of a row's block pair is done once for the NT
-// tokens; each (row, token) pair's operations are the same whatever R and NT.
+// 8-block and 4-block steps: the pairs' integer dots are reduced to ONE exact int32 per block before anything
+// is converted, so the fp32 work (correction add, convert, scale FMA) is done once per 8 blocks, not per pair.
+// Lanes of an 8-block step: blocks [0 2 4 6 | 1 3 5 7] (what a horizontal-add tree of the pairs [0,1], [2,3],
+// [4,5], [6,7] gives); the fp16 d are gathered in that order in general registers (free), d_a is permuted once
+// per token, the per-block corrections are stored in that order by prep (ActQ8::corr8). 4-block step: lanes
+// [0 2 1 3] (xmm). avx2: the pairs' int16 lanes are reduced by vpmaddwd with ones and vpackssdw (see oct_sums);
+// avxvnni: vpdpbusd gives int32 lanes, reduced by vphaddd.
+CPUMOE_INLINE uint64_t d4_at(const uint8_t* p, int i0, int i1, int i2, int i3) {
+  uint64_t a = ld16(p + i0 * QB), b = ld16(p + i1 * QB), c = ld16(p + i2 * QB), d = ld16(p + i3 * QB);
+  __asm__("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d));
+  return a | b << 16 | c << 32 | d << 48;
+}
+CPUMOE_INLINE __m256 d8_oct(const uint8_t* p) {  // blocks 0 2 4 6 1 3 5 7
+  return _mm256_cvtph_ps(_mm_set_epi64x((long long)d4_at(p, 1, 3, 5, 7), (long long)d4_at(p, 0, 2, 4, 6)));
+}
+CPUMOE_INLINE __m128 d4_quad(const uint8_t* p) {  // blocks 0 2 1 3
+  return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4_at(p, 0, 2, 1, 3)));
+}
+// A pair's dot without correction: avx2 16 int16 lanes (8 per block), avxvnni 8 int32 lanes (4 per block).
+CPUMOE_INLINE __m256i pair_part(const PairNib& W, const int8_t* qa) {
+  const __m256i ql = _mm256_loadu_si256((const __m256i*)qa), qh = _mm256_loadu_si256((const __m256i*)(qa + 32));
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), W.lo, ql), W.hi, qh);
+#else
+  return _mm256_add_epi16(_mm256_maddubs_epi16(W.lo, ql), _mm256_maddubs_epi16(W.hi, qh));
+#endif
+}
+// Two pairs (blocks 0-3) -> int32 [b0 b0 b2 b2 | b1 b1 b3 b3] (each lane a half of its block's sum).
+CPUMOE_INLINE __m256i quad_halves(__m256i p0, __m256i p1) {
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  return _mm256_hadd_epi32(p0, p1);
+#else
+  const __m256i one = _mm256_set1_epi16(1);
+  return _mm256_madd_epi16(_mm256_packs_epi32(_mm256_madd_epi16(p0, one), _mm256_madd_epi16(p1, one)), one);
+#endif
+}
+// Four pairs (blocks 0-7) -> int32 block sums [b0 b2 b4 b6 | b1 b3 b5 b7].
+CPUMOE_INLINE __m256i oct_sums(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+#else
+  // vpmaddwd with ones then vpackssdw (the int32 sums fit int16: <= 2 * 7620 = 15240, then <= 30480), twice, and
+  // a last vpmaddwd: cheaper than vphaddw on Zen3 (vphaddw is 2 cycles per instruction there, the others 1/2)
+  const __m256i one = _mm256_set1_epi16(1);
+  const __m256i m01 = _mm256_madd_epi16(_mm256_packs_epi32(_mm256_madd_epi16(p0, one), _mm256_madd_epi16(p1, one)), one);
+  const __m256i m23 = _mm256_madd_epi16(_mm256_packs_epi32(_mm256_madd_epi16(p2, one), _mm256_madd_epi16(p3, one)), one);
+  return _mm256_madd_epi16(_mm256_packs_epi32(m01, m23), one);
+#endif
+}
+
+// One fp32 accumulator per (row, token): the 8-block steps (lanes = blocks in oct order), then the 4-block step
+// (lanes 0-3, the upper lanes add exact zeros), the lone pair (4 lanes per block) and the odd last block; out =
+// hsum256(acc). R rows x NT tokens at once (R <= 4 for one token, R * NT <= kGrid otherwise): a row's nibble
+// split is done once for the NT tokens; each (row, token) pair's operations are the same whatever R and NT.
 struct RowsW4A8 {
   static constexpr int kGrid = 2;
+  static constexpr int kRowsDown = 4;
   template <int R, int NT>
   static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
     const int nb = K / QK;
     const ActsQ8<NT> A(act, K);
-    const auto &q = A.q, &corr = A.corr;
+    const auto &q = A.q, &corr = A.corr, &corr8 = A.corr8;
     const auto& da = A.da;
-    __m256 acc[R][NT][2];
+    __m256 acc[R][NT];
     Q4_UNROLL
     for (int r = 0; r < R; ++r)
       Q4_UNROLL
-      for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
-    const __m256i i0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), two = _mm256_set1_epi32(2);
+      for (int t = 0; t < NT; ++t)
+        acc[r][t] = _mm256_setzero_ps();
+    const __m256i oct = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     int b = 0;
-    for (; b + 8 <= nb; b += 8) {  // 8 blocks (144 bytes per row): 4 pairs
-      __m256 s8[R][NT];
+    for (; b + 8 <= nb; b += 8) {  // 8 blocks (144 bytes per row): 4 pairs, one int32 per block
+      __m256 dap[NT];
+      __m256i c8[NT];
+      Q4_UNROLL
+      for (int t = 0; t < NT; ++t)
+        dap[t] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(da[t] + b), oct),
+        c8[t] = _mm256_loadu_si256((const __m256i*)(corr8[t] + b));
       Q4_UNROLL
       for (int r = 0; r < R; ++r) {
-        prefetch_ahead(w[r] + (size_t)b * QB);
-        const __m256 d8 = d8_f32(w[r] + (size_t)b * QB);
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p);
+        const __m256 d8 = d8_oct(p);
+        const PairNib W0(p), W1(p + 2 * QB), W2(p + 4 * QB), W3(p + 6 * QB);
         Q4_UNROLL
-        for (int t = 0; t < NT; ++t) s8[r][t] = _mm256_mul_ps(d8, _mm256_loadu_ps(da[t] + b));  // fp16(d) * d_a
-      }
-      __m256i idx = i0;
-      Q4_UNROLL
-      for (int j = 0; j < 4; ++j, idx = _mm256_add_epi32(idx, two)) {
-        Q4_UNROLL
-        for (int r = 0; r < R; ++r) {
-          const PairNib W(w[r] + (size_t)(b + 2 * j) * QB);
-          Q4_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            const PairAct A(q[t] + (size_t)(b + 2 * j) * QK, corr[t] + 4 * (b + 2 * j));
-            acc[r][t][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(W, A)),
-                                               _mm256_permutevar8x32_ps(s8[r][t], idx), acc[r][t][j & 1]);
-          }
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* qa = q[t] + (size_t)b * QK;
+          const __m256i s = _mm256_add_epi32(
+              oct_sums(pair_part(W0, qa), pair_part(W1, qa + 64), pair_part(W2, qa + 128), pair_part(W3, qa + 192)),
+              c8[t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d8, dap[t]), acc[r][t]);  // fp16(d) * d_a
         }
       }
     }
-    if (b + 4 <= nb) {  // 4 blocks: 2 pairs
-      __m256 s4[R][NT];
+    if (b + 4 <= nb) {  // 4 blocks: 2 pairs, one int32 per block in an xmm
       Q4_UNROLL
-      for (int r = 0; r < R; ++r) {  // lanes 4..7 unused: the permutes read lanes 0..3
-        prefetch_ahead(w[r] + (size_t)b * QB, 2);
-        const __m128 d4 = d4_f32(w[r] + (size_t)b * QB);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 2);
+        const __m128 d4 = d4_quad(p);
+        const PairNib W0(p), W1(p + 2 * QB);
         Q4_UNROLL
-        for (int t = 0; t < NT; ++t) s4[r][t] = _mm256_castps128_ps256(_mm_mul_ps(d4, _mm_loadu_ps(da[t] + b)));
-      }
-      __m256i idx = i0;
-      Q4_UNROLL
-      for (int j = 0; j < 2; ++j, idx = _mm256_add_epi32(idx, two)) {
-        Q4_UNROLL
-        for (int r = 0; r < R; ++r) {
-          const PairNib W(w[r] + (size_t)(b + 2 * j) * QB);
-          Q4_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            const PairAct A(q[t] + (size_t)(b + 2 * j) * QK, corr[t] + 4 * (b + 2 * j));
-            acc[r][t][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(W, A)), _mm256_permutevar8x32_ps(s4[r][t], idx),
-                                           acc[r][t][j]);
-          }
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* qa = q[t] + (size_t)b * QK;
+          const __m256i h = quad_halves(pair_part(W0, qa), pair_part(W1, qa + 64));
+          const __m128i s = _mm_add_epi32(_mm_hadd_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)),
+                                          _mm_loadu_si128((const __m128i*)(corr8[t] + b)));
+          const __m128 dap = _mm_permute_ps(_mm_loadu_ps(da[t] + b), _MM_SHUFFLE(3, 1, 2, 0));
+          const __m256 sc = _mm256_set_m128(_mm_setzero_ps(), _mm_mul_ps(d4, dap));  // upper lanes: 0 * 0
+          acc[r][t] = _mm256_fmadd_ps(_mm256_set_m128(_mm_setzero_ps(), _mm_cvtepi32_ps(s)), sc, acc[r][t]);
         }
       }
       b += 4;
@@ -257,7 +304,7 @@ struct RowsW4A8 {
         for (int t = 0; t < NT; ++t) {
           const PairAct A(q[t] + (size_t)b * QK, corr[t] + 4 * b);
           const __m256 sc = _mm256_set_m128(_mm_set1_ps(d1 * da[t][b + 1]), _mm_set1_ps(d0 * da[t][b]));
-          acc[r][t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(W, A)), sc, acc[r][t][0]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_idot(W, A)), sc, acc[r][t]);
         }
       }
       b += 2;
@@ -269,14 +316,14 @@ struct RowsW4A8 {
         const float d = d1_f32(p);
         Q4_UNROLL
         for (int t = 0; t < NT; ++t)
-          acc[r][t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(single_idot(p, q[t] + (size_t)b * QK, corr[t] + 4 * b)),
-                                         _mm256_set1_ps(d * da[t][b]), acc[r][t][1]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(single_idot(p, q[t] + (size_t)b * QK, corr[t] + 4 * b)),
+                                      _mm256_set1_ps(d * da[t][b]), acc[r][t]);
       }
     }
     Q4_UNROLL
     for (int r = 0; r < R; ++r)
       Q4_UNROLL
-      for (int t = 0; t < NT; ++t) out[r * NT + t] = hsum256(_mm256_add_ps(acc[r][t][0], acc[r][t][1]));
+      for (int t = 0; t < NT; ++t) out[r * NT + t] = hsum256(acc[r][t]);
   }
 };
 #endif
@@ -503,6 +550,12 @@ struct GridOf : std::integral_constant<int, 1> {};
 template <class Rows>
 struct GridOf<Rows, std::void_t<decltype(Rows::kGrid)>> : std::integral_constant<int, Rows::kGrid> {};
 
+// Rows::kRowsDown (how many rows its single-token dot<R, 1> takes at once in the down pass, 2 or 4), or 2.
+template <class Rows, class = void>
+struct RowsDownOf : std::integral_constant<int, 2> {};
+template <class Rows>
+struct RowsDownOf<Rows, std::void_t<decltype(Rows::kRowsDown)>> : std::integral_constant<int, Rows::kRowsDown> {};
+
 // out[r * NT + t] = dot(w[r], act[t]).
 template <class Rows, int R, int NT>
 CPUMOE_INLINE void dot_rt(const uint8_t* const* w, int K, const void* const* act, float* out) {
@@ -574,7 +627,25 @@ void q4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32
       a = b;
       continue;
     }
-    int32_t h = h0;  // one route (or a Rows without multi-token dots): rows in pairs, two streams
+    int32_t h = h0;  // one route (or a Rows without multi-token dots): rows in split quads (kRowsDown = 4) / pairs
+    if constexpr (RowsDownOf<Rows>::value == 4) {
+      // quads of two far-apart row pairs (h, h+1, h+half, h+half+1): two weight streams in flight. On the Zen 3
+      // dev VM this beat adjacent quads in 4 of 4 A/B rounds (~64-71 % -> ~65-79 % of the read ceiling).
+      const int32_t half = (h1 - h0) / 2 & ~1;
+      for (; h < h0 + half; h += 2) {
+        const uint8_t* rows[4] = {bank_row<uint8_t>(banks[1], e, h), bank_row<uint8_t>(banks[1], e, h + 1),
+                                  bank_row<uint8_t>(banks[1], e, h + half),
+                                  bank_row<uint8_t>(banks[1], e, h + half + 1)};
+        for (int32_t r = a; r < b; ++r) {
+          float y[4];
+          dot_rt<Rows, 4, 1>(rows, K, &routes[r].act, y);
+          float* o = acc + routes[r].token * acc_stride + (h - h0);
+          o[0] += y[0] * routes[r].weight, o[1] += y[1] * routes[r].weight;
+          o[half] += y[2] * routes[r].weight, o[half + 1] += y[3] * routes[r].weight;
+        }
+      }
+      h = h0 + 2 * half;  // < 4 rows left: the pair / single loops below
+    }
     for (; h + 2 <= h1; h += 2) {
       const uint8_t* rows[2] = {bank_row<uint8_t>(banks[1], e, h), bank_row<uint8_t>(banks[1], e, h + 1)};
       for (int32_t r = a; r < b; ++r) {

@@ -10,14 +10,27 @@
 //   float da[nb]      per-block activation scale
 //   int32 corr[4*nb]  corr[4b+m] = -8 * sum_{i<4} (q_b[4m+i] + q_b[16+4m+i]): the "-8" of (nib - 8) for the
 //                     int32 lane m of block b in the SIMD dots, which multiply the raw nibble (0..15)
+//   int32 corr8[nb]   -8 * sum(q_b), the whole block's correction, in the lane order of the avx2 / avxvnni
+//                     8-block step within each full group of 8 blocks (blocks 0 2 4 6 1 3 5 7), then of their
+//                     4-block step (0 2 1 3) for a following group of 4; natural order after that
 struct ActQ8 {
   const int8_t* q;
   const float* da;
   const int32_t* corr;
+  const int32_t* corr8;
   CPUMOE_INLINE ActQ8(const void* act, int K)
-      : q((const int8_t*)act), da((const float*)(q + K)), corr((const int32_t*)(da + K / QK)) {}
+      : q((const int8_t*)act), da((const float*)(q + K)), corr((const int32_t*)(da + K / QK)),
+        corr8(corr + 4 * (K / QK)) {}
 };
-size_t act_bytes_q8(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_t)(K / QK) * 20; }
+size_t act_bytes_q8(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_t)(K / QK) * 24; }
+
+// Slot of block b in corr8 (see above).
+CPUMOE_INLINE int corr8_slot(int b, int nb) {
+  const int g = b & ~7, i = b & 7;
+  if (g + 8 <= nb) return g + (i & 1) * 4 + i / 2;
+  if (g + 4 <= nb && i < 4) return g + (i & 1) * 2 + i / 2;
+  return b;
+}
 
 // Byte offsets of block b's low (elements 0..15) and high (16..31) halves in a layout grouped by G.
 CPUMOE_INLINE void half_offsets(int b, int nb, int G, size_t* lo, size_t* hi) {
@@ -101,6 +114,7 @@ void prep_act_q8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst
   float* da = (float*)(q + K);
   const int nb = K / QK;
   int32_t* corr = (int32_t*)(da + nb);
+  int32_t* corr8 = corr + 4 * nb;
   for (int b = 0; b < nb; ++b) {
     size_t lo, hi;
     half_offsets(b, nb, G, &lo, &hi);
@@ -109,6 +123,8 @@ void prep_act_q8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst
 #else
     da[b] = quant_block_scalar(src + (size_t)b * QK, q + lo, q + hi, corr + 4 * b);
 #endif
+    const int32_t* c = corr + 4 * b;
+    corr8[corr8_slot(b, nb)] = (c[0] + c[1]) + (c[2] + c[3]);
   }
 }
 
@@ -118,11 +134,12 @@ struct ActsQ8 {
   const int8_t* q[NT];
   const float* da[NT];
   const int32_t* corr[NT];
+  const int32_t* corr8[NT];
   CPUMOE_INLINE ActsQ8(const void* const* act, int K) {
     Q4_UNROLL
     for (int t = 0; t < NT; ++t) {
       const ActQ8 a(act[t], K);
-      q[t] = a.q, da[t] = a.da, corr[t] = a.corr;
+      q[t] = a.q, da[t] = a.da, corr[t] = a.corr, corr8[t] = a.corr8;
     }
   }
 };
