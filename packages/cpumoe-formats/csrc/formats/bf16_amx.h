@@ -7,8 +7,9 @@
 //   C = fp32, one element per (row, token), accumulated over the chunks in order.
 // Each C element depends only on its row and its token's column, so a token's result does not depend on which
 // tokens share the tile (batch identity) and a row's does not depend on where its block starts (work splits).
-// Rows past the item's range and tokens past n are zeros; a K tail (K % 32) is zero-padded in A and B (a bf16
-// NaN in the next row's bytes times a zero activation would still be NaN). Precision: as vdpbf16ps (bf16
+// A work item's last block of m < 16 rows runs on tiles configured for m rows (nothing past the range is
+// read); a K tail (K % 32) is zero-padded in A and B (a bf16 NaN in the next row's bytes times a zero
+// activation would still be NaN). Precision: as vdpbf16ps (bf16
 // products in fp32, bf16 subnormal inputs read as zero), the same W16A16 mode as the avx512bf16 tier.
 //
 // Tile configuration: palette 1, every tile 16 rows x 64 bytes. The tile state is per thread and another
@@ -23,25 +24,26 @@ namespace amx {
 
 constexpr int kRows = 16, kCols = 16, kChunk = 32;  // rows per A tile, tokens per B/C tile, k per chunk
 
-// Tiles 0, 1: A (16 rows x 64 bytes); 4: B and 2, 3: C, 16 rows x 4 nt bytes (nt tokens).
+// Tiles 0, 1: A (m rows x 64 bytes); 4: B (16 rows x 4 nt bytes); 2, 3: C (m rows x 4 nt bytes), for nt tokens
+// and a block of m <= 16 rows (fewer only in a work item's last block: the tiles then read only m rows).
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
-  explicit TileConfig(int nt) {
-    for (int t = 0; t < 5; ++t) rows[t] = kRows, colsb[t] = t < 2 ? 64 : (uint16_t)(4 * nt);
+  TileConfig(int nt, int m) {
+    for (int t = 0; t < 5; ++t) rows[t] = t == 4 ? kRows : (uint8_t)m, colsb[t] = t < 2 ? 64 : (uint16_t)(4 * nt);
   }
 };
 
 struct Tiles {  // released when the work item returns
   ~Tiles() { _tile_release(); }
-  void configure(int nt) {  // per token group: LDTILECFG also zeroes the tiles
-    if (nt == nt_) return;
-    const TileConfig cfg(nt);
+  void configure(int nt, int m) {  // LDTILECFG (which also zeroes the tiles) only when the shape changes
+    if (nt == nt_ && m == m_) return;
+    const TileConfig cfg(nt, m);
     _tile_loadconfig(&cfg);
-    nt_ = nt;
+    nt_ = nt, m_ = m;
   }
-  int nt_ = 0;
+  int nt_ = 0, m_ = 0;
 };
 
 // B operands of n <= 16 prepared activations (bf16, length K), chunk by chunk: B[r][t] = pair r of chunk c of
@@ -86,18 +88,20 @@ struct BOperand {
 // 16-row tiles, with the rows [row0b, row0b + nr) as a second set sharing every B load when row0b >= 0 (gate
 // and up). emit(r, m, c0, c1) receives each finished block of m <= 16 rows: c0[i][t] (c1: the second set).
 template <class Emit>
-void rows_x_tokens(const cpumoe_bank& bank, int e, int row0, int nr, int row0b, int K, const BOperand& B, Emit emit) {
+void rows_x_tokens(Tiles& tiles, const cpumoe_bank& bank, int e, int row0, int nr, int row0b, int K, const BOperand& B,
+                   Emit emit) {
   const int nfull = K / kChunk, nchunks = (K + kChunk - 1) / kChunk;
   const int64_t rs = bank.row_stride;
   const char* base = (const char*)bank.ptr + (int64_t)e * bank.expert_stride;
-  alignas(64) uint16_t pad[2][kRows][kChunk];  // zero-padded A for a partial row block and the K tail
+  alignas(64) uint16_t pad[2][kRows][kChunk];  // zero-padded A for the K tail
   alignas(64) float c0[kRows][kCols], c1[kRows][kCols];
   for (int r = 0; r < nr; r += kRows) {
     const int m = nr - r < kRows ? nr - r : kRows;
+    tiles.configure(B.n_, m);
     const char* a[2] = {base + (int64_t)(row0 + r) * rs, row0b >= 0 ? base + (int64_t)(row0b + r) * rs : nullptr};
     auto load_a = [&](int which, int c) CPUMOE_LAMBDA_INLINE {  // tile `which` <- chunk c of the block's rows
       const int kn = c < nfull ? kChunk : K % kChunk;
-      if (m == kRows && kn == kChunk) {
+      if (kn == kChunk) {
         if (which == 0) _tile_loadd(0, a[0] + 2 * c * kChunk, rs);
         else _tile_loadd(1, a[1] + 2 * c * kChunk, rs);
         return;
@@ -137,9 +141,8 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
   Tiles tiles;
   for (int32_t j0 = 0; j0 < n; j0 += kCols) {  // token groups of 16
     const int nt = n - j0 < kCols ? n - j0 : kCols;
-    tiles.configure(nt);
     const BOperand B(xs + j0, nt, p.hidden, scratch());
-    rows_x_tokens(banks[0], e, i0, i1 - i0, p.inter + i0, p.hidden, B,
+    rows_x_tokens(tiles, banks[0], e, i0, i1 - i0, p.inter + i0, p.hidden, B,
                   [&](int r, int m, float (*gate)[kCols], float (*up)[kCols]) {
                     for (int i = 0; i < m; ++i)
                       for (int t = 0; t < nt; ++t) {
@@ -166,9 +169,8 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
     while (b < n && b - a < kCols && routes[b].expert == routes[a].expert) ++b;
     const int nt = b - a;
     for (int t = 0; t < nt; ++t) acts[t] = routes[a + t].act;
-    tiles.configure(nt);
     const BOperand B(acts, nt, p.inter, scratch());
-    rows_x_tokens(banks[1], routes[a].expert, h0, h1 - h0, -1, p.inter, B,
+    rows_x_tokens(tiles, banks[1], routes[a].expert, h0, h1 - h0, -1, p.inter, B,
                   [&](int r, int m, float (*y)[kCols], float (*)[kCols]) {
                     for (int t = 0; t < nt; ++t) {  // route order, as the row path: y * weight, then +=
                       const cpumoe_route& rt = routes[a + t];
