@@ -39,6 +39,11 @@ def step(b, path, s, layer, args):
 def matches(layer, args):
     x, ids, w, y = args
     return bool((y == ex.decode(layer, x, w, ids).view(np.uint16)).all())
+
+def open_block():  # coordinator running, device 0, the executor's IO block registered
+    ex.start_coordinator()
+    d = _native.Device(0)
+    return d, _native.Iob(d, ce.C_API_CAPSULE, ex.handle, ex)
 """
 
 FORK = {"1": "copies forked (GPUSYNC_COPY_FORK=1", "0": "copies serial (GPUSYNC_COPY_FORK=0)"}
@@ -81,9 +86,7 @@ def test_captured_step_graph(fake_libcuda, path, fork):
     out = fake(
         fake_libcuda,
         f"""
-ex.start_coordinator()
-d = _native.Device(0)
-b = _native.Iob(d, ce.C_API_CAPSULE, ex.handle, ex)
+d, b = open_block()
 b.set_replay_safe(P["{path}"], True)
 s = d._stream_create()
 args = [inputs(1), inputs(3)]
@@ -138,9 +141,7 @@ def test_slow_copies_stay_ordered(fake_libcuda, path, fork):
     out = fake(
         fake_libcuda,
         f"""
-ex.start_coordinator()
-d = _native.Device(0)
-b = _native.Iob(d, ce.C_API_CAPSULE, ex.handle, ex)
+d, b = open_block()
 s = d._stream_create()
 ok = []
 for layer, T in ((0, 1), (2, 5), (1, 8)):
