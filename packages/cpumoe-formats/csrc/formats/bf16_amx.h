@@ -50,7 +50,7 @@ struct Tiles {  // released when the work item returns
 // token t. One token's full chunks are its own activation read with a 4-byte row stride; otherwise (several
 // tokens, or the K tail) the pairs are interleaved into `buf`, zero past K.
 struct BOperand {
-  BOperand(const void* const* acts, int n, int K, std::vector<uint32_t>& buf) : acts_(acts), n_(n), K_(K) {
+  BOperand(const void* const* acts, int n, int K, std::vector<uint32_t>& buf) : acts_(acts), n_(n) {
     const int nchunks = (K + kChunk - 1) / kChunk, npairs = K / 2;
     const bool direct = n == 1;
     const int built = direct ? (K % kChunk ? 1 : 0) : nchunks;  // chunks that live in buf
@@ -80,7 +80,7 @@ struct BOperand {
     return buf_ + (size_t)(c - first_built_) * kRows * n_;
   }
   const void* const* acts_;
-  int n_, K_, first_built_ = 0;
+  int n_, first_built_ = 0;
   const uint32_t* buf_ = nullptr;
 };
 
