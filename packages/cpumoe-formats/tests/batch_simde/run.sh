@@ -8,14 +8,9 @@
 #   - every tier agrees with the float64 reference within the format's test tolerance.
 # Not collected by pytest (needs SIMDe and ~2 minutes of compiling).
 #   sh packages/cpumoe-formats/tests/batch_simde/run.sh
-set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
-PKG=$(cd "$HERE/../.." && pwd)
-OUT=${TMPDIR:-/tmp}/cpumoe_batch_simde
-mkdir -p "$OUT"
-cd "$PKG"
-B="-std=c++17 -O2 -fPIC -ffp-contract=off -Icsrc -Isrc/cpumoe_formats/include -w"
-AVX2="-mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt"
+NAME=batch_simde
+. "$HERE/../simde_env.sh"
 EMU="-include $HERE/simde_extra.h"
 for f in bf16 fp8_block nvfp4 ds_fp4 q4_0; do
   c++ $B -DCPUMOE_TIER=0 -DCPUMOE_TIER_TAG=scalar -fno-tree-vectorize -c csrc/formats/$f.cpp -o "$OUT/$f.scalar.o" &

@@ -5,14 +5,9 @@
 # Expectation: w4a8 avxvnni/avx512vnni bit-identical to avx2; native avx512f within fp32 rounding; ds_fp4
 # usually bit-identical. Not collected by pytest (needs SIMDe and ~1 minute of compiling).
 #   sh packages/cpumoe-formats/tests/fp4_simde/run.sh
-set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
-PKG=$(cd "$HERE/../.." && pwd)
-OUT=${TMPDIR:-/tmp}/cpumoe_fp4_simde
-mkdir -p "$OUT"
-cd "$PKG"
-B="-std=c++17 -O2 -ffp-contract=off -Icsrc -Isrc/cpumoe_formats/include -w"
-AVX2="-mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt"
+NAME=fp4_simde
+. "$HERE/../simde_env.sh"
 EMU="-include $HERE/simde_pre.h"
 for f in nvfp4 ds_fp4; do
   c++ $B -DCPUMOE_TIER=0 -DCPUMOE_TIER_TAG=scalar -fno-tree-vectorize -c csrc/formats/$f.cpp -o "$OUT/$f.scalar.o"

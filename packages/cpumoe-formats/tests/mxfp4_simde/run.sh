@@ -4,14 +4,9 @@
 # avx2 tiers, and checks every work item bit for bit (check_mxfp4.cpp): w4a8 tiers == scalar, native avx512f ==
 # avx2, and in every tier n tokens per item == each token alone. Not collected by pytest (needs SIMDe, ~1 min).
 #   sh packages/cpumoe-formats/tests/mxfp4_simde/run.sh
-set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
-PKG=$(cd "$HERE/../.." && pwd)
-OUT=${TMPDIR:-/tmp}/cpumoe_mxfp4_simde
-mkdir -p "$OUT"
-cd "$PKG"
-B="-std=c++17 -O2 -ffp-contract=off -Icsrc -Isrc/cpumoe_formats/include -w"
-AVX2="-mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt"
+NAME=mxfp4_simde
+. "$HERE/../simde_env.sh"
 EMU="-D__mmask16=simde__mmask16 -include $HERE/simde_fma.h"
 F=csrc/formats/mxfp4.cpp
 c++ $B -DCPUMOE_TIER=0 -DCPUMOE_TIER_TAG=scalar -fno-tree-vectorize -c $F -o "$OUT/scalar.o"
