@@ -133,6 +133,9 @@ void install(cpumoe_kernel* k) {
 #ifndef CPUMOE_FP8_PF_LOC
 #define CPUMOE_FP8_PF_LOC 0  // __builtin_prefetch locality (0 = prefetchnta)
 #endif
+#ifndef CPUMOE_FP8_PAIR  // a lone route's down rows h / h + half in one pass (two weight streams far apart)
+#define CPUMOE_FP8_PAIR (CPUMOE_TIER == CPUMOE_T_AVX2)
+#endif
 
 // ---- ISA primitives
 #if CPUMOE_TIER == CPUMOE_T_AVX2
@@ -428,7 +431,7 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       for (int r = a; r < b; ++r)
         post[r - a] = scale_act((const float*)routes[r].act, srow, I, sx + L * (r - a)) * routes[r].weight;
       const int nr = b - a;
-#if CPUMOE_TIER == CPUMOE_T_AVX2
+#if CPUMOE_FP8_PAIR
       if (nr == 1) {  // a lone route: row h with row h + half of the row block, two weight streams far apart
         // (on the Zen 3 dev VM ~+5 points of the read ceiling over one row at a time; adjacent pairs were not)
         const int half = (hend - h) / 2;
@@ -476,7 +479,10 @@ void prep_act_bf16p(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* 
   std::memcpy(dst, src, (size_t)K * sizeof(uint16_t));
   std::memset((uint16_t*)dst + K, 0, (pad_len(K) - (size_t)K) * sizeof(uint16_t));
 }
-constexpr int kPfBytes = 4096;
+#ifndef CPUMOE_FP8_PF
+#define CPUMOE_FP8_PF 4096  // software prefetch distance in the weight row (bytes; 0 = off)
+#endif
+constexpr int kPfBytes = CPUMOE_FP8_PF;
 
 // bf16 bits of m * 2^-9 for m = 0..7 (the exp == 0 codes), indexed by the code's low 5 bits.
 struct SubTable {
@@ -521,8 +527,7 @@ struct Dot {
     const int nfull = r.K / kBlk;
     for (int b = 0; b < nfull; ++b) {
       const uint8_t* w = r.w + b * kBlk;
-      CPUMOE_PREFETCH(w + kPfBytes);
-      CPUMOE_PREFETCH(w + kPfBytes + 64);
+      if (kPfBytes) CPUMOE_PREFETCH(w + kPfBytes), CPUMOE_PREFETCH(w + kPfBytes + 64);
       __m512 a[NT][4];
       CPUMOE_UNROLL
       for (int c = 0; c < 4; ++c) {

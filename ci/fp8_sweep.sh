@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# fp8_block on the lent GPU host's Xeon: which software-prefetch / row-pairing build is fastest?
+#   ci/fp8_sweep.sh OUTDIR ["VARIANT FLAGS" ...]
+# Each variant is a set of -D flags for csrc/formats/fp8_block.cpp (CPUMOE_FP8_PF, CPUMOE_FP8_PF_LOC,
+# CPUMOE_FP8_PAIR, CPUMOE_FP8_FP16), passed through CXX so the build re-compiles. Per variant: the single-thread
+# formats bench (avx512f and avx512bf16 kernels, same-run ceiling) and the executor bench at all cores
+# (batch 1 random, batch 8 shared). Summary in OUTDIR/summary.txt. Budget < 10 minutes.
+set -uo pipefail
+OUT=${1:?usage: ci/fp8_sweep.sh OUTDIR [variants...]}
+shift
+mkdir -p "$OUT"
+[ $# -gt 0 ] || set -- "" "-DCPUMOE_FP8_PF=0" "-DCPUMOE_FP8_PF=0 -DCPUMOE_FP8_PAIR=1"
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
+lscpu > "$OUT/lscpu.txt"
+(cd packages/cpumoe-formats && python3 hatch_build.py) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+(cd packages/cpumoe-executor && PYTHONPATH=../cpumoe-formats/src:/tmp/site python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+export PYTHONPATH=$PWD/packages/cpumoe-formats/src:$PWD/packages/cpumoe-executor/src:/tmp/site
+i=0
+for v in "$@"; do
+  i=$((i + 1))
+  (cd packages/cpumoe-formats && CXX="c++ $v" python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  echo "== variant $i [${v:-default}] built at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
+  timeout 150 python3 -m cpumoe_formats.bench --formats fp8_block --tiers avx512f,avx512bf16 --repeats 5 --steps 20 \
+    --json "$OUT/formats-v$i.json" > "$OUT/formats-v$i.log" 2>&1
+  grep -E "^\| fp8_block" "$OUT/formats-v$i.log" | tee -a "$OUT/summary.txt"
+  timeout 120 python3 -m cpumoe_executor.bench --format fp8_block --batch 1,8 --routing both --repeats 3 --steps 10 \
+    --json "$OUT/executor-v$i.json" > "$OUT/executor-v$i.log" 2>&1
+  python3 - "$OUT/executor-v$i.json" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+e = json.load(open(sys.argv[1]))["formats"]["fp8_block"]
+print(f"executor {e['isa']} b1 {e['gbps']:.1f} GB/s of {e['ceiling_gbps']:.1f} ({100 * e['ratio']:.0f}%), "
+      f"shared b8/b1 {e.get('shared_batch8_over_batch1', float('nan')):.2f}, random b8/b1 {e.get('random_batch8_over_batch1', float('nan')):.2f}")
+PY
+done
+echo "done at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
