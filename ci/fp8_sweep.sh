@@ -22,16 +22,26 @@ for v in "$@"; do
   i=$((i + 1))
   (cd packages/cpumoe-formats && CXX="c++ $v" python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   echo "== variant $i [${v:-default}] built at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
-  timeout 150 python3 -m cpumoe_formats.bench --formats fp8_block --tiers avx512f,avx512bf16 --repeats 5 --steps 20 \
-    --json "$OUT/formats-v$i.json" > "$OUT/formats-v$i.log" 2>&1
-  grep -E "^\| fp8_block" "$OUT/formats-v$i.log" | tee -a "$OUT/summary.txt"
-  timeout 120 python3 -m cpumoe_executor.bench --format fp8_block --batch 1,8 --routing both --repeats 3 --steps 10 \
-    --json "$OUT/executor-v$i.json" > "$OUT/executor-v$i.log" 2>&1
-  python3 - "$OUT/executor-v$i.json" <<'PY' | tee -a "$OUT/summary.txt"
+  timeout 150 python3 -m cpumoe_formats.bench --formats fp8_block --tiers avx512f,avx512bf16 --repeats 7 --steps 20 \
+    --json "$OUT/formats-v$i.json" >> "$OUT/logs.txt" 2>&1
+  timeout 150 python3 -m cpumoe_executor.bench --format fp8_block --batch 1,8 --routing both --repeats 5 --steps 20 \
+    --json "$OUT/executor-v$i.json" >> "$OUT/logs.txt" 2>&1
+  python3 - "$OUT/formats-v$i.json" "$OUT/executor-v$i.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
-e = json.load(open(sys.argv[1]))["formats"]["fp8_block"]
-print(f"executor {e['isa']} b1 {e['gbps']:.1f} GB/s of {e['ceiling_gbps']:.1f} ({100 * e['ratio']:.0f}%), "
-      f"shared b8/b1 {e.get('shared_batch8_over_batch1', float('nan')):.2f}, random b8/b1 {e.get('random_batch8_over_batch1', float('nan')):.2f}")
+try:
+    f = json.load(open(sys.argv[1]))["formats"]["fp8_block"]
+    print("single thread:", ", ".join(f"{k} {r['gbps']['median']:.2f} GB/s [{r['gbps']['min']:.2f}-{r['gbps']['max']:.2f}] "
+                                      f"{100 * r['ratio']:.0f}%" for k, r in f["results"].items()),
+          f"(ceiling {f['ceiling']['median']:.2f})")
+except Exception as ex:
+    print("single thread: no result", ex)
+try:
+    e = json.load(open(sys.argv[2]))["formats"]["fp8_block"]
+    print(f"executor {e['isa']} b1 {e['gbps']:.1f} GB/s of {e['ceiling_gbps']:.1f} ({100 * e['ratio']:.0f}%), "
+          f"shared b8/b1 {e.get('shared_batch8_over_batch1', float('nan')):.2f}, "
+          f"random b8/b1 {e.get('random_batch8_over_batch1', float('nan')):.2f}")
+except Exception as ex:
+    print("executor: no result", ex)
 PY
 done
 echo "done at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
