@@ -4,7 +4,7 @@
 # Each variant is a set of -D flags for csrc/formats/fp8_block.cpp (CPUMOE_FP8_PF, CPUMOE_FP8_PF_LOC,
 # CPUMOE_FP8_PAIR, CPUMOE_FP8_FP16), passed through CXX so the build re-compiles. Per variant: the single-thread
 # formats bench (avx512f and avx512bf16 kernels, same-run ceiling) and the executor bench at all cores
-# (batch 1 random, batch 8 shared). Summary in OUTDIR/summary.txt. Budget < 10 minutes.
+# (batch 1 random, batch 8 shared; EXEC_ISA=tier caps it), and with SWEEP_TEST=1 the fp8 tests. Summary in OUTDIR/summary.txt. Budget < 10 minutes.
 set -uo pipefail
 OUT=${1:?usage: ci/fp8_sweep.sh OUTDIR [variants...]}
 shift
@@ -24,7 +24,11 @@ for v in "$@"; do
   echo "== variant $i [${v:-default}] built at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
   timeout 150 python3 -m cpumoe_formats.bench --formats fp8_block --tiers avx512f,avx512bf16 --repeats 7 --steps 20 \
     --json "$OUT/formats-v$i.json" >> "$OUT/logs.txt" 2>&1
-  timeout 150 python3 -m cpumoe_executor.bench --format fp8_block --batch 1,8 --routing both --repeats 5 --steps 20 \
+  if [ -n "${SWEEP_TEST:-}" ]; then  # the fp8 tests of this build, every tier forced in turn
+    echo "tests: $(cd packages/cpumoe-formats && timeout 150 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_fp8_block.py tests/test_batch_identity.py -k fp8 2>&1 | tail -1)" | tee -a "$OUT/summary.txt"
+  fi
+  timeout 150 env ${EXEC_ISA:+CPUMOE_ISA=$EXEC_ISA} python3 -m cpumoe_executor.bench --format fp8_block --batch 1,8 --routing both --repeats 5 --steps 20 \
     --json "$OUT/executor-v$i.json" >> "$OUT/logs.txt" 2>&1
   python3 - "$OUT/formats-v$i.json" "$OUT/executor-v$i.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys

@@ -6,5 +6,5 @@ PKG=$(cd "$HERE/../.." && pwd)
 OUT=${TMPDIR:-/tmp}/cpumoe_$NAME
 mkdir -p "$OUT"
 cd "$PKG"
-B="-std=c++17 -O2 -fPIC -ffp-contract=off -Icsrc -Isrc/cpumoe_formats/include -w"
+B="-std=c++17 -O2 -fPIC -ffp-contract=off -Icsrc -Isrc/cpumoe_formats/include -w ${CPUMOE_TEST_DEFS:-}"  # CPUMOE_TEST_DEFS: -D build knobs under test
 AVX2="-mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt"

@@ -133,8 +133,14 @@ void install(cpumoe_kernel* k) {
 #ifndef CPUMOE_FP8_PF_LOC
 #define CPUMOE_FP8_PF_LOC 0  // __builtin_prefetch locality (0 = prefetchnta)
 #endif
-#ifndef CPUMOE_FP8_PAIR  // a lone route's down rows h / h + half in one pass (two weight streams far apart)
-#define CPUMOE_FP8_PAIR (CPUMOE_TIER == CPUMOE_T_AVX2)
+// Rows in flight for one token (batch 1): a lone route's down rows run DROWS at a time (h, h + q, h + 2q, ...,
+// q = rows of the block / DROWS: weight streams far apart), a lone token's gate_up GROWS rows (gate and up of
+// row i, then also of i + half the segment). More streams, more memory-level parallelism for one core.
+#ifndef CPUMOE_FP8_DROWS
+#define CPUMOE_FP8_DROWS (CPUMOE_TIER == CPUMOE_T_AVX2 ? 2 : 1)
+#endif
+#ifndef CPUMOE_FP8_GROWS
+#define CPUMOE_FP8_GROWS 2
 #endif
 
 // ---- ISA primitives
@@ -392,6 +398,21 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
       post[2 * j] = scale_act((const float*)xs[j], sg, H, sx + 2 * L * j) * w_in[j];
       post[2 * j + 1] = scale_act((const float*)xs[j], su, H, sx + 2 * L * j + L) * w_in[j];
     }
+#if CPUMOE_FP8_GROWS == 4
+    if (n == 1) {  // a lone token: gate and up of rows i and i + q together, four weight streams
+      const int q = (iend - i) / 2;
+      for (const int is = i; i < is + q; ++i) {
+        const uint8_t* w[4] = {bank_row<uint8_t>(banks[0], e, i), bank_row<uint8_t>(banks[0], e, I + i),
+                               bank_row<uint8_t>(banks[0], e, i + q), bank_row<uint8_t>(banks[0], e, I + i + q)};
+        const float* x[4][1] = {{sx}, {sx + L}, {sx}, {sx + L}};
+        float o[4][1];
+        dot_grid<4, 1>(w, H, x, o);
+        g[0][i] = f32_to_bf16(activate(p, o[0][0] * post[0], o[1][0] * post[1]));
+        g[0][i + q] = f32_to_bf16(activate(p, o[2][0] * post[0], o[3][0] * post[1]));
+      }
+      i += q;  // at most one row left
+    }
+#endif
     for (; i < iend; ++i) {
       const uint8_t* wg = bank_row<uint8_t>(banks[0], e, i);
       const uint8_t* wu = bank_row<uint8_t>(banks[0], e, I + i);
@@ -431,19 +452,26 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       for (int r = a; r < b; ++r)
         post[r - a] = scale_act((const float*)routes[r].act, srow, I, sx + L * (r - a)) * routes[r].weight;
       const int nr = b - a;
-#if CPUMOE_FP8_PAIR
-      if (nr == 1) {  // a lone route: row h with row h + half of the row block, two weight streams far apart
-        // (on the Zen 3 dev VM ~+5 points of the read ceiling over one row at a time; adjacent pairs were not)
-        const int half = (hend - h) / 2;
-        const float* x = sx;
-        for (const int hs = h; h < hs + half; ++h) {
-          float y0, y1;
-          dot_rows2(bank_row<uint8_t>(banks[2], e, h), bank_row<uint8_t>(banks[2], e, h + half), I, x, x, &y0, &y1);
+#if CPUMOE_FP8_DROWS > 1
+      if (nr == 1) {  // a lone route: rows h + j q (j < DROWS) in one pass, weight streams far apart
+        // (AVX2 pairs: on the Zen 3 dev VM ~+5 points of the read ceiling over one row at a time; adjacent
+        // pairs were not)
+        constexpr int D = CPUMOE_FP8_DROWS;
+        const int q = (hend - h) / D;
+        const float* x[D][1];
+        CPUMOE_UNROLL
+        for (int j = 0; j < D; ++j) x[j][0] = sx;
+        for (const int hs = h; h < hs + q; ++h) {
+          const uint8_t* w[D];
+          float y[D][1];
+          CPUMOE_UNROLL
+          for (int j = 0; j < D; ++j) w[j] = bank_row<uint8_t>(banks[2], e, h + j * q);
+          dot_grid<D, 1>(w, I, x, y);
           float* o = acc + routes[a].token * acc_stride + (h - h0);
-          o[0] += y0 * post[0];
-          o[half] += y1 * post[0];
+          CPUMOE_UNROLL
+          for (int j = 0; j < D; ++j) o[j * q] += y[j][0] * post[0];
         }
-        h += half;  // at most one row left
+        h += (D - 1) * q;  // at most D - 1 rows left
       }
 #endif
       for (; h < hend; ++h) {  // each row chunk decoded once per block of routes
