@@ -17,10 +17,9 @@
 //               e4m3(b) * 2^-8 (subnormals included), widened by vcvtph2ps.
 //               Both fold the block scales (and the 2^120 / 2^8) into a per-(row block,
 //               token) pre-scaled activation, so a row is a plain FMA stream (see below).
-//   avx512bf16  e4m3 -> bf16 in-register (exact): bits = sign << 15 | ((code & 0x7F) << 4)
-//               + (120 << 7); the exp == 0 lanes (zero and subnormals m*2^-9) come from
-//               an 8-entry table via a masked vpermw; reduced by vdpbf16ps against bf16 x,
-//               each 128-K block in 4 fresh chains, then one FMA with its scale.
+// There is no avx512bf16 kernel: an e4m3 -> bf16 decode (masked vpermw for the exp == 0 codes) reduced by
+// vdpbf16ps read 47-51% of the single-thread ceiling on the H200 host's Xeon against 97% for avx512f with four
+// rows in flight (ci/fp8_sweep.sh, 2026-11-29), and was no faster on shared batches; it was removed.
 #include <vector>
 
 #include "../rowmajor.h"
@@ -127,20 +126,26 @@ void install(cpumoe_kernel* k) {
 #define CPUMOE_FP8_FP16 0
 #endif
 #endif
+// Software prefetch distance in the weight row (bytes; 0 = off) and __builtin_prefetch locality (0 = nta, 3 = t0).
+// H200 host Xeon, avx512f, ci/fp8_sweep.sh (single thread % of read ceiling, 4 rows in flight): 1 KB t0 97%,
+// none 72%; 4 KB nta with one row in flight 36-40% vs none 56-59%. Zen 3 avx2: 4 KB nta (measured neutral).
 #ifndef CPUMOE_FP8_PF
-#define CPUMOE_FP8_PF 4096  // software prefetch distance in the weight row (bytes; 0 = off)
+#define CPUMOE_FP8_PF (CPUMOE_TIER == CPUMOE_T_AVX2 ? 4096 : 1024)
 #endif
 #ifndef CPUMOE_FP8_PF_LOC
-#define CPUMOE_FP8_PF_LOC 0  // __builtin_prefetch locality (0 = prefetchnta)
+#define CPUMOE_FP8_PF_LOC (CPUMOE_TIER == CPUMOE_T_AVX2 ? 0 : 3)
 #endif
 // Rows in flight for one token (batch 1): a lone route's down rows run DROWS at a time (h, h + q, h + 2q, ...,
 // q = rows of the block / DROWS: weight streams far apart), a lone token's gate_up GROWS rows (gate and up of
-// row i, then also of i + half the segment). More streams, more memory-level parallelism for one core.
+// row i, then also of i + half the segment). More streams, more memory-level parallelism for one core: on the
+// H200 host (avx512f, no software prefetch) 1 / 2 / 4 down rows with 2 / 2 / 4 gate_up rows read 52% / 59% / 72% of
+// the single-thread ceiling, and the 16-thread executor batch 1 64% / 75% / 90%. AVX2 has 16 registers: 4 rows
+// x 4 chains would spill, so it keeps pairs.
 #ifndef CPUMOE_FP8_DROWS
-#define CPUMOE_FP8_DROWS (CPUMOE_TIER == CPUMOE_T_AVX2 ? 2 : 1)
+#define CPUMOE_FP8_DROWS (CPUMOE_TIER == CPUMOE_T_AVX2 ? 2 : 4)
 #endif
 #ifndef CPUMOE_FP8_GROWS
-#define CPUMOE_FP8_GROWS 2
+#define CPUMOE_FP8_GROWS (CPUMOE_TIER == CPUMOE_T_AVX2 ? 2 : 4)
 #endif
 
 // ---- ISA primitives
@@ -498,104 +503,6 @@ void install(cpumoe_kernel* k) {
   k->down = &down;
 }
 
-#elif CPUMOE_TIER == CPUMOE_T_AVX512BF16
-// ---------------------------------------------------------------- e4m3 -> bf16, vdpbf16ps
-// Prepared activation: bf16 x zero padded to 128 * nb(K) elements.
-CPUMOE_INLINE size_t pad_len(int32_t K) { return (size_t)kBlk * nblocks(K); }
-size_t act_bytes_bf16p(const cpumoe_kernel*, int32_t K) { return pad_len(K) * sizeof(uint16_t); }
-void prep_act_bf16p(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  std::memcpy(dst, src, (size_t)K * sizeof(uint16_t));
-  std::memset((uint16_t*)dst + K, 0, (pad_len(K) - (size_t)K) * sizeof(uint16_t));
-}
-#ifndef CPUMOE_FP8_PF
-#define CPUMOE_FP8_PF 4096  // software prefetch distance in the weight row (bytes; 0 = off)
-#endif
-constexpr int kPfBytes = CPUMOE_FP8_PF;
-
-// bf16 bits of m * 2^-9 for m = 0..7 (the exp == 0 codes), indexed by the code's low 5 bits.
-struct SubTable {
-  uint16_t v[32];
-  SubTable() {
-    for (int i = 0; i < 32; ++i) v[i] = f32_to_bf16((float)(i & 7) * 0.001953125f);
-  }
-};
-const SubTable& sub_table() {
-  static const SubTable t;
-  return t;
-}
-
-// 32 codes -> 32 bf16 (exact), natural order.
-CPUMOE_INLINE __m512i widen(__m256i codes, __m512i tbl) {
-  const __m512i w = _mm512_cvtepu8_epi16(codes);
-  const __m512i mag = _mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x07F0));
-  __m512i v = _mm512_add_epi16(mag, _mm512_set1_epi16(120 << 7));
-  const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));  // exp field == 0
-  v = _mm512_mask_permutexvar_epi16(v, sub, w, tbl);                            // idx = low 5 bits = m
-  // v | (sign bit): (w << 8) & 0x8000
-  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
-}
-CPUMOE_INLINE __m512 dp(__m512 a, __m512i wv, const uint16_t* x) {
-  return _mm512_dpbf16_ps(a, (__m512bh)wv, (__m512bh)_mm512_loadu_si512(x));
-}
-
-// Multi-token: each 32-code group is widened once and fed to the vdpbf16ps of NT <= 4 tokens; every token
-// keeps its own per-block chains and total, in the same order whatever NT (see rowmajor.h).
-struct Dot {
-  static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
-  static constexpr int kMaxNT = 4;
-  template <int NT>
-  static void dotn(const cpumoe_kernel* k, const cpumoe_bank* banks, int pass, int e, int row,
-                   const void* const* acts, float* out) {
-    const RowRef r = row_ref(k, banks, pass, e, row);
-    const uint16_t* x[NT];
-    __m512 tot[NT];
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) x[t] = (const uint16_t*)acts[t], tot[t] = _mm512_setzero_ps();
-    const __m512i tbl = _mm512_loadu_si512(sub_table().v);
-    const int nfull = r.K / kBlk;
-    for (int b = 0; b < nfull; ++b) {
-      const uint8_t* w = r.w + b * kBlk;
-      if (kPfBytes) CPUMOE_PREFETCH(w + kPfBytes), CPUMOE_PREFETCH(w + kPfBytes + 64);
-      __m512 a[NT][4];
-      CPUMOE_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const __m512i wv = widen(_mm256_loadu_si256((const __m256i*)(w + 32 * c)), tbl);
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) a[t][c] = dp(_mm512_setzero_ps(), wv, x[t] + b * kBlk + 32 * c);
-      }
-      const __m512 sc = _mm512_set1_ps(bf16_to_f32(r.s[b]));
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t)
-        tot[t] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])), sc,
-                                 tot[t]);
-    }
-    const int rem = r.K - nfull * kBlk;
-    if (rem) {  // partial last block, 32 codes at a time, masked (x is zero padded)
-      const uint8_t* w = r.w + nfull * kBlk;
-      __m512 a[NT];
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
-      for (int c = 0; c < rem; c += 32) {
-        const __mmask32 m = rem - c >= 32 ? 0xFFFFFFFFu : ((1u << (rem - c)) - 1u);
-        const __m512i wv = widen(_mm256_maskz_loadu_epi8(m, w + c), tbl);
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) a[t] = dp(a[t], wv, x[t] + nfull * kBlk + c);
-      }
-      const __m512 sc = _mm512_set1_ps(bf16_to_f32(r.s[nfull]));
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) tot[t] = _mm512_fmadd_ps(a[t], sc, tot[t]);
-    }
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) out[t] = hsum512(tot[t]);
-  }
-};
-
-void install(cpumoe_kernel* k) {
-  (void)sub_table();
-  k->act_bytes = &act_bytes_bf16p;
-  k->prep_act = &prep_act_bf16p;
-  install_rowmajor<Dot>(k);
-}
 #endif
 
 }  // namespace
@@ -603,9 +510,9 @@ void install(cpumoe_kernel* k) {
 }  // namespace cpumoe
 
 bool CPUMOE_INIT_FN(fp8_block)(cpumoe_kernel* k) {
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AVX512BF16
   (void)k;
-  return false;  // no int8 variant: the tier below runs
+  return false;  // no int8 or bf16-dot variant: avx512f runs (see the header comment)
 #else
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
   cpumoe::CPUMOE_NS::install(k);
