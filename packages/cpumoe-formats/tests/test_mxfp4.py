@@ -555,7 +555,8 @@ def test_w4a8_tiers_bit_identical(rng, tier):
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT, modes=("w4a8",)))
 def test_w4a8_zero_and_extreme_blocks(rng, mode, tier):
     """Zero activation blocks contribute exactly 0; blocks of +-amax hit q = +-127 with the largest
-    weights (+-12 as int8: the int16 bound 8 rows * 2 * 12 * 127 = 24384)."""
+    weights (+-12 as int8, u = 24: the int16 bound, 4 rows * 2 * 24 * 127 = 24384, on avx2 / avx512f), through
+    the batched tile and the one-token tile."""
     E, H, I = 1, 64, 32  # noqa: E741
     banks = _zero_banks(E, H, I)
     banks["gate_up_blocks"][...] = 0x77  # +6 everywhere (int8 12)
@@ -566,9 +567,10 @@ def test_w4a8_zero_and_extreme_blocks(rng, mode, tier):
     w, ids = np.ones((2, 1), np.float32), np.zeros((2, 1), np.int32)
     for h in range(H):
         _set_code(banks["down_blocks"], 0, h % I, h, 2)
-    y = run_forced(FMT, banks, x, w, ids, mode, tier, activation="silu")
-    ref = round_bf16(cf.reference.moe(FMT, banks, x, w, ids, mode=mode, activation="silu"))
-    _close_elementwise(y, ref, atol=2.0**-126)
+    for t0, t1 in ((0, 2), (0, 1), (1, 2)):  # both tokens in one work item (batched), each alone (one-token tile)
+        y = run_forced(FMT, banks, x[t0:t1], w[t0:t1], ids[t0:t1], mode, tier, activation="silu")
+        ref = round_bf16(cf.reference.moe(FMT, banks, x[t0:t1], w[t0:t1], ids[t0:t1], mode=mode, activation="silu"))
+        _close_elementwise(y, ref, atol=2.0**-126)
 
 
 # ---------------------------------------------------------------- batching: bit-identical per token

@@ -128,6 +128,8 @@ struct V256 {
   static CPUMOE_INLINE I widen(I acc32, I acc16) {
     return _mm256_add_epi32(acc32, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1)));
   }
+  // acc32 + the int16 of acc16 selected per dword by m (0x00000001: the low word, 0x00010000: the high word).
+  static CPUMOE_INLINE I widen_sel(I acc32, I acc16, I m) { return _mm256_add_epi32(acc32, _mm256_madd_epi16(acc16, m)); }
   static CPUMOE_INLINE F cast(I a) { return _mm256_castsi256_ps(a); }
   static CPUMOE_INLINE F cvt(I a) { return _mm256_cvtepi32_ps(a); }
   static CPUMOE_INLINE F fzero() { return _mm256_setzero_ps(); }
@@ -137,11 +139,9 @@ struct V256 {
   static CPUMOE_INLINE F add(F a, F b) { return _mm256_add_ps(a, b); }
   static CPUMOE_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static CPUMOE_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v); }
-  // dwords holding s << 24 (s in [0, 254]) -> 2^(s-127); s = 0 -> 2^-127 (0x00400000)
-  static CPUMOE_INLINE F e8m0(I d) {
-    const I z = _mm256_cmpeq_epi32(d, _mm256_setzero_si256());
-    return cast(_mm256_or_si256(_mm256_srli_epi32(d, 1), _mm256_and_si256(z, _mm256_set1_epi32(0x00400000))));
-  }
+  // dwords holding s << 24 (s in [0, 254]) -> 2^(s-127); s = 0 -> 2^-127 (0x00400000): s << 23 is at
+  // least 0x00800000 for s >= 1 and 0 for s = 0, so a max with 0x00400000 fixes exactly s = 0.
+  static CPUMOE_INLINE F e8m0(I d) { return cast(_mm256_max_epi32(_mm256_srli_epi32(d, 1), _mm256_set1_epi32(0x00400000))); }
 };
 #endif
 
@@ -177,6 +177,7 @@ struct V512 {
   static CPUMOE_INLINE I widen(I acc32, I acc16) {
     return _mm512_add_epi32(acc32, _mm512_madd_epi16(acc16, _mm512_set1_epi16(1)));
   }
+  static CPUMOE_INLINE I widen_sel(I acc32, I acc16, I m) { return _mm512_add_epi32(acc32, _mm512_madd_epi16(acc16, m)); }
   static CPUMOE_INLINE F cast(I a) { return _mm512_castsi512_ps(a); }
   static CPUMOE_INLINE F cvt(I a) { return _mm512_cvtepi32_ps(a); }
   static CPUMOE_INLINE F fzero() { return _mm512_setzero_ps(); }
@@ -186,10 +187,7 @@ struct V512 {
   static CPUMOE_INLINE F add(F a, F b) { return _mm512_add_ps(a, b); }
   static CPUMOE_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static CPUMOE_INLINE void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static CPUMOE_INLINE F e8m0(I d) {
-    const __mmask16 z = _mm512_cmpeq_epi32_mask(d, _mm512_setzero_si512());
-    return cast(_mm512_mask_mov_epi32(_mm512_srli_epi32(d, 1), z, _mm512_set1_epi32(0x00400000)));
-  }
+  static CPUMOE_INLINE F e8m0(I d) { return cast(_mm512_max_epi32(_mm512_srli_epi32(d, 1), _mm512_set1_epi32(0x00400000))); }
 };
 #endif
 

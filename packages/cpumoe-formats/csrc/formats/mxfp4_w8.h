@@ -217,9 +217,110 @@ void tile_simd(const Tile& T, int c0, int nch, int nt, const uint8_t* const* as,
   store_totals<V, w8_col>(tot, ts, nt, nch, out, os, c0);
 }
 
+// One token without VNNI: each K row goes straight from the load into vpmaddubsw, no buffer. The two
+// nibble vectors of a row (u of K = 2kb and 2kb+1, one vpshufb each) are byte-interleaved
+// (vpunpck{l,h}bw), so each 16-bit lane holds (u[2kb], u[2kb+1]) of one column, in the native tile's
+// lane order (lane_col; the scales and the final store are shared with it); against the activation pair
+// (q[2kb], q[2kb+1]) broadcast to every 16-bit lane, vpmaddubsw gives u[2kb] q[2kb] + u[2kb+1] q[2kb+1]
+// per column (<= 2 * 24 * 127 = 6096). int16 sums over kRun1 = 4 rows (<= 24384), then vpmaddwd with
+// (1, 0) / (0, 1) per dword widens the even / odd columns' words into int32 accumulators that start at
+// -c12, so they end as the group's S; the fp32 epilogue is dot_tokens': bit-identical. Per 32 columns and K row: 2 vpshufb,
+// 2 vpunpck, 2 vpmaddubsw (+ 1 vpmaddwd amortized) instead of decode_pair's 3 shuffles per vector,
+// the buffer's stores and reloads, and dot_tokens' 4-row-pair dword layout.
+constexpr int kRun1 = 4;
+template <class V, int NCV>
+void tile_one(const Tile& T, int c0, int nch, const uint8_t* a, float* out, int os) {
+  using F = typename V::F;
+  using I = typename V::I;
+  constexpr int W = V::W, NV = 4 * NCV, L = W / 4, CW = NCV * W;
+  static_assert(kGroupRows % kRun1 == 0, "runs per group");
+  const I m0f = V::set1_8(0x0F), lut = V::ulut(), sel_lo = V::set1_32(1), sel_hi = V::set1_32(0x10000);
+  const F half = V::set1(0.5f);
+  F tot[kPassFloats / L];
+  for (int v = 0; v < nch * NV; ++v) tot[v] = V::fzero();
+  const int8_t* q = (const int8_t*)a;
+  const float* sb = (const float*)(a + 2 * T.nkp);
+  const int32_t* c12 = (const int32_t*)(sb + T.nkp / 16);
+  const uint8_t* blk = T.blk + c0;
+  const uint8_t* scl = T.scl + c0;
+  const int64_t pfd = kPrefetchRows * T.bs;
+  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;
+  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
+  prefetch_prologue(T, blk, scl, nch * CW);
+  const int ng = T.nkp / kGroupRows;
+  for (int g = 0; g < ng; ++g) {
+    const int kb0 = g * kGroupRows;
+    int32_t a2[kGroupRows];  // (q[2kb], q[2kb+1]) twice per dword: one vpbroadcastd per row
+    for (int r = 0; r < kGroupRows; ++r) {
+      uint16_t pr;
+      std::memcpy(&pr, q + 2 * (kb0 + r), 2);
+      a2[r] = (int32_t)((uint32_t)pr * 0x10001u);
+    }
+    const I ncorr = V::set1_32(-c12[g]);
+    const F bt = V::set1(sb[g]);
+    for (int ch = 0; ch < nch; ++ch) {
+      I acc[NV];  // start at -c12: ends as S = sum(u q) - 12 sum(q), the same exact integer
+      MX_UNROLL
+      for (int v = 0; v < NV; ++v) acc[v] = ncorr;
+      const uint8_t* p = blk + (int64_t)kb0 * T.bs + ch * CW;
+      for (int r0 = 0; r0 < kGroupRows; r0 += kRun1) {
+        I acc16[2 * NCV];
+        MX_UNROLL
+        for (int v = 0; v < 2 * NCV; ++v) acc16[v] = V::zero();
+        MX_UNROLL
+        for (int r = r0; r < r0 + kRun1; ++r, p += T.bs) {
+          MX_UNROLL
+          for (int o = 0; o < CW; o += 64) MX_PREFETCH(p + pfd + o);
+          if (CW % 64 == 0 && unaligned) MX_PREFETCH(p + pfd + CW - 1);
+          const I ar = V::set1_32(a2[r]);
+          MX_UNROLL
+          for (int c = 0; c < NCV; ++c) {
+            const I b = V::load(p + c * W);
+            const I ul = V::shuf(lut, V::band(b, m0f)), uh = V::shuf(lut, V::band(V::srl4(b), m0f));
+            acc16[2 * c] = V::madd2(acc16[2 * c], V::ulo8(ul, uh), ar);
+            acc16[2 * c + 1] = V::madd2(acc16[2 * c + 1], V::uhi8(ul, uh), ar);
+          }
+        }
+        MX_UNROLL
+        for (int c = 0; c < NCV; ++c) {
+          acc[4 * c] = V::widen_sel(acc[4 * c], acc16[2 * c], sel_lo);
+          acc[4 * c + 1] = V::widen_sel(acc[4 * c + 1], acc16[2 * c], sel_hi);
+          acc[4 * c + 2] = V::widen_sel(acc[4 * c + 2], acc16[2 * c + 1], sel_lo);
+          acc[4 * c + 3] = V::widen_sel(acc[4 * c + 3], acc16[2 * c + 1], sel_hi);
+        }
+      }
+      const uint8_t* sp = scl + (int64_t)g * T.ss + ch * CW;
+      prefetch_scales(T, sp, g, CW, unaligned_s);
+      MX_UNROLL
+      for (int c = 0; c < NCV; ++c) {
+        F sc[4];
+        scales4<V>(sp + c * W, sc);
+        MX_UNROLL
+        for (int v = 0; v < 4; ++v) {
+          F& d = tot[ch * NV + 4 * c + v];
+          d = V::add(d, V::mul(V::cvt(acc[4 * c + v]), V::mul(V::mul(sc[v], half), bt)));
+        }
+      }
+    }
+  }
+  store_totals<V, lane_col>(tot, os / L, 1, nch * NCV, out, os, c0);
+}
+
 template <class V, int NTG>
 int tile_run(const Tile& T, int c, int nc, int nt, const uint8_t* const* as, float* out, int os) {
   if (nc - c < V::W) return c;
+  if (nt == 1 && !V::kVnni) {
+    if (nc - c >= 2 * V::W) {
+      const int nch = (nc - c) / (2 * V::W);
+      tile_one<V, 2>(T, c, nch, as[0], out, os);
+      c += nch * 2 * V::W;
+    }
+    if (nc - c >= V::W) {
+      tile_one<V, 1>(T, c, 1, as[0], out, os);
+      c += V::W;
+    }
+    return c;
+  }
   const int nch = (nc - c) / V::W;
   tile_simd<V, NTG>(T, c, nch, nt, as, out, os);
   return c + nch * V::W;
