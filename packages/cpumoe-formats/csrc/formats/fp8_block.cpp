@@ -128,7 +128,8 @@ void install(cpumoe_kernel* k) {
 #endif
 // Software prefetch distance in the weight row (bytes; 0 = off) and __builtin_prefetch locality (0 = nta, 3 = t0).
 // H200 host Xeon, avx512f, ci/fp8_sweep.sh (single thread % of read ceiling, 4 rows in flight): 1 KB t0 97%,
-// none 72%; 4 KB nta with one row in flight 36-40% vs none 56-59%. Zen 3 avx2: 4 KB nta (measured neutral).
+// none 72%; 4 KB nta with one row in flight 36-40% vs none 56-59%. Zen 3 dev VM, avx2 (2 rows), two A/B rounds:
+// 4 KB nta 74% / 74%, 1 KB t0 73% / 66%, none 51% / 51%; 4 rows there (spilling 16 ymm accumulators) 53-54%.
 #ifndef CPUMOE_FP8_PF
 #define CPUMOE_FP8_PF (CPUMOE_TIER == CPUMOE_T_AVX2 ? 4096 : 1024)
 #endif
