@@ -19,7 +19,7 @@
 //               token) pre-scaled activation, so a row is a plain FMA stream (see below).
 // There is no avx512bf16 kernel: an e4m3 -> bf16 decode (masked vpermw for the exp == 0 codes) reduced by
 // vdpbf16ps read 47-51% of the single-thread ceiling on the H200 host's Xeon against 97% for avx512f with four
-// rows in flight (ci/fp8_sweep.sh, 2026-11-29), and was no faster on shared batches; it was removed.
+// rows in flight (ci/kernel_sweep.sh, 2026-11-29), and was no faster on shared batches; it was removed.
 #include <vector>
 
 #include "../rowmajor.h"
@@ -127,7 +127,7 @@ void install(cpumoe_kernel* k) {
 #endif
 #endif
 // Software prefetch distance in the weight row (bytes; 0 = off) and __builtin_prefetch locality (0 = nta, 3 = t0).
-// H200 host Xeon, avx512f, ci/fp8_sweep.sh (single thread % of read ceiling, 4 rows in flight): 1 KB t0 97%,
+// H200 host Xeon, avx512f, ci/kernel_sweep.sh (single thread % of read ceiling, 4 rows in flight): 1 KB t0 97%,
 // none 72%; 4 KB nta with one row in flight 36-40% vs none 56-59%. Zen 3 dev VM, avx2 (2 rows), two A/B rounds:
 // 4 KB nta 74% / 74%, 1 KB t0 73% / 66%, none 51% / 51%; 4 rows there (spilling 16 ymm accumulators) 53-54%.
 #ifndef CPUMOE_FP8_PF
