@@ -49,7 +49,7 @@ constexpr int kNL = 0;
 // rows. The hardware streamers stop at 4 KB pages and gate_up reads two row streams;
 // prefetchnta or short distances leave DRAM latency exposed (see q4_0.cpp's numbers).
 #ifndef CPUMOE_FP4_PF
-#define CPUMOE_FP4_PF 3072  // build knob (ci/kernel_sweep.sh)
+#define CPUMOE_FP4_PF 3072  // build knob (ci/kernel_sweep.sh); H200 host nvfp4 w4a8: 1 KB 74%, 3 KB 86%, 6 KB 85%
 #endif
 constexpr int kPrefetchBytes = CPUMOE_FP4_PF;
 CPUMOE_INLINE void prefetch_stream(const uint8_t* p, int lines, const uint8_t* s, int scale_ratio) {
@@ -249,7 +249,6 @@ template <int NB>
 struct Rows {
   const uint8_t *p, *s, *g;
   int64_t ps, ss, gs;
-  Rows() = default;
   CPUMOE_INLINE Rows(const cpumoe_bank* b, int32_t e, int32_t row) {
     p = bank_row<uint8_t>(b[0], e, row), ps = b[0].row_stride;
     s = bank_row<uint8_t>(b[1], e, row), ss = b[1].row_stride;
@@ -290,8 +289,8 @@ CPUMOE_INLINE void fp4_dot_tokens(const uint8_t* p, const uint8_t* s, float gl, 
   }
 }
 
-// Optional multi-row policy (single token): kRowsGateUp (2: a gate row and its up row together; 4: also those of
-// row i + half the item), kRowsDown (2 or 4: down rows h + j q, q = the item's rows / kRowsDown, together) and
+// Optional multi-row policy (single token): kRowsGateUp (2: a gate row and its up row together), kRowsDown (2:
+// down rows h and h + half of the work item together) and
 //   template <int R> static void dotr(const uint8_t* const* p, const uint8_t* const* s, const float* global,
 //                                     int32_t K, const void* act, float* out);   // out[r] = dot(row r, act)
 // with each row's arithmetic exactly that of dot (so a row's result does not depend on R).
@@ -309,39 +308,24 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
                  const void* const* xs, const float* w_in, uint16_t* const* g) {
   constexpr int NT = MaxNT<D>::value;
   const cpumoe_params& P = k->params;
-  int32_t i = i0;
-  if constexpr (MultiRow<D>::gate_up >= 2) {
-    if (n == 1 || !MaxNT<D>::has_dotn) {
-      // a token's gate and up rows in one call; with 4 rows also those of row i + q (q = half the item): more
-      // weight streams in flight, far apart
-      constexpr int G = MultiRow<D>::gate_up / 2;
-      const int32_t q = (i1 - i0) / G;
-      Rows<D::kBanks> rr[2 * G];
-      for (int j = 0; j < G; ++j)
-        rr[2 * j] = Rows<D::kBanks>(banks, e, i0 + j * q), rr[2 * j + 1] = Rows<D::kBanks>(banks, e, P.inter + i0 + j * q);
-      for (; i < i0 + q; ++i) {
-        const uint8_t* pp[2 * G];
-        const uint8_t* ss[2 * G];
-        float gg[2 * G];
-        CPUMOE_UNROLL
-        for (int j = 0; j < 2 * G; ++j) pp[j] = rr[j].p, ss[j] = rr[j].s, gg[j] = rr[j].global(), rr[j].next();
-        for (int32_t t = 0; t < n; ++t) {
-          float gu[2 * G];
-          D::template dotr<2 * G>(pp, ss, gg, P.hidden, xs[t], gu);
-          CPUMOE_UNROLL
-          for (int j = 0; j < G; ++j) {
-            float gt = gu[2 * j] * w_in[t], ut = gu[2 * j + 1] * w_in[t];
-            if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
-            g[t][i + j * q] = f32_to_bf16(activate(P, gt, ut));
-          }
-        }
-      }
-      i = i0 + G * q;  // at most G - 1 rows left
-    }
-  }
-  Rows<D::kBanks> rg(banks, e, i), ru(banks, e, P.inter + i);
-  for (; i < i1; ++i, rg.next(), ru.next()) {
+  Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);
+  for (int32_t i = i0; i < i1; ++i, rg.next(), ru.next()) {
     const float sg = rg.global(), su = ru.global();
+    if constexpr (MultiRow<D>::gate_up == 2) {
+      if ((n == 1 || !MaxNT<D>::has_dotn)) {  // a token's gate and up rows in one call
+        const uint8_t* pp[2] = {rg.p, ru.p};
+        const uint8_t* ss[2] = {rg.s, ru.s};
+        const float gg[2] = {sg, su};
+        for (int32_t j = 0; j < n; ++j) {
+          float gu[2];
+          D::template dotr<2>(pp, ss, gg, P.hidden, xs[j], gu);
+          float gt = gu[0] * w_in[j], ut = gu[1] * w_in[j];
+          if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
+          g[j][i] = f32_to_bf16(activate(P, gt, ut));
+        }
+        continue;
+      }
+    }
     for (int32_t j0 = 0; j0 < n; j0 += NT) {  // token blocks: a row chunk is decoded once per block
       const int nt = n - j0 < NT ? n - j0 : NT;
       float gate[NT], up[NT];
@@ -366,33 +350,27 @@ void fp4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int3
     while (b < n && routes[b].expert == routes[a].expert) ++b;
     Rows<D::kBanks> r(banks + D::kBanks, routes[a].expert, h0);
     int32_t h = h0;
-    if constexpr (MultiRow<D>::down >= 2) {
+    if constexpr (MultiRow<D>::down == 2) {
       if ((b - a == 1 || !MaxNT<D>::has_dotn)) {
-        // rows h + j q (q = the item's rows / R): R weight streams far apart (on the Zen 3 dev VM adjacent row
-        // pairs streamed no faster than single rows, far-apart ones did), each route of the group in turn
-        constexpr int R = MultiRow<D>::down;
-        const int32_t q = (h1 - h0) / R;
-        Rows<D::kBanks> rr[R];
-        for (int j = 0; j < R; ++j) rr[j] = Rows<D::kBanks>(banks + D::kBanks, routes[a].expert, h0 + j * q);
-        for (; h < h0 + q; ++h) {
-          const uint8_t* pp[R];
-          const uint8_t* ss[R];
-          float gg[R];
-          CPUMOE_UNROLL
-          for (int j = 0; j < R; ++j) pp[j] = rr[j].p, ss[j] = rr[j].s, gg[j] = rr[j].global(), rr[j].next();
-          for (int32_t t = a; t < b; ++t) {
-            float y[R];
-            D::template dotr<R>(pp, ss, gg, I, routes[t].act, y);
-            float* o = acc + routes[t].token * acc_stride + (h - h0);
-            CPUMOE_UNROLL
-            for (int j = 0; j < R; ++j) {
-              float v = y[j] * routes[t].weight;
-              if (D::kRoundRouteTerm) v = round_bf16(v);
-              o[j * q] += v;
-            }
+        // row h with row h + half: two weight streams far apart (on the Zen 3 dev VM adjacent row pairs streamed
+        // no faster than single rows, far-apart ones did), each route of the group in turn
+        const int32_t half = (h1 - h0) / 2;
+        Rows<D::kBanks> r2(banks + D::kBanks, routes[a].expert, h0 + half);
+        for (; h < h0 + half; ++h, r.next(), r2.next()) {
+          const uint8_t* pp[2] = {r.p, r2.p};
+          const uint8_t* ss[2] = {r.s, r2.s};
+          const float gg[2] = {r.global(), r2.global()};
+          for (int32_t q = a; q < b; ++q) {
+            float y[2];
+            D::template dotr<2>(pp, ss, gg, I, routes[q].act, y);
+            float* o = acc + routes[q].token * acc_stride + (h - h0);
+            float v0 = y[0] * routes[q].weight, v1 = y[1] * routes[q].weight;
+            if (D::kRoundRouteTerm) v0 = round_bf16(v0), v1 = round_bf16(v1);
+            o[0] += v0;
+            o[half] += v1;
           }
         }
-        h = h0 + R * q;  // at most R - 1 rows left
+        h = h0 + 2 * half;  // at most one row left
         r = Rows<D::kBanks>(banks + D::kBanks, routes[a].expert, h);
       }
     }

@@ -396,59 +396,6 @@ struct DotW4A8 {
     }
   }
 #endif
-
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  // R rows against one activation, more weight streams in flight for one core (as fp8_block's avx512f rows);
-  // each row's operations are exactly those of dot() above, so a row's result does not depend on R.
-#ifndef CPUMOE_NVFP4_ROWS
-#define CPUMOE_NVFP4_ROWS 2
-#endif
-  static constexpr int kRowsGateUp = CPUMOE_NVFP4_ROWS, kRowsDown = CPUMOE_NVFP4_ROWS;
-  template <int R>
-  static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
-                                 const void* act, float* out) {
-    const int8_t* a = (const int8_t*)act;
-    const float* as = (const float*)((const char*)act + w4a8_scale_off(K));
-    const int32_t* corr = (const int32_t*)((const char*)act + w4a8_corr_off(K));
-    const int32_t ng = K / 128;
-    const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F);
-    const __m512i z = _mm512_setzero_si512();
-    const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    __m256 acc[R][2];
-    CPUMOE_UNROLL
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int32_t g0 = 0; g0 < ng; g0 += 2) {  // even groups into acc[r][0], odd into acc[r][1] (as dot())
-      CPUMOE_UNROLL
-      for (int j = 0; j < 2; ++j) {
-        const int32_t g = g0 + j;
-        if (g >= ng) break;
-        const int8_t* ag = a + 128 * g;
-        const __m512i ae = _mm512_loadu_si512((const void*)ag), ao = _mm512_loadu_si512((const void*)(ag + 64));
-        const __m256i C = _mm256_loadu_si256((const __m256i*)(corr + 8 * g));
-        const __m256 A = _mm256_loadu_ps(as + 8 * g);
-        CPUMOE_UNROLL
-        for (int r = 0; r < R; ++r) {
-          const uint8_t* p = P[r] + 64 * g;
-          prefetch_stream(p, 1, Sc[r] + 8 * g, 8);
-          const __m512i b = _mm512_loadu_si512((const void*)p);
-          const __m512i lo = _mm512_and_si512(b, m), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
-          const __m512i Pd = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, _mm512_shuffle_epi8(tu, lo), ae),
-                                                 _mm512_shuffle_epi8(tu, hi), ao);
-          const __m256i S = _mm256_sub_epi32(
-              _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(_mm512_add_epi32(Pd, _mm512_srli_epi64(Pd, 32))), perm),
-              C);
-          const __m256 comb = _mm256_mul_ps(e4m3x8(load8(Sc[r] + 8 * g)), A);
-          acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_permutevar8x32_ps(comb, perm)));
-        }
-      }
-    }
-    CPUMOE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const Row row{P[r], Sc[r], gl[r], K};
-      out[r] = (hsum256(_mm256_add_ps(acc[r][0], acc[r][1])) + w4a8_blocks_scalar(row, a, as, ng * 8)) * (0.5f * gl[r]);
-    }
-  }
-#endif
 };
 
 }  // namespace
