@@ -156,8 +156,8 @@ typedef struct cpumoe_formats_api {
   int32_t (*moe_step)(const cpumoe_kernel *k, const cpumoe_bank *banks, int32_t T, int32_t top_k,
                       const uint16_t *x, const int32_t *ids, const float *w, uint16_t *y, void *scratch,
                       char *err, size_t errlen);
-  /* Read [p, p + n) at the widest usable load width, returning a checksum: the
-   * memory-read loop the benches' bandwidth ceilings are measured with. */
+  /* Read [p, p + n) at the widest usable load width as four streams (its quarters, advanced together),
+   * returning a checksum: the memory-read loop the benches' bandwidth ceilings are measured with. */
   uint64_t (*read_sum)(const void *p, size_t n);
 } cpumoe_formats_api;
 
