@@ -6,6 +6,13 @@
 // tile products (bf16_amx.h).
 #include "../rowmajor.h"
 
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the AVX-512 intrinsics' internal _mm512_undefined_* operands as (maybe-)uninitialized (a known
+// false positive of the headers, as in fp8_block.cpp and fp4_common.h).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {

@@ -223,14 +223,25 @@ CPUMOE_INLINE void scales4(const uint8_t* sp, typename V::F* sc) {
   sc[3] = V::e8m0(V::band(s1, mhi));
 }
 
-// Prefetch: the first kPrefetchRows rows and kPrefetchGroups scale rows of a tile of `bytes`
-// columns (the loops then stay kPrefetchRows rows ahead).
-CPUMOE_INLINE void prefetch_prologue(const Tile& T, const uint8_t* blk, const uint8_t* scl, int bytes) {
-  for (int r = 0; r < kPrefetchRows && r < T.nkp; ++r)
-    for (int o = 0; o < bytes; o += 64) MX_PREFETCH(blk + r * T.bs + o);
-  for (int g = 0; g < kPrefetchGroups && g < T.nkp / kGroupRows; ++g)
-    for (int o = 0; o < bytes + 63; o += 64) MX_PREFETCH(scl + g * T.ss + o);
-}
+// The start of a tile kernel's walk down the K rows of columns [c0, c0 + bytes): the tile's first block and
+// scale bytes, the row prefetch distance, whether rows / scale rows may straddle cache lines (then a row's last
+// byte is prefetched too), the number of scale groups; and the warm-up prefetch of the first kPrefetchRows rows
+// and kPrefetchGroups scale rows (the loops then stay kPrefetchRows rows ahead).
+struct TileWalk {
+  const uint8_t *blk, *scl;
+  int64_t pfd;
+  bool unaligned, unaligned_s;
+  int ng;
+  TileWalk(const Tile& T, int c0, int bytes)
+      : blk(T.blk + c0), scl(T.scl + c0), pfd(kPrefetchRows * T.bs),
+        unaligned((((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0),
+        unaligned_s((((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0), ng(T.nkp / kGroupRows) {
+    for (int r = 0; r < kPrefetchRows && r < T.nkp; ++r)
+      for (int o = 0; o < bytes; o += 64) MX_PREFETCH(blk + r * T.bs + o);
+    for (int g = 0; g < kPrefetchGroups && g < ng; ++g)
+      for (int o = 0; o < bytes + 63; o += 64) MX_PREFETCH(scl + g * T.ss + o);
+  }
+};
 // The scale row kPrefetchGroups groups ahead of sp (its own strided stream).
 CPUMOE_INLINE void prefetch_scales(const Tile& T, const uint8_t* sp, int g, int bytes, bool unaligned) {
   if (g + kPrefetchGroups < T.nkp / kGroupRows) {
@@ -267,13 +278,7 @@ void tile_few(const Tile& T, int c0, int nch, const float* const* xs, float* out
   F tot[kPassFloats / L];
   for (int t = 0; t < NT; ++t)
     for (int v = 0; v < nch * NV; ++v) tot[t * ts + v] = V::fzero();
-  const uint8_t* blk = T.blk + c0;
-  const uint8_t* scl = T.scl + c0;
-  const int64_t pfd = kPrefetchRows * T.bs;
-  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;  // chunks straddle lines
-  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
-  prefetch_prologue(T, blk, scl, nch * CW);
-  const int ng = T.nkp / kGroupRows;
+  const auto [blk, scl, pfd, unaligned, unaligned_s, ng] = TileWalk(T, c0, nch * CW);
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
     for (int ch = 0; ch < nch; ++ch) {
@@ -368,13 +373,7 @@ void tile_multi(const Tile& T, int c0, int nch, int nt, const float* const* xs, 
   F tot[kPassFloats / L];
   for (int t = 0; t < nt; ++t)
     for (int v = 0; v < nch * 4; ++v) tot[t * ts + v] = V::fzero();
-  const uint8_t* blk = T.blk + c0;
-  const uint8_t* scl = T.scl + c0;
-  const int64_t pfd = kPrefetchRows * T.bs;
-  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;
-  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
-  prefetch_prologue(T, blk, scl, nch * W);
-  const int ng = T.nkp / kGroupRows;
+  const auto [blk, scl, pfd, unaligned, unaligned_s, ng] = TileWalk(T, c0, nch * W);
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
     for (int ch = 0; ch < nch; ++ch) {

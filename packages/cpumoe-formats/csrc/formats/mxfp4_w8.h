@@ -173,13 +173,7 @@ void tile_simd(const Tile& T, int c0, int nch, int nt, const uint8_t* const* as,
   F tot[kPassFloats / L];
   for (int t = 0; t < nt; ++t)
     for (int v = 0; v < nch * 4; ++v) tot[t * ts + v] = V::fzero();
-  const uint8_t* blk = T.blk + c0;
-  const uint8_t* scl = T.scl + c0;
-  const int64_t pfd = kPrefetchRows * T.bs;
-  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;
-  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
-  prefetch_prologue(T, blk, scl, nch * W);
-  const int ng = T.nkp / kGroupRows;
+  const auto [blk, scl, pfd, unaligned, unaligned_s, ng] = TileWalk(T, c0, nch * W);
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
     for (int ch = 0; ch < nch; ++ch) {
@@ -241,13 +235,7 @@ void tile_one(const Tile& T, int c0, int nch, const uint8_t* a, float* out, int 
   const int8_t* q = (const int8_t*)a;
   const float* sb = (const float*)(a + 2 * T.nkp);
   const int32_t* c12 = (const int32_t*)(sb + T.nkp / 16);
-  const uint8_t* blk = T.blk + c0;
-  const uint8_t* scl = T.scl + c0;
-  const int64_t pfd = kPrefetchRows * T.bs;
-  const bool unaligned = (((uintptr_t)blk | (uintptr_t)T.bs) & 63) != 0;
-  const bool unaligned_s = (((uintptr_t)scl | (uintptr_t)T.ss) & 63) != 0;
-  prefetch_prologue(T, blk, scl, nch * CW);
-  const int ng = T.nkp / kGroupRows;
+  const auto [blk, scl, pfd, unaligned, unaligned_s, ng] = TileWalk(T, c0, nch * CW);
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
     int32_t a2[kGroupRows];  // (q[2kb], q[2kb+1]) twice per dword: one vpbroadcastd per row
