@@ -11,13 +11,8 @@ set -uo pipefail
 OUT=${1:?usage: ci/device_batch.sh OUTDIR}
 mkdir -p "$OUT"
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-lscpu > "$OUT/lscpu.txt"
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-(cd packages/cpumoe-formats && python3 hatch_build.py) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-(cd packages/cpumoe-executor && PYTHONPATH=../cpumoe-formats/src:/tmp/site python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-export PYTHONPATH=$PWD/packages/cpumoe-formats/src:$PWD/packages/cpumoe-executor/src:/tmp/site
+. ci/cpu_setup.sh
 echo "build done at +$(( $(date +%s) - T0 )) s" | tee "$OUT/summary.txt"
 rc=0
 python3 -c "import cpumoe_formats as cf; print('usable tiers:', cf.usable_tiers())" | tee -a "$OUT/summary.txt"

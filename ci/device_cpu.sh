@@ -5,12 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-lscpu > "$OUT/lscpu.txt"
-(cd packages/cpumoe-formats && python3 hatch_build.py) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-(cd packages/cpumoe-executor && PYTHONPATH=../cpumoe-formats/src:/tmp/site python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-export PYTHONPATH=$PWD/packages/cpumoe-formats/src:$PWD/packages/cpumoe-executor/src:/tmp/site
+. ci/cpu_setup.sh
 rc=0
 for what in "$@"; do
   case $what in

@@ -12,17 +12,9 @@
 set -uo pipefail
 OUT=${1:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/site
-lscpu > "$OUT/lscpu.txt"
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
 export THREADS=${THREADS:-16}
-(cd packages/cpumoe-formats && python3 hatch_build.py) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-(cd packages/cpumoe-executor && PYTHONPATH=../cpumoe-formats/src:/tmp/site python3 hatch_build.py) >> "$OUT/build.log" 2>&1 \
-  || { tail -30 "$OUT/build.log"; exit 1; }
-export PYTHONPATH=$PWD/packages/cpumoe-formats/src:$PWD/packages/cpumoe-executor/src:/tmp/site
+. ci/cpu_setup.sh
 rc=0
 echo "== tests/test_mxfp4.py"
 (cd packages/cpumoe-formats && timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_mxfp4.py) \

@@ -14,12 +14,8 @@ shift
 mkdir -p "$OUT"
 [ $# -gt 0 ] || set -- ""
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-lscpu > "$OUT/lscpu.txt"
-(cd packages/cpumoe-formats && python3 hatch_build.py) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-(cd packages/cpumoe-executor && PYTHONPATH=../cpumoe-formats/src:/tmp/site python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-export PYTHONPATH=$PWD/packages/cpumoe-formats/src:$PWD/packages/cpumoe-executor/src:/tmp/site
+export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
+. ci/cpu_setup.sh
 i=0
 for v in "$@"; do
   i=$((i + 1))
