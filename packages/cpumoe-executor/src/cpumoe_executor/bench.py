@@ -7,9 +7,13 @@ measured in the same run with the same threads.
         [--repeats 5] [--steps 20] [--json FILE] [--plot PNG] [--quick]
     python -m cpumoe_executor.bench --doorbell [...]   (doorbell round trip: see doorbell_bench.py)
 
-dram: the bank holds disjoint windows of experts whose total is at least 4 x LLC
-and each step routes into the next window, so every step reads its experts
-from DRAM. cache: every step reuses the same window. random routing sends each
+dram: the bank holds at least 4 x LLC of experts, cut (per batch size and
+routing) into disjoint windows of the experts one step can touch (top_k x batch;
+top_k for shared routing), and each step routes into the next window, so a step
+reads experts no step touched in the last 4 x LLC of the rotation: from DRAM.
+(Windows sized for the largest batch let batch 1 re-read 1/8 of the bank: on a
+300 MB L3 that fit in cache and read above the DRAM ceiling; fixed 2026-11-29.)
+cache: every step reuses the same window. random routing sends each
 token to top_k distinct random experts of the window (the experts a step reads
 are counted once: grouped decode reads each expert once per step); shared sends
 every token to the same top_k experts (the batch costs no extra weight bytes).
@@ -125,18 +129,21 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
             io["x"][:T] = rng.standard_normal((T, m.H)).astype(np.float32).astype(cf.numerics.BF16)
             io["w"][:T] = 1.0 / m.top_k
             task = T  # layer 0
-            plans = [routes_for(rng, np.arange(j * window, (j + 1) * window), T, m.top_k, routing == "shared")
-                     for j in range(n_win)]
+            # windows of what this step shape can touch, rotating through the whole bank (dram) or one window (cache)
+            w = window if n_win == 1 else (m.top_k if routing == "shared" else min(E, m.top_k * T))
+            n_plans = E // w
+            plans = [routes_for(rng, np.arange(j * w, (j + 1) * w), T, m.top_k, routing == "shared")
+                     for j in range(n_plans)]
             bytes_read = [len(np.unique(p)) * bpe for p in plans]
             for s in range(3):  # warm-up
-                io["ids"][:T] = plans[s % n_win]
+                io["ids"][:T] = plans[s % n_plans]
                 ex._x.run_task(task)
             samples, times = [], []
             for _ in range(opts.repeats):
                 ceiling += ex._x.read_bandwidth(ws.ctypes.data, ws.nbytes, 1)
                 t0, nbytes = time.perf_counter(), 0
                 for s in range(opts.steps):
-                    j = s % n_win
+                    j = s % n_plans
                     io["ids"][:T] = plans[j]
                     if ex._x.run_task(task):
                         raise RuntimeError(ex.health()["error_message"])
