@@ -211,7 +211,7 @@ void tile_simd(const Tile& T, int c0, int nch, int nt, const uint8_t* const* as,
   store_totals<V, w8_col>(tot, ts, nt, nch, out, os, c0);
 }
 
-// One token without VNNI: each K row goes straight from the load into vpmaddubsw, no buffer. The two
+// One token (every tier since 2026-11-29 evening): each K row goes straight from the load into vpmaddubsw, no buffer. The two
 // nibble vectors of a row (u of K = 2kb and 2kb+1, one vpshufb each) are byte-interleaved
 // (vpunpck{l,h}bw), so each 16-bit lane holds (u[2kb], u[2kb+1]) of one column, in the native tile's
 // lane order (lane_col; the scales and the final store are shared with it); against the activation pair
@@ -294,10 +294,14 @@ void tile_one(const Tile& T, int c0, int nch, const uint8_t* a, float* out, int 
   store_totals<V, lane_col>(tot, os / L, 1, nch * NCV, out, os, c0);
 }
 
+// One token takes tile_one on the VNNI tiers too unless built with -DCPUMOE_MX_ONE_VNNI=0 (ci/kernel_sweep.sh).
+#ifndef CPUMOE_MX_ONE_VNNI
+#define CPUMOE_MX_ONE_VNNI 1
+#endif
 template <class V, int NTG>
 int tile_run(const Tile& T, int c, int nc, int nt, const uint8_t* const* as, float* out, int os) {
   if (nc - c < V::W) return c;
-  if (nt == 1 && !V::kVnni) {
+  if (nt == 1 && (CPUMOE_MX_ONE_VNNI || !V::kVnni)) {
     if (nc - c >= 2 * V::W) {
       const int nch = (nc - c) / (2 * V::W);
       tile_one<V, 2>(T, c, nch, as[0], out, os);
