@@ -130,7 +130,7 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
             io["w"][:T] = 1.0 / m.top_k
             task = T  # layer 0
             # windows of what this step shape can touch, rotating through the whole bank (dram) or one window (cache)
-            w = window if n_win == 1 else (m.top_k if routing == "shared" else min(E, m.top_k * T))
+            w = window if opts.working_set == "cache" else (m.top_k if routing == "shared" else min(E, m.top_k * T))
             n_plans = E // w
             plans = [routes_for(rng, np.arange(j * w, (j + 1) * w), T, m.top_k, routing == "shared")
                      for j in range(n_plans)]

@@ -211,7 +211,7 @@ void tile_simd(const Tile& T, int c0, int nch, int nt, const uint8_t* const* as,
   store_totals<V, w8_col>(tot, ts, nt, nch, out, os, c0);
 }
 
-// One token (every tier since 2026-11-29 evening): each K row goes straight from the load into vpmaddubsw, no buffer. The two
+// One token, every SIMD tier: each K row goes straight from the load into vpmaddubsw, no buffer. The two
 // nibble vectors of a row (u of K = 2kb and 2kb+1, one vpshufb each) are byte-interleaved
 // (vpunpck{l,h}bw), so each 16-bit lane holds (u[2kb], u[2kb+1]) of one column, in the native tile's
 // lane order (lane_col; the scales and the final store are shared with it); against the activation pair
