@@ -42,7 +42,7 @@ TIERS = {
     "amx": (6, _AVX512 + ["-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]),
 }
 # Tiers only some formats have kernels for (the registry's table holds nullptr for the rest).
-TIER_FORMATS = {"amx": {"bf16"}}
+TIER_FORMATS = {"amx": {"bf16", "fp8_block"}}
 
 
 def _cxx() -> list[str]:

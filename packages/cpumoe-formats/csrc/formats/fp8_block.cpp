@@ -17,6 +17,8 @@
 //               e4m3(b) * 2^-8 (subnormals included), widened by vcvtph2ps.
 //               Both fold the block scales (and the 2^120 / 2^8) into a per-(row block,
 //               token) pre-scaled activation, so a row is a plain FMA stream (see below).
+//   amx         e4m3 -> bf16 A tiles, bf16 activations as B, per 128-K block C * scale (fp8_block_amx.h):
+//               a shared expert's batch costs little more than one token.
 // There is no avx512bf16 kernel: an e4m3 -> bf16 decode (masked vpermw for the exp == 0 codes) reduced by
 // vdpbf16ps read 47-51% of the single-thread ceiling on the H200 host's Xeon against 97% for avx512f with four
 // rows in flight (ci/kernel_sweep.sh, 2026-11-29), and was no faster on shared batches; it was removed.
@@ -510,10 +512,22 @@ void install(cpumoe_kernel* k) {
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
 
+#if CPUMOE_TIER == CPUMOE_T_AMX
+#include "fp8_block_amx.h"
+#endif
+
 bool CPUMOE_INIT_FN(fp8_block)(cpumoe_kernel* k) {
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AVX512BF16
   (void)k;
   return false;  // no int8 or bf16-dot variant: avx512f runs (see the header comment)
+#elif CPUMOE_TIER == CPUMOE_T_AMX
+  if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
+  k->act_bytes = &cpumoe::CPUMOE_NS::act_bytes_bf16;
+  k->prep_act = &cpumoe::CPUMOE_NS::prep_act_bf16;
+  k->gate_up = &cpumoe::CPUMOE_NS::amx8::gate_up;
+  k->down = &cpumoe::CPUMOE_NS::amx8::down;
+  k->block_hint = 32;  // work items in whole 16-row tiles
+  return true;
 #else
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
   cpumoe::CPUMOE_NS::install(k);

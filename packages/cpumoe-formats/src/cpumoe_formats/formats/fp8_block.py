@@ -137,5 +137,5 @@ SPEC = Fp8BlockFormat(
            BankSpec("down_scale", (BF16, np.uint16), lambda E, H, I: (E, nb(H), nb(I)), align=2,
                     padded_last=True)),
     description="128x128 block FP8 e4m3 weights with bf16 block scales (W8A16), fp32 accumulation",
-    kernel_tiers={"native": ("scalar", "avx2", "avx512f")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "amx")},
 )

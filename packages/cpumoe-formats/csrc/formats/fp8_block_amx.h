@@ -1,0 +1,156 @@
+// fp8_block experts on AMX tiles (tier amx; included by fp8_block.cpp at that tier only).
+//
+// Why: the avx512f kernel decodes a 64-code chunk once and spends 4 fp32 FMAs per token on it, so a batch of
+// 8 tokens sharing an expert costs ~4x one token (16-thread executor, H200 host). On tiles the decode is done
+// once per weight and every token column comes almost free: C[16 rows][16 tokens] += A . B per 32-wide K chunk.
+//   A = 16 weight rows x 32 codes decoded to bf16 in a 1 KB buffer: (b & 0x80) << 8 | (b & 0x7F) << 7 is the
+//       fp16 of e4m3(b) * 2^-8 for EVERY code (subnormals m * 2^-9 and 0x7F/0xFF = +-480 included), vcvtph2ps
+//       widens it and vcvtne2ps2bf16 narrows it to bf16, both exactly (4 significant bits; the smallest value,
+//       2^-17, is a bf16 normal, so AMX's reading of bf16 subnormals as zero never applies to a weight);
+//   B = the tokens' bf16 activations in AMX's pair layout (amx_common.h BOperand), as in bf16_amx.h;
+//   C = fp32 products of exact bf16 values, summed by the tile unit over one 128-K block (4 chunks), then
+//       stored and folded into an fp32 accumulator per (row, token): acc = fma(C, scale[row / 128][kb] * 2^8,
+//       acc), each row with its own scale (so a 16-row tile may straddle a 128-row block: ragged I).
+// Every (row, token) element depends only on its row, its token and the K order, so a token's result does not
+// depend on its batch or on which tokens share the tile, and a row's does not depend on the work split. Mode
+// stays W8A16 (x consumed as bf16); what differs from avx512f is the summation order and that a bf16-subnormal
+// activation (|x| < 2^-126) reads as zero, as on the bf16 amx tier.
+// Reads: per 16-row block and 128-K block, 16 (gate_up: 32) rows x 128 bytes, so 16-32 streams in flight;
+// software prefetch CPUMOE_FP8_AMX_PF bytes ahead in each row (0 = off).
+#pragma once
+#include "amx_common.h"
+
+#ifndef CPUMOE_FP8_AMX_PF
+#define CPUMOE_FP8_AMX_PF 512
+#endif
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+namespace amx8 {
+using amx::BOperand;
+using amx::kChunk;
+using amx::kCols;
+using amx::kRows;
+using amx::Tiles;
+constexpr int kKB = 128, kChunksPerKB = kKB / kChunk;
+
+// n <= 32 codes of one row -> 32 bf16 (zero past n) at dst (64 bytes).
+CPUMOE_INLINE void decode32(const uint8_t* src, int n, uint16_t* dst) {
+  const __m256i b = n >= kChunk ? _mm256_loadu_si256((const __m256i*)src)
+                                : _mm256_maskz_loadu_epi8(n <= 0 ? 0u : (uint32_t)((1ull << n) - 1ull), src);
+  // code in the high byte of each 16-bit lane; an arithmetic shift by 1 puts the sign in bits 15 and 14,
+  // exponent + mantissa in bits 13..7: & 0xBF80 leaves the fp16 pattern of e4m3 * 2^-8
+  const __m512i h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(_mm512_cvtepu8_epi16(b), 8), 1),
+                                     _mm512_set1_epi16((short)0xBF80));
+  const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  _mm512_store_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // element i of lo -> bf16 i, of hi -> 16 + i
+}
+
+// acc[s][i][t] = sum over K of row (row0_s + r + i) of the fp8 bank `wb` (scales `sb`) times token t, for the
+// rows [row0_s, row0_s + nr) of up to two sets s (row0b < 0: one set), in 16-row blocks; emit(r, m, acc0, acc1)
+// receives each finished block of m <= 16 rows.
+template <class Emit>
+void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, int e, int row0, int nr, int row0b,
+                   int K, const BOperand& B, Emit emit) {
+  const int nsets = row0b >= 0 ? 2 : 1, nt = B.n_;
+  const __mmask16 tmask = (__mmask16)((1u << nt) - 1u);
+  alignas(64) uint16_t a[2][kChunksPerKB][kRows][kChunk];  // decoded A tiles of one 128-K block
+  alignas(64) float c[kRows][kCols];
+  alignas(64) float acc[2][kRows][kCols];
+  for (int r = 0; r < nr; r += kRows) {
+    const int m = nr - r < kRows ? nr - r : kRows;
+    tiles.configure(nt, m);
+    const uint8_t* w[2][kRows];
+    const uint16_t* srow[2][kRows];
+    for (int s = 0; s < nsets; ++s)
+      for (int i = 0; i < m; ++i) {
+        const int row = (s ? row0b : row0) + r + i;
+        w[s][i] = bank_row<uint8_t>(wb, e, row);
+        srow[s][i] = bank_row<uint16_t>(sb, e, row / kKB);  // stride from the view: padded columns skipped
+      }
+    std::memset(acc, 0, sizeof acc);
+    for (int k0 = 0, kb = 0; k0 < K; k0 += kKB, ++kb) {
+      const int kn = K - k0 < kKB ? K - k0 : kKB, nc = (kn + kChunk - 1) / kChunk;
+      for (int s = 0; s < nsets; ++s)
+        for (int i = 0; i < m; ++i) {
+#if CPUMOE_FP8_AMX_PF
+          if (k0 + CPUMOE_FP8_AMX_PF < K) {
+            __builtin_prefetch(w[s][i] + k0 + CPUMOE_FP8_AMX_PF, 0, 3);
+            __builtin_prefetch(w[s][i] + k0 + CPUMOE_FP8_AMX_PF + 64, 0, 3);
+          }
+#endif
+          for (int cc = 0; cc < nc; ++cc) decode32(w[s][i] + k0 + cc * kChunk, kn - cc * kChunk, a[s][cc][i]);
+        }
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int cc = 0; cc < nc; ++cc) {
+        int bs;
+        const void* b = B.chunk(kb * kChunksPerKB + cc, &bs);
+        _tile_loadd(4, b, bs);
+        _tile_loadd(0, a[0][cc], 64);
+        _tile_dpbf16ps(2, 0, 4);
+        if (nsets == 2) {
+          _tile_loadd(1, a[1][cc], 64);
+          _tile_dpbf16ps(3, 1, 4);
+        }
+      }
+      for (int s = 0; s < nsets; ++s) {
+        if (s == 0) _tile_stored(2, c, 64);
+        else _tile_stored(3, c, 64);
+        for (int i = 0; i < m; ++i) {
+          const __m512 f = _mm512_set1_ps(bf16_to_f32(srow[s][i][kb]) * 256.f);  // undoes the decode's 2^-8
+          _mm512_store_ps(acc[s][i], _mm512_fmadd_ps(_mm512_maskz_load_ps(tmask, c[i]), f,
+                                                     _mm512_load_ps(acc[s][i])));
+        }
+      }
+    }
+    emit(r, m, acc[0], acc[1]);
+  }
+}
+
+void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+             const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& p = k->params;
+  Tiles tiles;
+  for (int32_t j0 = 0; j0 < n; j0 += kCols) {  // token groups of 16
+    const int nt = n - j0 < kCols ? n - j0 : kCols;
+    const BOperand B(xs + j0, nt, p.hidden, amx::scratch());
+    rows_x_tokens(tiles, banks[0], banks[1], e, i0, i1 - i0, p.inter + i0, p.hidden, B,
+                  [&](int r, int m, float (*gate)[kCols], float (*up)[kCols]) {
+                    for (int i = 0; i < m; ++i)
+                      for (int t = 0; t < nt; ++t) {
+                        const float wi = w_in[j0 + t];
+                        g[j0 + t][i0 + r + i] = f32_to_bf16(activate(p, gate[i][t] * wi, up[i][t] * wi));
+                      }
+                  });
+  }
+}
+
+void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+          int32_t n, float* acc, int64_t acc_stride) {
+  const cpumoe_params& p = k->params;
+  Tiles tiles;
+  const void* acts[kCols];
+  for (int32_t a = 0; a < n;) {  // expert groups (routes of one expert are adjacent), then groups of 16 routes
+    int32_t b = a + 1;
+    while (b < n && b - a < kCols && routes[b].expert == routes[a].expert) ++b;
+    const int nt = b - a;
+    for (int t = 0; t < nt; ++t) acts[t] = routes[a + t].act;
+    const BOperand B(acts, nt, p.inter, amx::scratch());
+    rows_x_tokens(tiles, banks[2], banks[3], routes[a].expert, h0, h1 - h0, -1, p.inter, B,
+                  [&](int r, int m, float (*y)[kCols], float (*)[kCols]) {
+                    for (int t = 0; t < nt; ++t) {  // route order, as the row path: y * weight, then +=
+                      const cpumoe_route& rt = routes[a + t];
+                      float* out = acc + rt.token * acc_stride + r;
+                      for (int i = 0; i < m; ++i) out[i] += y[i][t] * rt.weight;
+                    }
+                  });
+    a = b;
+  }
+}
+
+}  // namespace amx8
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
