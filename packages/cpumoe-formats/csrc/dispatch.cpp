@@ -121,6 +121,10 @@ int tier_from_name(const char* name) {
   return -1;
 }
 
+bool env_tier_named() {
+  const char* v = std::getenv("CPUMOE_ISA");
+  return v && *v && std::strcmp(v, "auto") != 0;
+}
 int env_tier_cap() {
   const char* v = std::getenv("CPUMOE_ISA");
   if (!v || !*v || std::strcmp(v, "auto") == 0) return CPUMOE_TIER_COUNT - 1;

@@ -68,14 +68,17 @@ const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(
 #undef ROW
 }  // namespace
 
-// name, banks, K multiple (H and I), router weight on input, modes (bit set)
+// name, banks, K multiple (H and I), router weight on input, modes (bit set), opt-in tiers (bit set).
+// fp8_block's amx kernel is opt-in: its tiles make a batch sharing experts cost ~1.2-1.5x one token, but it
+// reads a lone token's weights at about half the avx512f kernel's rate (docs/formats/fp8_block.md), and a
+// format's kernel may not switch with the batch (a token's result must not depend on its batch).
 const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
-    {"bf16", 2, 1, true, 1u << CPUMOE_MODE_NATIVE},
-    {"nvfp4", 6, 16, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8)},
-    {"mxfp4", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8)},
-    {"ds_fp4", 4, 128, false, 1u << CPUMOE_MODE_NATIVE},
-    {"q4_0", 2, 32, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8)},
-    {"fp8_block", 4, 1, true, 1u << CPUMOE_MODE_NATIVE},
+    {"bf16", 2, 1, true, 1u << CPUMOE_MODE_NATIVE, 0u},
+    {"nvfp4", 6, 16, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
+    {"mxfp4", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
+    {"ds_fp4", 4, 128, false, 1u << CPUMOE_MODE_NATIVE, 0u},
+    {"q4_0", 2, 32, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
+    {"fp8_block", 4, 1, true, 1u << CPUMOE_MODE_NATIVE, 1u << CPUMOE_TIER_AMX},
 };
 
 static const char* const kModeNames[CPUMOE_MODE_COUNT] = {"native", "w4a8"};
@@ -97,7 +100,9 @@ int32_t kernel_create(const cpumoe_params* p, int32_t cap, cpumoe_kernel** out, 
     FAIL("format %s applies the router weight on the output; apply_router_weight_on_input is not supported", f.name);
   if (!(p->limit > 0.f)) FAIL("limit must be > 0 (use +inf for no clamp), got %g", (double)p->limit);
   if (!std::isfinite(p->alpha)) FAIL("alpha must be finite, got %g", (double)p->alpha);
+  bool by_name = cap >= 0;  // a tier asked for by name may be an opt-in one; auto never picks those
   if (cap < 0) {
+    by_name = env_tier_named();
     cap = env_tier_cap();
     if (cap < 0) {
       const char* v = std::getenv("CPUMOE_ISA");
@@ -110,7 +115,7 @@ int32_t kernel_create(const cpumoe_params* p, int32_t cap, cpumoe_kernel** out, 
   cpumoe_kernel* k = new (std::nothrow) cpumoe_kernel();
   if (!k) FAIL("out of memory");
   for (int t = cap; t >= 0; --t) {
-    if (!(usable & (1u << t)) || !kVariants[p->format][t]) continue;
+    if (!(usable & (1u << t)) || !kVariants[p->format][t] || (!by_name && (f.opt_in >> t & 1u))) continue;
     *k = cpumoe_kernel();
     k->struct_size = sizeof(cpumoe_kernel);
     k->params = *p;

@@ -11,6 +11,7 @@ struct FormatInfo {
   int k_multiple;     // H and I must be multiples of this
   bool input_weight;  // supports apply_router_weight_on_input
   unsigned modes;     // bit set of cpumoe_mode
+  unsigned opt_in;    // tiers (bit set) run only when asked for by name (isa argument or CPUMOE_ISA), never by auto
 };
 extern const FormatInfo kFormats[CPUMOE_FMT_COUNT];
 const char* mode_name(int mode);

@@ -11,6 +11,8 @@ unsigned usable_tier_mask();
 int detected_tier();
 // Parse CPUMOE_ISA; returns the cap, CPUMOE_TIER_COUNT-1 when unset, -1 when invalid.
 int env_tier_cap();
+// CPUMOE_ISA names a tier (not unset, empty or auto): opt-in tiers may then run.
+bool env_tier_named();
 const char* tier_name(int tier);
 int tier_from_name(const char* name);
 }  // namespace cpumoe

@@ -28,12 +28,13 @@ def tier_cases(fmt: str, modes=None):
     return out
 
 
-def expected_name(fmt: str, mode: str, forced: str) -> str:
-    """Kernel name forcing `forced` must give: the format's highest own tier <= forced that this CPU runs."""
+def expected_name(fmt: str, mode: str, forced: str, auto: bool = False) -> str:
+    """Kernel name forcing `forced` must give: the format's highest own tier <= forced that this CPU runs
+    (auto: the cap came from CPUMOE_ISA unset/auto, so the format's opt-in tiers are left out)."""
     spec = cf.get_format(fmt)
     order = cf.TIERS
-    best = max((t for t in spec.kernel_tiers[mode] if t in USABLE and order.index(t) <= order.index(forced)),
-               key=order.index)
+    best = max((t for t in spec.kernel_tiers[mode] if t in USABLE and order.index(t) <= order.index(forced)
+                and not (auto and t in spec.opt_in_tiers)), key=order.index)
     return best + ("+w4a8" if mode == "w4a8" else "")
 
 

@@ -33,8 +33,24 @@ def test_env_cap_matches_isa_argument(fmt, monkeypatch):
     for forced in cf.TIERS:
         monkeypatch.setenv("CPUMOE_ISA", forced)
         assert cf.selected_tier(fmt) == expected_name(fmt, cf.get_format(fmt).default_mode, forced)
-    monkeypatch.setenv("CPUMOE_ISA", "auto")
-    assert cf.selected_tier(fmt) == expected_name(fmt, cf.get_format(fmt).default_mode, cf.TIERS[-1])
+    for auto in ("auto", ""):
+        monkeypatch.setenv("CPUMOE_ISA", auto)
+        assert cf.selected_tier(fmt) == expected_name(fmt, cf.get_format(fmt).default_mode, cf.TIERS[-1], auto=True)
+
+
+@pytest.mark.parametrize("fmt", _real_formats())
+def test_opt_in_tiers_run_only_by_name(fmt, monkeypatch):
+    """fp8_block's amx kernel: never picked by auto, picked when its tier is named (argument or CPUMOE_ISA)."""
+    spec = cf.get_format(fmt)
+    monkeypatch.delenv("CPUMOE_ISA", raising=False)
+    for t in spec.opt_in_tiers:
+        assert t in spec.kernel_tiers[spec.default_mode]
+        assert cf.selected_tier(fmt) != t
+        if t in USABLE:
+            assert cf.selected_tier(fmt, isa=t) == t
+            monkeypatch.setenv("CPUMOE_ISA", t)
+            assert cf.selected_tier(fmt) == t
+            monkeypatch.delenv("CPUMOE_ISA")
 
 
 def test_unknown_env_value_is_an_error(monkeypatch):

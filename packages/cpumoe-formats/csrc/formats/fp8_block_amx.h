@@ -3,20 +3,24 @@
 // Why: the avx512f kernel decodes a 64-code chunk once and spends 4 fp32 FMAs per token on it, so a batch of
 // 8 tokens sharing an expert costs ~4x one token (16-thread executor, H200 host). On tiles the decode is done
 // once per weight and every token column comes almost free: C[16 rows][16 tokens] += A . B per 32-wide K chunk.
-//   A = 16 weight rows x 32 codes decoded to bf16 in a 1 KB buffer: (b & 0x80) << 8 | (b & 0x7F) << 7 is the
-//       fp16 of e4m3(b) * 2^-8 for EVERY code (subnormals m * 2^-9 and 0x7F/0xFF = +-480 included), vcvtph2ps
-//       widens it and vcvtne2ps2bf16 narrows it to bf16, both exactly (4 significant bits; the smallest value,
-//       2^-17, is a bf16 normal, so AMX's reading of bf16 subnormals as zero never applies to a weight);
+//   A = 16 weight rows x 32 codes decoded to bf16 in a 1 KB buffer, exactly: ((b & 0x7F) << 4) + (120 << 7)
+//       for a non-zero exponent field (0x7F/0xFF: +-480), an 8-entry vpermw table for the exp == 0 codes
+//       (m * 2^-9, bf16 normals: AMX's reading of bf16 subnormals as zero never applies to a weight), the sign;
 //   B = the tokens' bf16 activations in AMX's pair layout (amx_common.h BOperand), as in bf16_amx.h;
 //   C = fp32 products of exact bf16 values, summed by the tile unit over one 128-K block (4 chunks), then
-//       stored and folded into an fp32 accumulator per (row, token): acc = fma(C, scale[row / 128][kb] * 2^8,
-//       acc), each row with its own scale (so a 16-row tile may straddle a 128-row block: ragged I).
+//       stored and folded into an fp32 accumulator per (row, token): acc = fma(C, scale[row / 128][kb], acc),
+//       each row with its own scale (so a 16-row tile may straddle a 128-row block: ragged I).
 // Every (row, token) element depends only on its row, its token and the K order, so a token's result does not
 // depend on its batch or on which tokens share the tile, and a row's does not depend on the work split. Mode
 // stays W8A16 (x consumed as bf16); what differs from avx512f is the summation order and that a bf16-subnormal
 // activation (|x| < 2^-126) reads as zero, as on the bf16 amx tier.
 // Reads: per 16-row block and 128-K block, 16 (gate_up: 32) rows x 128 bytes, so 16-32 streams in flight;
-// software prefetch CPUMOE_FP8_AMX_PF bytes ahead in each row (0 = off).
+// software prefetch CPUMOE_FP8_AMX_PF bytes ahead in each row (0 = off; 0 / 512 / 2048 read the same single
+// thread on the H200 host).
+// Cost: the decode (~10 vector ops and a 64-byte store per 32 codes, then a tile load) is about twice the
+// avx512f kernel's work per byte, so one token reads at ~35-45% of the ceiling where avx512f reads 80-95%;
+// shared batch 8 / batch 1 is 1.2-1.5x (avx512f ~4-5x). Hence an opt-in tier (registry.cpp): auto keeps
+// avx512f; isa="amx" / CPUMOE_ISA=amx picks this kernel for batches that share experts.
 #pragma once
 #include "amx_common.h"
 
@@ -35,16 +39,23 @@ using amx::kRows;
 using amx::Tiles;
 constexpr int kKB = 128, kChunksPerKB = kKB / kChunk;
 
-// n <= 32 codes of one row -> 32 bf16 (zero past n) at dst (64 bytes).
+// n <= 32 codes of one row -> 32 bf16 (zero past n) at dst (64 bytes), each e4m3 exactly. (An fp16 route,
+// (b & 0x80) << 8 | (b & 0x7F) << 7 -> vcvtph2ps -> vcvtne2ps2bf16, was 2.7x slower on the H200 host's Xeon:
+// 2.8 vs 7.6 GB/s single thread with the weights in cache.)
 CPUMOE_INLINE void decode32(const uint8_t* src, int n, uint16_t* dst) {
   const __m256i b = n >= kChunk ? _mm256_loadu_si256((const __m256i*)src)
                                 : _mm256_maskz_loadu_epi8(n <= 0 ? 0u : (uint32_t)((1ull << n) - 1ull), src);
-  // code in the high byte of each 16-bit lane; an arithmetic shift by 1 puts the sign in bits 15 and 14,
-  // exponent + mantissa in bits 13..7: & 0xBF80 leaves the fp16 pattern of e4m3 * 2^-8
-  const __m512i h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(_mm512_cvtepu8_epi16(b), 8), 1),
-                                     _mm512_set1_epi16((short)0xBF80));
-  const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-  _mm512_store_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // element i of lo -> bf16 i, of hi -> 16 + i
+  // bf16 of e4m3: exponent + mantissa shifted into place and rebiased (+120), right for every code with a
+  // non-zero exponent field (0x7F: 0x43F0 = 480); exp == 0 codes (m * 2^-9) come from an 8-entry table indexed by
+  // the code's low 5 bits (= m there); the sign last
+  const __m512i sub_tab = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
+  const __m512i w = _mm512_cvtepu8_epi16(b);
+  const __m512i mag = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x07F0)),
+                                       _mm512_set1_epi16(0x3C00));
+  const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));
+  const __m512i v = _mm512_mask_permutexvar_epi16(mag, sub, w, sub_tab);
+  _mm512_store_si512(dst, _mm512_or_si512(v, _mm512_and_si512(_mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000))));
 }
 
 // Tile work of one 128-K block (nc chunks) with C in tiles C0 (set 0) and C1 (set 1), stored to c[0], c[1]. A
@@ -74,6 +85,8 @@ CPUMOE_INLINE void decode32(const uint8_t* src, int n, uint16_t* dst) {
 // Software-pipelined over the 128-K blocks: iteration kb decodes block kb + 1, runs the tiles of block kb and
 // folds block kb - 1's C into acc, so no tile load waits on the stores of the decode just before it and no
 // vector load on the tile store just before it (double buffers for A and C; C tiles 2, 3 / 5, 6 by parity).
+// Measured on the H200 host: no faster than decode-tiles-fold in order (32% vs 33% single thread, with the
+// slower fp16-route decode); with the decode alone taking as long as the whole loop, the decode is the limit.
 template <class Emit>
 void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, int e, int row0, int nr, int row0b,
                    int K, const BOperand& B, Emit emit) {
@@ -107,10 +120,10 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
           for (int cc = 0; cc < nc; ++cc) decode32(w[s][i] + k0 + cc * kChunk, kn - cc * kChunk, a[kb & 1][s][cc][i]);
         }
     };
-    auto fold = [&](int kb) CPUMOE_LAMBDA_INLINE {  // acc += C(kb) * scale(kb) * 2^8 (undoes the decode's 2^-8)
+    auto fold = [&](int kb) CPUMOE_LAMBDA_INLINE {  // acc += C(kb) * scale(kb)
       for (int s = 0; s < nsets; ++s)
         for (int i = 0; i < m; ++i) {
-          const __m512 f = _mm512_set1_ps(bf16_to_f32(srow[s][i][kb]) * 256.f);
+          const __m512 f = _mm512_set1_ps(bf16_to_f32(srow[s][i][kb]));
           _mm512_store_ps(acc[s][i], _mm512_fmadd_ps(_mm512_maskz_load_ps(tmask, c[kb & 1][s][i]), f,
                                                      _mm512_load_ps(acc[s][i])));
         }

@@ -46,6 +46,8 @@ class FormatSpec:
     # mode -> tiers at which the format has its own kernel for that mode (lowest first);
     # forcing another tier runs the highest of these below it.
     kernel_tiers: dict = field(default_factory=lambda: {"native": ("scalar",)})
+    # tiers whose kernel runs only when asked for by name (isa= or CPUMOE_ISA=<tier>), never by auto
+    opt_in_tiers: tuple = ()
     bank_names: tuple = field(init=False)
 
     def __post_init__(self):
