@@ -80,6 +80,53 @@ inline std::vector<uint32_t>& scratch() {
   return b;
 }
 
+// The work-item entry points over a format's tile routine rows(tiles, expert, row0, nr, row0b, K, B, emit), which
+// computes C[r][t] for rows [row0, row0 + nr) of the expert (and the second set [row0b, ...) when row0b >= 0)
+// against B's tokens and hands each finished block of m <= 16 rows to emit(r, m, c0, c1).
+// gate_up: gate rows i and up rows I + i together, token groups of 16; g = bf16(activate(gate * w, up * w)).
+template <class Rows>
+void tile_gate_up(const cpumoe_kernel* k, int32_t e, int32_t i0, int32_t i1, int32_t n, const void* const* xs,
+                  const float* w_in, uint16_t* const* g, Rows rows) {
+  const cpumoe_params& p = k->params;
+  Tiles tiles;
+  for (int32_t j0 = 0; j0 < n; j0 += kCols) {  // token groups of 16
+    const int nt = n - j0 < kCols ? n - j0 : kCols;
+    const BOperand B(xs + j0, nt, p.hidden, scratch());
+    rows(tiles, e, i0, i1 - i0, p.inter + i0, p.hidden, B, [&](int r, int m, float (*gate)[kCols], float (*up)[kCols]) {
+      for (int i = 0; i < m; ++i)
+        for (int t = 0; t < nt; ++t) {
+          const float wi = w_in[j0 + t];
+          g[j0 + t][i0 + r + i] = f32_to_bf16(activate(p, gate[i][t] * wi, up[i][t] * wi));
+        }
+    });
+  }
+}
+
+// down: output rows [h0, h1) for every route, routes of one expert (adjacent) in groups of 16 sharing each A tile;
+// each route's y * weight is added in route order, as the row path does.
+template <class Rows>
+void tile_down(const cpumoe_kernel* k, int32_t h0, int32_t h1, const cpumoe_route* routes, int32_t n, float* acc,
+               int64_t acc_stride, Rows rows) {
+  const cpumoe_params& p = k->params;
+  Tiles tiles;
+  const void* acts[kCols];
+  for (int32_t a = 0; a < n;) {
+    int32_t b = a + 1;
+    while (b < n && b - a < kCols && routes[b].expert == routes[a].expert) ++b;
+    const int nt = b - a;
+    for (int t = 0; t < nt; ++t) acts[t] = routes[a + t].act;
+    const BOperand B(acts, nt, p.inter, scratch());
+    rows(tiles, routes[a].expert, h0, h1 - h0, -1, p.inter, B, [&](int r, int m, float (*y)[kCols], float (*)[kCols]) {
+      for (int t = 0; t < nt; ++t) {
+        const cpumoe_route& rt = routes[a + t];
+        float* out = acc + rt.token * acc_stride + r;
+        for (int i = 0; i < m; ++i) out[i] += y[i][t] * rt.weight;
+      }
+    });
+    a = b;
+  }
+}
+
 }  // namespace amx
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe

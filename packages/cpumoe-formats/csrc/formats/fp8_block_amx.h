@@ -144,43 +144,18 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
 
 void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
              const void* const* xs, const float* w_in, uint16_t* const* g) {
-  const cpumoe_params& p = k->params;
-  Tiles tiles;
-  for (int32_t j0 = 0; j0 < n; j0 += kCols) {  // token groups of 16
-    const int nt = n - j0 < kCols ? n - j0 : kCols;
-    const BOperand B(xs + j0, nt, p.hidden, amx::scratch());
-    rows_x_tokens(tiles, banks[0], banks[1], e, i0, i1 - i0, p.inter + i0, p.hidden, B,
-                  [&](int r, int m, float (*gate)[kCols], float (*up)[kCols]) {
-                    for (int i = 0; i < m; ++i)
-                      for (int t = 0; t < nt; ++t) {
-                        const float wi = w_in[j0 + t];
-                        g[j0 + t][i0 + r + i] = f32_to_bf16(activate(p, gate[i][t] * wi, up[i][t] * wi));
-                      }
-                  });
-  }
+  amx::tile_gate_up(k, e, i0, i1, n, xs, w_in, g, [&](Tiles& t, int ex, int row0, int nr, int row0b, int K,
+                                                      const BOperand& B, auto emit) {
+    rows_x_tokens(t, banks[0], banks[1], ex, row0, nr, row0b, K, B, emit);
+  });
 }
 
 void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
           int32_t n, float* acc, int64_t acc_stride) {
-  const cpumoe_params& p = k->params;
-  Tiles tiles;
-  const void* acts[kCols];
-  for (int32_t a = 0; a < n;) {  // expert groups (routes of one expert are adjacent), then groups of 16 routes
-    int32_t b = a + 1;
-    while (b < n && b - a < kCols && routes[b].expert == routes[a].expert) ++b;
-    const int nt = b - a;
-    for (int t = 0; t < nt; ++t) acts[t] = routes[a + t].act;
-    const BOperand B(acts, nt, p.inter, amx::scratch());
-    rows_x_tokens(tiles, banks[2], banks[3], routes[a].expert, h0, h1 - h0, -1, p.inter, B,
-                  [&](int r, int m, float (*y)[kCols], float (*)[kCols]) {
-                    for (int t = 0; t < nt; ++t) {  // route order, as the row path: y * weight, then +=
-                      const cpumoe_route& rt = routes[a + t];
-                      float* out = acc + rt.token * acc_stride + r;
-                      for (int i = 0; i < m; ++i) out[i] += y[i][t] * rt.weight;
-                    }
-                  });
-    a = b;
-  }
+  amx::tile_down(k, h0, h1, routes, n, acc, acc_stride, [&](Tiles& t, int ex, int row0, int nr, int row0b, int K,
+                                                            const BOperand& B, auto emit) {
+    rows_x_tokens(t, banks[2], banks[3], ex, row0, nr, row0b, K, B, emit);
+  });
 }
 
 #undef CPUMOE_FP8_BLOCK_TILES
