@@ -124,7 +124,7 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
       for (int s = 0; s < nsets; ++s)
         for (int i = 0; i < m; ++i) {
           const __m512 f = _mm512_set1_ps(bf16_to_f32(srow[s][i][kb]));
-          _mm512_store_ps(acc[s][i], _mm512_fmadd_ps(_mm512_maskz_load_ps(tmask, c[kb & 1][s][i]), f,
+          _mm512_store_ps(acc[s][i], _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tmask, c[kb & 1][s][i]), f,
                                                      _mm512_load_ps(acc[s][i])));
         }
     };

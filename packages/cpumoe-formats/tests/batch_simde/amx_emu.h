@@ -1,4 +1,4 @@
-// AMX-TILE / AMX-BF16 emulation for the amx tier of bf16 (run.sh compiles bf16.cpp at tier 6 with it, after
+// AMX-TILE / AMX-BF16 emulation for the amx tiers of bf16 and fp8_block (run.sh compiles them at tier 6 with it, after
 // simde_extra.h): a thread-local register file of 8 tiles x 16 rows x 64 bytes and the palette-1 config. The
 // shape rules of the instructions are checked (a mismatch aborts: it would #UD or compute garbage on the real
 // thing); tdpbf16ps reads bf16 subnormals as zero and sums each pair's products in fp32, like the hardware up to
