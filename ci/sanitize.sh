@@ -28,9 +28,13 @@ case $mode in
 esac
 export CPUMOE_DEBUG=1
 # The real interpreter (not a pyenv/venv shell shim): the preload must reach Python itself.
-PY=$(python -c 'import sys; print(sys.executable)')
+# PYTHON picks the interpreter (default `python`; e.g. PYTHON=python3 on images without a `python`).
+PY=$(${PYTHON:-python} -c 'import sys; print(sys.executable)')
+# The executor is built with PYTHONPATH cleared (so it finds the formats headers in the source tree, not the
+# sanitized module) but pybind11 may live on a PYTHONPATH entry (a wheel target dir): keep that one.
+PYBIND_SITE=$("$PY" -c 'import os, pybind11; print(os.path.dirname(os.path.dirname(pybind11.__file__)))')
 (cd "$root/packages/cpumoe-formats" && "$PY" -c "import hatch_build, pathlib; hatch_build.build(pathlib.Path('$work/formats/cpumoe_formats'))")
-(cd "$root/packages/cpumoe-executor" && PYTHONPATH= "$PY" -c "import hatch_build, pathlib; hatch_build.build(pathlib.Path('$work/executor/cpumoe_executor'))")
+(cd "$root/packages/cpumoe-executor" && PYTHONPATH="$PYBIND_SITE" "$PY" -c "import hatch_build, pathlib; hatch_build.build(pathlib.Path('$work/executor/cpumoe_executor'))")
 export PYTHONPATH="$work/formats:$work/executor"
 # Each package's suite in its own pytest run (each has its own conftest). The bench smoke
 # tests only add runtime under a sanitizer; everything else runs.
