@@ -121,13 +121,14 @@ int tier_from_name(const char* name) {
   return -1;
 }
 
-bool env_tier_named() {
+// CPUMOE_ISA naming a tier (not unset, empty or "auto"), else nullptr.
+static const char* env_isa_named() {
   const char* v = std::getenv("CPUMOE_ISA");
-  return v && *v && std::strcmp(v, "auto") != 0;
+  return v && *v && std::strcmp(v, "auto") != 0 ? v : nullptr;
 }
+bool env_tier_named() { return env_isa_named() != nullptr; }
 int env_tier_cap() {
-  const char* v = std::getenv("CPUMOE_ISA");
-  if (!v || !*v || std::strcmp(v, "auto") == 0) return CPUMOE_TIER_COUNT - 1;
-  return tier_from_name(v);
+  const char* v = env_isa_named();
+  return v ? tier_from_name(v) : CPUMOE_TIER_COUNT - 1;
 }
 }  // namespace cpumoe

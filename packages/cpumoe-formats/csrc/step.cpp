@@ -99,23 +99,20 @@ int32_t moe_step(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t T, in
 // bus partly idle (Zen 3 dev VM, 256 MB: 1 / 2 / 4 streams 8.3-9.0 / 8.6-9.9 / 11.0-11.6 GB/s; on the H200 host
 // the executor's fp8 / q4_0 / ds_fp4 / bf16-amx steps read 93-147% of a one-stream ceiling), and a ceiling a
 // kernel exceeds is not a ceiling. Tails (n % 512) are read by stream 0's loop afterwards.
+// 128 bytes at c into four 64-bit-lane accumulators (kept in registers: separate references, not an array)
+__attribute__((target("avx2"), always_inline)) static inline void read128(const char* c, __m256i& a0, __m256i& a1,
+                                                                         __m256i& a2, __m256i& a3) {
+  a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i*)c));
+  a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i*)(c + 32)));
+  a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i*)(c + 64)));
+  a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i*)(c + 96)));
+}
 __attribute__((target("avx2"))) static uint64_t read_avx2(const char* p, size_t n) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   const size_t q = n / 4 / 128 * 128;
   for (size_t i = 0; i < q; i += 128)
-    for (int s = 0; s < 4; ++s) {
-      const char* c = p + s * q + i;
-      a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i*)c));
-      a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i*)(c + 32)));
-      a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i*)(c + 64)));
-      a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i*)(c + 96)));
-    }
-  for (size_t i = 4 * q; i + 128 <= n; i += 128) {
-    a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i*)(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i*)(p + i + 32)));
-    a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i*)(p + i + 64)));
-    a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i*)(p + i + 96)));
-  }
+    for (int s = 0; s < 4; ++s) read128(p + s * q + i, a0, a1, a2, a3);
+  for (size_t i = 4 * q; i + 128 <= n; i += 128) read128(p + i, a0, a1, a2, a3);
   a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
   return (uint64_t)_mm256_extract_epi64(a0, 0) + (uint64_t)_mm256_extract_epi64(a0, 3);
 }

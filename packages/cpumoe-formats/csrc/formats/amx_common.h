@@ -14,15 +14,14 @@ namespace amx {
 
 constexpr int kRows = 16, kCols = 16, kChunk = 32;  // rows per A tile, tokens per B/C tile, k per chunk
 
-// Tiles 0, 1: A (m rows x 64 bytes); 4: B (16 rows x 4 nt bytes); 2, 3 and 5, 6: C (m rows x 4 nt bytes; 5, 6 for
-// fp8_block's pipelining), for nt tokens
+// Tiles 0, 1: A (m rows x 64 bytes); 4: B (16 rows x 4 nt bytes); 2, 3: C (m rows x 4 nt bytes), for nt tokens
 // and a block of m <= 16 rows (fewer only in a work item's last block: the tiles then read only m rows).
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
   TileConfig(int nt, int m) {
-    for (int t = 0; t < 7; ++t) rows[t] = t == 4 ? kRows : (uint8_t)m, colsb[t] = t < 2 ? 64 : (uint16_t)(4 * nt);
+    for (int t = 0; t < 5; ++t) rows[t] = t == 4 ? kRows : (uint8_t)m, colsb[t] = t < 2 ? 64 : (uint16_t)(4 * nt);
   }
 };
 

@@ -44,7 +44,7 @@ constexpr int kKB = 128, kChunksPerKB = kKB / kChunk;
 // 2.8 vs 7.6 GB/s single thread with the weights in cache.)
 CPUMOE_INLINE void decode32(const uint8_t* src, int n, uint16_t* dst) {
   const __m256i b = n >= kChunk ? _mm256_loadu_si256((const __m256i*)src)
-                                : _mm256_maskz_loadu_epi8(n <= 0 ? 0u : (uint32_t)((1ull << n) - 1ull), src);
+                                : _mm256_maskz_loadu_epi8((uint32_t)((1ull << n) - 1ull), src);  // 0 < n < 32
   // bf16 of e4m3: exponent + mantissa shifted into place and rebiased (+120), right for every code with a
   // non-zero exponent field (0x7F: 0x43F0 = 480); exp == 0 codes (m * 2^-9) come from an 8-entry table indexed by
   // the code's low 5 bits (= m there); the sign last
@@ -58,42 +58,20 @@ CPUMOE_INLINE void decode32(const uint8_t* src, int n, uint16_t* dst) {
   _mm512_store_si512(dst, _mm512_or_si512(v, _mm512_and_si512(_mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000))));
 }
 
-// Tile work of one 128-K block (nc chunks) with C in tiles C0 (set 0) and C1 (set 1), stored to c[0], c[1]. A
-// macro, not a template: the tile intrinsics paste their tile numbers into the instruction text.
-#define CPUMOE_FP8_BLOCK_TILES(C0, C1, a, c)         \
-  do {                                               \
-    _tile_zero(C0);                                  \
-    if (nsets == 2) _tile_zero(C1);                  \
-    for (int cc = 0; cc < nc; ++cc) {                \
-      int bs;                                        \
-      const void* b = B.chunk(kb * kChunksPerKB + cc, &bs); \
-      _tile_loadd(4, b, bs);                         \
-      _tile_loadd(0, a[0][cc], 64);                  \
-      _tile_dpbf16ps(C0, 0, 4);                      \
-      if (nsets == 2) {                              \
-        _tile_loadd(1, a[1][cc], 64);                \
-        _tile_dpbf16ps(C1, 1, 4);                    \
-      }                                              \
-    }                                                \
-    _tile_stored(C0, c[0], 64);                      \
-    if (nsets == 2) _tile_stored(C1, c[1], 64);      \
-  } while (0)
-
 // acc[s][i][t] = sum over K of row (row0_s + r + i) of the fp8 bank `wb` (scales `sb`) times token t, for the
 // rows [row0_s, row0_s + nr) of up to two sets s (row0b < 0: one set), in 16-row blocks; emit(r, m, acc0, acc1)
-// receives each finished block of m <= 16 rows.
-// Software-pipelined over the 128-K blocks: iteration kb decodes block kb + 1, runs the tiles of block kb and
-// folds block kb - 1's C into acc, so no tile load waits on the stores of the decode just before it and no
-// vector load on the tile store just before it (double buffers for A and C; C tiles 2, 3 / 5, 6 by parity).
-// Measured on the H200 host: no faster than decode-tiles-fold in order (32% vs 33% single thread, with the
-// slower fp16-route decode); with the decode alone taking as long as the whole loop, the decode is the limit.
+// receives each finished block of m <= 16 rows. Per 128-K block: decode, tiles, fold, in that order. (A
+// software-pipelined order, decoding block kb + 1 before the tiles of kb and folding kb - 1 after, with double
+// A / C buffers, measured no faster on the H200 host: 32% vs 33% of the single-thread ceiling; tile loads from
+// a buffer the decode never writes cost the same as from the decode's, 2.69 vs 2.80 GB/s in cache, so the
+// store -> tile-load dependency is not what limits this loop: the decode is.)
 template <class Emit>
 void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, int e, int row0, int nr, int row0b,
                    int K, const BOperand& B, Emit emit) {
-  const int nsets = row0b >= 0 ? 2 : 1, nt = B.n_, nkb = (K + kKB - 1) / kKB;
+  const int nsets = row0b >= 0 ? 2 : 1, nt = B.n_;
   const __mmask16 tmask = (__mmask16)((1u << nt) - 1u);
-  alignas(64) uint16_t a[2][2][kChunksPerKB][kRows][kChunk];  // [parity][set]: decoded A tiles of one 128-K block
-  alignas(64) float c[2][2][kRows][kCols];                    // [parity][set]: C of one 128-K block
+  alignas(64) uint16_t a[2][kChunksPerKB][kRows][kChunk];  // [set]: decoded A tiles of one 128-K block
+  alignas(64) float c[kRows][kCols];                       // C of one 128-K block
   alignas(64) float acc[2][kRows][kCols];
   for (int r = 0; r < nr; r += kRows) {
     const int m = nr - r < kRows ? nr - r : kRows;
@@ -106,9 +84,9 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
         w[s][i] = bank_row<uint8_t>(wb, e, row);
         srow[s][i] = bank_row<uint16_t>(sb, e, row / kKB);  // stride from the view: padded columns skipped
       }
-    auto kn_of = [&](int kb) CPUMOE_LAMBDA_INLINE { return K - kb * kKB < kKB ? K - kb * kKB : kKB; };
-    auto decode = [&](int kb) CPUMOE_LAMBDA_INLINE {
-      const int k0 = kb * kKB, kn = kn_of(kb), nc = (kn + kChunk - 1) / kChunk;
+    std::memset(acc, 0, sizeof acc);
+    for (int k0 = 0, kb = 0; k0 < K; k0 += kKB, ++kb) {
+      const int kn = K - k0 < kKB ? K - k0 : kKB, nc = (kn + kChunk - 1) / kChunk;
       for (int s = 0; s < nsets; ++s)
         for (int i = 0; i < m; ++i) {
 #if CPUMOE_FP8_AMX_PF
@@ -117,27 +95,30 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
             __builtin_prefetch(w[s][i] + k0 + CPUMOE_FP8_AMX_PF + 64, 0, 3);
           }
 #endif
-          for (int cc = 0; cc < nc; ++cc) decode32(w[s][i] + k0 + cc * kChunk, kn - cc * kChunk, a[kb & 1][s][cc][i]);
+          for (int cc = 0; cc < nc; ++cc) decode32(w[s][i] + k0 + cc * kChunk, kn - cc * kChunk, a[s][cc][i]);
         }
-    };
-    auto fold = [&](int kb) CPUMOE_LAMBDA_INLINE {  // acc += C(kb) * scale(kb)
-      for (int s = 0; s < nsets; ++s)
-        for (int i = 0; i < m; ++i) {
-          const __m512 f = _mm512_set1_ps(bf16_to_f32(srow[s][i][kb]));
-          _mm512_store_ps(acc[s][i], _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tmask, c[kb & 1][s][i]), f,
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int cc = 0; cc < nc; ++cc) {
+        int bs;
+        const void* b = B.chunk(kb * kChunksPerKB + cc, &bs);
+        _tile_loadd(4, b, bs);
+        _tile_loadd(0, a[0][cc], 64);
+        _tile_dpbf16ps(2, 0, 4);
+        if (nsets == 2) {
+          _tile_loadd(1, a[1][cc], 64);
+          _tile_dpbf16ps(3, 1, 4);
+        }
+      }
+      for (int s = 0; s < nsets; ++s) {  // acc += C * this row's block scale
+        if (s == 0) _tile_stored(2, c, 64);
+        else _tile_stored(3, c, 64);
+        for (int i = 0; i < m; ++i)
+          _mm512_store_ps(acc[s][i], _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tmask, c[i]),
+                                                     _mm512_set1_ps(bf16_to_f32(srow[s][i][kb])),
                                                      _mm512_load_ps(acc[s][i])));
-        }
-    };
-    std::memset(acc, 0, sizeof acc);
-    decode(0);
-    for (int kb = 0; kb < nkb; ++kb) {
-      if (kb + 1 < nkb) decode(kb + 1);
-      const int nc = (kn_of(kb) + kChunk - 1) / kChunk;
-      if (kb & 1) CPUMOE_FP8_BLOCK_TILES(5, 6, a[1], c[1]);
-      else CPUMOE_FP8_BLOCK_TILES(2, 3, a[0], c[0]);
-      if (kb > 0) fold(kb - 1);
+      }
     }
-    fold(nkb - 1);
     emit(r, m, acc[0], acc[1]);
   }
 }
@@ -158,7 +139,6 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
   });
 }
 
-#undef CPUMOE_FP8_BLOCK_TILES
 }  // namespace amx8
 }  // namespace
 }  // namespace CPUMOE_NS
