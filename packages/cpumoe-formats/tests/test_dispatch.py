@@ -38,19 +38,31 @@ def test_env_cap_matches_isa_argument(fmt, monkeypatch):
         assert cf.selected_tier(fmt) == expected_name(fmt, cf.get_format(fmt).default_mode, cf.TIERS[-1], auto=True)
 
 
-@pytest.mark.parametrize("fmt", _real_formats())
-def test_opt_in_tiers_run_only_by_name(fmt, monkeypatch):
-    """fp8_block's amx kernel: never picked by auto, picked when its tier is named (argument or CPUMOE_ISA)."""
+OPT_IN = [(f, t) for f in _real_formats() for t in cf.get_format(f).opt_in_tiers]
+
+
+def test_fp8_block_amx_is_opt_in():
+    assert ("fp8_block", "amx") in OPT_IN
+
+
+@pytest.mark.parametrize("fmt,tier", OPT_IN)
+def test_opt_in_tiers_run_only_by_name(fmt, tier, monkeypatch):
+    """An opt-in kernel (fp8_block amx): never picked by auto; picked when its tier is named (argument or
+    CPUMOE_ISA) on a CPU that has the tier."""
     spec = cf.get_format(fmt)
-    monkeypatch.delenv("CPUMOE_ISA", raising=False)
-    for t in spec.opt_in_tiers:
-        assert t in spec.kernel_tiers[spec.default_mode]
-        assert cf.selected_tier(fmt) != t
-        if t in USABLE:
-            assert cf.selected_tier(fmt, isa=t) == t
-            monkeypatch.setenv("CPUMOE_ISA", t)
-            assert cf.selected_tier(fmt) == t
-            monkeypatch.delenv("CPUMOE_ISA")
+    assert tier in spec.kernel_tiers[spec.default_mode]
+    for auto in (None, "", "auto"):
+        if auto is None:
+            monkeypatch.delenv("CPUMOE_ISA", raising=False)
+        else:
+            monkeypatch.setenv("CPUMOE_ISA", auto)
+        assert cf.selected_tier(fmt) != tier
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier (auto's side was checked)")
+    monkeypatch.delenv("CPUMOE_ISA")
+    assert cf.selected_tier(fmt, isa=tier) == tier
+    monkeypatch.setenv("CPUMOE_ISA", tier)
+    assert cf.selected_tier(fmt) == tier
 
 
 def test_unknown_env_value_is_an_error(monkeypatch):
