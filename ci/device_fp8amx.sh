@@ -2,7 +2,7 @@
 # fp8_block on AMX vs avx512f on the lent GPU host's Xeon (< 10 minutes): tests (fp8 at every tier, batch
 # identity, dispatch, bf16 amx), single-thread formats bench (fp8_block and bf16 at avx512f and amx), executor
 # bench at all cores for fp8_block with CPUMOE_ISA=amx and =avx512f (batch 1 and 8, random and shared routing).
-#   OUT=DIR ci/device_fp8amx.sh
+#   OUT=DIR [ISAS="amx avx512f"] [SANITIZE=1] ci/device_fp8amx.sh
 set -uo pipefail
 : "${OUT:?set OUT}"
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
@@ -19,3 +19,8 @@ for isa in ${ISAS:-amx avx512f}; do
   timeout 150 env CPUMOE_ISA=$isa python3 -m cpumoe_executor.bench --format fp8_block --batch 1,8 --routing both \
     --repeats 5 --steps 20 --json "$OUT/exec-$isa.json" > /tmp/ebench.log 2>&1; echo "== executor CPUMOE_ISA=$isa"; tail -8 /tmp/ebench.log
 done
+# SANITIZE=1: then the AMX paths under ASan+UBSan (the dev box has no AMX, so only here do they run sanitized)
+if [ "${SANITIZE:-0}" = 1 ]; then
+  PYTHON=python3 CPUMOE_BUILD_JOBS=16 timeout 400 ci/sanitize.sh asan -k "fp8 or amx or dispatch" > "$OUT/asan.txt" 2>&1
+  echo "asan rc=$?"; grep -E "passed|failed|ERROR|Sanitizer" "$OUT/asan.txt" | tail -8
+fi
