@@ -133,6 +133,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("coordinator_running", [](PyExecutor& s) { return s.ex->coordinator_running(); })
       .def("hostfn_arg", [](PyExecutor& s, uint32_t layer, uint32_t T) { return (uint64_t)(uintptr_t)s.ex->hostfn_arg(layer, T); })
       .def_property_readonly("served", [](PyExecutor& s) { return s.ex->served(); })
+      .def_property_readonly("service_ns", [](PyExecutor& s) { return s.ex->service_ns(); })
       .def_property_readonly("pool_runs", [](PyExecutor& s) { return s.ex->pool_runs(); })
       .def_property_readonly("busy_ns", [](PyExecutor& s) { return s.ex->busy_ns(); })
       .def("last_error", [](PyExecutor& s) { return s.ex->last_error(); })

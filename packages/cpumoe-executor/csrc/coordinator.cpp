@@ -47,9 +47,13 @@ void Executor::coordinator_loop(int core) {
     if (task != 0) {
       store(ready_, 0);  // clear first: the next doorbell can only follow our done
       if (!hot) pool_.set_hot(hot = true);  // after a doze: workers woken for this task stay up
+      const int64_t t0 = mono_ns();
       run_task(task);
       __atomic_store_n(&iob_->served, served_.fetch_add(1, std::memory_order_acq_rel) + 1, __ATOMIC_RELEASE);
       store(done_, CPUMOE_DONE_COMPLETE);
+      // Service time (ready seen -> done stored), read after the store so it delays nothing: what the CPU
+      // took of a doorbell's round trip, so a bench can subtract exactly this task's time (service_ns()).
+      service_ns_.fetch_add(mono_ns() - t0, std::memory_order_relaxed);
       served = true, doze_us = kDozeMinUs, polls = 0;
       continue;
     }

@@ -48,6 +48,8 @@ class Executor {
 
   // Health: doorbells served, whether a task runs now and for how long.
   uint64_t served() const { return served_.load(std::memory_order_acquire); }
+  // Total nanoseconds the coordinator spent on doorbells, from seeing ready to storing done.
+  int64_t service_ns() const { return service_ns_.load(std::memory_order_relaxed); }
   uint64_t pool_runs() const { return pool_runs_.load(std::memory_order_acquire); }
   int64_t busy_ns() const;
   std::string last_error();
@@ -120,7 +122,7 @@ class Executor {
   std::thread coord_;
   std::atomic<bool> coord_stop_{false}, coord_running_{false};
   std::atomic<uint64_t> served_{0}, pool_runs_{0};
-  std::atomic<int64_t> busy_since_{0};
+  std::atomic<int64_t> busy_since_{0}, service_ns_{0};
   std::mutex err_mu_;
   std::string last_error_;
   std::mutex args_mu_;

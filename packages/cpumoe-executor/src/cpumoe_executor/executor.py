@@ -182,7 +182,7 @@ class CpuMoeExecutor:
     # ---- health ----------------------------------------------------------------------------------
     def health(self) -> dict:
         iob = self.io_block()
-        return {"served": self._x.served, "busy_s": self._x.busy_ns / 1e9,
+        return {"served": self._x.served, "service_s": self._x.service_ns / 1e9, "busy_s": self._x.busy_ns / 1e9,
                 "ready": _native.load_u64(iob["ready"]), "done": _native.load_u64(iob["done"]),
                 "error": _native.load_u64(iob["error"]), "error_message": self._x.last_error(),
                 "coordinator_running": self._x.coordinator_running}
