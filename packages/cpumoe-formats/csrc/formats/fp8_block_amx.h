@@ -27,6 +27,9 @@
 #ifndef CPUMOE_FP8_AMX_PF
 #define CPUMOE_FP8_AMX_PF 512
 #endif
+#ifndef CPUMOE_FP8_AMX_SPAN
+#define CPUMOE_FP8_AMX_SPAN 1
+#endif
 
 namespace cpumoe {
 namespace CPUMOE_NS {
@@ -38,6 +41,9 @@ using amx::kCols;
 using amx::kRows;
 using amx::Tiles;
 constexpr int kKB = 128, kChunksPerKB = kKB / kChunk;
+// 128-K blocks of a row decoded in one contiguous run before the next row (CPUMOE_FP8_AMX_SPAN; the A buffer
+// holds kSpan x 8 KB): longer runs per row, fewer row switches for the DRAM pages and the prefetchers.
+constexpr int kSpan = CPUMOE_FP8_AMX_SPAN;
 
 // The bf16 bits of |e4m3(c)| for the 7-bit codes c = 0..127, split into low and high bytes (the two 128-byte
 // tables of the vpermt2b decode below). Non-zero exponent field: ((c << 4) & 0x7F0) + (120 << 7), the exponent
@@ -88,8 +94,9 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
                    int K, const BOperand& B, Emit emit) {
   const int nsets = row0b >= 0 ? 2 : 1, nt = B.n_;
   const __mmask16 tmask = (__mmask16)((1u << nt) - 1u);
-  alignas(64) uint16_t a[2][kChunksPerKB][kRows][kChunk];  // [set]: decoded A tiles of one 128-K block
-  alignas(64) float c[kRows][kCols];                       // C of one 128-K block
+  // [set][chunk]: decoded A tiles of kSpan 128-K blocks
+  alignas(64) uint16_t a[2][kSpan * kChunksPerKB][kRows][kChunk];
+  alignas(64) float c[kRows][kCols];  // C of one 128-K block
   alignas(64) float acc[2][kRows][kCols];
   for (int r = 0; r < nr; r += kRows) {
     const int m = nr - r < kRows ? nr - r : kRows;
@@ -103,39 +110,41 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
         srow[s][i] = bank_row<uint16_t>(sb, e, row / kKB);  // stride from the view: padded columns skipped
       }
     std::memset(acc, 0, sizeof acc);
-    for (int k0 = 0, kb = 0; k0 < K; k0 += kKB, ++kb) {
-      const int kn = K - k0 < kKB ? K - k0 : kKB, nc = (kn + kChunk - 1) / kChunk;
+    for (int k0 = 0, kb0 = 0; k0 < K; k0 += kSpan * kKB, kb0 += kSpan) {
+      const int span = K - k0 < kSpan * kKB ? K - k0 : kSpan * kKB;  // codes of each row decoded in one run
       for (int s = 0; s < nsets; ++s)
         for (int i = 0; i < m; ++i) {
 #if CPUMOE_FP8_AMX_PF
-          if (k0 + CPUMOE_FP8_AMX_PF < K) {
-            __builtin_prefetch(w[s][i] + k0 + CPUMOE_FP8_AMX_PF, 0, 3);
-            __builtin_prefetch(w[s][i] + k0 + CPUMOE_FP8_AMX_PF + 64, 0, 3);
-          }
+          if (k0 + CPUMOE_FP8_AMX_PF < K)
+            for (int l = 0; l < 2 * kSpan; ++l) __builtin_prefetch(w[s][i] + k0 + CPUMOE_FP8_AMX_PF + 64 * l, 0, 3);
 #endif
-          for (int cc = 0; cc < nc; cc += 2)  // the 2nd chunk of an odd tail is written (zeros), never loaded
-            decode64(w[s][i] + k0 + cc * kChunk, kn - cc * kChunk, a[s][cc][i], a[s][cc + 1][i]);
+          // 64 codes at a time; an odd tail chunk's partner is written (zeros) and never loaded
+          for (int cc = 0; cc * kChunk < span; cc += 2)
+            decode64(w[s][i] + k0 + cc * kChunk, span - cc * kChunk, a[s][cc][i], a[s][cc + 1][i]);
         }
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int cc = 0; cc < nc; ++cc) {
-        int bs;
-        const void* b = B.chunk(kb * kChunksPerKB + cc, &bs);
-        _tile_loadd(4, b, bs);
-        _tile_loadd(0, a[0][cc], 64);
-        _tile_dpbf16ps(2, 0, 4);
-        if (nsets == 2) {
-          _tile_loadd(1, a[1][cc], 64);
-          _tile_dpbf16ps(3, 1, 4);
+      for (int kb = kb0, c0 = 0; c0 * kChunk < span; ++kb, c0 += kChunksPerKB) {
+        const int kn = span - c0 * kChunk < kKB ? span - c0 * kChunk : kKB, nc = (kn + kChunk - 1) / kChunk;
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int cc = 0; cc < nc; ++cc) {
+          int bs;
+          const void* b = B.chunk(kb * kChunksPerKB + cc, &bs);
+          _tile_loadd(4, b, bs);
+          _tile_loadd(0, a[0][c0 + cc], 64);
+          _tile_dpbf16ps(2, 0, 4);
+          if (nsets == 2) {
+            _tile_loadd(1, a[1][c0 + cc], 64);
+            _tile_dpbf16ps(3, 1, 4);
+          }
         }
-      }
-      for (int s = 0; s < nsets; ++s) {  // acc += C * this row's block scale
-        if (s == 0) _tile_stored(2, c, 64);
-        else _tile_stored(3, c, 64);
-        for (int i = 0; i < m; ++i)
-          _mm512_store_ps(acc[s][i], _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tmask, c[i]),
-                                                     _mm512_set1_ps(bf16_to_f32(srow[s][i][kb])),
-                                                     _mm512_load_ps(acc[s][i])));
+        for (int s = 0; s < nsets; ++s) {  // acc += C * this row's block scale
+          if (s == 0) _tile_stored(2, c, 64);
+          else _tile_stored(3, c, 64);
+          for (int i = 0; i < m; ++i)
+            _mm512_store_ps(acc[s][i], _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tmask, c[i]),
+                                                       _mm512_set1_ps(bf16_to_f32(srow[s][i][kb])),
+                                                       _mm512_load_ps(acc[s][i])));
+        }
       }
     }
     emit(r, m, acc[0], acc[1]);
