@@ -28,7 +28,7 @@
 #define CPUMOE_FP8_AMX_PF 512
 #endif
 #ifndef CPUMOE_FP8_AMX_SPAN
-#define CPUMOE_FP8_AMX_SPAN 1
+#define CPUMOE_FP8_AMX_SPAN 4
 #endif
 
 namespace cpumoe {
