@@ -3,9 +3,8 @@
 // Why: the avx512f kernel decodes a 64-code chunk once and spends 4 fp32 FMAs per token on it, so a batch of
 // 8 tokens sharing an expert costs ~4x one token (16-thread executor, H200 host). On tiles the decode is done
 // once per weight and every token column comes almost free: C[16 rows][16 tokens] += A . B per 32-wide K chunk.
-//   A = 16 weight rows x 32 codes decoded to bf16 in a 1 KB buffer, exactly: ((b & 0x7F) << 4) + (120 << 7)
-//       for a non-zero exponent field (0x7F/0xFF: +-480), an 8-entry vpermw table for the exp == 0 codes
-//       (m * 2^-9, bf16 normals: AMX's reading of bf16 subnormals as zero never applies to a weight), the sign;
+//   A = 16 weight rows x 32 codes decoded to bf16 (1 KB per chunk), exactly, by byte tables (DecodeTables,
+//       decode64);
 //   B = the tokens' bf16 activations in AMX's pair layout (amx_common.h BOperand), as in bf16_amx.h;
 //   C = fp32 products of exact bf16 values, summed by the tile unit over one 128-K block (4 chunks), then
 //       stored and folded into an fp32 accumulator per (row, token): acc = fma(C, scale[row / 128][kb], acc),
@@ -14,12 +13,12 @@
 // depend on its batch or on which tokens share the tile, and a row's does not depend on the work split. Mode
 // stays W8A16 (x consumed as bf16); what differs from avx512f is the summation order and that a bf16-subnormal
 // activation (|x| < 2^-126) reads as zero, as on the bf16 amx tier.
-// Reads: per 16-row block and 128-K block, 16 (gate_up: 32) rows x 128 bytes, so 16-32 streams in flight;
-// software prefetch CPUMOE_FP8_AMX_PF bytes ahead in each row (0 = off; 0 / 512 / 2048 read the same single
-// thread on the H200 host).
-// Cost: the decode (~10 vector ops and a 64-byte store per 32 codes, then a tile load) is about twice the
-// avx512f kernel's work per byte, so one token reads at ~35-45% of the ceiling where avx512f reads 80-95%;
-// shared batch 8 / batch 1 is 1.2-1.5x (avx512f ~4-5x). Hence an opt-in tier (registry.cpp): auto keeps
+// Reads: per 16-row block, each row's next kSpan x 128 codes in one run (16 rows, gate_up 32), then the tiles
+// and folds of those kSpan blocks; software prefetch CPUMOE_FP8_AMX_PF bytes ahead in each row (0 = off; 1 KB
+// was slower than 512 B with span 4 on the H200 host).
+// Cost: the byte-table decode (~7 vector ops and two 64-byte stores per 64 codes, then tile loads) plus the
+// per-block fold; H200 host, 16 threads (2026-11-30): one token reads at ~60% of the ceiling where avx512f reads
+// ~85%, shared batch 8 / batch 1 is ~1.5x (avx512f ~4.5x). Hence an opt-in tier (registry.cpp): auto keeps
 // avx512f; isa="amx" / CPUMOE_ISA=amx picks this kernel for batches that share experts.
 #pragma once
 #include "amx_common.h"
