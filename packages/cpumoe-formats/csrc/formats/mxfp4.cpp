@@ -28,6 +28,12 @@
 // Mode w4a8 (int8 activations per 32 K): mxfp4_w8.h.
 #include "fp4_common.h"
 
+// Executor work-item width in columns (block_hint; a multiple of 64): each K row of an item is one run of this
+// many bytes (gate_up: twice), the next row N bytes further on.
+#ifndef CPUMOE_MXFP4_BLOCK
+#define CPUMOE_MXFP4_BLOCK 64
+#endif
+
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
@@ -556,7 +562,7 @@ bool CPUMOE_INIT_FN(mxfp4)(cpumoe_kernel* k) {
     k->gate_up = &gate_up<false>;
     k->down = &down<false>;
   }
-  k->block_hint = 64;  // a down work item reads whole 64-byte lines per K row
+  k->block_hint = CPUMOE_MXFP4_BLOCK;  // a down work item reads whole 64-byte lines per K row
   return true;
 #endif
 }
