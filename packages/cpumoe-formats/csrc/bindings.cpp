@@ -113,6 +113,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("env_tier_cap", &env_tier_cap);
   m.def("usable_tier_mask", &usable_tier_mask);
   m.def("tier_name", &tier_name);
+  m.def("variant_tier_mask", &variant_tier_mask);
   m.def("format_info", [] {
     py::list out;
     for (const auto& f : kFormats) {

@@ -70,6 +70,14 @@ const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(
 #undef ROW
 }  // namespace
 
+unsigned variant_tier_mask(int32_t format) {
+  unsigned m = 0;
+  if (format < 0 || format >= CPUMOE_FMT_COUNT) return 0;
+  for (int t = 0; t < CPUMOE_TIER_COUNT; ++t)
+    if (kVariants[format][t]) m |= 1u << t;
+  return m;
+}
+
 // name, banks, K multiple (H and I), router weight on input, modes (bit set), opt-in tiers (bit set).
 // fp8_block's amx kernel is opt-in: its tiles make a batch sharing experts cost ~1.2-1.5x one token, but it
 // reads a lone token's weights at about half the avx512f kernel's rate (docs/formats/fp8_block.md), and a

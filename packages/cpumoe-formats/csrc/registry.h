@@ -15,6 +15,8 @@ struct FormatInfo {
 };
 extern const FormatInfo kFormats[CPUMOE_FMT_COUNT];
 const char* mode_name(int mode);
+// Tiers (bit set) at which this build has an init function for the format (whether or not this CPU can run them).
+unsigned variant_tier_mask(int32_t format);
 int32_t kernel_create(const cpumoe_params* p, int32_t cap, cpumoe_kernel** out, char* err, size_t errlen);
 void kernel_destroy(cpumoe_kernel* k);
 int32_t format_bank_count(int32_t format);

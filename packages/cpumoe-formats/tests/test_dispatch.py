@@ -38,6 +38,22 @@ def test_env_cap_matches_isa_argument(fmt, monkeypatch):
         assert cf.selected_tier(fmt) == expected_name(fmt, cf.get_format(fmt).default_mode, cf.TIERS[-1], auto=True)
 
 
+@pytest.mark.parametrize("fmt", _real_formats())
+def test_every_kernel_tier_of_the_spec_is_in_the_native_table(fmt):
+    """Every tier a format's spec lists a kernel for (any mode) has an init function in this build's native table
+    when the build compiled that tier, and no other tier has one: checked without the hardware, so a kernel
+    compiled but left out of the registry (it would silently run the tier below) fails here, not on the host."""
+    from cpumoe_formats import _native
+
+    spec = cf.get_format(fmt)
+    built = set(cf.BUILD_INFO.split("tiers=")[1].split()[0].split(","))
+    mask = _native.variant_tier_mask(spec.id)
+    have = {t for i, t in enumerate(cf.TIERS) if mask >> i & 1}
+    want = {t for tiers in spec.kernel_tiers.values() for t in tiers if t in built}
+    assert want <= have, f"{fmt}: spec kernels at {sorted(want - have)} have no init function in the registry"
+    assert have <= built, f"{fmt}: init functions at tiers this build did not compile: {sorted(have - built)}"
+
+
 OPT_IN = [(f, t) for f in _real_formats() for t in cf.get_format(f).opt_in_tiers]
 
 
