@@ -43,21 +43,19 @@ CPUMOE_DECL_ALL(avx512bf16)
 #else
 #define V_avx512bf16(f) nullptr
 #endif
-// amx: only bf16, fp8_block and mxfp4 have tile kernels (hatch_build.py's TIER_FORMATS compiles those alone at this
+// amx: only bf16 and fp8_block have tile kernels (hatch_build.py's TIER_FORMATS compiles those alone at this
 // tier); the others run their best tier below it.
 #ifdef CPUMOE_BUILT_amx
 CPUMOE_DECL(bf16, amx)
 CPUMOE_DECL(fp8_block, amx)
-CPUMOE_DECL(mxfp4, amx)
 #define V_amx_bf16 &cpumoe_init_bf16_amx
 #define V_amx_fp8_block &cpumoe_init_fp8_block_amx
-#define V_amx_mxfp4 &cpumoe_init_mxfp4_amx
 #else
 #define V_amx_bf16 nullptr
 #define V_amx_fp8_block nullptr
-#define V_amx_mxfp4 nullptr
 #endif
 #define V_amx_nvfp4 nullptr
+#define V_amx_mxfp4 nullptr
 #define V_amx_ds_fp4 nullptr
 #define V_amx_q4_0 nullptr
 

@@ -465,7 +465,7 @@ def test_kernel_names():
             want = {"scalar": "scalar", "avx2": "avx2", "avxvnni": "avx2"}.get(t, "avx512f")
             assert cf.selected_tier(FMT, isa=t) == want
     w8 = {"scalar": "scalar", "avx2": "avx2", "avxvnni": "avxvnni", "avx512f": "avx512f", "avx512vnni": "avx512vnni",
-          "avx512bf16": "avx512vnni", "amx": "amx"}
+          "avx512bf16": "avx512vnni", "amx": "avx512vnni"}
     for t in cf.TIERS:
         if t in USABLE:
             assert cf.Kernel(FMT, 1, 64, 64, mode="w4a8", isa=t).name == w8[t] + "+w4a8"

@@ -553,7 +553,7 @@ bool CPUMOE_INIT_FN(mxfp4)(cpumoe_kernel* k) {
     k->gate_up = &gate_up<true>;
     k->down = &down<true>;
   } else {
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AMX
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
     return false;  // native has no int8 dot: avx2 / avx512f run
 #endif
     if (k->params.mode != CPUMOE_MODE_NATIVE) return false;

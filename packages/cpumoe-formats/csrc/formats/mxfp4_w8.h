@@ -20,11 +20,6 @@
 // decoded group (8 row pairs x 4 vectors) stays in L1 while every token of the item uses it.
 // Lane order of the 4 int32 vectors of a W-column load: vector q, lane l = column w8_col(q, l).
 #pragma once
-#if CPUMOE_TIER == CPUMOE_T_AMX
-#include <optional>
-
-#include "mxfp4_amx.h"
-#endif
 
 namespace cpumoe {
 namespace CPUMOE_NS {
@@ -179,17 +174,8 @@ void tile_simd(const Tile& T, int c0, int nch, int nt, const uint8_t* const* as,
   for (int t = 0; t < nt; ++t)
     for (int v = 0; v < nch * 4; ++v) tot[t * ts + v] = V::fzero();
   const auto [blk, scl, pfd, unaligned, unaligned_s, ng] = TileWalk(T, c0, nch * W);
-#if CPUMOE_TIER == CPUMOE_T_AMX
-  std::optional<AmxTokens> amx;  // two or more tokens: their dots on tiles (mxfp4_amx.h), bit-identical
-  if constexpr (W == 64)
-    if (nt >= 2) amx.emplace(nt, T.nkp);
-#endif
   for (int g = 0; g < ng; ++g) {
     const int kb0 = g * kGroupRows;
-#if CPUMOE_TIER == CPUMOE_T_AMX
-    if constexpr (W == 64)
-      if (amx) amx->group(as, kb0, g);
-#endif
     for (int ch = 0; ch < nch; ++ch) {
       I buf[4 * kGroupRows / 2];
       const uint8_t* p = blk + (int64_t)kb0 * T.bs + ch * W;
@@ -212,13 +198,6 @@ void tile_simd(const Tile& T, int c0, int nch, int nt, const uint8_t* const* as,
         sc[3] = V::mul(V::e8m0(V::uhi16(z, s1)), half);
       }
       F* tt = tot + ch * 4;
-#if CPUMOE_TIER == CPUMOE_T_AMX
-      if constexpr (W == 64)
-        if (amx) {
-          amx->dot(buf, sc, tt, ts);
-          continue;
-        }
-#endif
       int t = 0;
       for (; t + NTG <= nt; t += NTG) dot_tokens<V, NTG>(buf, as + t, T.nkp, kb0, g, sc, tt + t * ts, ts);
       switch (nt - t) {

@@ -1,5 +1,4 @@
-// AMX-TILE / AMX-BF16 / AMX-INT8 (tdpbsud) emulation for the amx tiers of bf16, fp8_block (run.sh compiles them
-// at tier 6 with it) and mxfp4 (../mxfp4_simde/run.sh), after
+// AMX-TILE / AMX-BF16 emulation for the amx tiers of bf16 and fp8_block (run.sh compiles them at tier 6 with it, after
 // simde_extra.h): a thread-local register file of 8 tiles x 16 rows x 64 bytes and the palette-1 config. The
 // shape rules of the instructions are checked (a mismatch aborts: it would #UD or compute garbage on the real
 // thing); tdpbf16ps reads bf16 subnormals as zero and sums each pair's products in fp32, like the hardware up to
@@ -69,26 +68,9 @@ static inline void bk_tile_dpbf16ps(int c, int a, int b) {
       memcpy(&bk_tmm[c][m][4 * n], &acc, 4);
     }
 }
-// C[m][n] (int32) += sum over k, i < 4 of (int8) A[m][4k + i] * (uint8) B[k][4n + i]: exact integers (wrapping,
-// as the hardware's int32 accumulation).
-static inline void bk_tile_dpbsud(int c, int a, int b) {
-  bk_tile_check(c), bk_tile_check(a), bk_tile_check(b);
-  const int M = bk_cfg.rows[c], N = bk_cfg.colsb[c] / 4, K = bk_cfg.colsb[a] / 4;
-  if (bk_cfg.rows[a] != M || bk_cfg.rows[b] != K || bk_cfg.colsb[b] != bk_cfg.colsb[c]) abort();
-  for (int m = 0; m < M; ++m)
-    for (int n = 0; n < N; ++n) {
-      uint32_t acc;
-      memcpy(&acc, &bk_tmm[c][m][4 * n], 4);
-      for (int k = 0; k < K; ++k)
-        for (int i = 0; i < 4; ++i)
-          acc += (uint32_t)((int32_t)(int8_t)bk_tmm[a][m][4 * k + i] * (int32_t)bk_tmm[b][k][4 * n + i]);
-      memcpy(&bk_tmm[c][m][4 * n], &acc, 4);
-    }
-}
 #define _tile_loadconfig(p) bk_tile_loadconfig(p)
 #define _tile_release() bk_tile_release()
 #define _tile_zero(t) bk_tile_zero(t)
 #define _tile_loadd(t, base, stride) bk_tile_loadd((t), (base), (long)(stride))
 #define _tile_stored(t, base, stride) bk_tile_stored((t), (base), (long)(stride))
 #define _tile_dpbf16ps(c, a, b) bk_tile_dpbf16ps((c), (a), (b))
-#define _tile_dpbsud(c, a, b) bk_tile_dpbsud((c), (a), (b))

@@ -1,5 +1,5 @@
 // Runs the mxfp4 work items of every tier and compares them bit for bit (see run.sh):
-//   w4a8: avx2, avxvnni, avx512f, avx512vnni, amx == scalar (exact integers, the same fp32 epilogue);
+//   w4a8: avx2, avxvnni, avx512f, avx512vnni == scalar (exact integers, the same fp32 epilogue);
 //   native: avx512f == avx2 (the same FMAs per column in the same order);
 //   every tier: n tokens in one work item == each token alone (the batched decode).
 #include <cmath>
@@ -11,7 +11,7 @@
 
 #include "cpumoe_formats/abi.h"
 #define DECL(t) bool cpumoe_init_mxfp4_##t(cpumoe_kernel*);
-DECL(scalar) DECL(avx2) DECL(avxvnni) DECL(avx512f) DECL(avx512vnni) DECL(amx)
+DECL(scalar) DECL(avx2) DECL(avxvnni) DECL(avx512f) DECL(avx512vnni)
 typedef bool (*Init)(cpumoe_kernel*);
 static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7FFF + ((u >> 16) & 1); return u >> 16; }
 static std::mt19937 rng(1);
@@ -84,7 +84,7 @@ int main() {
   struct Tier { const char* name; Init init; bool native; };
   const Tier tiers[] = {{"scalar", cpumoe_init_mxfp4_scalar, true},   {"avx2", cpumoe_init_mxfp4_avx2, true},
                         {"avxvnni", cpumoe_init_mxfp4_avxvnni, false}, {"avx512f", cpumoe_init_mxfp4_avx512f, true},
-                        {"avx512vnni", cpumoe_init_mxfp4_avx512vnni, false}, {"amx", cpumoe_init_mxfp4_amx, false}};
+                        {"avx512vnni", cpumoe_init_mxfp4_avx512vnni, false}};
   const int shapes[][3] = {{160, 96, 5}, {2880, 224, 8}, {512, 1024, 3}, {64, 32, 2}, {288, 416, 11}};
   for (auto& sh : shapes) {
     Setup s{2, sh[0], sh[1], sh[2], {}, {}, {}};

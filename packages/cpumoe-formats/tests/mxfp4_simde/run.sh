@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the mxfp4 avxvnni / avx512f / avx512vnni / amx tiers on a CPU without them, compiled against SIMDe's portable
+# Runs the mxfp4 avxvnni / avx512f / avx512vnni tiers on a CPU without them, compiled against SIMDe's portable
 # intrinsics (apt: libsimde-dev; shim: ../fp4_simde/simde_pre.h + simde_fma.h, exact FMAs), next to the natively compiled scalar and
 # avx2 tiers, and checks every work item bit for bit (check_mxfp4.cpp): w4a8 tiers == scalar, native avx512f ==
 # avx2, and in every tier n tokens per item == each token alone. Not collected by pytest (needs SIMDe, ~1 min).
@@ -14,9 +14,6 @@ c++ $B $AVX2 -DCPUMOE_TIER=1 -DCPUMOE_TIER_TAG=avx2 -c $F -o "$OUT/avx2.o"
 c++ $B $EMU -DSIMD_AVX512=0 -DCPUMOE_TIER=2 -DCPUMOE_TIER_TAG=avxvnni -c $F -o "$OUT/avxvnni.o"
 c++ $B $EMU -DSIMD_AVX512=1 -DCPUMOE_TIER=3 -DCPUMOE_TIER_TAG=avx512f -c $F -o "$OUT/avx512f.o"
 c++ $B $EMU -DSIMD_AVX512=1 -DCPUMOE_TIER=4 -DCPUMOE_TIER_TAG=avx512vnni -c $F -o "$OUT/avx512vnni.o"
-# amx: AVX-512 through SIMDe, the tiles (tdpbsud) through ../batch_simde/amx_emu.h
-c++ $B $EMU -include "$HERE/../batch_simde/amx_emu.h" -DSIMD_AVX512=1 -DCPUMOE_TIER=6 -DCPUMOE_TIER_TAG=amx -c $F \
-  -o "$OUT/amx.o"
 c++ $B "$HERE/check_mxfp4.cpp" "$OUT"/scalar.o "$OUT"/avx2.o "$OUT"/avxvnni.o "$OUT"/avx512f.o "$OUT"/avx512vnni.o \
-  "$OUT"/amx.o -o "$OUT/check_mxfp4"
+  -o "$OUT/check_mxfp4"
 "$OUT/check_mxfp4"

@@ -189,5 +189,5 @@ SPEC = Mxfp4Format(
                 "(native W4A16; w4a8 = int8 activations per 32 K)",
     modes=("native", "w4a8"),
     kernel_tiers={"native": ("scalar", "avx2", "avx512f"),
-                  "w4a8": ("scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "amx")},
+                  "w4a8": ("scalar", "avx2", "avxvnni", "avx512f", "avx512vnni")},
 )
