@@ -3,8 +3,7 @@
 // Why: the avx512f kernel decodes a 64-code chunk once and spends 4 fp32 FMAs per token on it, so a batch of
 // 8 tokens sharing an expert costs ~4x one token (16-thread executor, H200 host). On tiles the decode is done
 // once per weight and every token column comes almost free: C[16 rows][16 tokens] += A . B per 32-wide K chunk.
-//   A = 16 weight rows x 32 codes decoded to bf16 (1 KB per chunk), exactly, by byte tables (DecodeTables,
-//       decode64);
+//   A = 16 weight rows x 32 codes decoded to bf16 (1 KB per chunk), exactly, by byte tables (Decoder);
 //   B = the tokens' bf16 activations in AMX's pair layout (amx_common.h BOperand), as in bf16_amx.h;
 //   C = fp32 products of exact bf16 values, summed by the tile unit over one 128-K block (4 chunks), then
 //       stored and folded into an fp32 accumulator per (row, token): acc = fma(C, scale[row / 128][kb], acc),
@@ -65,29 +64,34 @@ constexpr DecodeTables kTables{};
 // low and the high byte of each bf16 from the code's low 7 bits (vpermt2b, 128 entries), the sign into the high
 // byte, and the bytes interleaved into words. vpunpck{l,h}bw interleave within 128-bit lanes, so the codes are
 // first permuted (vpermb) so that the low unpack yields codes 0..31 and the high one 32..63 in order. ~7 vector
-// ops per 64 codes, against ~20 for the word-wise shift / add / vpermw-table decode this replaced.
-CPUMOE_INLINE void decode64(const uint8_t* src, int n, uint16_t* dst0, uint16_t* dst1) {
-  const __m512i raw = n >= 64 ? _mm512_loadu_si512(src)
-                              : _mm512_maskz_loadu_epi8((uint64_t)((1ull << n) - 1ull), src);  // zero codes: +0
+// ops per 64 codes, against ~20 for the word-wise shift / add / vpermw-table decode this replaced. The tables
+// and constants live in registers for a whole work item (one Decoder per rows_x_tokens call).
+struct Decoder {
+  const __m512i lo0 = _mm512_load_si512(kTables.lo), lo1 = _mm512_load_si512(kTables.lo + 64);
+  const __m512i hi0 = _mm512_load_si512(kTables.hi), hi1 = _mm512_load_si512(kTables.hi + 64);
+  const __m512i sign = _mm512_set1_epi8((char)0x80);
   // byte 16L + j <- code 8L + j, byte 16L + 8 + j <- code 32 + 8L + j (L = 128-bit lane, j < 8)
   const __m512i perm = _mm512_set_epi64(0x3F3E3D3C3B3A3938ll, 0x1F1E1D1C1B1A1918ll, 0x3736353433323130ll,
                                         0x1716151413121110ll, 0x2F2E2D2C2B2A2928ll, 0x0F0E0D0C0B0A0908ll,
                                         0x2726252423222120ll, 0x0706050403020100ll);
-  const __m512i b = _mm512_permutexvar_epi8(perm, raw);
-  const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(kTables.lo), b, _mm512_load_si512(kTables.lo + 64));
-  __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(kTables.hi), b, _mm512_load_si512(kTables.hi + 64));
-  hi = _mm512_ternarylogic_epi32(hi, b, _mm512_set1_epi8((char)0x80), 0xF8);  // hi | (b & 0x80): the sign
-  _mm512_store_si512(dst0, _mm512_unpacklo_epi8(lo, hi));
-  _mm512_store_si512(dst1, _mm512_unpackhi_epi8(lo, hi));
-}
+  CPUMOE_INLINE void decode64(const uint8_t* src, int n, uint16_t* dst0, uint16_t* dst1) const {
+    const __m512i raw = n >= 64 ? _mm512_loadu_si512(src)
+                                : _mm512_maskz_loadu_epi8((uint64_t)((1ull << n) - 1ull), src);  // zero codes: +0
+    const __m512i b = _mm512_permutexvar_epi8(perm, raw);
+    const __m512i lo = _mm512_permutex2var_epi8(lo0, b, lo1);
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, b, hi1), b, sign,
+                                                 0xF8);  // hi | (b & 0x80): the sign
+    _mm512_store_si512(dst0, _mm512_unpacklo_epi8(lo, hi));
+    _mm512_store_si512(dst1, _mm512_unpackhi_epi8(lo, hi));
+  }
+};
 
 // acc[s][i][t] = sum over K of row (row0_s + r + i) of the fp8 bank `wb` (scales `sb`) times token t, for the
 // rows [row0_s, row0_s + nr) of up to two sets s (row0b < 0: one set), in 16-row blocks; emit(r, m, acc0, acc1)
-// receives each finished block of m <= 16 rows. Per 128-K block: decode, tiles, fold, in that order. (A
-// software-pipelined order, decoding block kb + 1 before the tiles of kb and folding kb - 1 after, with double
-// A / C buffers, measured no faster on the H200 host: 32% vs 33% of the single-thread ceiling; tile loads from
-// a buffer the decode never writes cost the same as from the decode's, 2.69 vs 2.80 GB/s in cache, so the
-// store -> tile-load dependency is not what limits this loop: the decode is.)
+// receives each finished block of m <= 16 rows. Per kSpan 128-K blocks: every row's codes decoded, then per
+// 128-K block the tiles and the fold. (A software-pipelined order with the earlier word-wise decode, decoding
+// block kb + 1 before the tiles of kb and folding kb - 1 after, with double A / C buffers, measured no faster on
+// the H200 host: 32% vs 33% of the single-thread ceiling.)
 template <class Emit>
 void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, int e, int row0, int nr, int row0b,
                    int K, const BOperand& B, Emit emit) {
@@ -97,6 +101,7 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
   alignas(64) uint16_t a[2][kSpan * kChunksPerKB][kRows][kChunk];
   alignas(64) float c[kRows][kCols];  // C of one 128-K block
   alignas(64) float acc[2][kRows][kCols];
+  const Decoder dec;
   for (int r = 0; r < nr; r += kRows) {
     const int m = nr - r < kRows ? nr - r : kRows;
     tiles.configure(nt, m);
@@ -119,7 +124,7 @@ void rows_x_tokens(Tiles& tiles, const cpumoe_bank& wb, const cpumoe_bank& sb, i
 #endif
           // 64 codes at a time; an odd tail chunk's partner is written (zeros) and never loaded
           for (int cc = 0; cc * kChunk < span; cc += 2)
-            decode64(w[s][i] + k0 + cc * kChunk, span - cc * kChunk, a[s][cc][i], a[s][cc + 1][i]);
+            dec.decode64(w[s][i] + k0 + cc * kChunk, span - cc * kChunk, a[s][cc][i], a[s][cc + 1][i]);
         }
       for (int kb = kb0, c0 = 0; c0 * kChunk < span; ++kb, c0 += kChunksPerKB) {
         const int kn = span - c0 * kChunk < kKB ? span - c0 * kChunk : kKB, nc = (kn + kChunk - 1) / kChunk;

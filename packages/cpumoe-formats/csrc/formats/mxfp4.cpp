@@ -33,6 +33,7 @@
 #ifndef CPUMOE_MXFP4_BLOCK
 #define CPUMOE_MXFP4_BLOCK 64
 #endif
+static_assert(CPUMOE_MXFP4_BLOCK > 0 && CPUMOE_MXFP4_BLOCK % 64 == 0, "CPUMOE_MXFP4_BLOCK: a multiple of 64");
 
 namespace cpumoe {
 namespace CPUMOE_NS {
@@ -562,7 +563,7 @@ bool CPUMOE_INIT_FN(mxfp4)(cpumoe_kernel* k) {
     k->gate_up = &gate_up<false>;
     k->down = &down<false>;
   }
-  k->block_hint = CPUMOE_MXFP4_BLOCK;  // a down work item reads whole 64-byte lines per K row
+  k->block_hint = CPUMOE_MXFP4_BLOCK;  // a down work item reads whole 64-byte lines per K row (64: swept best)
   return true;
 #endif
 }

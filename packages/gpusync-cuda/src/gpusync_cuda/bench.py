@@ -173,7 +173,8 @@ def bench_cpu_task(ex, T, args):
 
 
 def verdict(res) -> list[str]:
-    """Batch-1 lines against the targets: each path's round trip - CPU task vs floor + target."""
+    """Batch-1 lines against the targets, per path: median round trip - CPU task alone vs floor + target, then
+    (where the run recorded it) mean round trip - the in-graph CPU service of the same replays."""
     f = (res.get("floor") or {}).get("roundtrip", {}).get("us_per_op_median")
     t1 = res["cpu_task_us"].get(1)
     if f is None or t1 is None:
