@@ -51,6 +51,7 @@ class KernelIO {
  private:
   void check(int rc, const char* op) const;
   static unsigned blocks_for(int64_t items);
+  static constexpr int64_t kOneBlockItems = 8 * KERNELIO_THREADS;  // publish: up to 8 passes in one block
 
   const gpusync_api* api_;
   gpusync_device* dev_;

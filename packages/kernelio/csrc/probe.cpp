@@ -169,7 +169,7 @@ std::string probe(const gpusync_api* api, gpusync_device* dev, const std::string
       }
     };
 
-    stage = "publish (16-byte copies, several blocks, residency mask)";
+    stage = "publish (16-byte copies, one block, residency mask)";
     sc.ready() = 0, sc.done() = 77;
     const uint64_t task = (2ull << 32) | T_MAX;
     kio.publish(0, T_MAX, dx.p, xs, dids.p, K, dw.p, K, dres.p, E, task);
@@ -215,7 +215,17 @@ std::string probe(const gpusync_api* api, gpusync_device* dev, const std::string
         }
     }
 
-    stage = "publish (2-byte copies: unaligned x)";
+    // Several blocks (2-byte copies, 3 x 2048 items): whether any route goes to the CPU reaches
+    // the last block through the block counter, which it must leave at 0 for the next launch.
+    stage = "publish without CPU routes, several blocks (2-byte copies)";
+    sc.ready() = 0, sc.done() = 77;
+    for (int i = 2 * K; i < 3 * K; ++i) ids[i] = -1;
+    up(dids.p, ids.data(), ids.size() * 4);
+    kio.publish(0, 3, dx.p + 2, xs - 1, dids.p, K, dw.p, K, dres.p, E, (6ull << 32) | 3);
+    sync("publish skip, several blocks");
+    if (sc.done() != 1 || sc.ready() != 0) throw Error("skip, several blocks: expected done 1 and no doorbell");
+
+    stage = "publish (2-byte copies: unaligned x, several blocks)";
     ids = ids0;
     up(dids.p, ids.data(), ids.size() * 4);
     sync("upload");

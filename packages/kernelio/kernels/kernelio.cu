@@ -4,12 +4,15 @@
 //
 // publish: done := 0 (one thread, first), then x (bf16), ids (int32, routes of
 //   GPU-resident experts -> -1) and w (fp32) are stored through the block's
-//   mapped device address by every block; every thread fences system-wide; the
+//   mapped device address by every block; each block's stores are fenced
+//   system-wide (CUDA: barrier, then one fence by thread 0; HIP: a fence per
+//   thread, vendor.h says why) before the block counts itself done; the
 //   LAST block to finish (a device-scope counter, reset by that block for the
 //   next launch/replay) fences once more and either completes the step itself
 //   (done := 1, no doorbell: no route goes to the CPU) or rings ready := task.
 //   So no CPU can see the doorbell before done = 0 and every payload store of
-//   every block, and the serial tail costs one system fence, not three.
+//   every block. A launch of one block (decode sizes up to 2,048 16-byte
+//   items) needs no counter and fences once: barrier, then thread 0's fence.
 // combine: once done >= 1, y is read uncached from the block and written to
 //   `out`, or added into a GPU partial in place with the same arithmetic as
 //   torch's bf16 add (fp32 sum, round to nearest even). A skipped step reads
@@ -20,9 +23,13 @@
 //   acquire loads, then the block barrier releases the block's other threads.
 //   Each block polls rather than one block doing all the work, so the grid
 //   (and the parallelism of the PCIe reads of y) stays as it was; at decode
-//   sizes that is 1-8 polling threads. Bounded: after timeout_ns the block
-//   counts a timeout in scratch[2] and returns without reading y or writing
-//   out; the host reads that count (KernelIO::poll_timeouts) and raises.
+//   sizes that is 1-8 polling threads. (Measured slower on the H200: one warp
+//   of the block polling and copying the block's y alone, +0.9 us at batch 1;
+//   2-8 staggered polling warps per block, slower still, +6-50 us at batch 8.)
+//   Bounded: after timeout_ns the block counts a timeout in scratch[2] and
+//   returns without reading y or writing out; the host reads that count
+//   (KernelIO::poll_timeouts) and raises.
+
 #include "vendor.h"
 #include "kernelio/params.h"
 
@@ -74,31 +81,42 @@ KIO_EXTERN_C __global__ void __launch_bounds__(KERNELIO_THREADS) kernelio_publis
           reinterpret_cast<const unsigned short*>(p.x)[(int64_t)t * p.x_stride + h];
     }
   }
+  int any = 0;  // does a route of this thread go to the CPU?
   for (int i = gid; i < p.T * p.K; i += nthr) {
-    const int t = i / p.K, k = i % p.K;
-    reinterpret_cast<int*>(p.io_ids)[i] = cpu_route(p, i);
+    const int t = i / p.K, k = i % p.K, id = cpu_route(p, i);
+    any |= id >= 0;
+    reinterpret_cast<int*>(p.io_ids)[i] = id;
     reinterpret_cast<float*>(p.io_w)[i] = reinterpret_cast<const float*>(p.w)[(int64_t)t * p.w_stride + k];
   }
-  // Each thread's payload stores are ordered before everything it (and, through
-  // the counter below, the last block) does afterwards, at system scope.
-  kio_fence_system();
-  __syncthreads();
-  __shared__ int is_last;
-  unsigned* scratch = reinterpret_cast<unsigned*>(p.scratch);
-  if (threadIdx.x == 0) is_last = atomicAdd(&scratch[0], 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!is_last) return;
-
-  // Last block: every block's payload is published. Does any route go to the CPU?
-  int any = 0;
-  for (int i = threadIdx.x; i < p.T * p.K; i += blockDim.x) any |= cpu_route(p, i) >= 0;
+  // The payload (and done = 0) must reach the system before the doorbell. One block: the
+  // barrier, then thread 0's one fence before the word (CUDA; HIP: every thread fences
+  // first). Several blocks: each block's stores are fenced before it counts itself, and
+  // the last block to count fences once more before the word.
+  const bool one = gridDim.x == 1, by_one = KIO_BLOCK_FENCE_BY_ONE;
+  if (!by_one) kio_fence_system();
   any = __syncthreads_or(any);
+  __shared__ int last;
+  unsigned* scratch = reinterpret_cast<unsigned*>(p.scratch);
+  if (!one) {
+    // One RMW counts the block (low 16 bits) and whether it has a CPU route (high bits), so the
+    // last block learns both from the same chain of atomics (grid <= 64 blocks).
+    if (threadIdx.x == 0) {
+      if (by_one) kio_fence_system();
+      const unsigned mine = 1u + (any ? 0x10000u : 0u), seen = atomicAdd(&scratch[0], mine) + mine;
+      last = (seen & 0xFFFFu) == gridDim.x ? 1 + (seen >> 16 != 0) : 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    any = last == 2;
+  }
   if (threadIdx.x == 0) {
-    scratch[0] = 0;          // next launch (or graph replay) starts counting from 0
+    if (!one) scratch[0] = 0;  // next launch (or graph replay) starts counting from 0
     scratch[1] = any ? 0 : 1;  // combine: skipped step, no y to read
     volatile unsigned long long* done = reinterpret_cast<volatile unsigned long long*>(p.done);
     volatile unsigned long long* ready = reinterpret_cast<volatile unsigned long long*>(p.ready);
-    kio_fence_system();  // every block's payload and done = 0 (seen through the counter) before the word
+    // Several blocks: every block's payload and done = 0 (seen through the counter) before
+    // the word; one block: this is its only fence (after the barrier above, on CUDA).
+    if (!one || by_one) kio_fence_system();
     if (!any)
       kio_store_system(done, 1ull);  // complete without waking the CPU; the stream's wait passes at once
     else

@@ -32,6 +32,9 @@ __device__ inline uint4 kio_load_uncached(const uint4* p) {
 __device__ inline unsigned short kio_load_uncached(const unsigned short* p) {
   return __hip_atomic_load(const_cast<unsigned short*>(p), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+// One system fence for a whole block's prior stores is NOT relied on here:
+// every thread fences its own (the AMDGPU memory model's waits are per wave).
+#define KIO_BLOCK_FENCE_BY_ONE 0
 // HIP's __threadfence_system: a system-scope seq_cst fence (on gfx9: L2
 // write-back, wait for outstanding memory, L1/L2 invalidate).
 #define kio_fence_system() __threadfence_system()
@@ -71,6 +74,11 @@ __device__ inline unsigned long long kio_load_acquire_system(const volatile unsi
   asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+// The PTX memory model's causality order is transitive and bar.sync synchronizes
+// the threads of a CTA, so after __syncthreads() ONE thread's fence.sc.sys orders
+// every thread's earlier stores before that thread's later ones, for every
+// observer: a block pays one system fence, not one per thread.
+#define KIO_BLOCK_FENCE_BY_ONE 1
 // %globaltimer: nanoseconds, the same clock on every SM (the poll's timeout).
 __device__ inline unsigned long long kio_time_ns() {
   unsigned long long t;

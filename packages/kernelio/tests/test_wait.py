@@ -61,6 +61,20 @@ def test_combine_polls_done_with_a_system_scope_acquire_in_a_bounded_loop(ptx):
     assert bar and cv and acq[0] < bar[0] < min(cv), (acq, bar, cv)
 
 
+def test_publish_fences_once_per_block_after_its_barrier(ptx):
+    """CUDA publish tail: every thread's payload, then the block barrier (which also ORs "any CPU route"),
+    then one thread's system fence; a launch of one block has no counter and fences once before the
+    doorbell, several blocks count themselves (one atomic) and the last fences once more."""
+    body = _entry(ptx, "kernelio_publish").splitlines()
+    fences = [i for i, ln in enumerate(body) if re.search(r"\b(membar\.sys|fence\.sc\.sys)\b", ln)]
+    bar = [i for i, ln in enumerate(body) if re.search(r"\bbar\.(red\.or|sync)\b", ln)]
+    atom = [i for i, ln in enumerate(body) if "atom.global.add" in ln]
+    stores = [i for i, ln in enumerate(body) if "st.volatile.global.u64" in ln]  # done := 0; done := 1 / ready
+    assert len(fences) == 2, f"publish must hold exactly two system fences (block, last block), got {len(fences)}"
+    assert bar[0] < fences[0] < atom[0] < fences[1], "barrier -> fence -> block counter -> last block's fence"
+    assert len(stores) == 3 and stores[0] < bar[0] and min(stores[1:]) > fences[1]
+
+
 def test_publish_does_not_poll(ptx):
     body = _entry(ptx, "kernelio_publish")
     assert "ld.acquire" not in body and "%globaltimer" not in body

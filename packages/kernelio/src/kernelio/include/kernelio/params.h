@@ -8,7 +8,7 @@
 
 #define KERNELIO_PARAMS_VERSION 2
 #define KERNELIO_THREADS 256 /* block size of both kernels */
-#define KERNELIO_SCRATCH_BYTES 64 /* device scratch per IO block: u32 blocks_done, u32 skip, u32 poll_timeouts */
+#define KERNELIO_SCRATCH_BYTES 64 /* device scratch per IO block: u32 blocks_done | blocks_with_cpu_routes << 16, u32 skip, u32 poll_timeouts */
 
 typedef struct kio_publish_params {
   uint64_t x, ids, w;      /* device inputs: bf16 [T, x_stride], int32 [T, ids_stride], fp32 [T, w_stride] */
@@ -16,7 +16,7 @@ typedef struct kio_publish_params {
   uint64_t resident;       /* device u8 [num_experts], 1 = expert runs on the GPU (route -> -1); 0 = none */
   uint64_t io_x, io_ids, io_w; /* mapped device addresses of the IO block arrays */
   uint64_t ready, done;    /* mapped device addresses of the doorbell words */
-  uint64_t scratch;        /* device u32[2]: blocks finished (last-block-done), skip flag for combine */
+  uint64_t scratch;        /* device u32[2]: blocks finished and CPU-routed (last-block-done), skip flag for combine */
   uint64_t task;           /* layer << 32 | num_tokens */
   int32_t T, H, K, num_experts;
   int32_t vec;             /* 1: x rows and io_x 16-byte aligned and H % 8 == 0 (16-byte copies) */
