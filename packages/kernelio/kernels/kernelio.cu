@@ -62,31 +62,42 @@ __device__ __forceinline__ int cpu_route(const kio_publish_params& p, int i) {
 KIO_EXTERN_C __global__ void __launch_bounds__(KERNELIO_THREADS) kernelio_publish(kio_publish_params p) {
   const int nthr = blockDim.x * gridDim.x;
   const int gid = blockIdx.x * blockDim.x + threadIdx.x;
-  // Reset first: this step's completion cannot be wiped, and the payload fence below
-  // orders this store before the doorbell too.
+  // This thread's first x item and first route are loaded before anything is stored, so their
+  // loads (x; the id, its weight, the id's residency byte) are in flight together instead of
+  // queueing behind stores the compiler must assume may alias them.
+  const int per_row = p.H / 8, nx = p.vec ? p.T * per_row : p.T * p.H, nr = p.T * p.K;
+  uint4 x0 = make_uint4(0, 0, 0, 0);
+  if (p.vec && gid < nx)
+    x0 = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
+                                        (int64_t)(gid / per_row) * p.x_stride)[gid % per_row];
+  const float* w = reinterpret_cast<const float*>(p.w);
+  int id0 = -1;
+  float w0 = 0.f;
+  if (gid < nr) w0 = w[(int64_t)(gid / p.K) * p.w_stride + gid % p.K], id0 = cpu_route(p, gid);
+  // done := 0 before the payload: this step's completion cannot be wiped, and the payload
+  // fence below orders this store before the doorbell too.
   if (gid == 0) kio_store_system(reinterpret_cast<volatile unsigned long long*>(p.done), 0ull);
   if (p.vec) {
-    const int per_row = p.H / 8, n = p.T * per_row;
-    for (int i = gid; i < n; i += nthr) {
+    for (int i = gid; i < nx; i += nthr) {
       const int t = i / per_row, c = i % per_row;
-      const uint4 v = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
-                                                     (int64_t)t * p.x_stride)[c];
+      const uint4 v = i == gid ? x0
+                               : reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
+                                                                (int64_t)t * p.x_stride)[c];
       reinterpret_cast<uint4*>(reinterpret_cast<unsigned short*>(p.io_x) + (int64_t)t * p.H)[c] = v;
     }
   } else {
-    const int n = p.T * p.H;
-    for (int i = gid; i < n; i += nthr) {
+    for (int i = gid; i < nx; i += nthr) {
       const int t = i / p.H, h = i % p.H;
       reinterpret_cast<unsigned short*>(p.io_x)[i] =
           reinterpret_cast<const unsigned short*>(p.x)[(int64_t)t * p.x_stride + h];
     }
   }
   int any = 0;  // does a route of this thread go to the CPU?
-  for (int i = gid; i < p.T * p.K; i += nthr) {
-    const int t = i / p.K, k = i % p.K, id = cpu_route(p, i);
+  for (int i = gid; i < nr; i += nthr) {
+    const int id = i == gid ? id0 : cpu_route(p, i);
     any |= id >= 0;
     reinterpret_cast<int*>(p.io_ids)[i] = id;
-    reinterpret_cast<float*>(p.io_w)[i] = reinterpret_cast<const float*>(p.w)[(int64_t)t * p.w_stride + k];
+    reinterpret_cast<float*>(p.io_w)[i] = i == gid ? w0 : w[(int64_t)(i / p.K) * p.w_stride + i % p.K];
   }
   // The payload (and done = 0) must reach the system before the doorbell. One block: the
   // barrier, then thread 0's one fence before the word (CUDA; HIP: every thread fences
