@@ -11,10 +11,11 @@
 //     weights exact int8 w = 2*E2M1; exact integer block sums sum(w * q), per-block float
 //     scale e4m3(scale_b) * s_b, final * 0.5 * global.
 //     scalar (signed products), avx2 (vpmaddubsw + vpmaddwd), avxvnni (256-bit vpdpbusd),
-//     avx512vnni (512-bit vpdpbusd). The SIMD tiers feed u = w + 12 (0..24) as the unsigned
-//     operand and q as the signed one, and subtract 12 * sum(q) (from prep): sum(w q) =
-//     sum((w + 12) q) - 12 sum(q). The same integers as the |w| x sign(w)*q sign trick,
-//     with two instructions less per 32 codes; every tier computes identical block sums.
+//     avx512vnni (512-bit vpdpbusd, two 128-groups per step, rows in pairs: DotW4A8::dotr).
+//     The SIMD tiers feed u = w + 12 (0..24) as the unsigned operand and q as the signed one,
+//     and subtract 12 * sum(q) (from prep): sum(w q) = sum((w + 12) q) - 12 sum(q). The same
+//     integers as the |w| x sign(w)*q sign trick, with two instructions less per 32 codes;
+//     every tier computes identical block sums.
 #include "fp4_common.h"
 
 namespace cpumoe {
@@ -299,33 +300,11 @@ struct DotW4A8 {
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
     (void)ng, (void)corr;
     return w4a8_blocks_scalar(r, a, as, 0) * (0.5f * r.g);
-#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-    const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F);
-    const __m512i z = _mm512_setzero_si512();
-    const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    for (int32_t g = 0; g < ng; ++g) {
-      const uint8_t* p = r.p + 64 * g;
-      const int8_t* ag = a + 128 * g;
-      prefetch_stream(p, 1, r.s + 8 * g, 8);
-      const __m512i b = _mm512_loadu_si512((const void*)p);
-      const __m512i lo = _mm512_and_si512(b, m), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
-      const __m512i ae = _mm512_loadu_si512((const void*)ag), ao = _mm512_loadu_si512((const void*)(ag + 64));
-      const __m512i P = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, _mm512_shuffle_epi8(tu, lo), ae),
-                                            _mm512_shuffle_epi8(tu, hi), ao);
-      // lanes 2b, 2b+1 -> block b (natural order), then the avx2 path's lane order, correction
-      // and float operations, so avx512vnni, avxvnni and avx2 give bit-identical results
-      const __m256i S = _mm256_sub_epi32(
-          _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(_mm512_add_epi32(P, _mm512_srli_epi64(P, 32))), perm),
-          _mm256_loadu_si256((const __m256i*)(corr + 8 * g)));
-      const __m256 comb = _mm256_mul_ps(e4m3x8(load8(r.s + 8 * g)), _mm256_loadu_ps(as + 8 * g));
-      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_permutevar8x32_ps(comb, perm));
-      if (g & 1)
-        acc1 = _mm256_add_ps(acc1, f);
-      else
-        acc0 = _mm256_add_ps(acc0, f);
-    }
-    return (hsum256(_mm256_add_ps(acc0, acc1)) + w4a8_blocks_scalar(r, a, as, ng * 8)) * (0.5f * r.g);
+#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI  // one row of the pair kernel below
+    (void)ng, (void)corr, (void)as, (void)a;
+    float out;
+    dotr<1>(&r.p, &r.s, &r.g, r.K, act, &out);
+    return out;
 #else  // avx2 / avxvnni
     const __m256i tu = w2_offset();
     const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
@@ -393,6 +372,85 @@ struct DotW4A8 {
     for (int r = 0; r < R; ++r) {
       const Row row{P[r], Sc[r], gl[r], K};
       out[r] = (hsum256(_mm256_add_ps(acc[r][0], acc[r][1])) + w4a8_blocks_scalar(row, a, as, ng * 8)) * (0.5f * gl[r]);
+    }
+  }
+#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  // Two 128-groups per step in one 512-bit pair vector: lane 4L + 2h + j holds block 2L + j of group g + h. The
+  // block sums come from vpackssdw(P_g, P_g+1) + vpdpwssd(-corr, ., 1) (the 2-lane partial sums are <= 8 * 24 *
+  // 127 = 24384: exact in int16; the same integers as avx2's vphaddd), with the corrections,
+  // activation scales and (per row) the e4m3 scale codes permuted into the pair order instead of the sums. Lanes
+  // h = 0 are the avx2 path's even-group accumulator (natural block order), h = 1 its odd one, with each block's
+  // fp32 ops (e4m3 * s, then int * that, then the add in group order) as avx2's; the epilogue permutes them
+  // into avx2's hadd order and sums as it does, so all tiers stay bit-identical. The activation side is loaded
+  // and permuted once per step for the R rows (gate + up, or down rows h and h + half).
+  static constexpr int kRowsGateUp = 2, kRowsDown = 2;
+  template <int R>
+  static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
+                                 const void* act, float* out) {
+    const int8_t* a = (const int8_t*)act;
+    const float* as = (const float*)((const char*)act + w4a8_scale_off(K));
+    const int32_t* corr = (const int32_t*)((const char*)act + w4a8_corr_off(K));
+    const int32_t ng = K / 128;
+    __m512 acc[R];
+    CPUMOE_UNROLL
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    int32_t g = 0;
+    for (; g + 2 <= ng; g += 2) vnni_pair<R, true>(P, Sc, a, as, corr, g, acc);
+    if (g < ng) vnni_pair<R, false>(P, Sc, a, as, corr, g, acc);  // odd ng: the last group alone (lanes h = 0)
+    // pair lanes -> avx2's accumulators in hadd order (blocks 0,1,4,5,2,3,6,7): even groups (h = 0), odd (h = 1)
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 8, 9, 4, 5, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
+    CPUMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 a0 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i0, acc[r]));
+      const __m256 a1 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i1, acc[r]));
+      const Row row{P[r], Sc[r], gl[r], K};
+      out[r] = (hsum256(_mm256_add_ps(a0, a1)) + w4a8_blocks_scalar(row, a, as, ng * 8)) * (0.5f * gl[r]);
+    }
+  }
+  // Groups g and g + 1 (TWO) or g alone of R rows into their pair-order accumulators.
+  template <int R, bool TWO>
+  static CPUMOE_INLINE void vnni_pair(const uint8_t* const* P, const uint8_t* const* Sc, const int8_t* a,
+                                      const float* as, const int32_t* corr, int32_t g, __m512* acc) {
+    const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi16(1);
+    // lane 4L + 2h + j <- natural block 2L + j of group h (activation scales), <- its hadd slot (corrections)
+    const __m512i in = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    const __m512i ih = _mm512_setr_epi32(0, 1, 8, 9, 4, 5, 12, 13, 2, 3, 10, 11, 6, 7, 14, 15);
+    // e4m3 code bytes (8h + 2L + j) into the high byte of fp16 lane 4L + 2h + j (e4m3x8's shift by 8)
+    const __m256i sx = _mm256_setr_epi8(-1, 0, -1, 1, -1, 8, -1, 9, -1, 2, -1, 3, -1, 10, -1, 11,  //
+                                        -1, 4, -1, 5, -1, 12, -1, 13, -1, 6, -1, 7, -1, 14, -1, 15);
+    const int8_t* ag = a + 128 * g;
+    const __m512i ae0 = _mm512_loadu_si512((const void*)ag), ao0 = _mm512_loadu_si512((const void*)(ag + 64));
+    __m512i ae1 = ae0, ao1 = ao0, C;
+    __m512 A;
+    if (TWO) {
+      ae1 = _mm512_loadu_si512((const void*)(ag + 128)), ao1 = _mm512_loadu_si512((const void*)(ag + 192));
+      A = _mm512_permutexvar_ps(in, _mm512_loadu_ps(as + 8 * g));
+      C = _mm512_permutexvar_epi32(ih, _mm512_loadu_si512((const void*)(corr + 8 * g)));
+    } else {  // lanes h = 1 are undefined and never added (masked below)
+      A = _mm512_permutexvar_ps(in, _mm512_castps256_ps512(_mm256_loadu_ps(as + 8 * g)));
+      C = _mm512_permutexvar_epi32(ih, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(corr + 8 * g))));
+    }
+    C = _mm512_sub_epi32(_mm512_setzero_si512(), C);
+    CPUMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = P[r] + 64 * g;
+      const uint8_t* s = Sc[r] + 8 * g;
+      prefetch_stream(p, TWO ? 2 : 1, s, 8);
+      auto sums = [&](const uint8_t* q, __m512i ae, __m512i ao) {  // int32 lane i: bytes 4i..4i+3, both nibbles
+        const __m512i b = _mm512_loadu_si512((const void*)q);
+        const __m512i lo = _mm512_and_si512(b, m), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
+        return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi8(tu, lo), ae),
+                                   _mm512_shuffle_epi8(tu, hi), ao);
+      };
+      const __m512i P0 = sums(p, ae0, ao0), P1 = TWO ? sums(p + 64, ae1, ao1) : _mm512_setzero_si512();
+      const __m512i S = _mm512_dpwssd_epi32(C, _mm512_packs_epi32(P0, P1), one);
+      const __m128i codes = TWO ? _mm_loadu_si128((const __m128i*)s) : load8(s);
+      __m256i h = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(codes), sx);
+      h = _mm256_and_si256(_mm256_srai_epi16(h, 1), _mm256_set1_epi16((short)0xBFFF));
+      const __m512 comb = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f)), A);
+      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(S), comb);
+      acc[r] = TWO ? _mm512_add_ps(acc[r], f) : _mm512_mask_add_ps(acc[r], 0x3333, acc[r], f);
     }
   }
 #endif
