@@ -174,6 +174,18 @@ CPUMOE_INLINE size_t w4a8_scale_off(int32_t K) { return ((size_t)K + 63) & ~(siz
 CPUMOE_INLINE size_t w4a8_corr_off(int32_t K) { return w4a8_scale_off(K) + (size_t)(K / 16) * sizeof(float); }
 CPUMOE_INLINE size_t w4a8_hscale_off(int32_t K) { return w4a8_corr_off(K) + (size_t)(K / 16) * sizeof(int32_t); }
 size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_hscale_off(K) + (size_t)(K / 16) * sizeof(float); }
+// The parts of one prepared w4a8 activation (prep_w4a8's layout) a dot reads.
+struct W4A8Act {
+  const int8_t* a;          // codes
+  const float* as;          // per-16 scales
+  const float* hs;          // per-16 scales in avx2's hadd order
+  const int32_t* corr;      // per-16 corrections (12 * sum of codes)
+  int32_t ng;               // whole 128-groups
+  CPUMOE_INLINE W4A8Act(const void* act, int32_t K)
+      : a((const int8_t*)act), as((const float*)((const char*)act + w4a8_scale_off(K))),
+        hs((const float*)((const char*)act + w4a8_hscale_off(K))),
+        corr((const int32_t*)((const char*)act + w4a8_corr_off(K))), ng(K / 128) {}
+};
 // avx2 lane order of a group's 8 block sums after vphaddd (blocks 0..3 from P, 4..7 from Q).
 constexpr int kHaddOrder[8] = {0, 1, 4, 5, 2, 3, 6, 7};
 
@@ -293,10 +305,8 @@ struct DotW4A8 {
   // Returns sum_b isum_b * (e4m3(scale_b) * s_b) * (0.5 * global).
   static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* act) {
     const Row r{P, Sc, gl, K};
-    const int8_t* a = (const int8_t*)act;
-    const float* as = (const float*)((const char*)act + w4a8_scale_off(r.K));
-    const int32_t* corr = (const int32_t*)((const char*)act + w4a8_corr_off(r.K));
-    const int32_t ng = r.K / 128;
+    const auto [a, as, hs, corr, ng] = W4A8Act(act, K);
+    (void)hs;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
     (void)ng, (void)corr;
     return w4a8_blocks_scalar(r, a, as, 0) * (0.5f * r.g);
@@ -338,11 +348,7 @@ struct DotW4A8 {
   template <int R>
   static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* act, float* out) {
-    const int8_t* a = (const int8_t*)act;
-    const float* as = (const float*)((const char*)act + w4a8_scale_off(K));
-    const float* hs = (const float*)((const char*)act + w4a8_hscale_off(K));
-    const int32_t* corr = (const int32_t*)((const char*)act + w4a8_corr_off(K));
-    const int32_t ng = K / 128;
+    const auto [a, as, hs, corr, ng] = W4A8Act(act, K);
     const __m256i tu = w2_offset();
     __m256 acc[R][2];
     CPUMOE_UNROLL
@@ -387,10 +393,8 @@ struct DotW4A8 {
   template <int R>
   static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* act, float* out) {
-    const int8_t* a = (const int8_t*)act;
-    const float* as = (const float*)((const char*)act + w4a8_scale_off(K));
-    const int32_t* corr = (const int32_t*)((const char*)act + w4a8_corr_off(K));
-    const int32_t ng = K / 128;
+    const auto [a, as, hs, corr, ng] = W4A8Act(act, K);
+    (void)hs;
     __m512 acc[R];
     CPUMOE_UNROLL
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
