@@ -6,8 +6,8 @@
 #   - every token of a batch (ragged shapes, batch 1..9, shared and random routing, duplicated and -1 routes)
 #     gives the same bits as its single-token step, at every tier;
 #   - every tier agrees with the float64 reference within the format's test tolerance.
-# Not collected by pytest (needs SIMDe and ~2 minutes of compiling).
-#   sh packages/cpumoe-formats/tests/batch_simde/run.sh
+# Not collected by pytest (needs SIMDe and ~2 minutes of compiling; SANITIZE=1: under ASan + UBSan, ~20 minutes).
+#   [SANITIZE=1] sh packages/cpumoe-formats/tests/batch_simde/run.sh
 HERE=$(cd "$(dirname "$0")" && pwd)
 NAME=batch_simde
 . "$HERE/../simde_env.sh"
@@ -28,4 +28,4 @@ for f in bf16 fp8_block; do  # in the foreground: set -e stops at a failed compi
     -c csrc/formats/$f.cpp -o "$OUT/$f.amx.o"
 done
 c++ $B -shared "$HERE/harness.cpp" "$OUT"/*.o -o "$OUT/libbatch_simde.so"
-PYTHONPATH="$PKG/src${PYTHONPATH:+:$PYTHONPATH}" python3 "$HERE/check.py" "$OUT/libbatch_simde.so"
+LD_PRELOAD="$PRELOAD" PYTHONPATH="$PKG/src${PYTHONPATH:+:$PYTHONPATH}" python3 "$HERE/check.py" "$OUT/libbatch_simde.so"
