@@ -305,17 +305,18 @@ struct DotW4A8 {
   // Returns sum_b isum_b * (e4m3(scale_b) * s_b) * (0.5 * global).
   static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* act) {
     const Row r{P, Sc, gl, K};
-    const auto [a, as, hs, corr, ng] = W4A8Act(act, K);
-    (void)hs;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR
-    (void)ng, (void)corr;
-    return w4a8_blocks_scalar(r, a, as, 0) * (0.5f * r.g);
-#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI  // one row of the pair kernel below
-    (void)ng, (void)corr, (void)as, (void)a;
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI  // one row of the pair kernel below
     float out;
     dotr<1>(&r.p, &r.s, &r.g, r.K, act, &out);
     return out;
-#else  // avx2 / avxvnni
+#else
+    const auto [a, as, hs, corr, ng] = W4A8Act(act, K);
+    (void)hs;
+#endif
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+    (void)ng, (void)corr;
+    return w4a8_blocks_scalar(r, a, as, 0) * (0.5f * r.g);
+#elif CPUMOE_TIER != CPUMOE_T_AVX512VNNI  // avx2 / avxvnni
     const __m256i tu = w2_offset();
     const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
