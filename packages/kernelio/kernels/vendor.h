@@ -35,6 +35,14 @@ __device__ inline unsigned short kio_load_uncached(const unsigned short* p) {
 // One system fence for a whole block's prior stores is NOT relied on here:
 // every thread fences its own (the AMDGPU memory model's waits are per wave).
 #define KIO_BLOCK_FENCE_BY_ONE 0
+// Device-scope flag between the blocks of one launch (combine's grid poll).
+__device__ inline void kio_store_release_device(unsigned* p, unsigned v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ inline unsigned kio_load_acquire_device(unsigned* p) {
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
+#define kio_fence_device() __threadfence()
 // HIP's __threadfence_system: a system-scope seq_cst fence (on gfx9: L2
 // write-back, wait for outstanding memory, L1/L2 invalidate).
 #define kio_fence_system() __threadfence_system()
@@ -79,6 +87,16 @@ __device__ inline unsigned long long kio_load_acquire_system(const volatile unsi
 // every thread's earlier stores before that thread's later ones, for every
 // observer: a block pays one system fence, not one per thread.
 #define KIO_BLOCK_FENCE_BY_ONE 1
+// Device-scope flag between the blocks of one launch (combine's grid poll).
+__device__ inline void kio_store_release_device(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ inline unsigned kio_load_acquire_device(unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#define kio_fence_device() __threadfence()
 // %globaltimer: nanoseconds, the same clock on every SM (the poll's timeout).
 __device__ inline unsigned long long kio_time_ns() {
   unsigned long long t;

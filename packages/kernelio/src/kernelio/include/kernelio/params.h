@@ -8,7 +8,7 @@
 
 #define KERNELIO_PARAMS_VERSION 2
 #define KERNELIO_THREADS 256 /* block size of both kernels */
-#define KERNELIO_SCRATCH_BYTES 64 /* device scratch per IO block: u32 blocks_done | blocks_with_cpu_routes << 16, u32 skip, u32 poll_timeouts */
+#define KERNELIO_SCRATCH_BYTES 64 /* device scratch per IO block: u32 blocks_done | blocks_with_cpu_routes << 16, u32 skip, u32 poll_timeouts, u32 combine flag, u32 combine blocks left */
 
 typedef struct kio_publish_params {
   uint64_t x, ids, w;      /* device inputs: bf16 [T, x_stride], int32 [T, ids_stride], fp32 [T, w_stride] */
