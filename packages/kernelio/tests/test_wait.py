@@ -75,6 +75,15 @@ def test_publish_fences_once_per_block_after_its_barrier(ptx):
     assert len(stores) == 3 and stores[0] < bar[0] and min(stores[1:]) > fences[1]
 
 
+def test_combine_has_one_pcie_poller_per_launch(ptx):
+    """Block 0 passes done on with a device-scope release; the other blocks acquire it in a bounded loop, and the
+    last block to leave clears it (a counter): one system-scope poll per launch, not one per block."""
+    body = _entry(ptx, "kernelio_combine")
+    assert body.count("st.release.gpu") == 1 and body.count("ld.acquire.gpu") == 1
+    assert body.count("ld.acquire.sys") == 1
+    assert len(re.findall(r"atom\.global\.add\.u32", body)) >= 2, "the leave counter and the timeout count"
+
+
 def test_publish_does_not_poll(ptx):
     body = _entry(ptx, "kernelio_publish")
     assert "ld.acquire" not in body and "%globaltimer" not in body
