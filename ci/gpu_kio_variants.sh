@@ -5,7 +5,7 @@
 # Builds in place (SKIP_BUILD=1 reuses), runs kernelio's CUDA tests and the handshake graph-replay tests
 # (kernel path; default shape), then per round and variant `python -m gpusync_cuda.bench --paths kernel
 # --batches 1,8` with that variant's environment (default: KERNELIO_WAIT=poll against =memop). Summary
-# (batch 1/8 round trip with and without a CPU route, mean - in-graph service, floor) in OUTDIR/summary.txt.
+# (batch 1/8 round trip with and without a CPU route, minus_service_us of the bench JSON, floor) in OUTDIR/summary.txt.
 set -uo pipefail
 OUT=$(mkdir -p "${1:?usage: ci/gpu_kio_variants.sh OUTDIR [variants]}" && cd "$1" && pwd)
 shift
@@ -34,9 +34,6 @@ for v in sys.argv[2:]:
         n1, n8 = row.get((1, "none"), {}), row.get((8, "none"), {})
         fl = d["floor"]["roundtrip"]["us_per_op_median"]
         g = lambda r, k="us_per_layer_median": f"{r.get(k, float('nan')):6.2f}"
-        for r in (b1, b8):
-            if r.get("cpu_service_us_per_layer"):
-                r["minus_service_us"] = r["us_per_layer_mean"] - r["cpu_service_us_per_layer"]
         print(f"{os.path.basename(f):14} floor {fl:5.2f} | b1 rt {g(b1)} svc {g(b1, 'cpu_service_us_per_layer')} "
               f"rt-svc {g(b1, 'minus_service_us')} (target {fl + 1.5:5.2f}) | b8 rt-svc {g(b8, 'minus_service_us')} "
               f"| no route b1 {g(n1)} b8 {g(n8)}")

@@ -42,7 +42,6 @@ __device__ inline void kio_store_release_device(unsigned* p, unsigned v) {
 __device__ inline unsigned kio_load_acquire_device(unsigned* p) {
   return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
 }
-#define kio_fence_device() __threadfence()
 // HIP's __threadfence_system: a system-scope seq_cst fence (on gfx9: L2
 // write-back, wait for outstanding memory, L1/L2 invalidate).
 #define kio_fence_system() __threadfence_system()
@@ -96,7 +95,6 @@ __device__ inline unsigned kio_load_acquire_device(unsigned* p) {
   asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-#define kio_fence_device() __threadfence()
 // %globaltimer: nanoseconds, the same clock on every SM (the poll's timeout).
 __device__ inline unsigned long long kio_time_ns() {
   unsigned long long t;
@@ -105,4 +103,6 @@ __device__ inline unsigned long long kio_time_ns() {
 }
 #endif
 
+// Device-scope fence (combine's block counter): the same spelling in CUDA and HIP.
+#define kio_fence_device() __threadfence()
 #define KIO_EXTERN_C extern "C"

@@ -172,6 +172,19 @@ def bench_cpu_task(ex, T, args):
             "same_expert": statistics.median(same) / 1e3}
 
 
+def add_differences(res) -> None:
+    """Per result row with one CPU route per token: median round trip - CPU task alone (minus_task_us) and, where
+    the run recorded it, mean round trip - the in-graph CPU service of the same replays (minus_service_us)."""
+    for r in res["results"]:
+        if r.get("cpu_routes") != "1/token":
+            continue
+        t = res["cpu_task_us"].get(r["batch"])
+        if t:
+            r["minus_task_us"] = r["us_per_layer_median"] - t["task"]
+        if r.get("cpu_service_us_per_layer"):
+            r["minus_service_us"] = r["us_per_layer_mean"] - r["cpu_service_us_per_layer"]
+
+
 def verdict(res) -> list[str]:
     """Batch-1 lines against the targets, per path: median round trip - CPU task alone vs floor + target, then
     (where the run recorded it) mean round trip - the in-graph CPU service of the same replays."""
@@ -179,22 +192,19 @@ def verdict(res) -> list[str]:
     t1 = res["cpu_task_us"].get(1)
     if f is None or t1 is None:
         return ["verdict: no memop floor or no batch-1 CPU task in this run"]
+    add_differences(res)
     out = []
     for r in res["results"]:
         if r.get("batch") != 1 or r.get("cpu_routes") != "1/token" or r["path"] not in TARGETS:
             continue
-        over = r["us_per_layer_median"] - t1["task"]
-        limit = f + TARGETS[r["path"]]
-        r["minus_task_us"], r["target_us"] = over, limit
-        whole = r["us_per_layer_median"]
+        over, whole, limit = r["minus_task_us"], r["us_per_layer_median"], f + TARGETS[r["path"]]
+        r["target_us"] = limit
         out.append(f"verdict {r['path']:7}: round trip - CPU task = {whole:.2f} - {t1['task']:.2f} = {over:.2f} us "
                    f"vs floor {f:.2f} + {TARGETS[r['path']]} = {limit:.2f}: {'MET' if over <= limit else 'NOT MET'} "
                    f"({over - limit:+.2f} us); whole round trip {whole:.2f} vs {limit:.2f}: "
                    f"{'MET' if whole <= limit else 'NOT MET'}")
-        if r.get("cpu_service_us_per_layer"):  # same replays: mean round trip - mean in-graph CPU service
-            hs = r["us_per_layer_mean"] - r["cpu_service_us_per_layer"]
-            r["minus_service_us"] = hs
-            mean, svc = r["us_per_layer_mean"], r["cpu_service_us_per_layer"]
+        if "minus_service_us" in r:  # same replays: mean round trip - mean in-graph CPU service
+            hs, mean, svc = r["minus_service_us"], r["us_per_layer_mean"], r["cpu_service_us_per_layer"]
             out.append(f"verdict {r['path']:7}: mean round trip - in-graph CPU service = {mean:.2f} - {svc:.2f} = "
                        f"{hs:.2f} us vs {limit:.2f}: "
                        f"{'MET' if hs <= limit else 'NOT MET'} ({hs - limit:+.2f} us)")
@@ -243,10 +253,7 @@ def main(argv=None):
     from cpumoe_executor import _native as exn
 
     res["team_unit"] = exn.team_unit(ex.handle)
-    for r in res["results"]:  # round trip - CPU task alone, per path and batch
-        t = res["cpu_task_us"].get(r["batch"])
-        if t and r.get("cpu_routes") == "1/token":
-            r["minus_task_us"] = r["us_per_layer_median"] - t["task"]
+    add_differences(res)  # every batch; verdict() reads batch 1
     lines = verdict(res)
     res["verdict"] = lines
     print(f"{'path':10} {'cpu routes':>10} {'batch':>5} {'us/layer (median)':>18} {'mean':>8} {'- task':>7} "
@@ -256,7 +263,7 @@ def main(argv=None):
             print(f"{r['path']:10} {'':>10} {r['batch']:>5}  skipped: {r['skipped']}")
             continue
         mt = f"{r['minus_task_us']:>7.2f}" if "minus_task_us" in r else f"{'':>7}"
-        ms = r["us_per_layer_mean"] - r.get("cpu_service_us_per_layer", 0.0)
+        ms = r.get("minus_service_us", r["us_per_layer_mean"])  # no CPU route: the whole round trip
         print(f"{r['path']:10} {r['cpu_routes']:>10} {r['batch']:>5} {r['us_per_layer_median']:>18.2f} "
               f"{r['us_per_layer_mean']:>8.2f} {mt} {ms:>14.2f} {r['doorbells_per_replay']:>12.1f} "
               f"{r['last_output_matches_cpu']}")
