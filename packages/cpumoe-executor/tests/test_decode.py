@@ -13,7 +13,8 @@ from cpumoe_executor import _native
 NCORES = len(ce.resolve_cores()[0])
 THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-identical
 # rel vs float64: the format's own kernel tolerance (its tests justify it); executor adds nothing
-REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2}
+REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2,
+           "mxfp4_panel": 1e-2}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -94,7 +95,7 @@ def test_errors_name_the_argument(rng):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, core_ids=[100000])
     with pytest.raises(ValueError, match="isa='avx9'"):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, isa="avx9")
-    for fmt in ("mxfp4", "ds_fp4"):
+    for fmt in ("mxfp4", "ds_fp4", "mxfp4_panel"):
         if fmt in FORMATS:
             b, _ = make_banks(fmt, rng, layers=1)
             with pytest.raises(ValueError, match="apply_router_weight_on_input"):

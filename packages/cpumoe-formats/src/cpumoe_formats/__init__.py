@@ -1,4 +1,4 @@
-"""cpumoe-formats: the six expert weight formats of CPU MoE decode.
+"""cpumoe-formats: the six expert weight formats of CPU MoE decode (plus mxfp4_panel, mxfp4 repacked for CPUs).
 
 Bank schemas and validation, quantizers from float weights, float64
 references, and CPU kernels for every ISA tier behind a versioned C ABI.
@@ -12,6 +12,8 @@ from . import _native, reference
 from ._arrays import aligned_copy, aligned_empty
 from .activations import ACTIVATIONS
 from .formats import FORMATS, get_format
+from .formats.mxfp4_panel import repack as repack_mxfp4_panels
+from .formats.mxfp4_panel import unpack as unpack_mxfp4_panels
 from .kernels import TIERS, Kernel, detected_tier, moe_forward, selected_tier, usable_tiers
 
 __version__ = "0.1.0"
@@ -63,4 +65,5 @@ if os.environ.get("CPUMOE_DEBUG_INFO"):
 
 __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "TIERS", "Kernel", "aligned_copy",
            "aligned_empty", "detected_tier", "get_format", "get_include", "moe_forward", "quantize", "reference",
-           "require_abi", "selected_tier", "usable_tiers", "validate_banks"]
+           "repack_mxfp4_panels", "require_abi", "selected_tier", "unpack_mxfp4_panels", "usable_tiers",
+           "validate_banks"]

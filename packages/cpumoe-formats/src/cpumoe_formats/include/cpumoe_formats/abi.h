@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 1
+#define CPUMOE_FORMATS_ABI_MINOR 2
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -31,7 +31,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_DS_FP4 = 3,
   CPUMOE_FMT_Q4_0 = 4,
   CPUMOE_FMT_FP8_BLOCK = 5,
-  CPUMOE_FMT_COUNT = 6
+  CPUMOE_FMT_MXFP4_PANEL = 6, /* mxfp4 repacked into 64-column panels, K-pair rows contiguous (ABI 1.2) */
+  CPUMOE_FMT_COUNT = 7
 };
 
 enum cpumoe_act_id {

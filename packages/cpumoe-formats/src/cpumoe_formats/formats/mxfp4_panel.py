@@ -1,0 +1,150 @@
+"""mxfp4_panel: gpt-oss mxfp4 weights repacked for a CPU (64-column panels, K-pair rows contiguous).
+
+The same codes, scales and biases as ``mxfp4`` (gpt-oss / Triton transposed split-K), only moved: the
+output columns are cut into panels of 64, and each panel's K-pair rows are stored one after another.
+A CPU work item covers 64 columns, so it reads one contiguous run of K/2 x 64 bytes; in the Triton
+layout it reads 64 bytes out of every N-byte row, a pattern one core's prefetchers cannot keep fed
+(docs/formats/mxfp4.md: 44-48% of the single-thread read ceiling against 79-83% for panels on the
+Zen 3 dev VM, w4a8).
+
+Banks (native slot order; P = ceil(N / 64) panels of the bank's N output columns):
+
+| slot | bank | shape | dtype |
+|---|---|---|---|
+| 0 | gate_up_blocks | [E, (2I/64) * H/2, 64] | uint8 |
+| 1 | gate_up_scales | [E, (2I/64) * H/32, 64] | uint8 or float8_e8m0fnu |
+| 2 | gate_up_bias | [E, 2I] | bfloat16 (or uint16 bits) |
+| 3 | down_blocks | [E, ceil(H/64) * I/2, 64] | uint8 |
+| 4 | down_scales | [E, ceil(H/64) * I/32, 64] | uint8 or float8_e8m0fnu |
+| 5 | down_bias | [E, H] | bfloat16 (or uint16 bits) |
+
+Row ``p * K/2 + kb`` of a blocks bank holds K-pair kb of columns 64p .. 64p + 63 (byte c: column
+64p + c, nibbles as in mxfp4); scales likewise with K/32 rows per panel. The last panel of an N that
+is not a multiple of 64 (only H can be: H % 32 == 0) is padded; its padding is never read and
+``repack`` zero-fills it. Rows may be padded (row stride >= 64 bytes); gate/up stay interleaved by
+column.
+
+``repack(banks)`` turns mxfp4 banks into these (and ``unpack(banks, H)`` back); the kernels are
+mxfp4's, so both formats give bit-identical outputs in every mode and tier (tested). The math, the
+modes (native W4A16, w4a8) and the reference are mxfp4's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._arrays import aligned_empty
+from ..numerics import BF16, E8M0
+from ..schema import BankSpec
+from . import mxfp4
+
+PANEL = 64  # columns per panel (the kernels' work-item width)
+
+
+def _panels(n: int) -> int:
+    return -(-n // PANEL)
+
+
+def to_panels(a: np.ndarray) -> np.ndarray:
+    """[E, R, N] (R rows of N columns) -> [E, ceil(N/64) * R, 64], the last panel zero padded."""
+    a = np.asarray(a)
+    E, R, N = a.shape
+    P = _panels(N)
+    out = aligned_empty((E, P * R, PANEL), a.dtype)
+    view = out.reshape(E, P, R, PANEL)
+    full = N // PANEL
+    if full:
+        view[:, :full] = a[:, :, :full * PANEL].reshape(E, R, full, PANEL).transpose(0, 2, 1, 3)
+    if N % PANEL:
+        view[:, full, :, :] = 0
+        view[:, full, :, :N % PANEL] = a[:, :, full * PANEL:]
+    return out
+
+
+def from_panels(a: np.ndarray, n: int) -> np.ndarray:
+    """[E, ceil(n/64) * R, 64] -> [E, R, n] (the inverse of to_panels)."""
+    a = np.asarray(a)
+    E, PR, W = a.shape
+    P = _panels(n)
+    if W != PANEL or PR % P:
+        raise ValueError(f"mxfp4_panel: a panel bank of shape {a.shape} does not hold {P} panels of 64 columns")
+    R = PR // P
+    return np.ascontiguousarray(a.reshape(E, P, R, PANEL).transpose(0, 2, 1, 3).reshape(E, R, P * PANEL)[:, :, :n])
+
+
+def repack(banks) -> dict:
+    """mxfp4 (gpt-oss / Triton) banks -> mxfp4_panel banks (new arrays, 64-byte aligned; biases copied)."""
+    arrs, (E, H, I) = mxfp4.SPEC.validate(banks)
+    b = dict(zip(mxfp4.SPEC.bank_names, arrs))
+    return {"gate_up_blocks": to_panels(b["gate_up_blocks"]), "gate_up_scales": to_panels(b["gate_up_scales"]),
+            "gate_up_bias": mxfp4._aligned(b["gate_up_bias"]),
+            "down_blocks": to_panels(b["down_blocks"]), "down_scales": to_panels(b["down_scales"]),
+            "down_bias": mxfp4._aligned(b["down_bias"])}
+
+
+def unpack(banks) -> dict:
+    """mxfp4_panel banks -> mxfp4 (gpt-oss / Triton) banks."""
+    arrs, (E, H, I) = SPEC.validate(banks)
+    b = dict(zip(SPEC.bank_names, arrs))
+    return {"gate_up_blocks": mxfp4._aligned(from_panels(b["gate_up_blocks"], 2 * I)),
+            "gate_up_scales": mxfp4._aligned(from_panels(b["gate_up_scales"], 2 * I)),
+            "gate_up_bias": mxfp4._aligned(b["gate_up_bias"]),
+            "down_blocks": mxfp4._aligned(from_panels(b["down_blocks"], H)),
+            "down_scales": mxfp4._aligned(from_panels(b["down_scales"], H)),
+            "down_bias": mxfp4._aligned(b["down_bias"])}
+
+
+class Mxfp4PanelFormat(mxfp4.Mxfp4Format):
+    def dims(self, banks):
+        gub, dnb = banks["gate_up_bias"], banks["down_bias"]
+        if gub.ndim != 2 or dnb.ndim != 2 or gub.shape[1] % 2:
+            raise ValueError(f"mxfp4_panel biases must be gate_up_bias [E, 2I] and down_bias [E, H], "
+                             f"got {gub.shape} and {dnb.shape}")
+        return gub.shape[0], dnb.shape[1], gub.shape[1] // 2
+
+    def quantize(self, gate_up, down, gate_up_bias=None, down_bias=None, **opts):
+        """As mxfp4.quantize (same codes and scales), then repack."""
+        if opts:
+            raise TypeError(f"mxfp4_panel quantize takes only gate_up_bias= and down_bias=, got {sorted(opts)}")
+        return repack(mxfp4.SPEC.quantize(gate_up, down, gate_up_bias=gate_up_bias, down_bias=down_bias))
+
+    def random_banks(self, E, H, I, rng):  # noqa: E741
+        """Random panels straight away (as mxfp4.random_banks: every byte value, scales 2^-8..2^-6)."""
+        def u8(shape, lo=0, hi=256):
+            a = aligned_empty(shape, np.uint8)
+            a[...] = rng.integers(lo, hi, size=shape, dtype=np.uint8)
+            return a
+
+        def bias(shape):
+            return mxfp4._aligned((rng.standard_normal(shape, np.float32) * 0.01).astype(BF16))
+
+        pg, pd = _panels(2 * I), _panels(H)
+        return {"gate_up_blocks": u8((E, pg * H // 2, PANEL)), "gate_up_scales": u8((E, pg * H // 32, PANEL), 119, 122),
+                "gate_up_bias": bias((E, 2 * I)),
+                "down_blocks": u8((E, pd * I // 2, PANEL)), "down_scales": u8((E, pd * I // 32, PANEL), 119, 122),
+                "down_bias": bias((E, H))}
+
+    def dequantize(self, banks):
+        H = np.asarray(banks["down_bias"]).shape[1]
+        I2 = np.asarray(banks["gate_up_bias"]).shape[1]
+        gu = mxfp4._dequantize_t(from_panels(banks["gate_up_blocks"], I2), from_panels(banks["gate_up_scales"], I2),
+                                 deinterleave=True)
+        dn = mxfp4._dequantize_t(from_panels(banks["down_blocks"], H), from_panels(banks["down_scales"], H))
+        return gu, dn
+
+
+SPEC = Mxfp4PanelFormat(
+    name="mxfp4_panel", id=6,
+    banks=(BankSpec("gate_up_blocks", (np.uint8,), lambda E, H, I: (E, _panels(2 * I) * H // 2, PANEL), align=1),
+           BankSpec("gate_up_scales", (np.uint8, E8M0), lambda E, H, I: (E, _panels(2 * I) * H // 32, PANEL), align=1),
+           BankSpec("gate_up_bias", (BF16, np.uint16), lambda E, H, I: (E, 2 * I), align=2),
+           BankSpec("down_blocks", (np.uint8,), lambda E, H, I: (E, _panels(H) * I // 2, PANEL), align=1),
+           BankSpec("down_scales", (np.uint8, E8M0), lambda E, H, I: (E, _panels(H) * I // 32, PANEL), align=1),
+           BankSpec("down_bias", (BF16, np.uint16), lambda E, H, I: (E, H), align=2)),
+    k_multiple=32,
+    input_weight=False,
+    aliases=("mxfp4_cpu",),
+    description="gpt-oss mxfp4 repacked into 64-column panels (K-pair rows contiguous per panel) for CPU "
+                "streaming; mxfp4's math, bit-identical results (native W4A16; w4a8 = int8 activations per 32 K)",
+    modes=("native", "w4a8"),
+    kernel_tiers=mxfp4.SPEC.kernel_tiers,
+)
