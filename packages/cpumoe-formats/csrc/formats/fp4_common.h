@@ -52,6 +52,17 @@ constexpr int kNL = 0;
 #define CPUMOE_FP4_PF 3072  // build knob (ci/kernel_sweep.sh); H200 host nvfp4 w4a8: 1 KB 74%, 3 KB 86%, 6 KB 85%
 #endif
 constexpr int kPrefetchBytes = CPUMOE_FP4_PF;
+// Build knob (A/B on the H200 host), for the multi-row (dotr) loops only: bit 1 = down prefetches the next expert
+// group's rows while it runs one (a down stream is only half the item's rows, 4 KB for I = 512, shorter than the
+// in-stream distance); bit 2 = gate_up starts each item by prefetching the first kPrefetchBytes of both streams.
+#ifndef CPUMOE_FP4_AHEAD
+#define CPUMOE_FP4_AHEAD 0
+#endif
+// Every line of [p, p + n).
+CPUMOE_INLINE void prefetch_span(const uint8_t* p, int64_t n) {
+  for (uintptr_t q = (uintptr_t)p & ~(uintptr_t)63, e = (uintptr_t)p + n; q < e; q += 64)
+    __builtin_prefetch((const void*)q, 0, 3);
+}
 CPUMOE_INLINE void prefetch_stream(const uint8_t* p, int lines, const uint8_t* s, int scale_ratio) {
   for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
   __builtin_prefetch(s + kPrefetchBytes / scale_ratio, 0, 3);
@@ -313,6 +324,10 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
     const float sg = rg.global(), su = ru.global();
     if constexpr (MultiRow<D>::gate_up == 2) {
       if ((n == 1 || !MaxNT<D>::has_dotn)) {  // a token's gate and up rows in one call
+        if (CPUMOE_FP4_AHEAD & 2 && i == i0) {
+          const int64_t w = std::min<int64_t>(kPrefetchBytes, (int64_t)(i1 - i0) * rg.ps);
+          prefetch_span(rg.p, w), prefetch_span(ru.p, w);
+        }
         const uint8_t* pp[2] = {rg.p, ru.p};
         const uint8_t* ss[2] = {rg.s, ru.s};
         const float gg[2] = {sg, su};
@@ -356,7 +371,21 @@ void fp4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int3
         // no faster than single rows, far-apart ones did), each route of the group in turn
         const int32_t half = (h1 - h0) / 2;
         Rows<D::kBanks> r2(banks + D::kBanks, routes[a].expert, h0 + half);
+        const uint8_t *n1 = nullptr, *n2 = nullptr, *m1 = nullptr, *m2 = nullptr;  // the next group's rows h, h + half
+        if (CPUMOE_FP4_AHEAD & 1) {
+          if (a == 0)  // the first group has no predecessor to fetch it
+            prefetch_span(r.p, half * r.ps), prefetch_span(r2.p, half * r.ps);
+          if (b < n) {
+            const Rows<D::kBanks> x1(banks + D::kBanks, routes[b].expert, h0), x2(banks + D::kBanks, routes[b].expert, h0 + half);
+            n1 = x1.p, n2 = x2.p, m1 = x1.s, m2 = x2.s;
+          }
+        }
         for (; h < h0 + half; ++h, r.next(), r2.next()) {
+          if (CPUMOE_FP4_AHEAD & 1 && n1) {
+            prefetch_span(n1, r.ps), prefetch_span(n2, r.ps);
+            __builtin_prefetch(m1, 0, 3), __builtin_prefetch(m2, 0, 3);
+            n1 += r.ps, n2 += r.ps, m1 += r.ss, m2 += r.ss;
+          }
           const uint8_t* pp[2] = {r.p, r2.p};
           const uint8_t* ss[2] = {r.s, r2.s};
           const float gg[2] = {r.global(), r2.global()};
