@@ -52,11 +52,14 @@ constexpr int kNL = 0;
 #define CPUMOE_FP4_PF 3072  // build knob (ci/kernel_sweep.sh); H200 host nvfp4 w4a8: 1 KB 74%, 3 KB 86%, 6 KB 85%
 #endif
 constexpr int kPrefetchBytes = CPUMOE_FP4_PF;
-// Build knob (A/B on the H200 host), for the multi-row (dotr) loops only: bit 1 = down prefetches the next expert
-// group's rows while it runs one (a down stream is only half the item's rows, 4 KB for I = 512, shorter than the
-// in-stream distance); bit 2 = gate_up starts each item by prefetching the first kPrefetchBytes of both streams.
+// For the multi-row (dotr) loops only (nvfp4): bit 1 = down prefetches the next expert group's rows while it runs
+// one (a down stream is only half the item's rows, 4 KB for I = 512, shorter than the in-stream distance); bit 2 =
+// gate_up starts each item by prefetching the first kPrefetchBytes of both streams. Build knob; 3 (both) since
+// 2026-11-30: interleaved A/B, nvfp4 w4a8 batch 1 random, % of the same-run read ceiling: H200 host 16 threads
+// (ci/kernel_sweep.sh, 6 pairs) 3 -> 78/79/83/84/86/50 (the 50 against a 129 GB/s ceiling spike), 0 -> 66-81
+// (median 72); Zen 3 dev VM 2 threads (3 pairs) 60/62/64 against 57/59/58.
 #ifndef CPUMOE_FP4_AHEAD
-#define CPUMOE_FP4_AHEAD 0
+#define CPUMOE_FP4_AHEAD 3
 #endif
 // Every line of [p, p + n).
 CPUMOE_INLINE void prefetch_span(const uint8_t* p, int64_t n) {
