@@ -431,20 +431,22 @@ def test_random_banks_and_schema(rng):
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
-def test_alternate_dtypes(rng, mode, tier):
-    """Scales as float8_e8m0fnu and biases as uint16 bits give the same output."""
-    E, H, I, T, K = 3, 64, 96, 3, 2  # noqa: E741
-    banks = SPEC.random_banks(E, H, I, rng)
+@pytest.mark.parametrize("fmt", [FMT, "mxfp4_panel"])
+def test_alternate_dtypes(rng, mode, tier, fmt):
+    """Scales as float8_e8m0fnu and biases as uint16 bits give the same output (both layouts)."""
+    E, H, I, T, K = 3, 96, 64, 3, 2  # noqa: E741 - H = 96: the panel layout's padded last panel
+    spec = cf.get_format(fmt)
+    banks = spec.random_banks(E, H, I, rng)
     x = rng.standard_normal((T, H), dtype=np.float32)
     w, ids = routes(rng, T, K, E)
-    y = run_forced(FMT, banks, x, w, ids, mode, tier)
+    y = run_forced(fmt, banks, x, w, ids, mode, tier)
     alt = dict(banks)
     for n in ("gate_up_scales", "down_scales"):
         alt[n] = banks[n].view(E8M0)
     for n in ("gate_up_bias", "down_bias"):
         alt[n] = banks[n].view(np.uint16)
-    assert np.array_equal(run_forced(FMT, alt, x, w, ids, mode, tier), y)
-    assert np.array_equal(SPEC.dequantize(alt)[1], SPEC.dequantize(banks)[1])
+    assert np.array_equal(run_forced(fmt, alt, x, w, ids, mode, tier), y)
+    assert np.array_equal(spec.dequantize(alt)[1], spec.dequantize(banks)[1])
 
 
 def test_router_weight_on_input_rejected(rng):

@@ -142,19 +142,18 @@ class Mxfp4Format(FormatSpec):
                 "down_blocks": dnb_b, "down_scales": dns_b, "down_bias": _aligned(to_bf16(dnb))}
 
     def random_banks(self, E, H, I, rng):  # noqa: E741
-        """Random codes (every byte value), scales 2^-8..2^-6 (weights ~0.02 rms), biases 0.01*randn."""
-        def u8(shape, lo=0, hi=256):
-            a = aligned_empty(shape, np.uint8)
-            a[...] = rng.integers(lo, hi, size=shape, dtype=np.uint8)
-            return a
-
-        def bias(shape):
-            return _aligned((rng.standard_normal(shape, np.float32) * 0.01).astype(BF16))
-
-        return {"gate_up_blocks": u8((E, H // 2, 2 * I)), "gate_up_scales": u8((E, H // 32, 2 * I), 119, 122),
-                "gate_up_bias": bias((E, 2 * I)),
-                "down_blocks": u8((E, I // 2, H)), "down_scales": u8((E, I // 32, H), 119, 122),
-                "down_bias": bias((E, H))}
+        """Random codes (every byte value), scales 2^-8..2^-6 (weights ~0.02 rms), biases 0.01*randn, in the
+        schema's shapes (so mxfp4_panel, which only reshapes the banks, inherits it)."""
+        out = {}
+        for b in self.banks:
+            shape = b.expected(E, H, I)
+            if b.name.endswith("_bias"):
+                out[b.name] = _aligned((rng.standard_normal(shape, np.float32) * 0.01).astype(BF16))
+                continue
+            lo, hi = (119, 122) if b.name.endswith("_scales") else (0, 256)
+            out[b.name] = aligned_empty(shape, np.uint8)
+            out[b.name][...] = rng.integers(lo, hi, size=shape, dtype=np.uint8)
+        return out
 
     def dequantize(self, banks):
         gu = _dequantize_t(banks["gate_up_blocks"], banks["gate_up_scales"], deinterleave=True)  # [E, 2I, H]

@@ -107,22 +107,6 @@ class Mxfp4PanelFormat(mxfp4.Mxfp4Format):
             raise TypeError(f"mxfp4_panel quantize takes only gate_up_bias= and down_bias=, got {sorted(opts)}")
         return repack(mxfp4.SPEC.quantize(gate_up, down, gate_up_bias=gate_up_bias, down_bias=down_bias))
 
-    def random_banks(self, E, H, I, rng):  # noqa: E741
-        """Random panels straight away (as mxfp4.random_banks: every byte value, scales 2^-8..2^-6)."""
-        def u8(shape, lo=0, hi=256):
-            a = aligned_empty(shape, np.uint8)
-            a[...] = rng.integers(lo, hi, size=shape, dtype=np.uint8)
-            return a
-
-        def bias(shape):
-            return mxfp4._aligned((rng.standard_normal(shape, np.float32) * 0.01).astype(BF16))
-
-        pg, pd = _panels(2 * I), _panels(H)
-        return {"gate_up_blocks": u8((E, pg * H // 2, PANEL)), "gate_up_scales": u8((E, pg * H // 32, PANEL), 119, 122),
-                "gate_up_bias": bias((E, 2 * I)),
-                "down_blocks": u8((E, pd * I // 2, PANEL)), "down_scales": u8((E, pd * I // 32, PANEL), 119, 122),
-                "down_bias": bias((E, H))}
-
     def dequantize(self, banks):
         H = np.asarray(banks["down_bias"]).shape[1]
         I2 = np.asarray(banks["gate_up_bias"]).shape[1]
