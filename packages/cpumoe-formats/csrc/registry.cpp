@@ -86,7 +86,7 @@ const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"bf16", 2, 1, true, 1u << CPUMOE_MODE_NATIVE, 0u},
     {"nvfp4", 6, 16, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
     {"mxfp4", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
-    {"ds_fp4", 4, 128, false, 1u << CPUMOE_MODE_NATIVE, 0u},
+    {"ds_fp4", 4, 128, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
     {"q4_0", 2, 32, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
     {"fp8_block", 4, 1, true, 1u << CPUMOE_MODE_NATIVE, 1u << CPUMOE_TIER_AMX},
     {"mxfp4_panel", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},

@@ -53,13 +53,14 @@ def bits_f64(b):
     return np.asarray(b, np.uint16).view(BF16).astype(np.float64)
 
 
-def moe_tol(banks, x, w, ids, ref, deq, **kw):
+def moe_tol(banks, x, w, ids, ref, deq, mode="native", **kw):
     """2^-8 + 2^-7 * (largest single-route term) / max|ref| + 1e-3 (see the module docstring)."""
     big = 0.0
     for k in range(ids.shape[1]):
         one = np.full_like(ids, -1)
         one[:, k] = ids[:, k]
-        big = max(big, float(np.abs(cf.reference.moe(FMT, banks, x, w, one, dequantized=deq, **kw)).max()))
+        big = max(big, float(np.abs(cf.reference.moe(FMT, banks, x, w, one, mode=mode, dequantized=deq,
+                                                          **kw)).max()))
     return 2.0**-8 + 2.0**-7 * big / float(np.abs(ref).max()) + 1e-3
 
 
@@ -69,8 +70,8 @@ def check_moe(rng, mode, tier, E, H, I, T, K, x_scale=1.0, **kw):  # noqa: E741
     w, ids = routes(rng, T, K, E)
     y = run_forced(FMT, banks, x, w, ids, mode, tier, **kw)
     deq = SPEC.dequantize(banks)
-    ref = cf.reference.moe(FMT, banks, x, w, ids, dequantized=deq, **kw)
-    assert rel_err(y, ref) < moe_tol(banks, x, w, ids, ref, deq, **kw)
+    ref = cf.reference.moe(FMT, banks, x, w, ids, mode=mode, dequantized=deq, **kw)
+    assert rel_err(y, ref) < moe_tol(banks, x, w, ids, ref, deq, mode, **kw)
     return ref
 
 
@@ -101,8 +102,8 @@ def test_activation_clamp_crossed(rng, mode, tier, act):
 def test_input_weight_rejected():
     with pytest.raises(ValueError, match="output"):
         cf.Kernel(FMT, 2, 128, 128, apply_router_weight_on_input=True)
-    with pytest.raises(ValueError):
-        cf.Kernel(FMT, 2, 128, 128, mode="w4a8")
+    with pytest.raises(ValueError, match="mode"):
+        cf.Kernel(FMT, 2, 128, 128, mode="w8a8")
     with pytest.raises(ValueError, match="multiples of 128"):
         cf.Kernel(FMT, 2, 192, 128)
 
@@ -170,6 +171,26 @@ def _f32_pos(K, NL):
     return np.where(k < main, pos_main, pos_tail)
 
 
+def _parse_prep_w8(buf, K, tier):
+    """w4a8's prepared vector -> activation values [K] (q * s_b, float64). scalar: int8 q[K], fp32 0.5 s_b per
+    32-block. SIMD: per chunk of C = 32 NL elements, q even / odd halves (int8), C/8 int32 corrections 12 sum(q)
+    per 8 elements, C/8 fp32 0.5 s_b per 8 elements (see ds_fp4.cpp)."""
+    if tier == "scalar":
+        q = buf[:K].view(np.int8).astype(np.float64)
+        return q * np.repeat(buf[K:K + 4 * (K // 32)].view(np.float32).astype(np.float64) * 2.0, 32)
+    NL = {"avx2": 2, "avx512f": 4}[tier]
+    C = 32 * NL
+    rec = 2 * C
+    recs = buf[:K // C * rec].reshape(K // C, rec)
+    h = recs[:, :C].view(np.int8).reshape(-1, 2, C // 2).astype(np.int64)
+    q = np.empty((K // C, C), np.int64)
+    q[:, 0::2], q[:, 1::2] = h[:, 0], h[:, 1]
+    corr = recs[:, C:C + C // 2].copy().view(np.int32).reshape(-1, C // 8)
+    assert np.all(corr == 12 * q.reshape(-1, C // 8, 8).sum(-1))
+    hs = recs[:, C + C // 2:].copy().view(np.float32).reshape(-1).astype(np.float64)
+    return q.reshape(-1).astype(np.float64) * np.repeat(hs * 2.0, 8)
+
+
 def _parse_prep(buf, K, tier):
     """The kernel's prepared vector -> (activation values [K] natural order as float64, corrections or None).
 
@@ -202,8 +223,9 @@ def test_roundtrip_kernel_prep_bit_exact(rng, mode, tier):
     bits = roundtrip_cases(rng)
     K = bits.size
     k = kernel(FMT, 1, K, 128, mode, tier)
-    got, _ = _parse_prep(prep(k, bits), K, tier)
-    exp = act_quant_roundtrip(bits_f64(bits))
+    buf = prep(k, bits)
+    got = _parse_prep(buf, K, tier)[0] if mode == "native" else _parse_prep_w8(buf, K, tier)
+    exp = SPEC.act_in(bits_f64(bits), mode)
     assert np.array_equal(got, exp), np.flatnonzero(got != exp)[:10]
 
 
@@ -235,12 +257,12 @@ def test_all_e8m0_scales_down(rng, mode, tier):
     wts = [1.0, 0.5]
     acc = run_down(k, FMT, banks, 0, gs, wts)
     assert np.isfinite(acc).all()
-    check_down_terms(acc, dn[0], [SPEC.act_in(bits_f64(g), "native") for g in gs], wts, I)
+    check_down_terms(acc, dn[0], [SPEC.act_in(bits_f64(g), mode) for g in gs], wts, I)
     assert np.array_equal(acc[:, 255], acc[:, 254])  # 255 behaves as 254
     # positive codes x positive g: the 2^-127 and 2^-126 rows survive as (bf16) subnormals, not flushed to 0
     assert acc[1, 0] > 0 and acc[1, 1] > 0
     # and no row whose exact term is clearly representable was flushed (random signs can cancel to ~0)
-    exact = 0.5 * (dn[0] @ SPEC.act_in(bits_f64(gs[1]), "native"))
+    exact = 0.5 * (dn[0] @ SPEC.act_in(bits_f64(gs[1]), mode))
     assert (acc[1][np.abs(exact) > 2.0**-120] != 0).all()
 
 
@@ -263,7 +285,7 @@ def test_all_e8m0_scales_gate_up(rng, mode, tier):
         g = run_gate_up(k, FMT, banks, e, xs)
         assert np.isfinite(g).all()
         for j, xb in enumerate(xs):
-            a = SPEC.act_in(bits_f64(xb), "native")
+            a = SPEC.act_in(bits_f64(xb), mode)
             gate_up, bnd = gu[e] @ a, dot_bound(gu[e], a) + (H // 32 + 8) * TINY
             check_g(g[j], gate_up[:I], gate_up[I:], bnd[:I], bnd[I:], act, round_gate_up=True)
 
@@ -288,7 +310,7 @@ def test_all_e2m1_codes_and_nibble_order(rng, mode, tier):
     odd[1::2] = 1 + rng.random(I // 2)
     gs = [to_bf16_bits(even), to_bf16_bits(odd), to_bf16_bits(rng.standard_normal(I))]
     acc = run_down(k, FMT, banks, 0, gs, [1.0, 1.0, 1.0])
-    check_down_terms(acc, dn[0], [SPEC.act_in(bits_f64(g), "native") for g in gs], [1.0, 1.0, 1.0], I)
+    check_down_terms(acc, dn[0], [SPEC.act_in(bits_f64(g), mode) for g in gs], [1.0, 1.0, 1.0], I)
     assert acc[0, 0] != 0 and acc[1, 0] == 0 and acc[0, 1] == 0 and acc[1, 1] != 0
     assert acc[1, 2] == 0 and acc[0, 3] == 0 and acc[0, 2] != 0 and acc[1, 3] != 0
 
@@ -343,5 +365,6 @@ def test_schema():
     assert SPEC.round_gate_up and SPEC.round_route_term
     assert SPEC.bank_names == ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale")
     assert SPEC.bytes_per_expert(4096, 2048) == 13_369_344  # spec 1.9 (DSV4-Flash)
-    assert SPEC.kernel_tiers == {"native": ("scalar", "avx2", "avx512f")}
+    assert SPEC.kernel_tiers == {"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2", "avx512f")}
+    assert SPEC.modes == ("native", "w4a8") and SPEC.default_mode == "native"
     assert U == 2.0**-24

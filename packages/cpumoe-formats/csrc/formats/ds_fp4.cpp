@@ -6,7 +6,7 @@
 // Activations (x before gate_up, g before down) go through DeepSeek-V4's FP8 round trip
 // per 128-element block in prep_act: v' = q * s_a with q an e4m3 value and s_a a power
 // of two per 128 block. Pass 1 rounds gate and up to bf16 (kRoundGateUp), pass 2 rounds
-// each route's term to bf16 (kRoundRouteTerm). Mode: native only.
+// each route's term to bf16 (kRoundRouteTerm). Modes: native and w4a8 (below).
 //
 // Tiers: scalar (fp32 v' in the per-16 even/odd layout, fp32 dots); avx2 and avx512f
 // compute exact integer block dots: q' = q * 2^9 is an integer (|q'| <= 229376) stored as
@@ -17,6 +17,12 @@
 // halves: no saturation) + vpmaddwd; |sum| < 2^26 per lane. The lane sums times
 // s_a 2^-10 (fp32) times the block's e8m0 scale go into fp32 accumulators. This is the
 // same value as the fp32 dot of the round-tripped activations, with exact products.
+//
+// Mode w4a8: the round-tripped activation is quantized per 32 elements (the weight scale block) to int8, the
+// Q8_0 rule (s_b = amax / 127, q = clamp(rint(v / s_b), +-127), half to even; numerics.int8_blocks), so a dot
+// needs one int8 product per element instead of the three pieces: per 8 elements (one 32-bit lane) the exact
+// t = sum(u q) - 12 sum(q) = sum(2 E2M1 q), then acc = fma((float)t, (0.5 s_b) * e8m0, acc) (the scalar tier: per
+// 32-block, acc += (float)S * ((0.5 s_b) * e8m0)). About half the integer work of native per element.
 #include "fp4_common.h"
 
 namespace cpumoe {
@@ -55,6 +61,18 @@ CPUMOE_INLINE float act_quant_block(float* v) {
   return s;
 }
 
+// w4a8: one 32-element block of round-tripped values -> int8 q (the Q8_0 rule, numerics.int8_blocks) and 0.5 s_b.
+CPUMOE_INLINE void quant_w8(const float* v, int8_t* q, float* half_sb) {
+  float amax = 0.f;
+  for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+  const float d = amax / 127.f, inv0 = 1.f / d;
+  const float inv = inv0 <= std::numeric_limits<float>::max() ? inv0 : 0.f;  // amax == 0 or 1/d overflows
+  for (int i = 0; i < 32; ++i) {
+    const float r = std::nearbyint(v[i] * inv);
+    q[i] = (int8_t)(r > 127.f ? 127 : (r < -127.f ? -127 : (int)r));
+  }
+  *half_sb = 0.5f * d;
+}
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
 // ---- scalar: fp32 activations, per 16-block xe[8] xo[8] -------------------------------
 size_t act_bytes(const cpumoe_kernel*, int32_t K) { return (size_t)K * sizeof(float); }
@@ -76,6 +94,38 @@ struct Dot {
     float acc = 0.f;
     for (int32_t j = 0; j < K / 32; ++j)
       acc += e8m0_to_f32(Sc[j]) * (block16_scalar(P + 16 * j, x + 32 * j) + block16_scalar(P + 16 * j + 8, x + 32 * j + 16));
+    return acc;
+  }
+};
+
+// ---- w4a8 (scalar): int8 q[K], then fp32 0.5 s_b per 32-block ----
+size_t act_bytes_w8(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_t)(K / 32) * sizeof(float); }
+void prep_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  int8_t* q = (int8_t*)dst;
+  float* hs = (float*)(q + K);
+  float v[128];
+  for (int32_t b0 = 0; b0 < K; b0 += 128) {
+    for (int i = 0; i < 128; ++i) v[i] = bf16_to_f32(src[b0 + i]);
+    const float s = act_quant_block(v);
+    for (int i = 0; i < 128; ++i) v[i] *= s;  // the round-tripped value (exact in fp32)
+    for (int j = 0; j < 4; ++j) quant_w8(v + 32 * j, q + b0 + 32 * j, hs + b0 / 32 + j);
+  }
+}
+struct DotW8 {
+  static constexpr int kBanks = 2;
+  static constexpr bool kRoundGateUp = true, kRoundRouteTerm = true;
+  static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float, int32_t K, const void* act) {
+    const int8_t* q = (const int8_t*)act;
+    const float* hs = (const float*)(q + K);
+    float acc = 0.f;
+    for (int32_t j = 0; j < K / 32; ++j) {
+      int32_t S = 0;
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t b = P[16 * j + i];
+        S += kW2[b & 15] * q[32 * j + 2 * i] + kW2[b >> 4] * q[32 * j + 2 * i + 1];
+      }
+      acc += (float)S * (hs[j] * e8m0_to_f32(Sc[j]));
+    }
     return acc;
   }
 };
@@ -129,6 +179,7 @@ CPUMOE_INLINE VF cvt(VI a) { return _mm512_cvtepi32_ps(a); }
 CPUMOE_INLINE VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
 CPUMOE_INLINE VF fma_(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
 CPUMOE_INLINE VF bcast(const float* p) { return _mm512_set1_ps(*p); }
+CPUMOE_INLINE VF ldf(const float* p) { return _mm512_loadu_ps(p); }
 CPUMOE_INLINE VI set1b(char v) { return _mm512_set1_epi8(v); }
 CPUMOE_INLINE VI utable() { return tbl512(w2_offset()); }
 CPUMOE_INLINE float hsum(VF a) { return hsum512(a); }
@@ -149,6 +200,7 @@ CPUMOE_INLINE VF cvt(VI a) { return _mm256_cvtepi32_ps(a); }
 CPUMOE_INLINE VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
 CPUMOE_INLINE VF fma_(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
 CPUMOE_INLINE VF bcast(const float* p) { return _mm256_set1_ps(*p); }
+CPUMOE_INLINE VF ldf(const float* p) { return _mm256_loadu_ps(p); }
 CPUMOE_INLINE VI set1b(char v) { return _mm256_set1_epi8(v); }
 CPUMOE_INLINE VI utable() { return w2_offset(); }
 CPUMOE_INLINE float hsum(VF a) { return hsum256(a); }
@@ -175,9 +227,40 @@ CPUMOE_INLINE void chunk(const WChunk& W, const int8_t* rec, const float* sa, VF
   acc = fma_(mul(cvt(t), bcast(sa)), S, acc);
 }
 
+// ---- w4a8 (SIMD): per chunk record q_e[C/2] q_o[C/2] (int8, chunk-local even / odd elements, as piece a0 of
+// native), C/8 int32 corrections 12 sum(q) per 8 elements, C/8 fp32 0.5 s_b of each 32-bit lane's 32-block.
+constexpr int32_t kRec8 = kC + kC / 8 * 8;
+size_t act_bytes_w8(const cpumoe_kernel*, int32_t K) { return (size_t)(K / kC) * kRec8; }
+void prep_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  float v[128], hs[4];
+  int8_t q[128];
+  for (int32_t b0 = 0; b0 < K; b0 += 128) {
+    for (int i = 0; i < 128; ++i) v[i] = bf16_to_f32(src[b0 + i]);
+    const float s = act_quant_block(v);
+    for (int i = 0; i < 128; ++i) v[i] *= s;  // the round-tripped value (exact in fp32)
+    for (int j = 0; j < 4; ++j) quant_w8(v + 32 * j, q + 32 * j, hs + j);
+    for (int32_t c0 = 0; c0 < 128; c0 += kC) {
+      int8_t* rec = (int8_t*)dst + (size_t)((b0 + c0) / kC) * kRec8;
+      int32_t* corr = (int32_t*)(rec + kC);
+      float* hl = (float*)(rec + kC + kC / 2);
+      for (int i = 0; i < kC / 8; ++i) corr[i] = 0, hl[i] = hs[(c0 + 8 * i) / 32];
+      for (int32_t k = 0; k < kC; ++k) {
+        rec[(k & 1) * (kC / 2) + (k >> 1)] = q[c0 + k];
+        corr[k >> 3] += kW2Offset * q[c0 + k];
+      }
+    }
+  }
+}
+CPUMOE_INLINE void chunk8(const WChunk& W, const int8_t* rec, VF S, VF& acc) {
+  const VI t = sub32(madd1(add16(maddubs(W.ul, ld(rec)), maddubs(W.uh, ld(rec + kV)))), ld(rec + kC));
+  acc = fma_(cvt(t), mul(ldf((const float*)(rec + kC + kC / 2)), S), acc);
+}
+
 // Multi-token: each chunk's nibbles are decoded once for NT tokens (AVX2: NT <= 2, AVX-512: NT <= 4); each
 // token keeps the single-token chains (a0, a1 alternating by chunk) and order, so NT never changes a result.
-struct Dot {
+// W8: mode w4a8 (chunk8 on kRec8 records) instead of native's three pieces.
+template <bool W8>
+struct DotT {
   static constexpr int kBanks = 2;
   static constexpr bool kRoundGateUp = true, kRoundRouteTerm = true;
 #if defined(__AVX512F__)
@@ -194,7 +277,7 @@ struct Dot {
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) {
       A[t] = (const int8_t*)acts[t];
-      sa[t] = (const float*)((const char*)acts[t] + sact_off(K));
+      sa[t] = W8 ? nullptr : (const float*)((const char*)acts[t] + sact_off(K));
       a0[t] = a1[t] = zero();
     }
     const VI tu = utable();
@@ -203,7 +286,12 @@ struct Dot {
     auto run = [&](const uint8_t* p, int32_t c, int32_t sblk, VF S, VF* acc) {
       const WChunk W(p, tu);
       CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) chunk(W, A[t] + (size_t)c * kRec, sa[t] + sblk, S, acc[t]);
+      for (int t = 0; t < NT; ++t) {
+        if constexpr (W8)
+          chunk8(W, A[t] + (size_t)c * kRec8, S, acc[t]);
+        else
+          chunk(W, A[t] + (size_t)c * kRec, sa[t] + sblk, S, acc[t]);
+      }
     };
 #if defined(__AVX512F__)
     // 128-element chunks (64 packed bytes, 4 scale blocks = lanes), two per 8 scale bytes
@@ -238,6 +326,8 @@ struct Dot {
     for (int t = 0; t < NT; ++t) out[t] = hsum(a0[t]) + hsum(a1[t]);
   }
 };
+using Dot = DotT<false>;
+using DotW8 = DotT<true>;
 #endif
 
 }  // namespace
@@ -247,6 +337,12 @@ struct Dot {
 bool CPUMOE_INIT_FN(ds_fp4)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
+  if (k->params.mode == CPUMOE_MODE_W4A8) {
+    k->act_bytes = &act_bytes_w8;
+    k->prep_act = &prep_w8;
+    install_fp4<DotW8>(k);
+    return true;
+  }
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
   k->act_bytes = &act_bytes;
   k->prep_act = &prep;

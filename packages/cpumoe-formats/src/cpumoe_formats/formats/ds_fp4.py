@@ -13,6 +13,17 @@ kernels' prep). gate and up are rounded to bf16 before the activation, and each
 route's down term is rounded to bf16 before the fp32 sum over routes. The router
 weight is always applied on the output (apply_router_weight_on_input unsupported).
 DeepSeek-V4 uses activation "swiglu_clamp" with alpha=1, limit=10.
+
+Modes:
+
+* ``native`` (default): the kernels consume exactly the FP8-round-tripped activations (exact integer
+  products through three int8 pieces per element on the SIMD tiers).
+* ``w4a8``: the FP8-round-tripped activation is then quantized per 32 elements (the weight scale
+  block) to int8 by the Q8_0 rule (``numerics.int8_blocks``: ``s_b = amax / 127``, ``q = rint(v / s_b)``
+  clamped to +-127, half to even; q4_0 and mxfp4 use the same), so a dot is one int8 product per
+  element instead of three. Lossy relative to native in the way llama.cpp's Q8_0 activations are;
+  ``act_in(v, "w4a8")`` reproduces the kernels' int8 values bit for bit. Per 8 elements the kernels take
+  the exact integer ``t = sum(2 E2M1 * q)`` and add ``(float)t * ((0.5 s_b) * 2^(s - 127))`` in fp32.
 """
 from __future__ import annotations
 
@@ -26,6 +37,7 @@ from ..numerics import (
     codes,
     e8m0_decode,
     e8m0_for,
+    int8_blocks,
     pack_nibbles,
     to_e2m1_codes,
     unpack_nibbles,
@@ -116,9 +128,13 @@ class DsFp4Format(FormatSpec):
                 self._deq(banks["down_packed"], banks["down_scale"]))
 
     def act_in(self, v, mode):
-        if mode != "native":
+        if mode == "native":
+            return act_quant_roundtrip(v)
+        if mode != "w4a8":
             raise ValueError(f"ds_fp4: unknown mode {mode!r}")
-        return act_quant_roundtrip(v)
+        v = act_quant_roundtrip(v)
+        q, d = int8_blocks(v, BLOCK)
+        return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(v.shape)
 
 
 _U8 = np.uint8
@@ -130,10 +146,10 @@ SPEC = DsFp4Format(
            BankSpec("down_scale", (E8M0, _U8), lambda E, H, I: (E, H, I // BLOCK), align=1)),
     k_multiple=128,
     input_weight=False,
-    modes=("native",),
+    modes=("native", "w4a8"),
     default_mode="native",
     round_gate_up=True,
     round_route_term=True,
     description="e2m1 weights, e8m0 scale per 32; FP8 round trip of activations per 128 (DeepSeek-V4-Flash)",
-    kernel_tiers={"native": ("scalar", "avx2", "avx512f")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2", "avx512f")},
 )
