@@ -52,6 +52,8 @@ int main() {
       {"nvfp4 w4a8 avx512vnni vs scalar", 1, 1, cpumoe_init_nvfp4_scalar, cpumoe_init_nvfp4_avx512vnni},
       {"ds_fp4 avx512f vs avx2", 3, 0, cpumoe_init_ds_fp4_avx2, cpumoe_init_ds_fp4_avx512f},
       {"ds_fp4 avx512f vs scalar", 3, 0, cpumoe_init_ds_fp4_scalar, cpumoe_init_ds_fp4_avx512f},
+      {"ds_fp4 w4a8 avx512f vs avx2", 3, 1, cpumoe_init_ds_fp4_avx2, cpumoe_init_ds_fp4_avx512f},
+      {"ds_fp4 w4a8 avx512f vs scalar", 3, 1, cpumoe_init_ds_fp4_scalar, cpumoe_init_ds_fp4_avx512f},
   };
   int shapes[][2] = {{272, 144}, {2048, 512}, {384, 384}, {16, 16}, {384, 1152}, {128, 256}};
   for (auto& c : cases)
