@@ -21,8 +21,9 @@
 // Mode w4a8: the round-tripped activation is quantized per 32 elements (the weight scale block) to int8, the
 // Q8_0 rule (s_b = amax / 127, q = clamp(rint(v / s_b), +-127), half to even; numerics.int8_blocks), so a dot
 // needs one int8 product per element instead of the three pieces: per 8 elements (one 32-bit lane) the exact
-// t = sum(u q) - 12 sum(q) = sum(2 E2M1 q), then acc = fma((float)t, (0.5 s_b) * e8m0, acc) (the scalar tier: per
-// 32-block, acc += (float)S * ((0.5 s_b) * e8m0)). About half the integer work of native per element.
+// t = sum(u q) - 12 sum(q) = sum(2 E2M1 q), then acc = fma((float)t * (0.5 s_b), e8m0, acc) (the scalar tier: per
+// 32-block, acc += ((float)S * (0.5 s_b)) * e8m0). The e8m0 factor comes last, as in native: (0.5 s_b) * 2^-127
+// would be an fp32 subnormal whose rounding t then multiplies. About half the integer work of native per element.
 #include "fp4_common.h"
 
 namespace cpumoe {
@@ -124,7 +125,7 @@ struct DotW8 {
         const uint8_t b = P[16 * j + i];
         S += kW2[b & 15] * q[32 * j + 2 * i] + kW2[b >> 4] * q[32 * j + 2 * i + 1];
       }
-      acc += (float)S * (hs[j] * e8m0_to_f32(Sc[j]));
+      acc += ((float)S * hs[j]) * e8m0_to_f32(Sc[j]);
     }
     return acc;
   }
@@ -253,7 +254,7 @@ void prep_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 }
 CPUMOE_INLINE void chunk8(const WChunk& W, const int8_t* rec, VF S, VF& acc) {
   const VI t = sub32(madd1(add16(maddubs(W.ul, ld(rec)), maddubs(W.uh, ld(rec + kV)))), ld(rec + kC));
-  acc = fma_(cvt(t), mul(ldf((const float*)(rec + kC + kC / 2)), S), acc);
+  acc = fma_(mul(cvt(t), ldf((const float*)(rec + kC + kC / 2))), S, acc);  // as native: the e8m0 factor last
 }
 
 // Multi-token: each chunk's nibbles are decoded once for NT tokens (AVX2: NT <= 2, AVX-512: NT <= 4); each

@@ -23,7 +23,8 @@ Modes:
   clamped to +-127, half to even; q4_0 and mxfp4 use the same), so a dot is one int8 product per
   element instead of three. Lossy relative to native in the way llama.cpp's Q8_0 activations are;
   ``act_in(v, "w4a8")`` reproduces the kernels' int8 values bit for bit. Per 8 elements the kernels take
-  the exact integer ``t = sum(2 E2M1 * q)`` and add ``(float)t * ((0.5 s_b) * 2^(s - 127))`` in fp32.
+  the exact integer ``t = sum(2 E2M1 * q)`` and add ``((float)t * (0.5 s_b)) * 2^(s - 127)`` in fp32 (fused
+  multiply-add on the SIMD tiers).
 """
 from __future__ import annotations
 
