@@ -53,15 +53,45 @@ def bits_f64(b):
     return np.asarray(b, np.uint16).view(BF16).astype(np.float64)
 
 
+def w8_requant(x, w, ids, deq, **kw):
+    """w4a8 only: the largest change of a token's y from one requantized 32-block of g per route.
+
+    A one-ulp flip of g (kernel fp32 vs reference float64, as in (c) of the module docstring) at a block's largest
+    element changes that block's int8 scale s_b = max|g_block| / 127, so all its 32 activations may move by up to
+    one int8 step (half a step each side). Through route r of token t that moves y by at most
+    w * max_h sum_{j in block} |down[e, h, j]| * max|g| / 127; a duplicated expert repeats the same flip, so the
+    weights of its routes add up; one flipped expert per token (a second flip is ~2^-12 as likely). Measured on the
+    dev box's seed loop: a flip at a block max with the expert routed three times gave 1.26e-2 against the
+    native-model tolerance 9.0e-3. This worst case (every activation of the block one step off, all in the
+    direction of the down row's signs) makes the w4a8 whole-step tolerance a few percent: it still fails a wrong
+    scale (a factor 2), code (>= 25%) or correction; the work-item tests below keep rigorous per-element bounds in
+    both modes."""
+    gu, dn = deq
+    act = activations.resolve(kw.get("activation", "silu"), kw.get("alpha"), kw.get("limit"))
+    I = dn.shape[2]  # noqa: E741
+    worst = 0.0
+    for t in range(ids.shape[0]):
+        xa = SPEC.act_in(round_bf16(np.asarray(x[t], np.float64)), "w4a8")
+        for e in {int(v) for v in ids[t] if v >= 0}:
+            wsum = sum(float(np.float32(w[t, k])) for k in range(ids.shape[1]) if ids[t, k] == e)
+            pre = gu[e] @ xa
+            g = round_bf16(act(round_bf16(pre[:I]), round_bf16(pre[I:])))
+            blk = np.abs(dn[e]).reshape(dn.shape[1], I // 32, 32).sum(-1).max()
+            worst = max(worst, wsum * blk * float(np.abs(g).max()) / 127)
+    return worst
+
+
 def moe_tol(banks, x, w, ids, ref, deq, mode="native", **kw):
-    """2^-8 + 2^-7 * (largest single-route term) / max|ref| + 1e-3 (see the module docstring)."""
+    """2^-8 + 2^-7 * (largest single-route term) / max|ref| + 1e-3 (see the module docstring), plus in w4a8 one
+    requantized g block per route (w8_requant)."""
     big = 0.0
     for k in range(ids.shape[1]):
         one = np.full_like(ids, -1)
         one[:, k] = ids[:, k]
         big = max(big, float(np.abs(cf.reference.moe(FMT, banks, x, w, one, mode=mode, dequantized=deq,
                                                           **kw)).max()))
-    return 2.0**-8 + 2.0**-7 * big / float(np.abs(ref).max()) + 1e-3
+    extra = w8_requant(x, w, ids, deq, **kw) if mode == "w4a8" else 0.0
+    return 2.0**-8 + (2.0**-7 * big + extra) / float(np.abs(ref).max()) + 1e-3
 
 
 def check_moe(rng, mode, tier, E, H, I, T, K, x_scale=1.0, **kw):  # noqa: E741
