@@ -269,23 +269,31 @@ struct DotT {
 #else
   static constexpr int kMaxNT = 2;
 #endif
-  template <int NT>
-  static CPUMOE_INLINE void dotn(const uint8_t* P, const uint8_t* Sc, float, int32_t K, const void* const* acts,
+  // w4a8, one token: gate + up rows, and down rows h / h + half, per call (two weight streams; fp4_common.h
+  // MultiRow). Native keeps one row: it is compute-bound, and two rows were no faster there (branch fp4z).
+  static constexpr int kRowsGateUp = W8 ? 2 : 1, kRowsDown = W8 ? 2 : 1;
+
+  // out[r * NT + t] = dot(row r, token t) for R rows (P[r], Sc[r]) and NT tokens: each chunk of a row is decoded
+  // once for the NT tokens; every (row, token) pair keeps the single-pair chains (a0, a1 alternating by chunk)
+  // and order, so neither R nor NT ever changes a result.
+  template <int R, int NT>
+  static CPUMOE_INLINE void grid(const uint8_t* const* P, const uint8_t* const* Sc, int32_t K, const void* const* acts,
                                  float* out) {
     const int8_t* A[NT];
     const float* sa[NT];
-    VF a0[NT], a1[NT];
+    VF a0[R][NT], a1[R][NT];
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) {
       A[t] = (const int8_t*)acts[t];
       sa[t] = W8 ? nullptr : (const float*)((const char*)acts[t] + sact_off(K));
-      a0[t] = a1[t] = zero();
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) a0[r][t] = a1[r][t] = zero();
     }
     const VI tu = utable();
     const int32_t nc = K / kC;
-    // chunk c (record c of every token) with scale vector S into each token's acc
-    auto run = [&](const uint8_t* p, int32_t c, int32_t sblk, VF S, VF* acc) {
-      const WChunk W(p, tu);
+    // chunk c of row r (record c of every token) with scale vector S into each token's acc
+    auto run = [&](int r, int32_t off, int32_t c, int32_t sblk, VF S, VF* acc) {
+      const WChunk W(P[r] + off, tu);
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
         if constexpr (W8)
@@ -297,34 +305,52 @@ struct DotT {
 #if defined(__AVX512F__)
     // 128-element chunks (64 packed bytes, 4 scale blocks = lanes), two per 8 scale bytes
     int32_t c = 0;
-    for (; c + 2 <= nc; c += 2) {
-      const uint8_t* p = P + 64 * c;
-      prefetch_stream(p, 2, Sc + 4 * c, 16);
-      const __m256 S = e8m0x8(load8(Sc + 4 * c));
-      run(p, c, c, bcast4x4(S, 0, 1, 2, 3), a0);
-      run(p + 64, c + 1, c + 1, bcast4x4(S, 4, 5, 6, 7), a1);
-    }
-    if (c < nc) run(P + 64 * c, c, c, bcast4x4(e8m0x8(load4(Sc + 4 * c)), 0, 1, 2, 3), a0);
+    for (; c + 2 <= nc; c += 2)
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        prefetch_stream(P[r] + 64 * c, 2, Sc[r] + 4 * c, 16);
+        const __m256 S = e8m0x8(load8(Sc[r] + 4 * c));
+        run(r, 64 * c, c, c, bcast4x4(S, 0, 1, 2, 3), a0[r]);
+        run(r, 64 * c + 64, c + 1, c + 1, bcast4x4(S, 4, 5, 6, 7), a1[r]);
+      }
+    if (c < nc)
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) run(r, 64 * c, c, c, bcast4x4(e8m0x8(load4(Sc[r] + 4 * c)), 0, 1, 2, 3), a0[r]);
 #else
     // 64-element chunks (32 packed bytes, 2 scale blocks = lanes), four per 8 scale bytes
     int32_t c = 0;
-    for (; c + 4 <= nc; c += 4) {
-      const uint8_t* p = P + 32 * c;
-      prefetch_stream(p, 2, Sc + 2 * c, 16);
-      const __m256 S = e8m0x8(load8(Sc + 2 * c));
-      run(p, c, c / 2, bcast2x4(S, 0, 1), a0);
-      run(p + 32, c + 1, c / 2, bcast2x4(S, 2, 3), a1);
-      run(p + 64, c + 2, c / 2 + 1, bcast2x4(S, 4, 5), a0);
-      run(p + 96, c + 3, c / 2 + 1, bcast2x4(S, 6, 7), a1);
-    }
-    if (c < nc) {  // one 128-element remainder: 2 chunks, 4 scales
-      const __m256 S = e8m0x8(load4(Sc + 2 * c));
-      run(P + 32 * c, c, c / 2, bcast2x4(S, 0, 1), a0);
-      run(P + 32 * c + 32, c + 1, c / 2, bcast2x4(S, 2, 3), a1);
-    }
+    for (; c + 4 <= nc; c += 4)
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        prefetch_stream(P[r] + 32 * c, 2, Sc[r] + 2 * c, 16);
+        const __m256 S = e8m0x8(load8(Sc[r] + 2 * c));
+        run(r, 32 * c, c, c / 2, bcast2x4(S, 0, 1), a0[r]);
+        run(r, 32 * c + 32, c + 1, c / 2, bcast2x4(S, 2, 3), a1[r]);
+        run(r, 32 * c + 64, c + 2, c / 2 + 1, bcast2x4(S, 4, 5), a0[r]);
+        run(r, 32 * c + 96, c + 3, c / 2 + 1, bcast2x4(S, 6, 7), a1[r]);
+      }
+    if (c < nc)  // one 128-element remainder: 2 chunks, 4 scales
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 S = e8m0x8(load4(Sc[r] + 2 * c));
+        run(r, 32 * c, c, c / 2, bcast2x4(S, 0, 1), a0[r]);
+        run(r, 32 * c + 32, c + 1, c / 2, bcast2x4(S, 2, 3), a1[r]);
+      }
 #endif
     CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) out[t] = hsum(a0[t]) + hsum(a1[t]);
+    for (int r = 0; r < R; ++r)
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) out[r * NT + t] = hsum(a0[r][t]) + hsum(a1[r][t]);
+  }
+  template <int NT>
+  static CPUMOE_INLINE void dotn(const uint8_t* P, const uint8_t* Sc, float, int32_t K, const void* const* acts,
+                                 float* out) {
+    grid<1, NT>(&P, &Sc, K, acts, out);
+  }
+  template <int R>
+  static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float*, int32_t K,
+                                 const void* act, float* out) {
+    grid<R, 1>(P, Sc, K, &act, out);
   }
 };
 using Dot = DotT<false>;
