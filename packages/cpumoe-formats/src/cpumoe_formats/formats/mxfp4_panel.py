@@ -30,11 +30,11 @@ modes (native W4A16, w4a8) and the reference are mxfp4's.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from .._arrays import aligned_empty
-from ..numerics import BF16, E8M0
-from ..schema import BankSpec
 from . import mxfp4
 
 PANEL = 64  # columns per panel (the kernels' work-item width)
@@ -116,14 +116,14 @@ class Mxfp4PanelFormat(mxfp4.Mxfp4Format):
         return gu, dn
 
 
+# mxfp4's banks (names, dtypes, alignment) with the panel shapes; the biases keep theirs.
+_SHAPES = {"gate_up_blocks": lambda E, H, I: (E, _panels(2 * I) * H // 2, PANEL),  # noqa: E741
+           "gate_up_scales": lambda E, H, I: (E, _panels(2 * I) * H // 32, PANEL),  # noqa: E741
+           "down_blocks": lambda E, H, I: (E, _panels(H) * I // 2, PANEL),  # noqa: E741
+           "down_scales": lambda E, H, I: (E, _panels(H) * I // 32, PANEL)}  # noqa: E741
 SPEC = Mxfp4PanelFormat(
     name="mxfp4_panel", id=6,
-    banks=(BankSpec("gate_up_blocks", (np.uint8,), lambda E, H, I: (E, _panels(2 * I) * H // 2, PANEL), align=1),
-           BankSpec("gate_up_scales", (np.uint8, E8M0), lambda E, H, I: (E, _panels(2 * I) * H // 32, PANEL), align=1),
-           BankSpec("gate_up_bias", (BF16, np.uint16), lambda E, H, I: (E, 2 * I), align=2),
-           BankSpec("down_blocks", (np.uint8,), lambda E, H, I: (E, _panels(H) * I // 2, PANEL), align=1),
-           BankSpec("down_scales", (np.uint8, E8M0), lambda E, H, I: (E, _panels(H) * I // 32, PANEL), align=1),
-           BankSpec("down_bias", (BF16, np.uint16), lambda E, H, I: (E, H), align=2)),
+    banks=tuple(dataclasses.replace(b, shape=_SHAPES.get(b.name, b.shape)) for b in mxfp4.SPEC.banks),
     k_multiple=32,
     input_weight=False,
     aliases=("mxfp4_cpu",),
