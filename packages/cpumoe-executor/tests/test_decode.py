@@ -123,3 +123,18 @@ def test_threads_and_cores_are_reported(rng):
     assert ex.core_ids == cores and ex.threads == len(cores) and why
     ex2 = ce.CpuMoeExecutor("bf16", banks, top_k=2, core_ids=[cores[0]])
     assert ex2.threads == 1 and ex2.core_ids == [cores[0]]
+
+
+def test_ready_log_and_format_hint(rng, caplog):
+    """The ready line names the format and kernel; a format with a hint (mxfp4: repack to panels) logs it."""
+    import logging
+
+    for fmt, hinted in (("mxfp4", True), ("mxfp4_panel", False)):
+        banks, _ = make_banks(fmt, rng, layers=1)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="cpumoe_executor"):
+            ex = ce.CpuMoeExecutor(fmt, banks, top_k=2, threads=1, **ACT[fmt])
+            ex.close()
+        text = caplog.text
+        assert f"format={fmt} isa=" in text
+        assert ("repack_mxfp4_panels" in text) == hinted, text

@@ -92,6 +92,8 @@ class CpuMoeExecutor:
         log.info("cpumoe_executor ready: format=%s isa=%s threads=%d cores=%s (%s) E=%d H=%d I=%d top_k=%d "
                  "max_tokens=%d layers=%d act=%s", self.spec.name, self.isa, self.threads, self.core_ids, why,
                  self.E, self.H, self.I, top_k, max_tokens, self.num_layers, self.act.name)
+        if self.spec.hint:
+            log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
 
     # ---- properties ---------------------------------------------------------------
     @property

@@ -48,6 +48,8 @@ class FormatSpec:
     kernel_tiers: dict = field(default_factory=lambda: {"native": ("scalar",)})
     # tiers whose kernel runs only when asked for by name (isa= or CPUMOE_ISA=<tier>), never by auto
     opt_in_tiers: tuple = ()
+    # advice a consumer logs when it loads banks of this format (e.g. a faster equivalent layout); "" for none
+    hint: str = ""
     bank_names: tuple = field(init=False)
 
     def __post_init__(self):
