@@ -109,16 +109,11 @@ CPUMOE_INLINE void dot_tokens(const typename V::I* buf, const uint8_t* const* as
                               const typename V::F* sc, typename V::F* tot, int ts) {
   using I = typename V::I;
   using F = typename V::F;
-  // The accumulators start at -c12 (the group's correction), so they end as S without a subtraction per token
-  // and vector (the same integers: exact int32 sums).
   I acc[NT][4];
   MX_UNROLL
-  for (int t = 0; t < NT; ++t) {
-    const int32_t* c12 = (const int32_t*)((const float*)(as[t] + 2 * nkp) + nkp / 16);
-    const I c0 = V::set1_32(-c12[g]);
+  for (int t = 0; t < NT; ++t)
     MX_UNROLL
-    for (int q = 0; q < 4; ++q) acc[t][q] = c0;
-  }
+    for (int q = 0; q < 4; ++q) acc[t][q] = V::zero();
   // Row pairs in runs of kRun: without VNNI each int16 lane sums kRun rows, <= 4 * 6096 = 24384.
   constexpr int kRun = 4;
   for (int r0 = 0; r0 < kGroupRows / 2; r0 += kRun) {
@@ -155,11 +150,14 @@ CPUMOE_INLINE void dot_tokens(const typename V::I* buf, const uint8_t* const* as
   }
   MX_UNROLL
   for (int t = 0; t < NT; ++t) {
-    const F bt = V::set1(((const float*)(as[t] + 2 * nkp))[g]);
+    const float* sb = (const float*)(as[t] + 2 * nkp);
+    const int32_t* c12 = (const int32_t*)(sb + nkp / 16);
+    const I corr = V::set1_32(c12[g]);
+    const F bt = V::set1(sb[g]);
     MX_UNROLL
     for (int q = 0; q < 4; ++q) {
       F& d = tot[t * ts + q];
-      d = V::add(d, V::mul(V::cvt(acc[t][q]), V::mul(sc[q], bt)));
+      d = V::add(d, V::mul(V::cvt(V::sub32(acc[t][q], corr)), V::mul(sc[q], bt)));
     }
   }
 }
