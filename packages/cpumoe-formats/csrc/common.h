@@ -87,6 +87,29 @@ CPUMOE_INLINE float e8m0_to_f32(uint8_t s) {
   return bits_f32((uint32_t)(s > 254 ? 254 : s) << 23);
 }
 
+// The Q8_0 rule every w4a8 mode quantizes its activation blocks with (q4_0, mxfp4, ds_fp4; numerics.int8_blocks
+// in Python): d = amax / 127 in fp32, 1/d (0 where it is not finite: amax == 0, or amax < ~127 * 2^-128 overflows
+// it), q = clamp(rint(x / d), +-127), half to even (the default rounding mode); NaN -> -127 like the SIMD paths.
+CPUMOE_INLINE float q8_inv(float d) {
+  const float id = 1.0f / d;
+  return id <= std::numeric_limits<float>::max() ? id : 0.0f;  // also NaN
+}
+CPUMOE_INLINE int8_t q8_round(float x, float id) {
+  const float v = std::nearbyint(x * id);
+  return (int8_t)(!(v >= -127.0f) ? -127 : (v > 127.0f ? 127 : (int)v));
+}
+// x[0..n) -> q[0..n); returns d.
+CPUMOE_INLINE float q8_block(const float* x, int n, int8_t* q) {
+  float amax = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const float a = std::fabs(x[j]);
+    amax = a > amax ? a : amax;
+  }
+  const float d = amax / 127.0f, id = q8_inv(d);
+  for (int j = 0; j < n; ++j) q[j] = q8_round(x[j], id);
+  return d;
+}
+
 // e2m1 magnitudes; bit 3 is the sign.
 static constexpr float kE2M1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                     -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};

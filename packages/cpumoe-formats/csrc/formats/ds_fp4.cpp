@@ -62,17 +62,14 @@ CPUMOE_INLINE float act_quant_block(float* v) {
   return s;
 }
 
-// w4a8: one 32-element block of round-tripped values -> int8 q (the Q8_0 rule, numerics.int8_blocks) and 0.5 s_b.
-CPUMOE_INLINE void quant_w8(const float* v, int8_t* q, float* half_sb) {
-  float amax = 0.f;
-  for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(v[i]));
-  const float d = amax / 127.f, inv0 = 1.f / d;
-  const float inv = inv0 <= std::numeric_limits<float>::max() ? inv0 : 0.f;  // amax == 0 or 1/d overflows
-  for (int i = 0; i < 32; ++i) {
-    const float r = std::nearbyint(v[i] * inv);
-    q[i] = (int8_t)(r > 127.f ? 127 : (r < -127.f ? -127 : (int)r));
-  }
-  *half_sb = 0.5f * d;
+// w4a8: one 128-element block of bf16 -> the FP8 round trip, then each 32-block to int8 by the Q8_0 rule
+// (common.h q8_block): q[0..128) and hs[0..4) = 0.5 s_b. Both the scalar and the SIMD prep start here.
+CPUMOE_INLINE void quant_w8_128(const uint16_t* src, int8_t* q, float* hs) {
+  float v[128];
+  for (int i = 0; i < 128; ++i) v[i] = bf16_to_f32(src[i]);
+  const float s = act_quant_block(v);
+  for (int i = 0; i < 128; ++i) v[i] *= s;  // the round-tripped value (exact in fp32)
+  for (int j = 0; j < 4; ++j) hs[j] = 0.5f * q8_block(v + 32 * j, 32, q + 32 * j);
 }
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
 // ---- scalar: fp32 activations, per 16-block xe[8] xo[8] -------------------------------
@@ -104,13 +101,7 @@ size_t act_bytes_w8(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_
 void prep_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   int8_t* q = (int8_t*)dst;
   float* hs = (float*)(q + K);
-  float v[128];
-  for (int32_t b0 = 0; b0 < K; b0 += 128) {
-    for (int i = 0; i < 128; ++i) v[i] = bf16_to_f32(src[b0 + i]);
-    const float s = act_quant_block(v);
-    for (int i = 0; i < 128; ++i) v[i] *= s;  // the round-tripped value (exact in fp32)
-    for (int j = 0; j < 4; ++j) quant_w8(v + 32 * j, q + b0 + 32 * j, hs + b0 / 32 + j);
-  }
+  for (int32_t b0 = 0; b0 < K; b0 += 128) quant_w8_128(src + b0, q + b0, hs + b0 / 32);
 }
 struct DotW8 {
   static constexpr int kBanks = 2;
@@ -233,13 +224,10 @@ CPUMOE_INLINE void chunk(const WChunk& W, const int8_t* rec, const float* sa, VF
 constexpr int32_t kRec8 = kC + kC / 8 * 8;
 size_t act_bytes_w8(const cpumoe_kernel*, int32_t K) { return (size_t)(K / kC) * kRec8; }
 void prep_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  float v[128], hs[4];
+  float hs[4];
   int8_t q[128];
   for (int32_t b0 = 0; b0 < K; b0 += 128) {
-    for (int i = 0; i < 128; ++i) v[i] = bf16_to_f32(src[b0 + i]);
-    const float s = act_quant_block(v);
-    for (int i = 0; i < 128; ++i) v[i] *= s;  // the round-tripped value (exact in fp32)
-    for (int j = 0; j < 4; ++j) quant_w8(v + 32 * j, q + 32 * j, hs + j);
+    quant_w8_128(src + b0, q, hs);
     for (int32_t c0 = 0; c0 < 128; c0 += kC) {
       int8_t* rec = (int8_t*)dst + (size_t)((b0 + c0) / kC) * kRec8;
       int32_t* corr = (int32_t*)(rec + kC);

@@ -28,31 +28,16 @@ namespace w8 {
 
 size_t act_bytes(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_t)K / 32 * 8; }
 
-CPUMOE_INLINE float inv(float d) {
-  const float id = 1.0f / d;
-  return id <= std::numeric_limits<float>::max() ? id : 0.0f;  // also NaN
-}
-
 void prep_act(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   int8_t* q = (int8_t*)dst;
   float* sb = (float*)((uint8_t*)dst + K);
   int32_t* c12 = (int32_t*)(sb + K / 32);
   for (int32_t b = 0; b < K / 32; ++b) {
-    float x[32], amax = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      x[j] = bf16_to_f32(src[32 * b + j]);
-      const float a = std::fabs(x[j]);
-      amax = a > amax ? a : amax;
-    }
-    const float d = amax / 127.0f, id = inv(d);
-    sb[b] = d;
+    float x[32];
+    for (int j = 0; j < 32; ++j) x[j] = bf16_to_f32(src[32 * b + j]);
+    sb[b] = q8_block(x, 32, q + 32 * b);  // the Q8_0 rule (common.h)
     int32_t sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      const float v = std::nearbyint(x[j] * id);  // round half to even (default rounding mode)
-      const int8_t qi = (int8_t)(!(v >= -127.0f) ? -127 : (v > 127.0f ? 127 : (int)v));
-      q[32 * b + j] = qi;
-      sum += qi;
-    }
+    for (int j = 0; j < 32; ++j) sum += q[32 * b + j];
     c12[b] = fp4::kW2Offset * sum;
   }
 }

@@ -18,7 +18,6 @@
 // output rows in pairs (quads for the avx2 / avxvnni w4a8 rows), so several weight rows stream against one
 // activation (shared activation loads, independent dependency chains). A row's arithmetic does not depend on how
 // rows are grouped.
-#include <cfloat>
 #include <type_traits>
 
 #include "../rowmajor.h"

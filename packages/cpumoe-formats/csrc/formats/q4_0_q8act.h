@@ -44,28 +44,14 @@ CPUMOE_INLINE void half_offsets(int b, int nb, int G, size_t* lo, size_t* hi) {
   }
 }
 
-// 1/d_a, or 0 where it is not finite (amax == 0 gives 1/0 = inf; amax < ~127*2^-128 overflows).
-CPUMOE_INLINE float inv_scale(float d) {
-  const float id = 1.0f / d;
-  return id <= FLT_MAX ? id : 0.0f;  // also catches NaN
-}
-
 // One block of bf16 x -> 32 int8 (lo = elements 0..15, hi = 16..31) and 4 lane corrections; returns d_a.
 // Scalar and AVX2 versions give identical results: exact abs/max, one fp32 division each for d_a and 1/d_a,
 // one fp32 multiply, round half to even, clamp.
 CPUMOE_INLINE float quant_block_scalar(const uint16_t* src, int8_t* lo, int8_t* hi, int32_t* corr) {
-  float x[QK], amax = 0.0f;
-  for (int j = 0; j < QK; ++j) {
-    x[j] = bf16_to_f32(src[j]);
-    const float a = std::fabs(x[j]);
-    amax = a > amax ? a : amax;
-  }
-  const float d = amax / 127.0f, id = inv_scale(d);
+  float x[QK];
+  for (int j = 0; j < QK; ++j) x[j] = bf16_to_f32(src[j]);
   int8_t q[QK];
-  for (int j = 0; j < QK; ++j) {
-    const float v = std::nearbyint(x[j] * id);  // round half to even (the default rounding mode)
-    q[j] = (int8_t)(!(v >= -127.0f) ? -127 : (v > 127.0f ? 127 : (int)v));  // NaN -> -127, like the SIMD path
-  }
+  const float d = q8_block(x, QK, q);  // the Q8_0 rule (common.h)
   for (int j = 0; j < 16; ++j) lo[j] = q[j], hi[j] = q[j + 16];
   for (int m = 0; m < 4; ++m) {
     int32_t s = 0;
@@ -89,7 +75,7 @@ CPUMOE_INLINE float quant_block_avx2(const uint16_t* src, int8_t* lo, int8_t* hi
   h = _mm_max_ps(h, _mm_movehl_ps(h, h));
   h = _mm_max_ss(h, _mm_movehdup_ps(h));
   const float amax = _mm_cvtss_f32(h);
-  const float d = amax / 127.0f, id = inv_scale(d);
+  const float d = amax / 127.0f, id = q8_inv(d);
   const __m256 vid = _mm256_set1_ps(id);
   const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
   auto q = [&](__m256 x) {
