@@ -71,26 +71,22 @@ def from_panels(a: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(E, P, R, PANEL).transpose(0, 2, 1, 3).reshape(E, R, P * PANEL)[:, :, :n])
 
 
+# The banks that are cut into panels, and the number of columns N each holds (the biases are copied as they are).
+_COLUMNS = {"gate_up_blocks": lambda H, I: 2 * I, "gate_up_scales": lambda H, I: 2 * I,  # noqa: E741
+            "down_blocks": lambda H, I: H, "down_scales": lambda H, I: H}  # noqa: E741
+
+
 def repack(banks) -> dict:
     """mxfp4 (gpt-oss / Triton) banks -> mxfp4_panel banks (new arrays, 64-byte aligned; biases copied)."""
-    arrs, (E, H, I) = mxfp4.SPEC.validate(banks)
-    b = dict(zip(mxfp4.SPEC.bank_names, arrs))
-    return {"gate_up_blocks": to_panels(b["gate_up_blocks"]), "gate_up_scales": to_panels(b["gate_up_scales"]),
-            "gate_up_bias": mxfp4._aligned(b["gate_up_bias"]),
-            "down_blocks": to_panels(b["down_blocks"]), "down_scales": to_panels(b["down_scales"]),
-            "down_bias": mxfp4._aligned(b["down_bias"])}
+    arrs, _ = mxfp4.SPEC.validate(banks)
+    return {n: to_panels(a) if n in _COLUMNS else mxfp4._aligned(a) for n, a in zip(mxfp4.SPEC.bank_names, arrs)}
 
 
 def unpack(banks) -> dict:
     """mxfp4_panel banks -> mxfp4 (gpt-oss / Triton) banks."""
-    arrs, (E, H, I) = SPEC.validate(banks)
-    b = dict(zip(SPEC.bank_names, arrs))
-    return {"gate_up_blocks": mxfp4._aligned(from_panels(b["gate_up_blocks"], 2 * I)),
-            "gate_up_scales": mxfp4._aligned(from_panels(b["gate_up_scales"], 2 * I)),
-            "gate_up_bias": mxfp4._aligned(b["gate_up_bias"]),
-            "down_blocks": mxfp4._aligned(from_panels(b["down_blocks"], H)),
-            "down_scales": mxfp4._aligned(from_panels(b["down_scales"], H)),
-            "down_bias": mxfp4._aligned(b["down_bias"])}
+    arrs, (_, H, I) = SPEC.validate(banks)  # noqa: E741
+    return {n: mxfp4._aligned(from_panels(a, _COLUMNS[n](H, I)) if n in _COLUMNS else a)
+            for n, a in zip(SPEC.bank_names, arrs)}
 
 
 class Mxfp4PanelFormat(mxfp4.Mxfp4Format):
@@ -108,12 +104,7 @@ class Mxfp4PanelFormat(mxfp4.Mxfp4Format):
         return repack(mxfp4.SPEC.quantize(gate_up, down, gate_up_bias=gate_up_bias, down_bias=down_bias))
 
     def dequantize(self, banks):
-        H = np.asarray(banks["down_bias"]).shape[1]
-        I2 = np.asarray(banks["gate_up_bias"]).shape[1]
-        gu = mxfp4._dequantize_t(from_panels(banks["gate_up_blocks"], I2), from_panels(banks["gate_up_scales"], I2),
-                                 deinterleave=True)
-        dn = mxfp4._dequantize_t(from_panels(banks["down_blocks"], H), from_panels(banks["down_scales"], H))
-        return gu, dn
+        return mxfp4.SPEC.dequantize(unpack(banks))
 
 
 # mxfp4's banks (names, dtypes, alignment) with the panel shapes; the biases keep theirs.
