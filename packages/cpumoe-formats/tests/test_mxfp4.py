@@ -387,15 +387,18 @@ def test_dequantize_exact_per_element(rng):
     assert nz[nz > 0].min() == 0.5 * 2.0**-127  # s = 0 is 2^-127, not 0
 
 
-def test_quantizer_roundtrip(rng):
+@pytest.mark.parametrize("fmt", [FMT, "mxfp4_panel"])
+def test_quantizer_roundtrip(rng, fmt):
+    """Both layouts: the quantizer's weights within the e2m1 grid of each block's power-of-two scale."""
+    spec = cf.get_format(fmt)
     E, H, I = 2, 64, 32  # noqa: E741
     gu = (rng.standard_normal((E, 2 * I, H)) * np.exp(rng.uniform(-8, 8, (E, 2 * I, 1)))).astype(np.float32)
     dn = rng.standard_normal((E, H, I)).astype(np.float32) * 0.01
     dn[0, 3, :32] = 0.0  # an all-zero block
     gub = rng.standard_normal((E, 2 * I)).astype(np.float32)
-    b = cf.quantize(FMT, gu, dn, gate_up_bias=gub)
-    assert set(b) == set(SPEC.bank_names)
-    dgu, ddn = cf.reference.dequantize(FMT, b)
+    b = cf.quantize(fmt, gu, dn, gate_up_bias=gub)
+    assert set(b) == set(spec.bank_names)
+    dgu, ddn = cf.reference.dequantize(fmt, b)
     for w, d, blocks in ((gu, dgu, 32), (dn, ddn, 32)):
         wb = w.reshape(*w.shape[:-1], -1, blocks).astype(np.float64)
         db = d.reshape(wb.shape)
@@ -405,16 +408,16 @@ def test_quantizer_roundtrip(rng):
         assert np.all(np.abs(wb - db) <= scale * 1.0)  # largest e2m1 gap is 2 (4 -> 6)
         assert np.all((amax == 0) | (amax / scale > 3) & (amax / scale <= 6))
     assert (ddn[0, 3, :32] == 0).all()
-    bgu, bdn = SPEC.biases(b)
+    bgu, bdn = spec.biases(b)
     assert np.array_equal(bgu, _bf16(gub).astype(np.float64)) and (bdn == 0).all()
     # exactly representable weights (each block's amax = 6 * 2^k, so its scale is 2^k) come back exactly
     codes = rng.integers(0, 16, (1, 64, 64))
     codes[..., 0::32] = 7
     exact = (np.array(E2M1)[codes] * 2.0 ** rng.integers(-20, 20, (1, 64, 1))).astype(np.float32)
-    eb = cf.quantize(FMT, exact, np.zeros((1, 64, 32), np.float32))
-    assert np.array_equal(cf.reference.dequantize(FMT, eb)[0], exact.astype(np.float64))
+    eb = cf.quantize(fmt, exact, np.zeros((1, 64, 32), np.float32))
+    assert np.array_equal(cf.reference.dequantize(fmt, eb)[0], exact.astype(np.float64))
     with pytest.raises(TypeError):
-        cf.quantize(FMT, gu, dn, block_size=32)
+        cf.quantize(fmt, gu, dn, block_size=32)
 
 
 def test_random_banks_and_schema(rng):

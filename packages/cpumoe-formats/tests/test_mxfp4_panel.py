@@ -63,19 +63,6 @@ def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
         assert np.array_equal(a, b)
 
 
-def test_quantize_is_repacked_mxfp4(rng):
-    E, H, I = 2, 96, 64  # noqa: E741
-    gu = rng.standard_normal((E, 2 * I, H)).astype(np.float32)
-    dn = rng.standard_normal((E, H, I)).astype(np.float32)
-    gub = rng.standard_normal((E, 2 * I)).astype(np.float32)
-    p = cf.quantize(FMT, gu, dn, gate_up_bias=gub)
-    r = cf.repack_mxfp4_panels(cf.quantize("mxfp4", gu, dn, gate_up_bias=gub))
-    for n in p:
-        assert np.array_equal(np.asarray(p[n]).view(np.uint8), np.asarray(r[n]).view(np.uint8)), n
-    with pytest.raises(TypeError, match="gate_up_bias"):
-        SPEC.quantize(gu, dn, bogus=1)
-
-
 # ---------------------------------------------------------------- bit identity with mxfp4
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
