@@ -89,16 +89,16 @@ def flip_effect(k, banks, x, w, ids, deq, mode, **kw):
     return worst
 
 
-def moe_tol(banks, x, w, ids, ref, deq, mode="native", kern=None, **kw):
+def moe_tol(kern, banks, x, w, ids, ref, deq, mode, **kw):
     """2^-8 + 2^-7 * (largest single-route term) / max|ref| + 1e-3 (see the module docstring), plus the exact
-    effect of the kernel kern's g flips (flip_effect) when kern is given."""
+    effect of the kernel kern's g flips (flip_effect)."""
     big = 0.0
     for k in range(ids.shape[1]):
         one = np.full_like(ids, -1)
         one[:, k] = ids[:, k]
         big = max(big, float(np.abs(cf.reference.moe(FMT, banks, x, w, one, mode=mode, dequantized=deq,
                                                           **kw)).max()))
-    extra = flip_effect(kern, banks, x, w, ids, deq, mode, **kw) if kern is not None else 0.0
+    extra = flip_effect(kern, banks, x, w, ids, deq, mode, **kw)
     return 2.0**-8 + (2.0**-7 * big + extra) / float(np.abs(ref).max()) + 1e-3
 
 
@@ -110,7 +110,7 @@ def check_moe(rng, mode, tier, E, H, I, T, K, x_scale=1.0, **kw):  # noqa: E741
     deq = SPEC.dequantize(banks)
     ref = cf.reference.moe(FMT, banks, x, w, ids, mode=mode, dequantized=deq, **kw)
     kern = kernel(FMT, E, H, I, mode, tier, **kw)
-    assert rel_err(y, ref) < moe_tol(banks, x, w, ids, ref, deq, mode, kern=kern, **kw)
+    assert rel_err(y, ref) < moe_tol(kern, banks, x, w, ids, ref, deq, mode, **kw)
     return ref
 
 
