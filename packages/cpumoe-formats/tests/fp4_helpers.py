@@ -7,9 +7,15 @@ Bounds used (u = 2^-24, the fp32 unit roundoff):
   gamma_n bound, n = K + 8 covers the scale/global/weight products);
 - g = bf16(act(gate, up)) is monotone in its rounding, so a correct kernel's g lies
   in [bf16(min act), bf16(max act)] over the box gate +- dg, up +- du, where dg, du
-  are the dot bounds above. The box is tiny, so this is a tight, exact check.
+  are the dot bounds above. act is f(gate) h(up) with h monotone, so its extremes over
+  the box lie at the up ends and at the gate ends or a stationary point of f inside the
+  gate interval (silu and gelu have an interior minimum: a gate box that straddles it,
+  as a cancelled dot with huge scales does, must include it). The box is usually tiny,
+  so this is a tight, exact check.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -83,14 +89,38 @@ def check_down(acc, W, acts, weights, rel_extra=0.0):
                                f"kernel {acc[j][bad[0]]!r} exact {ref[bad[0]]!r} bound {bound[bad[0]]!r}")
 
 
+@functools.lru_cache(maxsize=None)
+def stationary_gates(act) -> tuple[float, ...]:
+    """Gates where f(gate) = act(gate, up=1) has a local extremum (silu: -1.2785 / alpha; gelu: -0.7518)."""
+    # [-5, 5] / alpha holds every turn of these activations; further out 1 + erf(x) cancels to noise
+    x = np.linspace(-5.0, 5.0, 100_001) / max(abs(act.alpha), 1e-3)
+    with np.errstate(over="ignore"):
+        f = act(x, np.ones_like(x))
+    d = np.sign(np.diff(f))
+    out = []
+    for i in np.flatnonzero(d[:-1] * d[1:] < 0) + 1:  # f turns at x[i]; refine by golden-section search
+        lo, hi, want_min = x[i - 1], x[i + 1], d[i - 1] < 0
+        for _ in range(80):
+            m1, m2 = lo + 0.382 * (hi - lo), hi - 0.382 * (hi - lo)
+            f1, f2 = act(np.array([m1, m2]), np.ones(2))
+            lo, hi = (lo, m2) if (f1 < f2) == want_min else (m1, hi)
+        out.append(0.5 * (lo + hi))
+    return tuple(out)
+
+
 def check_g(g, gate, up, dgate, dup, act, round_gate_up=False):
     """Kernel g (bf16 values) within [bf16(min act), bf16(max act)] over the error box."""
+    glo, ghi = gate - dgate, gate + dgate
+    if round_gate_up:  # bf16 rounding is monotone: the box maps to a box
+        glo, ghi = round_bf16(glo), round_bf16(ghi)
+    gates = [glo, round_bf16(gate) if round_gate_up else gate, ghi]
+    gates += [np.where((glo < c) & (c < ghi), c, glo) for c in stationary_gates(act)]
     cands = []
-    for sg in (-1, 0, 1):
+    for ga in gates:
         for su in (-1, 0, 1):
-            ga, ua = gate + sg * dgate, up + su * dup
-            if round_gate_up:  # bf16 rounding is monotone: the box maps to a box
-                ga, ua = round_bf16(ga), round_bf16(ua)
+            ua = up + su * dup
+            if round_gate_up:
+                ua = round_bf16(ua)
             with np.errstate(over="ignore"):  # exp(-gate) overflows for hugely negative gates: act -> -0
                 cands.append(act(ga, ua))
     c = np.stack(cands)
