@@ -39,10 +39,10 @@ TIERS = {
     "avx512f": (3, _AVX512),
     "avx512vnni": (4, _AVX512 + ["-mavx512vnni"]),
     "avx512bf16": (5, _AVX512 + ["-mavx512vnni", "-mavx512bf16"]),
-    "amx": (6, _AVX512 + ["-mavx512vnni", "-mavx512bf16", "-mavx512vbmi", "-mamx-tile", "-mamx-bf16"]),
+    "amx": (6, _AVX512 + ["-mavx512vnni", "-mavx512bf16", "-mavx512vbmi", "-mamx-tile", "-mamx-bf16", "-mamx-int8"]),
 }
 # Tiers only some formats have kernels for (the registry's table holds nullptr for the rest).
-TIER_FORMATS = {"amx": {"bf16", "fp8_block"}}
+TIER_FORMATS = {"amx": {"bf16", "fp8_block", "q4_0"}}
 
 
 def _cxx() -> list[str]:

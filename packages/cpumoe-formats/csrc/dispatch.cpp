@@ -50,7 +50,7 @@ Features probe() {
   const bool avx2 = b & (1u << 5), bmi1 = b & (1u << 3), bmi2 = b & (1u << 8);
   const bool f512 = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
   const bool vnni512 = c & (1u << 11), vbmi = c & (1u << 1);
-  const bool amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24);
+  const bool amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24), amx_int8 = d & (1u << 25);
   const bool os_tiles = (xlo & (3u << 17)) == (3u << 17);  // XTILECFG + XTILEDATA enabled in XCR0
   unsigned a1 = 0, b1, c1, d1;
   __cpuid_count(7, 1, a1, b1, c1, d1);
@@ -59,8 +59,8 @@ Features probe() {
   f.avx512 = f.avx2 && os_zmm && f512 && dq && bw && vl;
   f.avx512vnni = f.avx512 && vnni512;
   f.avx512bf16 = f.avx512vnni && (a1 & (1u << 5));
-  // (AVX512-VBMI: the fp8_block tile kernel's byte-table decode; every AMX CPU so far has it)
-  f.amx = f.avx512bf16 && vbmi && amx_tile && amx_bf16 && os_tiles && os_grants_amx();
+  // (AVX512-VBMI: the fp8_block tile kernel's byte-table decode; AMX-INT8: q4_0's; every AMX CPU so far has both)
+  f.amx = f.avx512bf16 && vbmi && amx_tile && amx_bf16 && amx_int8 && os_tiles && os_grants_amx();
 #endif
   return f;
 }

@@ -43,21 +43,23 @@ CPUMOE_DECL_ALL(avx512bf16)
 #else
 #define V_avx512bf16(f) nullptr
 #endif
-// amx: only bf16 and fp8_block have tile kernels (hatch_build.py's TIER_FORMATS compiles those alone at this
+// amx: only bf16, fp8_block and q4_0 have tile kernels (hatch_build.py's TIER_FORMATS compiles those alone at this
 // tier); the others run their best tier below it.
 #ifdef CPUMOE_BUILT_amx
 CPUMOE_DECL(bf16, amx)
 CPUMOE_DECL(fp8_block, amx)
+CPUMOE_DECL(q4_0, amx)
 #define V_amx_bf16 &cpumoe_init_bf16_amx
 #define V_amx_fp8_block &cpumoe_init_fp8_block_amx
+#define V_amx_q4_0 &cpumoe_init_q4_0_amx
 #else
 #define V_amx_bf16 nullptr
 #define V_amx_fp8_block nullptr
+#define V_amx_q4_0 nullptr
 #endif
 #define V_amx_nvfp4 nullptr
 #define V_amx_mxfp4 nullptr
 #define V_amx_ds_fp4 nullptr
-#define V_amx_q4_0 nullptr
 #define V_amx_mxfp4_panel nullptr
 
 namespace cpumoe {
@@ -79,6 +81,7 @@ unsigned variant_tier_mask(int32_t format) {
 }
 
 // name, banks, K multiple (H and I), router weight on input, modes (bit set), opt-in tiers (bit set).
+// q4_0's amx kernel (w4a8) is opt-in for the same reason (docs/formats/q4_0.md).
 // fp8_block's amx kernel is opt-in: its tiles make a batch sharing experts cost ~1.2-1.5x one token, but it
 // reads a lone token's weights at about half the avx512f kernel's rate (docs/formats/fp8_block.md), and a
 // format's kernel may not switch with the batch (a token's result must not depend on its batch).
@@ -87,7 +90,7 @@ const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"nvfp4", 6, 16, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
     {"mxfp4", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
     {"ds_fp4", 4, 128, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
-    {"q4_0", 2, 32, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
+    {"q4_0", 2, 32, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 1u << CPUMOE_TIER_AMX},
     {"fp8_block", 4, 1, true, 1u << CPUMOE_MODE_NATIVE, 1u << CPUMOE_TIER_AMX},
     {"mxfp4_panel", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u},
 };

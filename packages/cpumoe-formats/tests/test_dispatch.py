@@ -57,28 +57,32 @@ def test_every_kernel_tier_of_the_spec_is_in_the_native_table(fmt):
 OPT_IN = [(f, t) for f in _real_formats() for t in cf.get_format(f).opt_in_tiers]
 
 
-def test_fp8_block_amx_is_opt_in():
-    assert ("fp8_block", "amx") in OPT_IN
+def test_tile_kernels_of_quantized_formats_are_opt_in():
+    assert ("fp8_block", "amx") in OPT_IN and ("q4_0", "amx") in OPT_IN
 
 
 @pytest.mark.parametrize("fmt,tier", OPT_IN)
 def test_opt_in_tiers_run_only_by_name(fmt, tier, monkeypatch):
-    """An opt-in kernel (fp8_block amx): never picked by auto; picked when its tier is named (argument or
-    CPUMOE_ISA) on a CPU that has the tier."""
+    """An opt-in kernel (fp8_block amx, q4_0 amx+w4a8): never picked by auto; picked when its tier is named
+    (argument or CPUMOE_ISA) on a CPU that has the tier. Compared on the tier part of the kernel name."""
     spec = cf.get_format(fmt)
+
+    def selected(**kw):
+        return cf.selected_tier(fmt, **kw).split("+")[0]
+
     assert tier in spec.kernel_tiers[spec.default_mode]
     for auto in (None, "", "auto"):
         if auto is None:
             monkeypatch.delenv("CPUMOE_ISA", raising=False)
         else:
             monkeypatch.setenv("CPUMOE_ISA", auto)
-        assert cf.selected_tier(fmt) != tier
+        assert selected() != tier
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier (auto's side was checked)")
     monkeypatch.delenv("CPUMOE_ISA")
-    assert cf.selected_tier(fmt, isa=tier) == tier
+    assert selected(isa=tier) == tier
     monkeypatch.setenv("CPUMOE_ISA", tier)
-    assert cf.selected_tier(fmt) == tier
+    assert selected() == tier
 
 
 def test_unknown_env_value_is_an_error(monkeypatch):

@@ -32,7 +32,7 @@ FMT = "q4_0"
 SPEC = cf.get_format(FMT)
 TOL = 5e-3
 DOT_TOL = 1e-5
-GROUP = {"scalar": 1, "avx2": 2, "avxvnni": 2, "avx512vnni": 4}  # prep_act's block grouping per w4a8 tier
+GROUP = {"scalar": 1, "avx2": 2, "avxvnni": 2, "avx512vnni": 4, "amx": 1}  # prep_act's block grouping per w4a8 tier
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,7 +175,8 @@ def test_block_count_paths(rng, mode, tier, H, I):  # noqa: E741
 # one work item at a time: fp32 dots against float64, tight
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
-@pytest.mark.parametrize("h0,h1", [(0, 32), (3, 10), (5, 6)])  # even and odd row counts (row pairs + a lone row)
+# even and odd row counts (row pairs + a lone row); 29 rows = one full 16-row tile set and one of 13 (amx)
+@pytest.mark.parametrize("h0,h1", [(0, 32), (3, 10), (5, 6), (1, 30)])
 def test_down_work_item(rng, mode, tier, h0, h1):
     E, H, I = 2, 32, 736  # noqa: E741 - 23 blocks per down row: every loop of every tier
     banks = SPEC.random_banks(E, H, I, rng)
@@ -184,6 +185,34 @@ def test_down_work_item(rng, mode, tier, h0, h1):
     y = down_rows(k, banks, 1, h0, h1, g)
     ref, mag = dot_ref(banks, 1, h0, h1, g, mode)
     assert np.all(np.abs(y - ref) <= DOT_TOL * mag)
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+def test_gate_up_split_and_token_groups(rng, mode, tier):
+    """gate_up work items over odd row ranges give the rows of one whole-range item bit for bit (a row does not
+    depend on the split: amx's 16-row tile sets with a partial last set), and 17 tokens in one item (amx: a
+    group of 16 and a lone token) give each token's single-token g bit for bit."""
+    E, H, I, n = 2, 96, 64, 17  # noqa: E741
+    banks = SPEC.random_banks(E, H, I, rng)
+    k = kernel_for(E, H, I, mode, tier)
+    bufs = [prep(k, bf16(rng.standard_normal(H))) for _ in range(n)]
+    v = SPEC.bank_views(SPEC.validate(banks)[0])
+
+    def item(i0, i1, toks):
+        g = cf.aligned_empty((len(toks), I), np.uint16)
+        g[...] = 0x7FC1  # poison: rows outside [i0, i1) stay poisoned
+        k._k.gate_up(v, 1, i0, i1, [bufs[t].ctypes.data for t in toks], [1.0] * len(toks),
+                     [g[j].ctypes.data for j in range(len(toks))])
+        return g
+
+    whole = item(0, I, range(n))
+    assert not (whole == 0x7FC1).any()
+    for i0, i1 in [(0, 16), (3, 40), (17, 64), (5, 6)]:
+        part = item(i0, i1, range(n))
+        np.testing.assert_array_equal(part[:, i0:i1], whole[:, i0:i1], err_msg=f"rows [{i0}, {i1})")
+        assert (part[:, :i0] == 0x7FC1).all() and (part[:, i1:] == 0x7FC1).all(), "wrote outside its rows"
+    for t in (0, 15, 16):
+        np.testing.assert_array_equal(item(0, I, [t])[0], whole[t], err_msg=f"token {t} alone")
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))

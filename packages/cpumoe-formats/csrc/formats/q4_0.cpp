@@ -12,13 +12,16 @@
 //    -8*sum(q) from prep, so every int32 lane holds exactly sum((nib-8)*q) over its 8 elements: the same
 //    integers in avx2, avxvnni and avx512vnni (this replaces llama.cpp's sign trick, |w| and sign(q, w), with
 //    the same result and fewer instructions). avx2 and avxvnni agree bit for bit; avx512vnni regroups fp32 sums.
+//    amx (opt-in): one AMX int8 tile product per block for up to 16 tokens (q4_0_amx.h).
 //  native (W4A16): fp32 activations, per block d * sum((nib-8) * x) in fp32. Tiers: scalar, avx2, avx512f.
 //
 // The work-item loops are this file's own: gate_up computes a gate row and its up row together, down walks
 // output rows in pairs (quads for the avx2 / avxvnni w4a8 rows), so several weight rows stream against one
 // activation (shared activation loads, independent dependency chains). A row's arithmetic does not depend on how
 // rows are grouped.
+#include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "../rowmajor.h"
 
@@ -433,6 +436,10 @@ struct RowsW4A8 {
 
 #include "q4_0_native.h"  // RowsNative for avx2 / avx512f
 
+#if CPUMOE_TIER == CPUMOE_T_AMX
+#include "q4_0_amx.h"  // w4a8 on AMX int8 tiles (opt-in)
+#endif
+
 // ---------------------------------------------------------------------------------------------------------------
 // Work items (abi.h semantics; the same arithmetic as rowmajor.h's loops with kRound* = false).
 // ---------------------------------------------------------------------------------------------------------------
@@ -595,6 +602,13 @@ bool CPUMOE_INIT_FN(q4_0)(cpumoe_kernel* k) {
   k->act_bytes = &act_bytes_f32;
   k->prep_act = &prep_act_f32;
   install<RowsNative>(k);
+  return true;
+#elif CPUMOE_TIER == CPUMOE_T_AMX
+  if (!w4a8) return false;  // native: avx512f runs
+  k->act_bytes = &act_bytes_q8;
+  k->prep_act = &prep_act_q8<1>;  // natural order: a token's block is one 32-byte A row
+  k->gate_up = &amx4::gate_up;
+  k->down = &amx4::down;
   return true;
 #else
   (void)k;

@@ -130,6 +130,7 @@ SPEC = Q40Format(
     modes=("w4a8", "native"),
     default_mode="w4a8",
     description="GGUF Q4_0 (fp16 d + 32 nibbles per 18-byte block); w4a8 = llama.cpp Q4_0 x Q8_0, native = W4A16",
-    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni"),
+    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni", "amx"),
                   "native": ("scalar", "avx2", "avx512f")},
+    opt_in_tiers=("amx",),  # AMX int8 tiles: for batches that share experts (docs/formats/q4_0.md)
 )
