@@ -1,4 +1,4 @@
-// AMX-TILE / AMX-BF16 emulation for the amx tiers of bf16 and fp8_block (run.sh compiles them at tier 6 with it, after
+// AMX-TILE / AMX-BF16 / AMX-INT8 (tdpbssd) emulation for the amx tiers of bf16, fp8_block and q4_0 (run.sh compiles them at tier 6 with it, after
 // simde_extra.h): a thread-local register file of 8 tiles x 16 rows x 64 bytes and the palette-1 config. The
 // shape rules of the instructions are checked (a mismatch aborts: it would #UD or compute garbage on the real
 // thing); tdpbf16ps reads bf16 subnormals as zero and sums each pair's products in fp32, like the hardware up to
@@ -68,9 +68,22 @@ static inline void bk_tile_dpbf16ps(int c, int a, int b) {
       memcpy(&bk_tmm[c][m][4 * n], &acc, 4);
     }
 }
+static inline void bk_tile_dpbssd(int c, int a, int b) {  // int8 x int8 products summed exactly in int32
+  bk_tile_check(c), bk_tile_check(a), bk_tile_check(b);
+  const int M = bk_cfg.rows[c], N = bk_cfg.colsb[c] / 4, K = bk_cfg.colsb[a] / 4;
+  if (bk_cfg.rows[a] != M || bk_cfg.rows[b] != K || bk_cfg.colsb[b] != bk_cfg.colsb[c]) abort();
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      int32_t acc;
+      memcpy(&acc, &bk_tmm[c][m][4 * n], 4);
+      for (int k = 0; k < 4 * K; ++k) acc += (int8_t)bk_tmm[a][m][k] * (int8_t)bk_tmm[b][k / 4][4 * n + k % 4];
+      memcpy(&bk_tmm[c][m][4 * n], &acc, 4);
+    }
+}
 #define _tile_loadconfig(p) bk_tile_loadconfig(p)
 #define _tile_release() bk_tile_release()
 #define _tile_zero(t) bk_tile_zero(t)
 #define _tile_loadd(t, base, stride) bk_tile_loadd((t), (base), (long)(stride))
 #define _tile_stored(t, base, stride) bk_tile_stored((t), (base), (long)(stride))
 #define _tile_dpbf16ps(c, a, b) bk_tile_dpbf16ps((c), (a), (b))
+#define _tile_dpbssd(c, a, b) bk_tile_dpbssd((c), (a), (b))

@@ -7,6 +7,7 @@ SIMDe) through the package's own step, per (format, mode, tier, shape, routing):
     computes a tighter one)."""
 
 import ctypes
+import os
 import sys
 
 import numpy as np
@@ -117,7 +118,10 @@ def main(lib_path, seed=1):
     lib.bk_step.argtypes = [ctypes.POINTER(Params), i32, i32, ctypes.POINTER(Bank), i32, i32, vp, vp, vp, vp]
     rng = np.random.default_rng(seed)
     fails = 0
+    only = [f for f in os.environ.get("BK_FORMATS", "").split(",") if f]  # e.g. BK_FORMATS=q4_0: one format
     for fmt, shapes in SHAPES.items():
+        if only and fmt not in only:
+            continue
         for E, H, I in shapes:  # noqa: E741
             case = Case(lib, fmt, E, H, I, rng)
             for routing in ("shared", "random"):

@@ -22,8 +22,8 @@ for f in bf16 fp8_block nvfp4 ds_fp4 q4_0; do
   c++ $B $AVX2 $EMU -DSIMD_AVX512=1 -DCPUMOE_TIER=5 -DCPUMOE_TIER_TAG=avx512bf16 -c csrc/formats/$f.cpp -o "$OUT/$f.avx512bf16.o"
   wait
 done
-# the amx tiers (bf16, fp8_block): AVX-512 through SIMDe, the tile instructions through amx_emu.h
-for f in bf16 fp8_block; do  # in the foreground: set -e stops at a failed compile
+# the amx tiers (bf16, fp8_block, q4_0): AVX-512 through SIMDe, the tile instructions through amx_emu.h
+for f in bf16 fp8_block q4_0; do  # in the foreground: set -e stops at a failed compile
   c++ $B $AVX2 $EMU -include "$HERE/amx_emu.h" -DSIMD_AVX512=1 -DCPUMOE_TIER=6 -DCPUMOE_TIER_TAG=amx \
     -c csrc/formats/$f.cpp -o "$OUT/$f.amx.o"
 done
