@@ -1,4 +1,4 @@
-// AMX tile plumbing shared by the tile kernels (bf16_amx.h, fp8_block_amx.h): the tile configuration, its
+// AMX tile plumbing shared by the tile kernels (bf16_amx.h, fp8_block_amx.h, q4_0_amx.h): the tile configuration, its
 // per-work-item lifetime and the B operand (the tokens' bf16 activations in AMX's pair layout).
 //
 // Tile configuration: palette 1, every tile 16 rows x 64 bytes. The tile state is per thread and another
@@ -14,27 +14,40 @@ namespace amx {
 
 constexpr int kRows = 16, kCols = 16, kChunk = 32;  // rows per A tile, tokens per B/C tile, k per chunk
 
-// Tiles 0, 1: A (m rows x 64 bytes); 4: B (16 rows x 4 nt bytes); 2, 3: C (m rows x 4 nt bytes), for nt tokens
-// and a block of m <= 16 rows (fewer only in a work item's last block: the tiles then read only m rows).
+// A palette-1 tile configuration: set(t, rows, bytes per row) for the tiles a kernel uses, 0 elsewhere.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
-  TileConfig(int nt, int m) {
-    for (int t = 0; t < 5; ++t) rows[t] = t == 4 ? kRows : (uint8_t)m, colsb[t] = t < 2 ? 64 : (uint16_t)(4 * nt);
-  }
+  void set(int t, int r, int cb) { rows[t] = (uint8_t)r, colsb[t] = (uint16_t)cb; }
 };
 
 struct Tiles {  // released when the work item returns
   ~Tiles() { _tile_release(); }
-  void configure(int nt, int m) {  // LDTILECFG (which also zeroes the tiles) only when the shape changes
-    if (nt == nt_ && m == m_) return;
-    const TileConfig cfg(nt, m);
-    _tile_loadconfig(&cfg);
-    nt_ = nt, m_ = m;
+  // LDTILECFG (which also zeroes the tiles) only when the configuration changes
+  void load(const TileConfig& c) {
+    if (loaded_ && std::memcmp(&c, &cur_, sizeof c) == 0) return;
+    _tile_loadconfig(&c);
+    cur_ = c, loaded_ = true;
   }
-  int nt_ = 0, m_ = 0;
+  // bf16 / fp8_block layout: tiles 0, 1: A (m rows x 64 bytes); 4: B (16 rows x 4 nt bytes); 2, 3: C (m rows x
+  // 4 nt bytes), for nt tokens and a block of m <= 16 rows (fewer only in a work item's last block: the tiles
+  // then read only m rows).
+  void configure(int nt, int m) {
+    TileConfig c;
+    for (int t = 0; t < 5; ++t) c.set(t, t == 4 ? kRows : m, t < 2 ? 64 : 4 * nt);
+    load(c);
+  }
+  TileConfig cur_;
+  bool loaded_ = false;
 };
+
+// The end of the group of routes starting at a: the following routes of the same expert, at most `most`.
+inline int32_t route_group_end(const cpumoe_route* routes, int32_t a, int32_t n, int most) {
+  int32_t b = a + 1;
+  while (b < n && b - a < most && routes[b].expert == routes[a].expert) ++b;
+  return b;
+}
 
 // B operands of n <= 16 prepared activations (bf16, length K), chunk by chunk: B[r][t] = pair r of chunk c of
 // token t. One token's full chunks are its own activation read with a 4-byte row stride; otherwise (several
@@ -110,8 +123,7 @@ void tile_down(const cpumoe_kernel* k, int32_t h0, int32_t h1, const cpumoe_rout
   Tiles tiles;
   const void* acts[kCols];
   for (int32_t a = 0; a < n;) {
-    int32_t b = a + 1;
-    while (b < n && b - a < kCols && routes[b].expert == routes[a].expert) ++b;
+    const int32_t b = route_group_end(routes, a, n, kCols);
     const int nt = b - a;
     for (int t = 0; t < nt; ++t) acts[t] = routes[a + t].act;
     const BOperand B(acts, nt, p.inter, scratch());

@@ -13,6 +13,16 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+// avx2 software prefetch: CPUMOE_BF16_PF elements (2 bytes each) ahead of every row's read position, with
+// locality CPUMOE_BF16_PF_LOC (0 = prefetchnta ... 3 = prefetcht0).
+#ifndef CPUMOE_BF16_PF
+#define CPUMOE_BF16_PF 256
+#endif
+#ifndef CPUMOE_BF16_PF_LOC
+#define CPUMOE_BF16_PF_LOC 0
+#endif
+#define BF16_PREFETCH(p) __builtin_prefetch((const void*)((p) + CPUMOE_BF16_PF), 0, CPUMOE_BF16_PF_LOC)
+
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
@@ -106,7 +116,7 @@ struct Dot {
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_ps();
     for (; i + 32 <= K; i += 32) {
-      CPUMOE_PREFETCH(w + i + 256);
+      BF16_PREFETCH(w + i);
       CPUMOE_UNROLL
       for (int c = 0; c < 4; ++c) {
         const __m256 wv = wide(i + 8 * c);
@@ -271,7 +281,7 @@ CPUMOE_INLINE void dot_rows2(const uint16_t* w0, const uint16_t* w1, int K, cons
   int i = 0;
   for (; i + 32 <= K; i += 32) {
     CPUMOE_UNROLL
-    for (int r = 0; r < 2; ++r) CPUMOE_PREFETCH(w[r] + i + 256);
+    for (int r = 0; r < 2; ++r) BF16_PREFETCH(w[r] + i);
     CPUMOE_UNROLL
     for (int c = 0; c < 4; ++c) {
       const __m256 xv = _mm256_loadu_ps(x + i + 8 * c);

@@ -24,6 +24,9 @@
 #include <vector>
 
 #include "../rowmajor.h"
+#if CPUMOE_TIER == CPUMOE_T_AMX
+#include "amx_common.h"  // tile configuration and route groups (q4_0_amx.h)
+#endif
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 flags the AVX-512 intrinsics' internal _mm512_undefined_* operands as (maybe-)uninitialized (a known

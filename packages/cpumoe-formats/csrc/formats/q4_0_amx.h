@@ -21,7 +21,7 @@
 // (The first version, tokens as A and weights as B, gathered each B row from 16 weight rows: 46% of the
 // single-thread read ceiling on the H200 host against avx512vnni's 88%.)
 #pragma once
-// (included inside q4_0.cpp's namespaces: the headers it needs, <cstring> and <vector>, come with q4_0.cpp)
+// (included inside q4_0.cpp's namespaces: <cstring>, <vector> and amx_common.h come with q4_0.cpp)
 
 #ifndef CPUMOE_Q4_AMX_SPAN
 #define CPUMOE_Q4_AMX_SPAN 8
@@ -45,29 +45,15 @@ struct PermTable {
 constexpr PermTable kPerm{};
 
 // palette 1: tiles 0 / 1 = A of sets 0 / 1 (m rows x 32 B), 2 = B (8 rows x 4 nt B), 3 / 4 = C of sets 0 / 1
-// (m rows x 4 nt B). The tile state is per thread and another library on the thread may configure it
-// differently, so every work item loads ours and releases the tiles when it returns.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  TileConfig(int nt, int m0, int m1) {
-    rows[0] = (uint8_t)m0, colsb[0] = kBlk;
-    rows[2] = kBlk / 4, colsb[2] = (uint16_t)(4 * nt);
-    rows[3] = (uint8_t)m0, colsb[3] = (uint16_t)(4 * nt);
-    if (m1 > 0) rows[1] = (uint8_t)m1, colsb[1] = kBlk, rows[4] = (uint8_t)m1, colsb[4] = (uint16_t)(4 * nt);
-  }
-};
-struct Tiles {
-  ~Tiles() { _tile_release(); }
-  void configure(int nt, int m0, int m1) {  // LDTILECFG only when the shape changes
-    if (nt == nt_ && m0 == m0_ && m1 == m1_) return;
-    const TileConfig cfg(nt, m0, m1);
-    _tile_loadconfig(&cfg);
-    nt_ = nt, m0_ = m0, m1_ = m1;
-  }
-  int nt_ = 0, m0_ = 0, m1_ = 0;
-};
+// (m rows x 4 nt B); tiles 1 and 4 unused (0) with one set.
+using amx::TileConfig;
+using amx::Tiles;
+inline TileConfig tile_config(int nt, int m0, int m1) {
+  TileConfig c;
+  c.set(0, m0, kBlk), c.set(2, kBlk / 4, 4 * nt), c.set(3, m0, 4 * nt);
+  if (m1 > 0) c.set(1, m1, kBlk), c.set(4, m1, 4 * nt);
+  return c;
+}
 
 // The B operand of nt <= 16 prepared activations (ActQ8, natural order) and their d_a per block.
 struct BOperand {
@@ -160,7 +146,7 @@ CPUMOE_INLINE void run_sets(Tiles& tiles, RowSet* sets, int ns, const BOperand& 
   alignas(64) int32_t c[2][kRows][kTok];
   std::memset(c, 0, sizeof c);
   const int nt = B.nt_;
-  tiles.configure(nt, sets[0].m, ns == 2 ? sets[1].m : 0);
+  tiles.load(tile_config(nt, sets[0].m, ns == 2 ? sets[1].m : 0));
   // one token: C rows are single int32s, stored with a 4-byte stride (16 contiguous int32s)
   const int cstride = nt == 1 ? 4 : 4 * kTok;
   for (int b0 = 0; b0 < nb; b0 += kSpan) {
@@ -219,8 +205,7 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
   RowSet sets[2];
   const void* acts[kTok];
   for (int32_t a = 0; a < n;) {
-    int32_t b = a + 1;
-    while (b < n && b - a < kTok && routes[b].expert == routes[a].expert) ++b;
+    const int32_t b = amx::route_group_end(routes, a, n, kTok);
     const int nt = b - a;
     for (int t = 0; t < nt; ++t) acts[t] = routes[a + t].act;
     const BOperand B(acts, nt, K);

@@ -52,10 +52,15 @@ static inline float bk_bf16(const uint8_t* p) {
   memcpy(&f, &u, 4);
   return f;
 }
-static inline void bk_tile_dpbf16ps(int c, int a, int b) {
+// C (M x N dwords) += A (M x K dwords) . B (K x N dwords): the shapes the instructions require, else abort
+static inline void bk_tile_dims(int c, int a, int b, int* M, int* N, int* K) {
   bk_tile_check(c), bk_tile_check(a), bk_tile_check(b);
-  const int M = bk_cfg.rows[c], N = bk_cfg.colsb[c] / 4, K = bk_cfg.colsb[a] / 4;
-  if (bk_cfg.rows[a] != M || bk_cfg.rows[b] != K || bk_cfg.colsb[b] != bk_cfg.colsb[c]) abort();
+  *M = bk_cfg.rows[c], *N = bk_cfg.colsb[c] / 4, *K = bk_cfg.colsb[a] / 4;
+  if (bk_cfg.rows[a] != *M || bk_cfg.rows[b] != *K || bk_cfg.colsb[b] != bk_cfg.colsb[c]) abort();
+}
+static inline void bk_tile_dpbf16ps(int c, int a, int b) {
+  int M, N, K;
+  bk_tile_dims(c, a, b, &M, &N, &K);
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
       float acc;
@@ -69,9 +74,8 @@ static inline void bk_tile_dpbf16ps(int c, int a, int b) {
     }
 }
 static inline void bk_tile_dpbssd(int c, int a, int b) {  // int8 x int8 products summed exactly in int32
-  bk_tile_check(c), bk_tile_check(a), bk_tile_check(b);
-  const int M = bk_cfg.rows[c], N = bk_cfg.colsb[c] / 4, K = bk_cfg.colsb[a] / 4;
-  if (bk_cfg.rows[a] != M || bk_cfg.rows[b] != K || bk_cfg.colsb[b] != bk_cfg.colsb[c]) abort();
+  int M, N, K;
+  bk_tile_dims(c, a, b, &M, &N, &K);
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
       int32_t acc;
