@@ -13,9 +13,12 @@ struct bk_tilecfg {
   uint16_t colsb[16];
   uint8_t rows[16];
 };
-static thread_local bk_tilecfg bk_cfg;
-static thread_local uint8_t bk_tmm[8][16][64];
-static thread_local bool bk_configured;
+// One tile state per thread shared by every object that includes this (inline variables, not per-TU statics), as
+// on the hardware: amx_common.h's inline Tiles::load may come from another format's object file than the kernel
+// that uses the tiles it configured.
+inline thread_local bk_tilecfg bk_cfg;
+inline thread_local uint8_t bk_tmm[8][16][64];
+inline thread_local bool bk_configured;
 
 static inline void bk_tile_loadconfig(const void* p) {
   memcpy(&bk_cfg, p, sizeof bk_cfg);
