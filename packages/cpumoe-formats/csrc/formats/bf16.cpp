@@ -21,6 +21,15 @@
 #ifndef CPUMOE_BF16_PF_LOC
 #define CPUMOE_BF16_PF_LOC 0
 #endif
+// Rows in flight for one token (avx2): gate_up 2 (gate and up of row i) or 4 (also row i + half of the item);
+// down 2 or 4 far-apart output rows. Zen 3 VM, 2 threads, 4 interleaved rounds (2026-11-30): gate_up 4 beat 2 in
+// 4 of 4 (3459-4419 us against 3702-4740 us per step) and did not lose at 1 thread; down 4 was not faster.
+#ifndef CPUMOE_BF16_GROWS
+#define CPUMOE_BF16_GROWS 4
+#endif
+#ifndef CPUMOE_BF16_DROWS
+#define CPUMOE_BF16_DROWS 2
+#endif
 #define BF16_PREFETCH(p) __builtin_prefetch((const void*)((p) + CPUMOE_BF16_PF), 0, CPUMOE_BF16_PF_LOC)
 
 namespace cpumoe {
@@ -266,63 +275,82 @@ struct Dot {
 };
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2
-// One token's gate row and up row in one pass (two weight streams in flight, 8 chains): each row's chains, their
-// order and the final reduction are exactly those of Dot::dotn<1> (chunk c -> chain c, the one-vector tail ->
-// chain 0, (a0 + a1) + (a2 + a3), then the scalar tail in order), so the result equals the one-row dot bit for
-// bit and a token's output never depends on its batch.
-CPUMOE_INLINE void dot_rows2(const uint16_t* w0, const uint16_t* w1, int K, const float* x, float* out) {
+// One token against R rows in one pass (R weight streams in flight, 4R chains): each row's chains, their order and
+// the final reduction are exactly those of Dot::dotn<1> (chunk c -> chain c, the one-vector tail -> chain 0,
+// (a0 + a1) + (a2 + a3), then the scalar tail in order), so the result equals the one-row dot bit for bit and a
+// token's output never depends on its batch or on how its rows are grouped.
+template <int R>
+CPUMOE_INLINE void dot_rows(const uint16_t* const* w, int K, const float* x, float* out) {
   auto wide = [](const uint16_t* p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
   };
-  __m256 a[2][4];
+  __m256 a[R][4];
   CPUMOE_UNROLL
-  for (int r = 0; r < 2; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
-  const uint16_t* w[2] = {w0, w1};
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
   int i = 0;
   for (; i + 32 <= K; i += 32) {
     CPUMOE_UNROLL
-    for (int r = 0; r < 2; ++r) BF16_PREFETCH(w[r] + i);
+    for (int r = 0; r < R; ++r) BF16_PREFETCH(w[r] + i);
     CPUMOE_UNROLL
     for (int c = 0; c < 4; ++c) {
       const __m256 xv = _mm256_loadu_ps(x + i + 8 * c);
       CPUMOE_UNROLL
-      for (int r = 0; r < 2; ++r) a[r][c] = _mm256_fmadd_ps(wide(w[r] + i + 8 * c), xv, a[r][c]);
+      for (int r = 0; r < R; ++r) a[r][c] = _mm256_fmadd_ps(wide(w[r] + i + 8 * c), xv, a[r][c]);
     }
   }
   for (; i + 8 <= K; i += 8) {
     const __m256 xv = _mm256_loadu_ps(x + i);
     CPUMOE_UNROLL
-    for (int r = 0; r < 2; ++r) a[r][0] = _mm256_fmadd_ps(wide(w[r] + i), xv, a[r][0]);
+    for (int r = 0; r < R; ++r) a[r][0] = _mm256_fmadd_ps(wide(w[r] + i), xv, a[r][0]);
   }
-  float s[2];
+  float s[R];
   CPUMOE_UNROLL
-  for (int r = 0; r < 2; ++r) s[r] = hsum256(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
+  for (int r = 0; r < R; ++r) s[r] = hsum256(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
   for (; i < K; ++i)
     CPUMOE_UNROLL
-    for (int r = 0; r < 2; ++r) s[r] += bf16_to_f32(w[r][i]) * x[i];
-  out[0] = s[0], out[1] = s[1];
+    for (int r = 0; r < R; ++r) s[r] += bf16_to_f32(w[r][i]) * x[i];
+  CPUMOE_UNROLL
+  for (int r = 0; r < R; ++r) out[r] = s[r];
 }
 
-// gate_up: a lone token runs its gate and up rows together (dot_rows2); several tokens keep rowmajor.h's
-// multi-token loop (each row decoded once per block of tokens).
+// gate_up: a lone token runs gate and up rows together: rows i and i + half of the item (CPUMOE_BF16_GROWS = 4:
+// four streams) or row i alone (2: two streams); several tokens keep rowmajor.h's multi-token loop (each row
+// decoded once per block of tokens).
 void gate_up_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
                   const void* const* xs, const float* w_in, uint16_t* const* g) {
   if (n != 1) return rowmajor_gate_up<Dot>(k, banks, e, i0, i1, n, xs, w_in, g);
   const cpumoe_params& p = k->params;
-  for (int32_t i = i0; i < i1; ++i) {
-    float gu[2];
-    dot_rows2(bank_row<uint16_t>(banks[0], e, i), bank_row<uint16_t>(banks[0], e, p.inter + i), p.hidden,
-              (const float*)xs[0], gu);
-    g[0][i] = f32_to_bf16(activate(p, gu[0] * w_in[0], gu[1] * w_in[0]));
+  const float* x = (const float*)xs[0];
+  auto emit = [&](int32_t i, float gate, float up) { g[0][i] = f32_to_bf16(activate(p, gate * w_in[0], up * w_in[0])); };
+  int32_t i = i0;
+#if CPUMOE_BF16_GROWS == 4
+  const int32_t half = (i1 - i0) / 2;
+  for (; i < i0 + half; ++i) {
+    const uint16_t* w[4] = {bank_row<uint16_t>(banks[0], e, i), bank_row<uint16_t>(banks[0], e, p.inter + i),
+                            bank_row<uint16_t>(banks[0], e, i + half),
+                            bank_row<uint16_t>(banks[0], e, p.inter + i + half)};
+    float y[4];
+    dot_rows<4>(w, p.hidden, x, y);
+    emit(i, y[0], y[1]);
+    emit(i + half, y[2], y[3]);
+  }
+  i = i0 + 2 * half;
+#endif
+  for (; i < i1; ++i) {
+    const uint16_t* w[2] = {bank_row<uint16_t>(banks[0], e, i), bank_row<uint16_t>(banks[0], e, p.inter + i)};
+    float y[2];
+    dot_rows<2>(w, p.hidden, x, y);
+    emit(i, y[0], y[1]);
   }
 }
 
-// down: an expert with one route pairs output row h with row h + (h1 - h0) / 2 (dot_rows2): two weight streams
-// far apart. Measured on the Zen 3 dev VM (A/B in one process): adjacent row pairs were slower than one row at a
-// time, far-apart pairs faster (the hardware prefetchers run two independent streams). An expert with several
-// routes keeps rowmajor.h's multi-token loop.
+// down: an expert with one route runs R = CPUMOE_BF16_DROWS output rows far apart together, h + j (h1 - h0) / R:
+// R weight streams. Measured on the Zen 3 dev VM (A/B in one process): adjacent row pairs were slower than one
+// row at a time, far-apart pairs faster (the hardware prefetchers run independent streams). Rows left over run
+// one at a time. An expert with several routes keeps rowmajor.h's multi-token loop.
 void down_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
                int32_t n, float* acc, int64_t acc_stride) {
+  constexpr int R = CPUMOE_BF16_DROWS;
   const int K = k->params.inter;
   if (SmallK<Dot>::applies(k)) return rowmajor_down<Dot>(k, banks, h0, h1, routes, n, acc, acc_stride);  // tiny I
   for (int32_t a = 0; a < n;) {
@@ -335,18 +363,21 @@ void down_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int
     }
     const cpumoe_route& r = routes[a];
     float* o = acc + r.token * acc_stride - h0;
-    const int32_t half = (h1 - h0) / 2;
-    for (int32_t h = h0; h < h0 + half; ++h) {
-      float y[2];
-      dot_rows2(bank_row<uint16_t>(banks[1], r.expert, h), bank_row<uint16_t>(banks[1], r.expert, h + half), K,
-                (const float*)r.act, y);
-      o[h] += y[0] * r.weight;
-      o[h + half] += y[1] * r.weight;
+    const int32_t q = (h1 - h0) / R;
+    for (int32_t h = h0; h < h0 + q; ++h) {
+      const uint16_t* w[R];
+      float y[R];
+      CPUMOE_UNROLL
+      for (int j = 0; j < R; ++j) w[j] = bank_row<uint16_t>(banks[1], r.expert, h + j * q);
+      dot_rows<R>(w, K, (const float*)r.act, y);
+      CPUMOE_UNROLL
+      for (int j = 0; j < R; ++j) o[h + j * q] += y[j] * r.weight;
     }
-    if ((h1 - h0) & 1) {
+    for (int32_t h = h0 + R * q; h < h1; ++h) {
+      const uint16_t* w = bank_row<uint16_t>(banks[1], r.expert, h);
       float y;
-      Dot::dotn<1>(k, banks, 1, r.expert, h1 - 1, &r.act, &y);
-      o[h1 - 1] += y * r.weight;
+      dot_rows<1>(&w, K, (const float*)r.act, &y);
+      o[h] += y * r.weight;
     }
     a = b;
   }
