@@ -56,11 +56,6 @@ constexpr int QK = 32, QB = 18;
 // 768 / 1536 / 3072 / 6144 bytes 68-73% / 85% / 95-101% / 72-79%. The hardware streamers stop at 4 KB pages
 // and the gate/up rows are two streams; far enough ahead, the prefetches hide the DRAM latency of both.
 constexpr int kPrefetchBytes = 3072;
-// A lone token's gate_up with four rows in flight (gate and up of rows i and i + half of the item) where the tier
-// has 4-row dots (avx2, avxvnni); 0: gate and up of row i.
-#ifndef CPUMOE_Q4_GATE_QUADS
-#define CPUMOE_Q4_GATE_QUADS 1
-#endif
 CPUMOE_INLINE void prefetch_ahead(const uint8_t* p, int lines = 3) {
   for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
 }
@@ -492,25 +487,7 @@ void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int
                 const void* const* xs, const float* w_in, uint16_t* const* g) {
   constexpr int G = GridOf<Rows>::value;
   const cpumoe_params& p = k->params;
-  int32_t i = i0;
-#if CPUMOE_Q4_GATE_QUADS
-  if constexpr (RowsDownOf<Rows>::value == 4) {
-    if (n == 1) {  // a lone token: gate and up of rows i and i + half (four weight streams)
-      const int32_t half = (i1 - i0) / 2;
-      for (; i < i0 + half; ++i) {
-        const uint8_t* rows[4] = {bank_row<uint8_t>(banks[0], e, i), bank_row<uint8_t>(banks[0], e, p.inter + i),
-                                  bank_row<uint8_t>(banks[0], e, i + half),
-                                  bank_row<uint8_t>(banks[0], e, p.inter + i + half)};
-        float y[4];
-        dot_rt<Rows, 4, 1>(rows, p.hidden, xs, y);
-        g[0][i] = f32_to_bf16(activate(p, y[0] * w_in[0], y[1] * w_in[0]));
-        g[0][i + half] = f32_to_bf16(activate(p, y[2] * w_in[0], y[3] * w_in[0]));
-      }
-      i = i0 + 2 * half;
-    }
-  }
-#endif
-  for (; i < i1; ++i) {
+  for (int32_t i = i0; i < i1; ++i) {
     const uint8_t* rows[2] = {bank_row<uint8_t>(banks[0], e, i), bank_row<uint8_t>(banks[0], e, p.inter + i)};
     for (int32_t j0 = 0; j0 < n;) {
       const int nt = n - j0 < G ? n - j0 : G;
