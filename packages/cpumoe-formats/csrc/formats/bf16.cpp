@@ -1,8 +1,8 @@
 // bf16 experts: gate_up [E, 2I, H], down [E, H, I], both bf16, row-major.
 // Banks (slots): 0 gate_up, 1 down. Ragged H and I allowed (scalar tails).
 // Tiers: scalar; avx2 and avx512f widen bf16 to fp32 (x prepared as fp32,
-// 4 independent FMA chains; avx2 runs two rows per pass for a lone token, see
-// dot_rows2); avx512bf16 feeds vdpbf16ps with bf16 x; amx runs 16-row x 16-token
+// 4 independent FMA chains; avx2 runs 4 (gate_up) or 2 (down) rows per pass for a lone token, see
+// dot_rows); avx512bf16 feeds vdpbf16ps with bf16 x; amx runs 16-row x 16-token
 // tile products (bf16_amx.h).
 #include "../rowmajor.h"
 
