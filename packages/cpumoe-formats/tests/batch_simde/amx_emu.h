@@ -55,37 +55,30 @@ static inline float bk_bf16(const uint8_t* p) {
   memcpy(&f, &u, 4);
   return f;
 }
-// C (M x N dwords) += A (M x K dwords) . B (K x N dwords): the shapes the instructions require, else abort
-static inline void bk_tile_dims(int c, int a, int b, int* M, int* N, int* K) {
+// C (M x N dwords) += A (M x K dwords) . B (K x N dwords), the shapes the instructions require (else abort): each
+// C element, as T, goes through dot(acc, a_row, b_col_k) with a_row = A's row m and b(k) = B's dword (k, n).
+template <class T, class Dot>
+static inline void bk_tile_dp(int c, int a, int b, Dot dot) {
   bk_tile_check(c), bk_tile_check(a), bk_tile_check(b);
-  *M = bk_cfg.rows[c], *N = bk_cfg.colsb[c] / 4, *K = bk_cfg.colsb[a] / 4;
-  if (bk_cfg.rows[a] != *M || bk_cfg.rows[b] != *K || bk_cfg.colsb[b] != bk_cfg.colsb[c]) abort();
-}
-static inline void bk_tile_dpbf16ps(int c, int a, int b) {
-  int M, N, K;
-  bk_tile_dims(c, a, b, &M, &N, &K);
+  const int M = bk_cfg.rows[c], N = bk_cfg.colsb[c] / 4, K = bk_cfg.colsb[a] / 4;
+  if (bk_cfg.rows[a] != M || bk_cfg.rows[b] != K || bk_cfg.colsb[b] != bk_cfg.colsb[c]) abort();
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
-      float acc;
+      T acc;
       memcpy(&acc, &bk_tmm[c][m][4 * n], 4);
-      for (int k = 0; k < K; ++k) {
-        const float s = bk_bf16(&bk_tmm[a][m][4 * k]) * bk_bf16(&bk_tmm[b][k][4 * n]) +
-                        bk_bf16(&bk_tmm[a][m][4 * k + 2]) * bk_bf16(&bk_tmm[b][k][4 * n + 2]);
-        acc += s;
-      }
+      for (int k = 0; k < K; ++k) dot(acc, &bk_tmm[a][m][4 * k], &bk_tmm[b][k][4 * n]);
       memcpy(&bk_tmm[c][m][4 * n], &acc, 4);
     }
+}
+static inline void bk_tile_dpbf16ps(int c, int a, int b) {  // bf16 pairs, each pair's sum added in fp32
+  bk_tile_dp<float>(c, a, b, [](float& acc, const uint8_t* x, const uint8_t* y) {
+    acc += bk_bf16(x) * bk_bf16(y) + bk_bf16(x + 2) * bk_bf16(y + 2);
+  });
 }
 static inline void bk_tile_dpbssd(int c, int a, int b) {  // int8 x int8 products summed exactly in int32
-  int M, N, K;
-  bk_tile_dims(c, a, b, &M, &N, &K);
-  for (int m = 0; m < M; ++m)
-    for (int n = 0; n < N; ++n) {
-      int32_t acc;
-      memcpy(&acc, &bk_tmm[c][m][4 * n], 4);
-      for (int k = 0; k < 4 * K; ++k) acc += (int8_t)bk_tmm[a][m][k] * (int8_t)bk_tmm[b][k / 4][4 * n + k % 4];
-      memcpy(&bk_tmm[c][m][4 * n], &acc, 4);
-    }
+  bk_tile_dp<int32_t>(c, a, b, [](int32_t& acc, const uint8_t* x, const uint8_t* y) {
+    for (int i = 0; i < 4; ++i) acc += (int8_t)x[i] * (int8_t)y[i];
+  });
 }
 #define _tile_loadconfig(p) bk_tile_loadconfig(p)
 #define _tile_release() bk_tile_release()
