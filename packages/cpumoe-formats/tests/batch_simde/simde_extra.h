@@ -117,3 +117,21 @@ static inline simde__m512 bk_shuffle_f32x4(simde__m512 a, simde__m512 b, int imm
 #define _mm512_maskz_loadu_ps(m, p) bk_maskz_loadu_ps((m), (p))
 #define _mm256_maskz_loadu_epi16(m, p) bk_maskz_loadu_epi16_256((m), (p))
 #define _mm512_shuffle_f32x4(a, b, imm) bk_shuffle_f32x4((a), (b), (imm))
+// q4_0's amx tier (gathered B rows): the 16-dword gather (scale 1 only) and the truncating dword -> word narrowing.
+static inline simde__m512i bk_i32gather_epi32(simde__m512i idx, const void* base, int scale) {
+  int32_t o[16], v[16];
+  simde_mm512_storeu_si512(o, idx);
+  for (int i = 0; i < 16; ++i) memcpy(&v[i], (const char*)base + (ptrdiff_t)o[i] * scale, 4);
+  return simde_mm512_loadu_si512(v);
+}
+static inline simde__m256i bk_cvtepi32_epi16(simde__m512i a) {
+  uint32_t w[16];
+  uint16_t h[16];
+  simde_mm512_storeu_si512(w, a);
+  for (int i = 0; i < 16; ++i) h[i] = (uint16_t)w[i];
+  return simde_mm256_loadu_si256(h);
+}
+#undef _mm512_i32gather_epi32
+#undef _mm512_cvtepi32_epi16
+#define _mm512_i32gather_epi32(idx, base, scale) bk_i32gather_epi32((idx), (base), (scale))
+#define _mm512_cvtepi32_epi16(a) bk_cvtepi32_epi16(a)
