@@ -38,7 +38,7 @@ PYBIND_SITE=$("$PY" -c 'import os, pybind11; print(os.path.dirname(os.path.dirna
 export PYTHONPATH="$work/formats:$work/executor"
 # Each package's suite in its own pytest run (each has its own conftest). The bench smoke
 # tests only add runtime under a sanitizer; everything else runs.
-for suite in cpumoe-formats cpumoe-executor; do
+for suite in ${SUITES:-cpumoe-formats cpumoe-executor}; do  # SUITES: a subset, e.g. SUITES=cpumoe-executor
   echo "== $mode: $suite"
   LD_PRELOAD="$preload" "${wrap[@]}" "$PY" -m pytest -q -p no:cacheprovider "$root/packages/$suite/tests" \
     -k "not bench" "$@"

@@ -3,9 +3,13 @@
 // finishes an expert group's last row block preparing that group's g; down).
 // Stages are ordered by completion counters, not barriers: a thread waits only
 // for the work it depends on, never for another thread to arrive, so a late
-// worker (waking, preempted) delays nothing and finds no work left. Every item
-// is computed by exactly one thread in a fixed order, so the output is
-// bit-identical for any thread count and any team size.
+// worker (waking, preempted) delays nothing and finds no work left. A down item
+// waits per expert group: it starts on the groups whose g is ready while the
+// last groups' gate_up items still run, and adds their terms in route order
+// whatever calls they arrive in (the down contract; formats'
+// test_down_route_split). Every item is computed by exactly one thread in a
+// fixed order, so the output is bit-identical for any thread count and any team
+// size.
 #include "executor.h"
 
 #include <sys/mman.h>
@@ -48,6 +52,7 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
   rg_.resize(R);
   routes_.resize(R);
   left_.reset(new std::atomic<int>[R]);
+  gready_.reset(new std::atomic<int>[R]);
   expert_bytes_.assign(cfg_.num_layers, 0);
 
   // IO block (protocol v1): page-aligned, header then 64-byte aligned arrays.
@@ -144,8 +149,9 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   }
   const int blk = std::max(1, k_->block_hint);
   st_ = {layer, T, nroutes, ngroups, (I + blk - 1) / blk, (H + blk - 1) / blk, blk, x, y, banks_[layer].data()};
-  c0_ = 0, c1_ = 0, c3_ = 0, d0_ = 0, d2_ = 0, d3_ = 0;
-  for (int grp = 0; grp < ngroups; ++grp) left_[grp].store(st_.n_iblk, std::memory_order_relaxed);
+  c0_ = 0, c1_ = 0, c3_ = 0, d0_ = 0, d3_ = 0;
+  for (int grp = 0; grp < ngroups; ++grp)
+    left_[grp].store(st_.n_iblk, std::memory_order_relaxed), gready_[grp].store(0, std::memory_order_relaxed);
   busy_since_.store(mono_ns(), std::memory_order_release);
   // The caller runs body() too and waits for the last down item: y is complete on return,
   // while workers may still be leaving body() (the next step's quiesce() waits for them).
@@ -185,14 +191,20 @@ void Executor::body(int) {
     k_->gate_up(k_, s.banks, gexpert_[grp], i0, std::min(I, i0 + s.blk), b - a, &rxp_[a], &rwin_[a], &rg_[a]);
     if (s.n_iblk > 1 && left_[grp].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
     for (int j = a; j < b; ++j) k_->prep_act(k_, rg_[j], I, const_cast<void*>(routes_[j].act));
-    d2_.fetch_add(b - a, std::memory_order_release);
+    gready_[grp].store(1, std::memory_order_release);
   }
-  wait_at_least(d2_, s.nroutes);
-  // stage 2: down over all routes, one output row block per item, then bf16 y
+  // stage 2: down over all routes, one output row block per item, then bf16 y. Every gate_up item
+  // is claimed by now, so the groups waited for are being finished by threads that never wait.
   for (int hb; (hb = c3_.fetch_add(1, std::memory_order_relaxed)) < s.n_hblk;) {
     const int h0 = hb * s.blk, h1 = std::min(H, h0 + s.blk);
     for (int t = 0; t < s.T; ++t) std::fill(&acc_[(size_t)t * H + h0], &acc_[(size_t)t * H + h1], 0.0f);
-    k_->down(k_, s.banks, h0, h1, routes_.data(), s.nroutes, acc_.data() + h0, H);
+    for (int g0 = 0, g1 = 0; g0 < s.ngroups; g0 = g1) {  // the run of ready groups from g0, waiting for g0 only
+      for (unsigned i = 0; g1 == g0; ++i) {
+        while (g1 < s.ngroups && gready_[g1].load(std::memory_order_acquire)) ++g1;
+        if (g1 == g0) spin_pause(i);
+      }
+      k_->down(k_, s.banks, h0, h1, &routes_[gstart_[g0]], gstart_[g1] - gstart_[g0], acc_.data() + h0, H);
+    }
     for (int t = 0; t < s.T; ++t)
       for (int h = h0; h < h1; ++h) s.y[(size_t)t * H + h] = cpumoe_f32_to_bf16(acc_[(size_t)t * H + h]);
     d3_.fetch_add(1, std::memory_order_release);

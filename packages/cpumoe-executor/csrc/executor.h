@@ -108,10 +108,10 @@ class Executor {
   alignas(64) std::atomic<int> c0_{0};
   alignas(64) std::atomic<int> d0_{0};
   alignas(64) std::atomic<int> c1_{0};
-  alignas(64) std::atomic<int> d2_{0};
   alignas(64) std::atomic<int> c3_{0};
   alignas(64) std::atomic<int> d3_{0};
-  std::unique_ptr<std::atomic<int>[]> left_;  // row blocks left per expert group
+  std::unique_ptr<std::atomic<int>[]> left_;   // row blocks left per expert group
+  std::unique_ptr<std::atomic<int>[]> gready_;  // 1 once an expert group's g rows are prepared (down may read them)
   std::vector<int64_t> expert_bytes_;          // per layer
   std::atomic<int64_t> team_unit_{kTeamUnitDefault};
 
