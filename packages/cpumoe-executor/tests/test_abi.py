@@ -22,7 +22,8 @@ def build(tmp: Path, *defines):
     so = tmp / ("exec_consumer" + sysconfig.get_config_var("EXT_SUFFIX"))
     subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
                     f"-I{sysconfig.get_paths()['include']}", f"-I{ce.get_include()}", *defines,
-                    str(HERE / "abi_consumer.c"), "-o", str(so)], check=True, capture_output=True)
+                    str(HERE / "abi_consumer.c"), "-o", str(so)], check=True, capture_output=True,
+                   env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})  # the compiler: unsanitized
     spec = importlib.util.spec_from_file_location("exec_consumer", so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
