@@ -61,14 +61,8 @@ static inline simde__m512i bk_cvtepu8_epi32(simde__m128i a) {
   for (int i = 0; i < 16; ++i) w[i] = b[i];
   return simde_mm512_loadu_si512(w);
 }
-static inline simde__m512 bk_cvtph_ps(simde__m256i a) {  // exact fp16 -> fp32 through the 128-bit F16C emulation
-  return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(a))),
-                                 simde_mm256_cvtph_ps(simde_mm256_extracti128_si256(a, 1)), 1);
-}
 #undef _mm512_cvtepu8_epi32
 #define _mm512_cvtepu8_epi32(a) bk_cvtepu8_epi32(a)
-#undef _mm512_cvtph_ps
-#define _mm512_cvtph_ps(a) bk_cvtph_ps(a)
 #ifndef _MM_FROUND_NO_EXC
 #define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
 #define _MM_FROUND_TO_NEAREST_INT SIMDE_MM_FROUND_TO_NEAREST_INT

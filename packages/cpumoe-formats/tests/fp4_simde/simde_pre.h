@@ -38,7 +38,7 @@ static inline simde__m512 _mm512_cvtepi32_ps(simde__m512i a) {
   return simde_mm512_loadu_ps(f);
 }
 // ... nor _mm512_cvtph_ps (nvfp4 avx512vnni w4a8 decodes 16 e4m3 scales at once): exact, through the 128-bit F16C
-// emulation (batch_simde/simde_extra.h replaces it with its own).
+// emulation (batch_simde/simde_extra.h, which includes this file, uses it too).
 static inline simde__m512 fp4_cvtph_ps(simde__m256i a) {
   return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(a))),
                                  simde_mm256_cvtph_ps(simde_mm256_extracti128_si256(a, 1)), 1);
