@@ -61,6 +61,13 @@ CPUMOE_INLINE float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16)
 CPUMOE_INLINE uint16_t f32_to_bf16(float f) { return cpumoe_f32_to_bf16(f); }
 CPUMOE_INLINE float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+// prefetcht0 of every 64-byte line of [p, p + n): the start of a weight stream before its first read, or the
+// next expert group's rows while this one runs (rows are too short for an in-stream distance to cover them).
+CPUMOE_INLINE void prefetch_span(const uint8_t* p, int64_t n) {
+  for (uintptr_t q = (uintptr_t)p & ~(uintptr_t)63, e = (uintptr_t)p + n; q < e; q += 64)
+    __builtin_prefetch((const void*)q, 0, 3);
+}
+
 // IEEE half -> float, exact for every code (subnormals, inf, NaN).
 CPUMOE_INLINE float fp16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;

@@ -61,11 +61,6 @@ constexpr int kPrefetchBytes = CPUMOE_FP4_PF;
 #ifndef CPUMOE_FP4_AHEAD
 #define CPUMOE_FP4_AHEAD 3
 #endif
-// Every line of [p, p + n).
-CPUMOE_INLINE void prefetch_span(const uint8_t* p, int64_t n) {
-  for (uintptr_t q = (uintptr_t)p & ~(uintptr_t)63, e = (uintptr_t)p + n; q < e; q += 64)
-    __builtin_prefetch((const void*)q, 0, 3);
-}
 CPUMOE_INLINE void prefetch_stream(const uint8_t* p, int lines, const uint8_t* s, int scale_ratio) {
   for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
   __builtin_prefetch(s + kPrefetchBytes / scale_ratio, 0, 3);

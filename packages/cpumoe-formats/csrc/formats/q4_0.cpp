@@ -59,6 +59,16 @@ constexpr int kPrefetchBytes = 3072;
 CPUMOE_INLINE void prefetch_ahead(const uint8_t* p, int lines = 3) {
   for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
 }
+// Stream starts the in-stream distance cannot cover (as fp4_common.h's CPUMOE_FP4_AHEAD): bit 1 = a lone route's
+// down prefetches the next expert group's rows while it runs this group's (an item's rows of one expert are 32
+// x 396 bytes at gemma's I = 704, its streams shorter than kPrefetchBytes); bit 2 = a lone token's gate_up item
+// starts by prefetching the first kPrefetchBytes of its gate and up streams. Build knob (ci/kernel_sweep.sh);
+// Zen 3 VM, 2 threads, gemma batch 1 random and shared, 2 x 3 interleaved rounds: 3 faster than 0 in 11 of 12
+// pairs (median steps 1720 / 1869 against 1856 / 1980 us). H200 host, 16 threads, avx512vnni (2 rounds): within
+// the noise (random 339 / 294 against 324 / 272 us, shared 266 / 258 against 280 / 272 us).
+#ifndef CPUMOE_Q4_AHEAD
+#define CPUMOE_Q4_AHEAD 3
+#endif
 
 CPUMOE_INLINE uint16_t ld16(const uint8_t* p) {
   uint16_t v;
@@ -489,6 +499,10 @@ void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int
   const cpumoe_params& p = k->params;
   for (int32_t i = i0; i < i1; ++i) {
     const uint8_t* rows[2] = {bank_row<uint8_t>(banks[0], e, i), bank_row<uint8_t>(banks[0], e, p.inter + i)};
+    if (CPUMOE_Q4_AHEAD & 2 && n == 1 && i == i0) {
+      const int64_t w = std::min<int64_t>(kPrefetchBytes, (int64_t)(i1 - i0) * banks[0].row_stride);
+      prefetch_span(rows[0], w), prefetch_span(rows[1], w);
+    }
     for (int32_t j0 = 0; j0 < n;) {
       const int nt = n - j0 < G ? n - j0 : G;
       float gate[G], up[G];
@@ -530,11 +544,17 @@ void q4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32
       continue;
     }
     int32_t h = h0;  // one route (or a Rows without multi-token dots): rows in split quads (kRowsDown = 4) / pairs
+    // CPUMOE_Q4_AHEAD bit 1: rows [h0, h1) of an expert are one contiguous span; the call's first group fetches
+    // its own (no predecessor did), every group fetches the next group's rows as it reaches the same rows
+    const int64_t rs = banks[1].row_stride;
+    const uint8_t* next = CPUMOE_Q4_AHEAD & 1 && b < n ? bank_row<uint8_t>(banks[1], routes[b].expert, 0) : nullptr;
+    if (CPUMOE_Q4_AHEAD & 1 && a == 0) prefetch_span(bank_row<uint8_t>(banks[1], e, h0), (h1 - h0) * rs);
     if constexpr (RowsDownOf<Rows>::value == 4) {
       // quads of two far-apart row pairs (h, h+1, h+half, h+half+1): two weight streams in flight. On the Zen 3
       // dev VM this beat adjacent quads in 4 of 4 A/B rounds (~64-71 % -> ~65-79 % of the read ceiling).
       const int32_t half = (h1 - h0) / 2 & ~1;
       for (; h < h0 + half; h += 2) {
+        if (next) prefetch_span(next + h * rs, 2 * rs), prefetch_span(next + (h + half) * rs, 2 * rs);
         const uint8_t* rows[4] = {bank_row<uint8_t>(banks[1], e, h), bank_row<uint8_t>(banks[1], e, h + 1),
                                   bank_row<uint8_t>(banks[1], e, h + half),
                                   bank_row<uint8_t>(banks[1], e, h + half + 1)};
@@ -549,6 +569,7 @@ void q4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32
       h = h0 + 2 * half;  // < 4 rows left: the pair / single loops below
     }
     for (; h + 2 <= h1; h += 2) {
+      if (next) prefetch_span(next + h * rs, 2 * rs);
       const uint8_t* rows[2] = {bank_row<uint8_t>(banks[1], e, h), bank_row<uint8_t>(banks[1], e, h + 1)};
       for (int32_t r = a; r < b; ++r) {
         float y[2];
@@ -559,6 +580,7 @@ void q4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32
       }
     }
     if (h < h1) {
+      if (next) prefetch_span(next + h * rs, rs);
       const uint8_t* rows[1] = {bank_row<uint8_t>(banks[1], e, h)};
       for (int32_t r = a; r < b; ++r) {
         float y;
