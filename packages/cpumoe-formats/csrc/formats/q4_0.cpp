@@ -497,12 +497,12 @@ void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int
                 const void* const* xs, const float* w_in, uint16_t* const* g) {
   constexpr int G = GridOf<Rows>::value;
   const cpumoe_params& p = k->params;
+  if (CPUMOE_Q4_AHEAD & 2 && n == 1) {  // the first kPrefetchBytes of the item's gate and up streams
+    const int64_t w = std::min<int64_t>(kPrefetchBytes, (int64_t)(i1 - i0) * banks[0].row_stride);
+    prefetch_span(bank_row<uint8_t>(banks[0], e, i0), w), prefetch_span(bank_row<uint8_t>(banks[0], e, p.inter + i0), w);
+  }
   for (int32_t i = i0; i < i1; ++i) {
     const uint8_t* rows[2] = {bank_row<uint8_t>(banks[0], e, i), bank_row<uint8_t>(banks[0], e, p.inter + i)};
-    if (CPUMOE_Q4_AHEAD & 2 && n == 1 && i == i0) {
-      const int64_t w = std::min<int64_t>(kPrefetchBytes, (int64_t)(i1 - i0) * banks[0].row_stride);
-      prefetch_span(rows[0], w), prefetch_span(rows[1], w);
-    }
     for (int32_t j0 = 0; j0 < n;) {
       const int nt = n - j0 < G ? n - j0 : G;
       float gate[G], up[G];
