@@ -28,13 +28,7 @@ static inline simde__m256i bk_maskz_loadu_epi8_256(uint32_t m, const void* p) {
     if (m >> i & 1) v[i] = ((const uint8_t*)p)[i];
   return simde_mm256_loadu_si256(v);
 }
-static inline simde__m512i bk_cvtepu8_epi16(simde__m256i a) {
-  uint8_t b[32];
-  uint16_t w[32];
-  simde_mm256_storeu_si256(b, a);
-  for (int i = 0; i < 32; ++i) w[i] = b[i];
-  return simde_mm512_loadu_si512(w);
-}
+static inline simde__m512i bk_cvtepu8_epi16(simde__m256i a) { return lanes_cvt<uint8_t, uint16_t, 32, simde__m512i>(a); }
 static inline uint32_t bk_testn_epi16_mask(simde__m512i a, simde__m512i b) {
   uint16_t x[32], y[32];
   simde_mm512_storeu_si512(x, a);
@@ -45,22 +39,10 @@ static inline uint32_t bk_testn_epi16_mask(simde__m512i a, simde__m512i b) {
 }
 #undef _mm512_testn_epi16_mask
 #define _mm512_testn_epi16_mask(a, b) bk_testn_epi16_mask((a), (b))
-static inline simde__m512i bk_cvtepu16_epi32(simde__m256i a) {
-  uint16_t h[16];
-  uint32_t w[16];
-  simde_mm256_storeu_si256(h, a);
-  for (int i = 0; i < 16; ++i) w[i] = h[i];
-  return simde_mm512_loadu_si512(w);
-}
+static inline simde__m512i bk_cvtepu16_epi32(simde__m256i a) { return lanes_cvt<uint16_t, uint32_t, 16, simde__m512i>(a); }
 #undef _mm512_cvtepu16_epi32
 #define _mm512_cvtepu16_epi32(a) bk_cvtepu16_epi32(a)
-static inline simde__m512i bk_cvtepu8_epi32(simde__m128i a) {
-  uint8_t b[16];
-  uint32_t w[16];
-  simde_mm_storeu_si128(b, a);
-  for (int i = 0; i < 16; ++i) w[i] = b[i];
-  return simde_mm512_loadu_si512(w);
-}
+static inline simde__m512i bk_cvtepu8_epi32(simde__m128i a) { return lanes_cvt<uint8_t, uint32_t, 16, simde__m512i>(a); }
 #undef _mm512_cvtepu8_epi32
 #define _mm512_cvtepu8_epi32(a) bk_cvtepu8_epi32(a)
 #ifndef _MM_FROUND_NO_EXC
@@ -118,13 +100,7 @@ static inline simde__m512i bk_i32gather_epi32(simde__m512i idx, const void* base
   for (int i = 0; i < 16; ++i) memcpy(&v[i], (const char*)base + (ptrdiff_t)o[i] * scale, 4);
   return simde_mm512_loadu_si512(v);
 }
-static inline simde__m256i bk_cvtepi32_epi16(simde__m512i a) {
-  uint32_t w[16];
-  uint16_t h[16];
-  simde_mm512_storeu_si512(w, a);
-  for (int i = 0; i < 16; ++i) h[i] = (uint16_t)w[i];
-  return simde_mm256_loadu_si256(h);
-}
+static inline simde__m256i bk_cvtepi32_epi16(simde__m512i a) { return lanes_cvt<uint32_t, uint16_t, 16, simde__m256i>(a); }
 #undef _mm512_i32gather_epi32
 #undef _mm512_cvtepi32_epi16
 #define _mm512_i32gather_epi32(idx, base, scale) bk_i32gather_epi32((idx), (base), (scale))

@@ -27,16 +27,24 @@ static inline float _mm512_reduce_add_ps(simde__m512 v) {
 #define __AVX512VL__ 1
 #endif
 static inline float _cvtsh_ss(unsigned short h) { return simde_mm_cvtss_f32(simde_mm_cvtph_ps(simde_mm_cvtsi32_si128(h))); }
+// Lane-wise conversion of the first N From lanes of v to To (C conversion: zero / sign extension, truncation,
+// int -> float), through plain arrays: every SIMDe conversion gap the checks fill has this shape.
+#include <string.h>
+template <class From, class To, int N, class Out, class In>
+static inline Out lanes_cvt(In v) {
+  static_assert(sizeof(In) >= N * sizeof(From) && sizeof(Out) == N * sizeof(To), "lane counts");
+  From a[N];
+  To b[N];
+  Out o;
+  memcpy(a, &v, sizeof a);
+  for (int i = 0; i < N; ++i) b[i] = (To)a[i];
+  memcpy(&o, b, sizeof o);
+  return o;
+}
 // SIMDe 0.7.4 gaps: its _mm512_madd_epi16 alias takes 4 arguments, and it has no _mm512_cvtepi32_ps.
 #undef _mm512_madd_epi16
 #define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
-static inline simde__m512 _mm512_cvtepi32_ps(simde__m512i a) {
-  int32_t i[16];
-  float f[16];
-  simde_mm512_storeu_si512(i, a);
-  for (int k = 0; k < 16; ++k) f[k] = (float)i[k];
-  return simde_mm512_loadu_ps(f);
-}
+static inline simde__m512 _mm512_cvtepi32_ps(simde__m512i a) { return lanes_cvt<int32_t, float, 16, simde__m512>(a); }
 // ... nor _mm512_cvtph_ps (nvfp4 avx512vnni w4a8 decodes 16 e4m3 scales at once): exact, through the 128-bit F16C
 // emulation (batch_simde/simde_extra.h, which includes this file, uses it too).
 static inline simde__m512 fp4_cvtph_ps(simde__m256i a) {
