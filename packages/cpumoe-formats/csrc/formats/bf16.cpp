@@ -1,9 +1,9 @@
 // bf16 experts: gate_up [E, 2I, H], down [E, H, I], both bf16, row-major.
 // Banks (slots): 0 gate_up, 1 down. Ragged H and I allowed (scalar tails).
-// Tiers: scalar; avx2 and avx512f widen bf16 to fp32 (x prepared as fp32,
-// 4 independent FMA chains; avx2 runs 4 (gate_up) or 2 (down) rows per pass for a lone token, see
-// dot_rows); avx512bf16 feeds vdpbf16ps with bf16 x; amx runs 16-row x 16-token
-// tile products (bf16_amx.h).
+// Tiers: scalar; avx2 and avx512f widen bf16 to fp32 (x prepared as fp32), avx512bf16 feeds vdpbf16ps with
+// bf16 x: one rows x tokens template (dot_rt, 4 independent chains per pair) serves all three; a lone token
+// runs 4 (gate_up) or 2 (down) rows per pass, several tokens share each decoded row vector. amx runs 16-row x
+// 16-token tile products (bf16_amx.h).
 #include "../rowmajor.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -13,10 +13,18 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-// avx2 software prefetch: CPUMOE_BF16_PF elements (2 bytes each) ahead of every row's read position, with
-// locality CPUMOE_BF16_PF_LOC (0 = prefetchnta ... 3 = prefetcht0).
+// Software prefetch: CPUMOE_BF16_PF elements (2 bytes each) ahead of every row's read position, with
+// locality CPUMOE_BF16_PF_LOC (0 = prefetchnta ... 3 = prefetcht0); 0 elements: none.
+// avx2: 256 (Zen 3 VM, 2026-11-29/30: helped the avx2 rows). AVX-512 tiers: none. Zen 4 VM (2026-11-30, single
+// thread, % of the read ceiling, 2 rounds): no prefetch 80-81% against 256 ahead 63-69%, 512 ahead 68-69%,
+// 1024 44-68%; two threads, batch 1: 1784-2070 us per step against 2417-2422 us. Intel hosts with AVX-512 run
+// bf16 on their amx tier.
 #ifndef CPUMOE_BF16_PF
+#if CPUMOE_TIER == CPUMOE_T_AVX2
 #define CPUMOE_BF16_PF 256
+#else
+#define CPUMOE_BF16_PF 0
+#endif
 #endif
 #ifndef CPUMOE_BF16_PF_LOC
 #define CPUMOE_BF16_PF_LOC 0
@@ -30,7 +38,11 @@
 #ifndef CPUMOE_BF16_DROWS
 #define CPUMOE_BF16_DROWS 2
 #endif
+#if CPUMOE_BF16_PF > 0
 #define BF16_PREFETCH(p) __builtin_prefetch((const void*)((p) + CPUMOE_BF16_PF), 0, CPUMOE_BF16_PF_LOC)
+#else
+#define BF16_PREFETCH(p) ((void)0)
+#endif
 
 namespace cpumoe {
 namespace CPUMOE_NS {
@@ -41,15 +53,135 @@ CPUMOE_INLINE const uint16_t* row_of(const cpumoe_kernel* k, const cpumoe_bank* 
   return bank_row<uint16_t>(banks[pass], e, row);
 }
 
-// Each token has 4 accumulator chains (chunk c of the main loop goes to chain c % 4, the one-vector tail to
-// chain 0), summed as (a0 + a1) + (a2 + a3), then the scalar tail in order: the same operations for every NT,
-// so a token's dot never depends on which tokens share the call. A weight vector is loaded (and widened)
-// once per NT tokens. NT <= 3 on AVX2 (12 of 16 ymm hold accumulators), <= 4 on AVX-512 (16 of 32 zmm).
+#if CPUMOE_TIER != CPUMOE_T_SCALAR
+// One tier's vector: L bf16 weights widened (or fed to vdpbf16ps as they are) against L activation values.
+// XT: the prepared activation's element (fp32, or bf16 for vdpbf16ps). kMasked: the tail runs as masked
+// vectors (zero lanes add nothing), else as whole vectors then scalars.
+struct Lanes {
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI  // (the int8 tiers have no bf16 kernel)
+  using A = __m256; using W = __m256; using X = __m256; using XT = float;
+  static constexpr int L = 8;
+  static constexpr bool kMasked = false;
+  static A zero() { return _mm256_setzero_ps(); }
+  static W w(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  }
+  static X x(const float* p) { return _mm256_loadu_ps(p); }
+  static A fma(A a, W w, X x) { return _mm256_fmadd_ps(w, x, a); }
+  static A add(A a, A b) { return _mm256_add_ps(a, b); }
+  static float hsum(A a) { return hsum256(a); }
+#elif CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
+  using A = __m512; using W = __m512bh; using X = __m512bh; using XT = uint16_t;
+  static constexpr int L = 32;
+  static constexpr bool kMasked = true;
+  static A zero() { return _mm512_setzero_ps(); }
+  static W w(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static X x(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static W wm(__mmask32 m, const uint16_t* p) { return (__m512bh)_mm512_maskz_loadu_epi16(m, p); }
+  static X xm(__mmask32 m, const uint16_t* p) { return (__m512bh)_mm512_maskz_loadu_epi16(m, p); }
+  static A fma(A a, W w, X x) { return _mm512_dpbf16_ps(a, w, x); }
+  static A add(A a, A b) { return _mm512_add_ps(a, b); }
+  static float hsum(A a) { return hsum512(a); }
+#else  // avx512f, avx512vnni
+  using A = __m512; using W = __m512; using X = __m512; using XT = float;
+  static constexpr int L = 16;
+  static constexpr bool kMasked = false;
+  static A zero() { return _mm512_setzero_ps(); }
+  static W w(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+  }
+  static X x(const float* p) { return _mm512_loadu_ps(p); }
+  static A fma(A a, W w, X x) { return _mm512_fmadd_ps(w, x, a); }
+  static A add(A a, A b) { return _mm512_add_ps(a, b); }
+  static float hsum(A a) { return hsum512(a); }
+#endif
+};
+
+// out[r * NT + t] = dot(row w[r], token x[t]) for R rows and NT tokens in one pass: R weight streams in flight, each
+// vector decoded once for the NT tokens. Every (row, token) pair has 4 chains (chunk vector c -> chain c, the tail
+// vectors -> chain 0), reduced as (a0 + a1) + (a2 + a3), then the scalar tail in order: a pair's arithmetic is the
+// same whatever R, NT and its neighbours, so a token's output never depends on its batch or on how rows are grouped.
+// Each row's cache lines are prefetched CPUMOE_BF16_PF elements ahead (locality CPUMOE_BF16_PF_LOC).
+// Registers: R * NT * 4 accumulators; R * NT <= 3 (avx2, 16 ymm) or 4 (avx-512, 32 zmm), R = 4 with NT = 1 on avx2
+// spills a little and was still the fastest lone-token gate_up on Zen 3.
+template <int R, int NT, class V = Lanes>  // V a parameter so that `if constexpr` discards the other tail
+CPUMOE_INLINE void dot_rt(const uint16_t* const* w, int K, const typename V::XT* const* x, float* out) {
+  constexpr int L = V::L;
+  typename V::A a[R][NT][4];
+  CPUMOE_UNROLL
+  for (int r = 0; r < R; ++r)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) a[r][t][0] = a[r][t][1] = a[r][t][2] = a[r][t][3] = V::zero();
+  int i = 0;
+  for (; i + 4 * L <= K; i += 4 * L) {
+    CPUMOE_UNROLL
+    for (int r = 0; r < R; ++r)
+      CPUMOE_UNROLL
+      for (int o = 0; o < 4 * L; o += 32) BF16_PREFETCH(w[r] + i + o);  // one per 64-byte line
+    CPUMOE_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      typename V::X xv[NT];
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) xv[t] = V::x(x[t] + i + L * c);
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const typename V::W wv = V::w(w[r] + i + L * c);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) a[r][t][c] = V::fma(a[r][t][c], wv, xv[t]);
+      }
+    }
+  }
+  if constexpr (V::kMasked) {
+    for (; i < K; i += L) {
+      const __mmask32 m = K - i >= L ? 0xFFFFFFFFu : ((1u << (K - i)) - 1u);
+      typename V::X xv[NT];
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) xv[t] = V::xm(m, x[t] + i);
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const typename V::W wv = V::wm(m, w[r] + i);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) a[r][t][0] = V::fma(a[r][t][0], wv, xv[t]);
+      }
+    }
+  } else {
+    for (; i + L <= K; i += L) {
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const typename V::W wv = V::w(w[r] + i);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) a[r][t][0] = V::fma(a[r][t][0], wv, V::x(x[t] + i));
+      }
+    }
+  }
+  float s[R][NT];
+  CPUMOE_UNROLL
+  for (int r = 0; r < R; ++r)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t)
+      s[r][t] = V::hsum(V::add(V::add(a[r][t][0], a[r][t][1]), V::add(a[r][t][2], a[r][t][3])));
+  if constexpr (!V::kMasked) {
+    for (; i < K; ++i)
+      CPUMOE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const float wf = bf16_to_f32(w[r][i]);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) s[r][t] += wf * (float)x[t][i];
+      }
+  }
+  CPUMOE_UNROLL
+  for (int r = 0; r < R; ++r)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) out[r * NT + t] = s[r][t];
+}
+#endif
+
+// The row dot of every tier: NT tokens against one row (dot_rt<1, NT>), or the scalar loop.
 struct Dot {
   static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
   static constexpr int kMaxNT = 1;
-#elif CPUMOE_TIER == CPUMOE_T_AVX2
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
   static constexpr int kMaxNT = 3;
 #else
   static constexpr int kMaxNT = 4;
@@ -59,96 +191,13 @@ struct Dot {
                    const void* const* acts, float* out) {
     int K;
     const uint16_t* w = row_of(k, banks, pass, e, row, &K);
-    int i = 0;
-#if CPUMOE_TIER == CPUMOE_T_AVX512BF16
-    const uint16_t* x[NT];
-    __m512 a[NT][4];
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      x[t] = (const uint16_t*)acts[t];
-      a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
-    }
-    for (; i + 128 <= K; i += 128) {
-      CPUMOE_PREFETCH(w + i + 512);
-      CPUMOE_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i + 32 * c);
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t)
-          a[t][c] = _mm512_dpbf16_ps(a[t][c], wv, (__m512bh)_mm512_loadu_si512(x[t] + i + 32 * c));
-      }
-    }
-    for (; i < K; i += 32) {  // masked tail: zero lanes contribute nothing
-      const __mmask32 m = K - i >= 32 ? 0xFFFFFFFFu : ((1u << (K - i)) - 1u);
-      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + i);
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t)
-        a[t][0] = _mm512_dpbf16_ps(a[t][0], wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x[t] + i));
-    }
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t)
-      out[t] = hsum512(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+    float s = 0.f;
+    const float* x = (const float*)acts[0];
+    for (int i = 0; i < K; ++i) s += bf16_to_f32(w[i]) * x[i];
+    out[0] = s;
 #else
-    const float* x[NT];
-    float s[NT];
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) x[t] = (const float*)acts[t], s[t] = 0.f;
-#if CPUMOE_TIER == CPUMOE_T_AVX512F
-    auto wide = [&](int o) {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + o))), 16));
-    };
-    __m512 a[NT][4];
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
-    for (; i + 64 <= K; i += 64) {
-      CPUMOE_PREFETCH(w + i + 512);
-      CPUMOE_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const __m512 wv = wide(i + 16 * c);
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) a[t][c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i + 16 * c), a[t][c]);
-      }
-    }
-    for (; i + 16 <= K; i += 16) {
-      const __m512 wv = wide(i);
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) a[t][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i), a[t][0]);
-    }
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t)
-      s[t] = hsum512(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
-#elif CPUMOE_TIER == CPUMOE_T_AVX2
-    auto wide = [&](int o) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + o))), 16));
-    };
-    __m256 a[NT][4];
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_ps();
-    for (; i + 32 <= K; i += 32) {
-      BF16_PREFETCH(w + i);
-      CPUMOE_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const __m256 wv = wide(i + 8 * c);
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) a[t][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[t] + i + 8 * c), a[t][c]);
-      }
-    }
-    for (; i + 8 <= K; i += 8) {
-      const __m256 wv = wide(i);
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) a[t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[t] + i), a[t][0]);
-    }
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t)
-      s[t] = hsum256(_mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3])));
-#endif
-    for (; i < K; ++i) {
-      const float wf = bf16_to_f32(w[i]);
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) s[t] += wf * x[t][i];
-    }
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) out[t] = s[t];
+    dot_rt<1, NT>(&w, K, (const Lanes::XT* const*)acts, out);
 #endif
   }
 
@@ -274,53 +323,15 @@ struct Dot {
 #endif
 };
 
-#if CPUMOE_TIER == CPUMOE_T_AVX2
-// One token against R rows in one pass (R weight streams in flight, 4R chains): each row's chains, their order and
-// the final reduction are exactly those of Dot::dotn<1> (chunk c -> chain c, the one-vector tail -> chain 0,
-// (a0 + a1) + (a2 + a3), then the scalar tail in order), so the result equals the one-row dot bit for bit and a
-// token's output never depends on its batch or on how its rows are grouped.
-template <int R>
-CPUMOE_INLINE void dot_rows(const uint16_t* const* w, int K, const float* x, float* out) {
-  auto wide = [](const uint16_t* p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-  };
-  __m256 a[R][4];
-  CPUMOE_UNROLL
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 32 <= K; i += 32) {
-    CPUMOE_UNROLL
-    for (int r = 0; r < R; ++r) BF16_PREFETCH(w[r] + i);
-    CPUMOE_UNROLL
-    for (int c = 0; c < 4; ++c) {
-      const __m256 xv = _mm256_loadu_ps(x + i + 8 * c);
-      CPUMOE_UNROLL
-      for (int r = 0; r < R; ++r) a[r][c] = _mm256_fmadd_ps(wide(w[r] + i + 8 * c), xv, a[r][c]);
-    }
-  }
-  for (; i + 8 <= K; i += 8) {
-    const __m256 xv = _mm256_loadu_ps(x + i);
-    CPUMOE_UNROLL
-    for (int r = 0; r < R; ++r) a[r][0] = _mm256_fmadd_ps(wide(w[r] + i), xv, a[r][0]);
-  }
-  float s[R];
-  CPUMOE_UNROLL
-  for (int r = 0; r < R; ++r) s[r] = hsum256(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
-  for (; i < K; ++i)
-    CPUMOE_UNROLL
-    for (int r = 0; r < R; ++r) s[r] += bf16_to_f32(w[r][i]) * x[i];
-  CPUMOE_UNROLL
-  for (int r = 0; r < R; ++r) out[r] = s[r];
-}
-
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F || CPUMOE_TIER == CPUMOE_T_AVX512BF16
 // gate_up: a lone token runs gate and up rows together: rows i and i + half of the item (CPUMOE_BF16_GROWS = 4:
 // four streams) or row i alone (2: two streams); several tokens keep rowmajor.h's multi-token loop (each row
 // decoded once per block of tokens).
-void gate_up_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+void gate_up_lone(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
                   const void* const* xs, const float* w_in, uint16_t* const* g) {
   if (n != 1) return rowmajor_gate_up<Dot>(k, banks, e, i0, i1, n, xs, w_in, g);
   const cpumoe_params& p = k->params;
-  const float* x = (const float*)xs[0];
+  const Lanes::XT* x = (const Lanes::XT*)xs[0];
   auto emit = [&](int32_t i, float gate, float up) { g[0][i] = f32_to_bf16(activate(p, gate * w_in[0], up * w_in[0])); };
   int32_t i = i0;
 #if CPUMOE_BF16_GROWS == 4
@@ -330,7 +341,7 @@ void gate_up_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, i
                             bank_row<uint16_t>(banks[0], e, i + half),
                             bank_row<uint16_t>(banks[0], e, p.inter + i + half)};
     float y[4];
-    dot_rows<4>(w, p.hidden, x, y);
+    dot_rt<4, 1>(w, p.hidden, &x, y);
     emit(i, y[0], y[1]);
     emit(i + half, y[2], y[3]);
   }
@@ -339,7 +350,7 @@ void gate_up_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, i
   for (; i < i1; ++i) {
     const uint16_t* w[2] = {bank_row<uint16_t>(banks[0], e, i), bank_row<uint16_t>(banks[0], e, p.inter + i)};
     float y[2];
-    dot_rows<2>(w, p.hidden, x, y);
+    dot_rt<2, 1>(w, p.hidden, &x, y);
     emit(i, y[0], y[1]);
   }
 }
@@ -348,7 +359,7 @@ void gate_up_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, i
 // R weight streams. Measured on the Zen 3 dev VM (A/B in one process): adjacent row pairs were slower than one
 // row at a time, far-apart pairs faster (the hardware prefetchers run independent streams). Rows left over run
 // one at a time. An expert with several routes keeps rowmajor.h's multi-token loop.
-void down_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+void down_lone(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
                int32_t n, float* acc, int64_t acc_stride) {
   constexpr int R = CPUMOE_BF16_DROWS;
   const int K = k->params.inter;
@@ -369,14 +380,14 @@ void down_avx2(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int
       float y[R];
       CPUMOE_UNROLL
       for (int j = 0; j < R; ++j) w[j] = bank_row<uint16_t>(banks[1], r.expert, h + j * q);
-      dot_rows<R>(w, K, (const float*)r.act, y);
+      dot_rt<R, 1>(w, K, (const Lanes::XT* const*)&r.act, y);
       CPUMOE_UNROLL
       for (int j = 0; j < R; ++j) o[h + j * q] += y[j] * r.weight;
     }
     for (int32_t h = h0 + R * q; h < h1; ++h) {
       const uint16_t* w = bank_row<uint16_t>(banks[1], r.expert, h);
       float y;
-      dot_rows<1>(&w, K, (const float*)r.act, &y);
+      dot_rt<1, 1>(&w, K, (const Lanes::XT* const*)&r.act, &y);
       o[h] += y * r.weight;
     }
     a = b;
@@ -413,9 +424,9 @@ bool CPUMOE_INIT_FN(bf16)(cpumoe_kernel* k) {
   k->prep_act = &prep_act_f32;
 #endif
   install_rowmajor<Dot>(k);
-#if CPUMOE_TIER == CPUMOE_T_AVX2
-  k->gate_up = &gate_up_avx2;
-  k->down = &down_avx2;
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F || CPUMOE_TIER == CPUMOE_T_AVX512BF16
+  k->gate_up = &gate_up_lone;
+  k->down = &down_lone;
 #endif
   return true;
 #endif
