@@ -129,6 +129,12 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release nogil;
     return read_bandwidth_gbps((const void*)(uintptr_t)p, n, reps);
   });
+  m.def("activate_bf16_both", [](int act, float alpha, float limit, uint64_t gate, uint64_t up, size_t n, uint64_t fast,
+                                 uint64_t ref) {
+    py::gil_scoped_release nogil;
+    activate_bf16_both(act, alpha, limit, (const float*)(uintptr_t)gate, (const float*)(uintptr_t)up, n,
+                       (uint16_t*)(uintptr_t)fast, (uint16_t*)(uintptr_t)ref);
+  });
   py::class_<Kernel>(m, "Kernel")
       .def(py::init<int, int, int, bool, int, int, int, float, float, int>(), py::arg("format"), py::arg("act"),
            py::arg("mode"), py::arg("apply_router_weight_on_input"), py::arg("E"), py::arg("H"), py::arg("I"),

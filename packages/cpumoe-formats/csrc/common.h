@@ -121,9 +121,29 @@ CPUMOE_INLINE float q8_block(const float* x, int n, int8_t* q) {
 static constexpr float kE2M1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                     -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
-// Activation epilogue, computed in double (cheap: O(I) per route, against
-// O(I*H) weight bytes) so the only rounding before bf16 is the dot's fp32.
-CPUMOE_INLINE float activate(const cpumoe_params& p, float gate_f, float up_f) {
+// e^x in fp32, max relative error ~2 ulp (Cody-Waite reduction by ln 2, Cephes' degree-6 polynomial), no libm:
+// the same operations on every tier (hatch_build.py compiles with -ffp-contract=off), so every tier gives the
+// same bits. x >= 88.72284 -> inf, x < -87.33654 -> 0 (the results below FLT_MIN are flushed), NaN -> NaN.
+CPUMOE_INLINE float exp_f32(float x) {
+  if (!(x < 88.72284f)) return x == x ? std::numeric_limits<float>::infinity() : x;
+  if (x < -87.33654f) return 0.0f;
+  const float n = std::nearbyint(x * 1.44269504088896341f);  // |n| <= 128
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 = 0.693359375 - 2.12194440e-4 (hi exact)
+  float q = 1.9875691500e-4f;
+  q = q * r + 1.3981999507e-3f;
+  q = q * r + 8.3334519073e-3f;
+  q = q * r + 4.1665795894e-2f;
+  q = q * r + 1.6666665459e-1f;
+  q = q * r + 5.0000001201e-1f;
+  const float e = q * (r * r) + r + 1.0f;  // e^r, r in [-0.35, 0.35]
+  const int ni = (int)n;
+  if (ni > 127) return e * bits_f32(254u << 23) * 2.0f;  // 2^127 * 2: 2^128 is not a float
+  return e * bits_f32((uint32_t)(ni + 127) << 23);
+}
+
+// The activation epilogue in double with libm, the reference's formulas (activations.py): activate()'s path for
+// the rare arguments its fp32 path leaves (below).
+inline float activate_f64(const cpumoe_params& p, float gate_f, float up_f) {
   double gate = gate_f, up = up_f;
   switch (p.act) {
     case CPUMOE_ACT_SILU: return (float)(gate / (1.0 + std::exp(-gate)) * up);
@@ -141,6 +161,41 @@ CPUMOE_INLINE float activate(const cpumoe_params& p, float gate_f, float up_f) {
       return (float)(p.act == CPUMOE_ACT_SWIGLUOAI ? s * (up + 1.0) : s * up);
     }
   }
+}
+
+// Activation epilogue act(gate) * up, whose result every caller rounds to bf16 at once. silu, gelu_tanh and the
+// swiglus are one form, g * sigmoid(a) * u = g / (1 + e^-a) * u (gelu_tanh: 0.5 (1 + tanh(v)) = sigmoid(2v)),
+// computed in fp32 with exp_f32 (a itself in double, rounded once). Error of that fp32 result against the double
+// path: a's rounding, <= 0.5 ulp of |a| <= 16, moves sigmoid(a) by <= 8 ulp; exp_f32 1.35 ulp; 1 + e, the division
+// and the product 0.5 ulp each: < 12 fp32 ulp. Where the result's 16 bits below bf16 precision lie within 32 ulp
+// of the bf16 rounding midpoint (0.1% of results), the double path runs: so the bf16 of activate() is always that
+// of activate_f64() (tests/test_activation.py checks it over a million arguments per activation). The double path
+// also takes sigmoid(a) < e^-16, results or g sigmoid(a) outside [2^-100, 2^100] (subnormal double roundings,
+// 1 + tanh cancelling to 0 as in the reference), non-finite values and gelu (erf). It was the only path until
+// 2026-11-30: libm exp / tanh per element took 6-10% of a single-thread step on the Zen 4 VM (gelu_tanh 28 ns).
+CPUMOE_INLINE float activate(const cpumoe_params& p, float gate_f, float up_f) {
+  float g = gate_f, u = up_f, a;
+  switch (p.act) {
+    case CPUMOE_ACT_SILU: a = g; break;
+    case CPUMOE_ACT_GELU: return activate_f64(p, gate_f, up_f);
+    case CPUMOE_ACT_GELU_TANH: {
+      const double gd = g;
+      a = (float)(1.5957691216057307117 * (gd + 0.044715 * (gd * gd * gd)));  // 2 sqrt(2/pi) (g + 0.044715 g^3)
+      break;
+    }
+    default:  // swigluoai / swiglu_clamp
+      if (g > p.limit) g = p.limit;
+      if (u > p.limit) u = p.limit;
+      if (u < -p.limit) u = -p.limit;
+      a = (float)((double)p.alpha * g);
+      u = p.act == CPUMOE_ACT_SWIGLUOAI ? (float)((double)u + 1.0) : u;
+  }
+  if (a >= -16.0f) {
+    const float s = g / (1.0f + exp_f32(-a)), r = s * u, as = std::fabs(s), ar = std::fabs(r);
+    const int32_t below = (int32_t)(f32_bits(r) & 0xFFFFu) - 0x8000;  // the bits bf16 rounds away, - midpoint
+    if (as >= 0x1p-100f && ar >= 0x1p-100f && ar <= 0x1p100f && (below > 32 || below < -32)) return r;
+  }
+  return activate_f64(p, gate_f, up_f);
 }
 
 }  // namespace CPUMOE_NS

@@ -55,7 +55,10 @@ constexpr int QK = 32, QB = 18;
 // (single thread, T = 1): no prefetch ~58% of read bandwidth, prefetchnta at any distance <= 61%, prefetcht0 at
 // 768 / 1536 / 3072 / 6144 bytes 68-73% / 85% / 95-101% / 72-79%. The hardware streamers stop at 4 KB pages
 // and the gate/up rows are two streams; far enough ahead, the prefetches hide the DRAM latency of both.
-constexpr int kPrefetchBytes = 3072;
+#ifndef CPUMOE_Q4_PF
+#define CPUMOE_Q4_PF 3072  // build knob (ci/kernel_sweep.sh)
+#endif
+constexpr int kPrefetchBytes = CPUMOE_Q4_PF;
 CPUMOE_INLINE void prefetch_ahead(const uint8_t* p, int lines = 3) {
   for (int i = 0; i < lines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i, 0, 3);
 }
