@@ -147,15 +147,23 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
     rg_[j] = gb + (size_t)j * I;
     routes_[j] = {r / K, ids[r], on_in ? 1.0f : w[r], 0, gp + ga_ * j};
   }
-  const int blk = std::max(1, k_->block_hint);
-  st_ = {layer, T, nroutes, ngroups, (I + blk - 1) / blk, (H + blk - 1) / blk, blk, x, y, banks_[layer].data()};
+  // Work items: whole multiples of the kernel's block_hint, as few as leave about kItemsPerThread items per thread
+  // in each stage. Few threads get long items, so each weight stream runs long (the prefetchers ramp up once per
+  // item, a down item starts one stream per expert group): Zen 4 VM, 2 threads, batch 1, 3 interleaved rounds
+  // (2026-11-30): nvfp4 562-631 -> 490-569 us per step, q4_0 1105-1135 -> 880-924 us, fp8_block 1205-1245 ->
+  // 1004-1149 us against one block_hint per item. 16 threads keep about one block_hint per item.
+  const int blk = std::max(1, k_->block_hint), team = team_size(layer, nroutes, ngroups);
+  const int nib = (I + blk - 1) / blk, nhb = (H + blk - 1) / blk;
+  const int iblk = blk * std::clamp(ngroups * nib / (team * kItemsPerThread), 1, nib);
+  const int hblk = blk * std::clamp(nhb / (team * kItemsPerThread), 1, nhb);
+  st_ = {layer, T, nroutes, ngroups, (I + iblk - 1) / iblk, (H + hblk - 1) / hblk, iblk, hblk, x, y, banks_[layer].data()};
   c0_ = 0, c1_ = 0, c3_ = 0, d0_ = 0, d3_ = 0;
   for (int grp = 0; grp < ngroups; ++grp)
     left_[grp].store(st_.n_iblk, std::memory_order_relaxed), gready_[grp].store(0, std::memory_order_relaxed);
   busy_since_.store(mono_ns(), std::memory_order_release);
   // The caller runs body() too and waits for the last down item: y is complete on return,
   // while workers may still be leaving body() (the next step's quiesce() waits for them).
-  pool_.start(&Executor::body_tramp, this, team_size(layer, nroutes, ngroups));
+  pool_.start(&Executor::body_tramp, this, team);
   wait_at_least(d3_, st_.n_hblk);
   pool_runs_.fetch_add(1, std::memory_order_acq_rel);
   busy_since_.store(0, std::memory_order_release);
@@ -187,8 +195,8 @@ void Executor::body(int) {
   // stage 1: gate_up + activation, one (expert group, row block) per item; the thread that
   // completes a group's last block prepares the group's g rows for the down pass
   for (int it; (it = c1_.fetch_add(1, std::memory_order_relaxed)) < s.ngroups * s.n_iblk;) {
-    const int grp = it / s.n_iblk, i0 = (it % s.n_iblk) * s.blk, a = gstart_[grp], b = gstart_[grp + 1];
-    k_->gate_up(k_, s.banks, gexpert_[grp], i0, std::min(I, i0 + s.blk), b - a, &rxp_[a], &rwin_[a], &rg_[a]);
+    const int grp = it / s.n_iblk, i0 = (it % s.n_iblk) * s.iblk, a = gstart_[grp], b = gstart_[grp + 1];
+    k_->gate_up(k_, s.banks, gexpert_[grp], i0, std::min(I, i0 + s.iblk), b - a, &rxp_[a], &rwin_[a], &rg_[a]);
     if (s.n_iblk > 1 && left_[grp].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
     for (int j = a; j < b; ++j) k_->prep_act(k_, rg_[j], I, const_cast<void*>(routes_[j].act));
     gready_[grp].store(1, std::memory_order_release);
@@ -196,7 +204,7 @@ void Executor::body(int) {
   // stage 2: down over all routes, one output row block per item, then bf16 y. Every gate_up item
   // is claimed by now, so the groups waited for are being finished by threads that never wait.
   for (int hb; (hb = c3_.fetch_add(1, std::memory_order_relaxed)) < s.n_hblk;) {
-    const int h0 = hb * s.blk, h1 = std::min(H, h0 + s.blk);
+    const int h0 = hb * s.hblk, h1 = std::min(H, h0 + s.hblk);
     for (int t = 0; t < s.T; ++t) std::fill(&acc_[(size_t)t * H + h0], &acc_[(size_t)t * H + h1], 0.0f);
     for (int g0 = 0, g1 = 0; g0 < s.ngroups; g0 = g1) {  // the run of ready groups from g0, waiting for g0 only
       for (unsigned i = 0; g1 == g0; ++i) {

@@ -63,6 +63,8 @@ class Executor {
   // unit <= 0: always every thread. Work = weight bytes of the routed experts + kDotBytes per
   // row dot. Any team size gives bit-identical output.
   static constexpr int64_t kDotBytes = 32;
+  // Target work items per thread and stage (run(): item sizes in whole block_hints).
+  static constexpr int kItemsPerThread = 8;
   static constexpr int64_t kTeamUnitDefault = 64 << 10;
   void set_team_unit(int64_t bytes) { team_unit_.store(bytes, std::memory_order_relaxed); }
   int64_t team_unit() const { return team_unit_.load(std::memory_order_relaxed); }
@@ -99,7 +101,7 @@ class Executor {
 
   // the step being run (read by the workers)
   struct Step {
-    int layer, T, nroutes, ngroups, n_iblk, n_hblk, blk;
+    int layer, T, nroutes, ngroups, n_iblk, n_hblk, iblk, hblk;
     const uint16_t* x;
     uint16_t* y;
     const cpumoe_bank* banks;
