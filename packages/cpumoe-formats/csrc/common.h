@@ -198,6 +198,165 @@ CPUMOE_INLINE float activate(const cpumoe_params& p, float gate_f, float up_f) {
   return activate_f64(p, gate_f, up_f);
 }
 
+// The epilogue of a gate_up work item in SIMD lanes: put(dst, gate, up) collects, every kLanes pairs (and at
+// flush() / the end of the scope) *dst = bf16(activate(gate, up)) is computed for all of them at once. Each lane
+// runs activate()'s fp32 path (the same algorithm and error bound: < 12 fp32 ulp against activate_f64) and its
+// checks; lanes that fail them go through activate_f64 one by one. So every *dst holds bf16(activate_f64), as
+// with activate(), whatever the tier (tests/test_activation.py runs it through the kernels' lanes too). Scalar
+// tiers call activate() per pair. Why: activate() per element was still ~10% of a nvfp4 w4a8 step on the Zen 4 VM
+// (scalar exp polynomial, division and checks per element).
+class ActSink {
+ public:
+#if defined(__AVX512F__)
+  static constexpr int kLanes = 16;
+#elif defined(__AVX2__)
+  static constexpr int kLanes = 8;
+#else
+  static constexpr int kLanes = 1;
+#endif
+  explicit ActSink(const cpumoe_params& p) : p_(p) {}
+  ActSink(const ActSink&) = delete;
+  ActSink& operator=(const ActSink&) = delete;
+  ~ActSink() { flush(); }
+  CPUMOE_INLINE void put(uint16_t* dst, float gate, float up) {
+    if constexpr (kLanes == 1) {
+      *dst = f32_to_bf16(activate(p_, gate, up));
+    } else {
+      g_[n_] = gate, u_[n_] = up, dst_[n_] = dst;
+      if (++n_ == kLanes) flush();
+    }
+  }
+  void flush() {
+    if constexpr (kLanes > 1) {
+      if (n_ == 0) return;
+      for (int i = n_; i < kLanes; ++i) g_[i] = u_[i] = 0.0f;
+      alignas(64) uint16_t out[kLanes];
+      const unsigned ok = lanes(out);
+      for (int i = 0; i < n_; ++i)
+        *dst_[i] = (ok >> i & 1) ? out[i] : f32_to_bf16(activate_f64(p_, g_[i], u_[i]));
+      n_ = 0;
+    }
+  }
+
+ private:
+#if defined(__AVX512F__)
+  using V = __m512;
+  static V ld(const float* x) { return _mm512_loadu_ps(x); }
+  static V set(float v) { return _mm512_set1_ps(v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V vmin(V a, V b) { return _mm512_min_ps(a, b); }
+  static V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+  static V rint(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static unsigned ge(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+  static V vabs(V a) { return _mm512_abs_ps(a); }
+  static V pow2(V n) {  // 2^n, n integral in [-126, 127]
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static V gelu_arg(V g) {  // 2 sqrt(2/pi) (g + 0.044715 g^3), in double, rounded once
+    auto half = [](__m512d d) {
+      return _mm512_mul_pd(_mm512_set1_pd(1.5957691216057307117),
+                           _mm512_add_pd(d, _mm512_mul_pd(_mm512_set1_pd(0.044715), _mm512_mul_pd(_mm512_mul_pd(d, d), d))));
+    };
+    const __m256 lo = _mm512_cvtpd_ps(half(_mm512_cvtps_pd(_mm512_castps512_ps256(g))));
+    const __m256 hi = _mm512_cvtpd_ps(half(_mm512_cvtps_pd(_mm512_extractf32x8_ps(g, 1))));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+  }
+  static unsigned margin_ok(V r) {  // the 16 bits bf16 drops are > 32 ulp from the midpoint 0x8000
+    const __m512i low = _mm512_and_si512(_mm512_castps_si512(r), _mm512_set1_epi32(0xFFFF));
+    const __m512i d = _mm512_abs_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(0x8000)));
+    return _mm512_cmpgt_epi32_mask(d, _mm512_set1_epi32(32));
+  }
+  static void bf16_store(V r, uint16_t* out) {  // round to nearest even (finite lanes; the others are replaced)
+    const __m512i b = _mm512_castps_si512(r);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    _mm256_store_si256((__m256i*)out, _mm512_cvtepi32_epi16(h));
+  }
+#elif defined(__AVX2__)
+  using V = __m256;
+  static V ld(const float* x) { return _mm256_loadu_ps(x); }
+  static V set(float v) { return _mm256_set1_ps(v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V vmin(V a, V b) { return _mm256_min_ps(a, b); }
+  static V vmax(V a, V b) { return _mm256_max_ps(a, b); }
+  static V rint(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static unsigned ge(V a, V b) { return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GE_OQ)); }
+  static V vabs(V a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+  static V pow2(V n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static V gelu_arg(V g) {
+    auto half = [](__m256d d) {
+      return _mm256_mul_pd(_mm256_set1_pd(1.5957691216057307117),
+                           _mm256_add_pd(d, _mm256_mul_pd(_mm256_set1_pd(0.044715), _mm256_mul_pd(_mm256_mul_pd(d, d), d))));
+    };
+    const __m128 lo = _mm256_cvtpd_ps(half(_mm256_cvtps_pd(_mm256_castps256_ps128(g))));
+    const __m128 hi = _mm256_cvtpd_ps(half(_mm256_cvtps_pd(_mm256_extractf128_ps(g, 1))));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+  }
+  static unsigned margin_ok(V r) {
+    const __m256i low = _mm256_and_si256(_mm256_castps_si256(r), _mm256_set1_epi32(0xFFFF));
+    const __m256i d = _mm256_abs_epi32(_mm256_sub_epi32(low, _mm256_set1_epi32(0x8000)));
+    return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(d, _mm256_set1_epi32(32))));
+  }
+  static void bf16_store(V r, uint16_t* out) {
+    const __m256i b = _mm256_castps_si256(r);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    _mm_store_si128((__m128i*)out, _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  }
+#endif
+#if defined(__AVX2__)
+  // activate()'s fp32 path in kLanes lanes; returns the lanes whose result passed its checks (their bf16 in out).
+  unsigned lanes(uint16_t* out) const {
+    V g = ld(g_), u = ld(u_), a;
+    switch (p_.act) {
+      case CPUMOE_ACT_SILU: a = g; break;
+      case CPUMOE_ACT_GELU_TANH: a = gelu_arg(g); break;
+      case CPUMOE_ACT_GELU: return 0;  // the double path
+      default:  // swigluoai / swiglu_clamp: clamps as activate() (NaN lanes fail the checks below either way)
+        // min/max return their second operand when one is NaN: a NaN g or u stays NaN (as activate()'s ifs)
+        g = vmin(set(p_.limit), g), u = vmax(set(-p_.limit), vmin(set(p_.limit), u));
+        a = mul(set(p_.alpha), g);  // = (float)(alpha * (double)g): the exact product rounded once
+        if (p_.act == CPUMOE_ACT_SWIGLUOAI) u = add(u, set(1.0f));
+    }
+    // exp_f32(-a) for -a <= 16 (lanes with a < -16 fail below); -a below -87.33654 clamps there (e^-a -> ~1e-38,
+    // 1 + e^-a -> 1 as with exp_f32's 0)
+    const V x = vmax(sub(set(0.0f), a), set(-87.33654f));
+    const V n = rint(mul(x, set(1.44269504088896341f)));
+    const V r = sub(sub(x, mul(n, set(0.693359375f))), mul(n, set(-2.12194440e-4f)));
+    V q = set(1.9875691500e-4f);
+    q = add(mul(q, r), set(1.3981999507e-3f));
+    q = add(mul(q, r), set(8.3334519073e-3f));
+    q = add(mul(q, r), set(4.1665795894e-2f));
+    q = add(mul(q, r), set(1.6666665459e-1f));
+    q = add(mul(q, r), set(5.0000001201e-1f));
+    const V e = mul(add(add(mul(q, mul(r, r)), r), set(1.0f)), pow2(vmin(n, set(127.0f))));
+    const V s = vdiv(g, add(set(1.0f), e)), res = mul(s, u);
+    const V as = vabs(s), ar = vabs(res);
+    const unsigned ok = ge(a, set(-16.0f)) & ge(as, set(0x1p-100f)) & ge(ar, set(0x1p-100f)) &
+                        ge(set(0x1p100f), ar) & margin_ok(res);
+    bf16_store(res, out);
+    return ok;
+  }
+#if defined(__AVX512F__)
+  static V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
+#else
+  static V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
+#endif
+#else
+  unsigned lanes(uint16_t*) const { return 0; }  // never called (kLanes == 1)
+#endif
+  const cpumoe_params& p_;
+  alignas(64) float g_[kLanes > 1 ? kLanes : 1], u_[kLanes > 1 ? kLanes : 1];
+  uint16_t* dst_[kLanes > 1 ? kLanes : 1];
+  int n_ = 0;
+};
+
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
 

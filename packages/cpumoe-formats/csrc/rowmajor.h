@@ -68,6 +68,7 @@ void rowmajor_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t 
                       const void* const* xs, const float* w_in, uint16_t* const* g) {
   constexpr int NT = MaxNT<Dot>::value;
   const cpumoe_params& p = k->params;
+  ActSink sink(p);  // g in SIMD lanes (common.h)
   for (int32_t i = i0; i < i1; ++i) {
     for (int32_t j0 = 0; j0 < n; j0 += NT) {  // token blocks: each decode of a row chunk serves nt tokens
       const int nt = n - j0 < NT ? n - j0 : NT;
@@ -77,7 +78,7 @@ void rowmajor_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t 
       for (int t = 0; t < nt; ++t) {
         float gt = gate[t] * w_in[j0 + t], ut = up[t] * w_in[j0 + t];
         if (Dot::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
-        g[j0 + t][i] = f32_to_bf16(activate(p, gt, ut));
+        sink.put(&g[j0 + t][i], gt, ut);
       }
     }
   }

@@ -7,7 +7,10 @@ import math
 
 import numpy as np
 import pytest
+from conftest import tier_cases
+from fp4_helpers import run_gate_up
 
+import cpumoe_formats as cf
 from cpumoe_formats import _native, activations
 from cpumoe_formats.numerics import BF16
 
@@ -81,3 +84,40 @@ def test_exp_edges_through_silu():
     assert got[3] == float(np.float32(90.0).astype(BF16)) and math.isclose(got[4], 1e30, rel_tol=2 ** -8)
     assert (np.abs(got[:3]) < 1e-30).all()
 
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases("bf16"))
+@pytest.mark.parametrize("name,alpha,limit", ACTS)
+def test_kernel_lanes_give_the_double_paths_bf16(rng, mode, tier, name, alpha, limit):
+    """The gate_up epilogue of a tier's kernel (common.h ActSink: 8 / 16 SIMD lanes, the double path for the
+    lanes its checks reject): a bf16 expert whose gate and up rows are unit vectors makes gate = x[i] and
+    up = x[perm[i]] exactly, so every g must be bf16(activate_f64(x[i], x[perm[i]])). One token (the lone-token
+    loops) and three (the multi-token ones), every activation, random and edge values (finite: 0 * inf in the
+    unit-vector dot would be NaN; normal: no -0 + 0 sign loss, no subnormals that vdpbf16ps reads as 0)."""
+    H = I = 512  # noqa: E741
+    perm = rng.permutation(I)
+    gu = np.zeros((1, 2 * I, H), np.float32)
+    gu[0, np.arange(I), np.arange(I)] = 1.0
+    gu[0, I + np.arange(I), perm] = 1.0
+    banks = {"gate_up": gu.astype(BF16), "down": np.zeros((1, H, I), BF16)}
+    act = activations.resolve(name, alpha, limit)
+    k = cf.Kernel("bf16", 1, H, I, mode=mode, isa=tier, activation=name, alpha=alpha, limit=limit)
+    for n in (1, 3):
+        xs = []
+        for _ in range(n):
+            x, _ = arguments(rng, H)
+            x = x.astype(BF16).astype(np.float32)  # (FLT_MAX rounds to inf in bf16)
+            # normal values only: vdpbf16ps (avx512bf16, amx) reads subnormal bf16 as zero
+            x = np.where(np.isfinite(x) & (np.abs(x) >= 2.0 ** -126), x, np.float32(1.5e-30)).astype(BF16)
+            xs.append(x.view(np.uint16))
+        g = run_gate_up(k, "bf16", banks, 0, xs)
+        for j, xb in enumerate(xs):
+            xf = xb.view(BF16).astype(np.float32)
+            gate, up = np.ascontiguousarray(xf[:I]), np.ascontiguousarray(xf[perm])
+            _, _, ref = both(name, alpha, limit, gate, up)
+            got = g[j].astype(np.float32).astype(BF16).view(np.uint16)
+            nan = np.isnan(g[j]) & np.isnan(ref.view(BF16).astype(np.float32))
+            bad = np.flatnonzero((got != ref) & ~nan)
+            assert bad.size == 0, (f"{tier} {name} n={n}: {bad.size} of {I} differ, e.g. gate={gate[bad[0]]!r} "
+                                   f"up={up[bad[0]]!r}: kernel {got[bad[0]]:#06x} double {ref[bad[0]]:#06x} "
+                                   f"({act.name})")

@@ -100,6 +100,7 @@ template <class Rows>
 void tile_gate_up(const cpumoe_kernel* k, int32_t e, int32_t i0, int32_t i1, int32_t n, const void* const* xs,
                   const float* w_in, uint16_t* const* g, Rows rows) {
   const cpumoe_params& p = k->params;
+  ActSink sink(p);  // g in SIMD lanes (common.h)
   Tiles tiles;
   for (int32_t j0 = 0; j0 < n; j0 += kCols) {  // token groups of 16
     const int nt = n - j0 < kCols ? n - j0 : kCols;
@@ -108,7 +109,7 @@ void tile_gate_up(const cpumoe_kernel* k, int32_t e, int32_t i0, int32_t i1, int
       for (int i = 0; i < m; ++i)
         for (int t = 0; t < nt; ++t) {
           const float wi = w_in[j0 + t];
-          g[j0 + t][i0 + r + i] = f32_to_bf16(activate(p, gate[i][t] * wi, up[i][t] * wi));
+          sink.put(&g[j0 + t][i0 + r + i], gate[i][t] * wi, up[i][t] * wi);
         }
     });
   }

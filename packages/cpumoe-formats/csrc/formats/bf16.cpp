@@ -331,8 +331,9 @@ void gate_up_lone(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, i
                   const void* const* xs, const float* w_in, uint16_t* const* g) {
   if (n != 1) return rowmajor_gate_up<Dot>(k, banks, e, i0, i1, n, xs, w_in, g);
   const cpumoe_params& p = k->params;
+  ActSink sink(p);  // g in SIMD lanes (common.h)
   const Lanes::XT* x = (const Lanes::XT*)xs[0];
-  auto emit = [&](int32_t i, float gate, float up) { g[0][i] = f32_to_bf16(activate(p, gate * w_in[0], up * w_in[0])); };
+  auto emit = [&](int32_t i, float gate, float up) { sink.put(&g[0][i], gate * w_in[0], up * w_in[0]); };
   int32_t i = i0;
 #if CPUMOE_BF16_GROWS == 4
   const int32_t half = (i1 - i0) / 2;

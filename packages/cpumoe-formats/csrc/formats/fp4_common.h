@@ -317,6 +317,7 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
                  const void* const* xs, const float* w_in, uint16_t* const* g) {
   constexpr int NT = MaxNT<D>::value;
   const cpumoe_params& P = k->params;
+  ActSink sink(P);  // g in SIMD lanes (common.h)
   Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);
   for (int32_t i = i0; i < i1; ++i, rg.next(), ru.next()) {
     const float sg = rg.global(), su = ru.global();
@@ -334,7 +335,7 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
           D::template dotr<2>(pp, ss, gg, P.hidden, xs[j], gu);
           float gt = gu[0] * w_in[j], ut = gu[1] * w_in[j];
           if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
-          g[j][i] = f32_to_bf16(activate(P, gt, ut));
+          sink.put(&g[j][i], gt, ut);
         }
         continue;
       }
@@ -347,7 +348,7 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
       for (int t = 0; t < nt; ++t) {
         float gt = gate[t] * w_in[j0 + t], ut = up[t] * w_in[j0 + t];
         if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
-        g[j0 + t][i] = f32_to_bf16(activate(P, gt, ut));
+        sink.put(&g[j0 + t][i], gt, ut);
       }
     }
   }

@@ -390,6 +390,7 @@ float* scratch(size_t floats) {
 void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
              const void* const* xs, const float* w_in, uint16_t* const* g) {
   const cpumoe_params& p = k->params;
+  ActSink sink(p);  // g in SIMD lanes (common.h)
   const int H = p.hidden, I = p.inter;
   const size_t L = act_len(H);
   float* sx = scratch((size_t)n * 2 * (L + 1));  // token j: gate xs at 2Lj, up xs at 2Lj + L
@@ -415,8 +416,8 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
         const float* x[4][1] = {{sx}, {sx + L}, {sx}, {sx + L}};
         float o[4][1];
         dot_grid<4, 1>(w, H, x, o);
-        g[0][i] = f32_to_bf16(activate(p, o[0][0] * post[0], o[1][0] * post[1]));
-        g[0][i + q] = f32_to_bf16(activate(p, o[2][0] * post[0], o[3][0] * post[1]));
+        sink.put(&g[0][i], o[0][0] * post[0], o[1][0] * post[1]);
+        sink.put(&g[0][i + q], o[2][0] * post[0], o[3][0] * post[1]);
       }
       i += q;  // at most one row left
     }
@@ -437,7 +438,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
           dot_row_tokens(wu, H, nt, xu, up);
         }
         for (int t = 0; t < nt; ++t, ++j0)
-          g[j0][i] = f32_to_bf16(activate(p, gate[t] * post[2 * j0], up[t] * post[2 * j0 + 1]));
+          sink.put(&g[j0][i], gate[t] * post[2 * j0], up[t] * post[2 * j0 + 1]);
       }
     }
   }

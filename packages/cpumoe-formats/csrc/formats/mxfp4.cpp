@@ -513,6 +513,7 @@ template <bool W8>
 void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
              const void* const* xs, const float* w_in, uint16_t* const* g) {
   const cpumoe_params& p = k->params;
+  ActSink sink(p);  // g in SIMD lanes (common.h)
   const bool panel = p.format == CPUMOE_FMT_MXFP4_PANEL;
   const Tile T = tile_of(banks, 0, e, p.hidden / 2);
   const uint16_t* bias = bias_of(banks[2], e);
@@ -528,7 +529,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
           const int c = 2 * (i - ib);
           const float gate = (o[c] + bf16_to_f32(bias[2 * i])) * w_in[t0 + t];
           const float up = (o[c + 1] + bf16_to_f32(bias[2 * i + 1])) * w_in[t0 + t];
-          g[t0 + t][i] = f32_to_bf16(activate(p, gate, up));
+          sink.put(&g[t0 + t][i], gate, up);
         }
       }
     }

@@ -500,6 +500,7 @@ void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int
                 const void* const* xs, const float* w_in, uint16_t* const* g) {
   constexpr int G = GridOf<Rows>::value;
   const cpumoe_params& p = k->params;
+  ActSink sink(p);  // g in SIMD lanes (common.h)
   if (CPUMOE_Q4_AHEAD & 2 && n == 1) {  // the first kPrefetchBytes of the item's gate and up streams
     const int64_t w = std::min<int64_t>(kPrefetchBytes, (int64_t)(i1 - i0) * banks[0].row_stride);
     prefetch_span(bank_row<uint8_t>(banks[0], e, i0), w), prefetch_span(bank_row<uint8_t>(banks[0], e, p.inter + i0), w);
@@ -517,7 +518,7 @@ void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int
         row_tokens<Rows>(rows[0], p.hidden, nt, xs + j0, gate);
         row_tokens<Rows>(rows[1], p.hidden, nt, xs + j0, up);
       }
-      for (int t = 0; t < nt; ++t, ++j0) g[j0][i] = f32_to_bf16(activate(p, gate[t] * w_in[j0], up[t] * w_in[j0]));
+      for (int t = 0; t < nt; ++t, ++j0) sink.put(&g[j0][i], gate[t] * w_in[j0], up[t] * w_in[j0]);
     }
   }
 }

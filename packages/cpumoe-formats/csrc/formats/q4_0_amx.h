@@ -144,6 +144,7 @@ CPUMOE_INLINE void run_sets(RowSet* sets, int ns, const AOperand& A, int nb) {
 void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
              const void* const* xs, const float* w_in, uint16_t* const* g) {
   const cpumoe_params& p = k->params;
+  ActSink sink(p);  // g in SIMD lanes (common.h)
   Tiles tiles;
   RowSet sets[2];
   for (int32_t j0 = 0; j0 < n; j0 += kTok) {  // token groups
@@ -158,7 +159,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
       for (int t = 0; t < nt; ++t) {
         const float wi = w_in[j0 + t];
         for (int c = 0; c < m; ++c)
-          g[j0 + t][i + c] = f32_to_bf16(activate(p, sets[0].acc[t][c] * wi, sets[1].acc[t][c] * wi));
+          sink.put(&g[j0 + t][i + c], sets[0].acc[t][c] * wi, sets[1].acc[t][c] * wi);
       }
     }
   }
