@@ -230,10 +230,10 @@ class ActSink {
     if constexpr (kLanes > 1) {
       if (n_ == 0) return;
       for (int i = n_; i < kLanes; ++i) g_[i] = u_[i] = 0.0f;
-      alignas(64) uint16_t out[kLanes];
+      alignas(64) uint32_t out[kLanes];
       const unsigned ok = lanes(out);
       for (int i = 0; i < n_; ++i)
-        *dst_[i] = (ok >> i & 1) ? out[i] : f32_to_bf16(activate_f64(p_, g_[i], u_[i]));
+        *dst_[i] = (ok >> i & 1) ? (uint16_t)out[i] : f32_to_bf16(activate_f64(p_, g_[i], u_[i]));
       n_ = 0;
     }
   }
@@ -248,31 +248,21 @@ class ActSink {
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V vmin(V a, V b) { return _mm512_min_ps(a, b); }
   static V vmax(V a, V b) { return _mm512_max_ps(a, b); }
-  static V rint(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V rint(V a) { return _mm512_roundscale_ps(a, 0); }  // to nearest even
   static unsigned ge(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
   static V vabs(V a) { return _mm512_abs_ps(a); }
-  static V pow2(V n) {  // 2^n, n integral in [-126, 127]
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-  }
-  static V gelu_arg(V g) {  // 2 sqrt(2/pi) (g + 0.044715 g^3), in double, rounded once
-    auto half = [](__m512d d) {
-      return _mm512_mul_pd(_mm512_set1_pd(1.5957691216057307117),
-                           _mm512_add_pd(d, _mm512_mul_pd(_mm512_set1_pd(0.044715), _mm512_mul_pd(_mm512_mul_pd(d, d), d))));
-    };
-    const __m256 lo = _mm512_cvtpd_ps(half(_mm512_cvtps_pd(_mm512_castps512_ps256(g))));
-    const __m256 hi = _mm512_cvtpd_ps(half(_mm512_cvtps_pd(_mm512_extractf32x8_ps(g, 1))));
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-  }
+  // 2^n, n integral in [-126, 127]: n + 2^23 + 127 holds n + 127 in its low mantissa bits, which the shift moves
+  // into the exponent field (no float -> int conversion: SIMDe 0.7 has none for 512 bits)
+  static V pow2(V n) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(add(n, set(8388735.0f))), 23)); }
   static unsigned margin_ok(V r) {  // the 16 bits bf16 drops are > 32 ulp from the midpoint 0x8000
     const __m512i low = _mm512_and_si512(_mm512_castps_si512(r), _mm512_set1_epi32(0xFFFF));
     const __m512i d = _mm512_abs_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(0x8000)));
     return _mm512_cmpgt_epi32_mask(d, _mm512_set1_epi32(32));
   }
-  static void bf16_store(V r, uint16_t* out) {  // round to nearest even (finite lanes; the others are replaced)
+  static void bf16_store(V r, uint32_t* out) {  // round to nearest even (finite lanes; the others are replaced)
     const __m512i b = _mm512_castps_si512(r);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    _mm256_store_si256((__m256i*)out, _mm512_cvtepi32_epi16(h));
+    _mm512_store_si512(out, _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16));
   }
 #elif defined(__AVX2__)
   using V = __m256;
@@ -283,40 +273,36 @@ class ActSink {
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V vmin(V a, V b) { return _mm256_min_ps(a, b); }
   static V vmax(V a, V b) { return _mm256_max_ps(a, b); }
-  static V rint(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V rint(V a) { return _mm256_round_ps(a, 0); }  // to nearest even
   static unsigned ge(V a, V b) { return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GE_OQ)); }
   static V vabs(V a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
-  static V pow2(V n) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-  }
-  static V gelu_arg(V g) {
-    auto half = [](__m256d d) {
-      return _mm256_mul_pd(_mm256_set1_pd(1.5957691216057307117),
-                           _mm256_add_pd(d, _mm256_mul_pd(_mm256_set1_pd(0.044715), _mm256_mul_pd(_mm256_mul_pd(d, d), d))));
-    };
-    const __m128 lo = _mm256_cvtpd_ps(half(_mm256_cvtps_pd(_mm256_castps256_ps128(g))));
-    const __m128 hi = _mm256_cvtpd_ps(half(_mm256_cvtps_pd(_mm256_extractf128_ps(g, 1))));
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
-  }
+  static V pow2(V n) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(add(n, set(8388735.0f))), 23)); }
   static unsigned margin_ok(V r) {
     const __m256i low = _mm256_and_si256(_mm256_castps_si256(r), _mm256_set1_epi32(0xFFFF));
     const __m256i d = _mm256_abs_epi32(_mm256_sub_epi32(low, _mm256_set1_epi32(0x8000)));
     return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(d, _mm256_set1_epi32(32))));
   }
-  static void bf16_store(V r, uint16_t* out) {
+  static void bf16_store(V r, uint32_t* out) {
     const __m256i b = _mm256_castps_si256(r);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
-    _mm_store_si128((__m128i*)out, _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    _mm256_store_si256((__m256i*)out, _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16));
   }
 #endif
 #if defined(__AVX2__)
   // activate()'s fp32 path in kLanes lanes; returns the lanes whose result passed its checks (their bf16 in out).
-  unsigned lanes(uint16_t* out) const {
+  unsigned lanes(uint32_t* out) const {
     V g = ld(g_), u = ld(u_), a;
     switch (p_.act) {
       case CPUMOE_ACT_SILU: a = g; break;
-      case CPUMOE_ACT_GELU_TANH: a = gelu_arg(g); break;
+      case CPUMOE_ACT_GELU_TANH: {  // 2 sqrt(2/pi) (g + 0.044715 g^3) in double, rounded once (as activate())
+        alignas(64) float av[kLanes];
+        for (int i = 0; i < kLanes; ++i) {
+          const double gd = g_[i];
+          av[i] = (float)(1.5957691216057307117 * (gd + 0.044715 * (gd * gd * gd)));
+        }
+        a = ld(av);
+        break;
+      }
       case CPUMOE_ACT_GELU: return 0;  // the double path
       default:  // swigluoai / swiglu_clamp: clamps as activate() (NaN lanes fail the checks below either way)
         // min/max return their second operand when one is NaN: a NaN g or u stays NaN (as activate()'s ifs)
@@ -349,7 +335,7 @@ class ActSink {
   static V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
 #endif
 #else
-  unsigned lanes(uint16_t*) const { return 0; }  // never called (kLanes == 1)
+  unsigned lanes(uint32_t*) const { return 0; }  // never called (kLanes == 1)
 #endif
   const cpumoe_params& p_;
   alignas(64) float g_[kLanes > 1 ? kLanes : 1], u_[kLanes > 1 ? kLanes : 1];
