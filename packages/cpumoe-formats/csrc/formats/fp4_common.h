@@ -60,7 +60,9 @@ constexpr int kPrefetchBytes = CPUMOE_FP4_PF;
 // (median 72); Zen 3 dev VM 2 threads (3 pairs) 60/62/64 against 57/59/58.
 // Rows in flight for a lone token's gate_up (the multi-row kernels, kRowsGateUp == 2): 2 (gate and up of row i) or
 // 4 (also of row i + half of the item). Build knob (tests pass with both). 4 was slower on the Zen 4 VM (nvfp4 w4a8
-// one thread 14.6-15.4 against 17.5-18.0 GB/s, 2026-11-30), unlike bf16's 4 rows: 2 stays.
+// one thread 14.6-15.4 against 17.5-18.0 GB/s, 2026-11-30), unlike bf16's 4 rows, and on the H200 host's Xeon
+// (ci/kernel_sweep.sh, 2 x 2 interleaved builds: one thread 9.58 / 8.57 against 10.34 / 9.67 GB/s, 16 threads
+// 58 / 84% against 78 / 64% of the ceiling): 2 stays.
 #ifndef CPUMOE_FP4_GROWS
 #define CPUMOE_FP4_GROWS 2
 #endif
