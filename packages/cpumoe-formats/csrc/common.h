@@ -121,24 +121,32 @@ CPUMOE_INLINE float q8_block(const float* x, int n, int8_t* q) {
 static constexpr float kE2M1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                     -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
-// e^x in fp32, max relative error ~2 ulp (Cody-Waite reduction by ln 2, Cephes' degree-6 polynomial), no libm:
-// the same operations on every tier (hatch_build.py compiles with -ffp-contract=off), so every tier gives the
-// same bits. x >= 88.72284 -> inf, x < -87.33654 -> 0 (the results below FLT_MIN are flushed), NaN -> NaN.
+// The fp32 epilogue's constants, shared by activate() and ActSink's lanes (one algorithm in two widths).
+namespace act32 {
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 = hi + lo
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,  // Cephes' e^r - 1 - r,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};  // over r^2, highest first
+constexpr float kExpFloor = -87.33654f;  // below it e^x < FLT_MIN: 0 (1 + e^x is 1 either way)
+constexpr float kMinArg = -16.0f;        // the fast path needs sigmoid(a) >= e^-16
+constexpr float kLo = 0x1p-100f, kHi = 0x1p100f;  // |g sigmoid(a)| and |result| must lie in [kLo, kHi]
+constexpr int32_t kMargin = 32;          // ulp the result must keep from the bf16 rounding midpoint
+// gelu_tanh's a = 2 sqrt(2/pi) (g + 0.044715 g^3), in double, rounded once (0.5 (1 + tanh(v)) = sigmoid(2v))
+CPUMOE_INLINE float gelu_tanh_arg(float g) {
+  const double gd = g;
+  return (float)(1.5957691216057307117 * (gd + 0.044715 * (gd * gd * gd)));
+}
+}  // namespace act32
+
+// e^x in fp32 for x <= 16 (the epilogue's e^-a, a >= -16), max relative error 1.35 ulp (Cody-Waite reduction by
+// ln 2, Cephes' degree-6 polynomial), no libm; x < kExpFloor -> 0, NaN -> NaN.
 CPUMOE_INLINE float exp_f32(float x) {
-  if (!(x < 88.72284f)) return x == x ? std::numeric_limits<float>::infinity() : x;
-  if (x < -87.33654f) return 0.0f;
-  const float n = std::nearbyint(x * 1.44269504088896341f);  // |n| <= 128
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 = 0.693359375 - 2.12194440e-4 (hi exact)
-  float q = 1.9875691500e-4f;
-  q = q * r + 1.3981999507e-3f;
-  q = q * r + 8.3334519073e-3f;
-  q = q * r + 4.1665795894e-2f;
-  q = q * r + 1.6666665459e-1f;
-  q = q * r + 5.0000001201e-1f;
-  const float e = q * (r * r) + r + 1.0f;  // e^r, r in [-0.35, 0.35]
-  const int ni = (int)n;
-  if (ni > 127) return e * bits_f32(254u << 23) * 2.0f;  // 2^127 * 2: 2^128 is not a float
-  return e * bits_f32((uint32_t)(ni + 127) << 23);
+  using namespace act32;
+  if (x < kExpFloor) return 0.0f;
+  const float n = std::nearbyint(x * kLog2e);  // -126 <= n <= 24
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;  // r in [-0.35, 0.35]
+  float q = kExpPoly[0];
+  for (int i = 1; i < 6; ++i) q = q * r + kExpPoly[i];
+  return (q * (r * r) + r + 1.0f) * bits_f32((uint32_t)((int)n + 127) << 23);
 }
 
 // The activation epilogue in double with libm, the reference's formulas (activations.py): activate()'s path for
@@ -165,35 +173,32 @@ inline float activate_f64(const cpumoe_params& p, float gate_f, float up_f) {
 
 // Activation epilogue act(gate) * up, whose result every caller rounds to bf16 at once. silu, gelu_tanh and the
 // swiglus are one form, g * sigmoid(a) * u = g / (1 + e^-a) * u (gelu_tanh: 0.5 (1 + tanh(v)) = sigmoid(2v)),
-// computed in fp32 with exp_f32 (a itself in double, rounded once). Error of that fp32 result against the double
-// path: a's rounding, <= 0.5 ulp of |a| <= 16, moves sigmoid(a) by <= 8 ulp; exp_f32 1.35 ulp; 1 + e, the division
-// and the product 0.5 ulp each: < 12 fp32 ulp. Where the result's 16 bits below bf16 precision lie within 32 ulp
+// computed in fp32 with exp_f32 (a exact, or its double value rounded once). Error of that fp32 result against the
+// double path: a's rounding, <= 0.5 ulp of |a| <= 16, moves sigmoid(a) by <= 8 ulp; exp_f32 1.35 ulp; 1 + e, the
+// division, the product and swigluoai's u + 1 0.5 ulp each: < 12 fp32 ulp. Where the result's 16 bits below bf16 precision lie within 32 ulp
 // of the bf16 rounding midpoint (0.1% of results), the double path runs: so the bf16 of activate() is always that
 // of activate_f64() (tests/test_activation.py checks it over a million arguments per activation). The double path
 // also takes sigmoid(a) < e^-16, results or g sigmoid(a) outside [2^-100, 2^100] (subnormal double roundings,
 // 1 + tanh cancelling to 0 as in the reference), non-finite values and gelu (erf). It was the only path until
 // 2026-11-30: libm exp / tanh per element took 6-10% of a single-thread step on the Zen 4 VM (gelu_tanh 28 ns).
 CPUMOE_INLINE float activate(const cpumoe_params& p, float gate_f, float up_f) {
+  using namespace act32;
   float g = gate_f, u = up_f, a;
   switch (p.act) {
     case CPUMOE_ACT_SILU: a = g; break;
     case CPUMOE_ACT_GELU: return activate_f64(p, gate_f, up_f);
-    case CPUMOE_ACT_GELU_TANH: {
-      const double gd = g;
-      a = (float)(1.5957691216057307117 * (gd + 0.044715 * (gd * gd * gd)));  // 2 sqrt(2/pi) (g + 0.044715 g^3)
-      break;
-    }
+    case CPUMOE_ACT_GELU_TANH: a = gelu_tanh_arg(g); break;
     default:  // swigluoai / swiglu_clamp
       if (g > p.limit) g = p.limit;
       if (u > p.limit) u = p.limit;
       if (u < -p.limit) u = -p.limit;
-      a = (float)((double)p.alpha * g);
-      u = p.act == CPUMOE_ACT_SWIGLUOAI ? (float)((double)u + 1.0) : u;
+      a = p.alpha * g;  // the exact product rounded once, as (float)(alpha * (double)g)
+      if (p.act == CPUMOE_ACT_SWIGLUOAI) u = u + 1.0f;
   }
-  if (a >= -16.0f) {
+  if (a >= kMinArg) {
     const float s = g / (1.0f + exp_f32(-a)), r = s * u, as = std::fabs(s), ar = std::fabs(r);
     const int32_t below = (int32_t)(f32_bits(r) & 0xFFFFu) - 0x8000;  // the bits bf16 rounds away, - midpoint
-    if (as >= 0x1p-100f && ar >= 0x1p-100f && ar <= 0x1p100f && (below > 32 || below < -32)) return r;
+    if (as >= kLo && ar >= kLo && ar <= kHi && (below > kMargin || below < -kMargin)) return r;
   }
   return activate_f64(p, gate_f, up_f);
 }
@@ -254,10 +259,10 @@ class ActSink {
   // 2^n, n integral in [-126, 127]: n + 2^23 + 127 holds n + 127 in its low mantissa bits, which the shift moves
   // into the exponent field (no float -> int conversion: SIMDe 0.7 has none for 512 bits)
   static V pow2(V n) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(add(n, set(8388735.0f))), 23)); }
-  static unsigned margin_ok(V r) {  // the 16 bits bf16 drops are > 32 ulp from the midpoint 0x8000
+  static unsigned margin_ok(V r) {  // the 16 bits bf16 drops are > kMargin ulp from the midpoint 0x8000
     const __m512i low = _mm512_and_si512(_mm512_castps_si512(r), _mm512_set1_epi32(0xFFFF));
     const __m512i d = _mm512_abs_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(0x8000)));
-    return _mm512_cmpgt_epi32_mask(d, _mm512_set1_epi32(32));
+    return _mm512_cmpgt_epi32_mask(d, _mm512_set1_epi32(act32::kMargin));
   }
   static void bf16_store(V r, uint32_t* out) {  // round to nearest even (finite lanes; the others are replaced)
     const __m512i b = _mm512_castps_si512(r);
@@ -280,7 +285,7 @@ class ActSink {
   static unsigned margin_ok(V r) {
     const __m256i low = _mm256_and_si256(_mm256_castps_si256(r), _mm256_set1_epi32(0xFFFF));
     const __m256i d = _mm256_abs_epi32(_mm256_sub_epi32(low, _mm256_set1_epi32(0x8000)));
-    return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(d, _mm256_set1_epi32(32))));
+    return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(d, _mm256_set1_epi32(act32::kMargin))));
   }
   static void bf16_store(V r, uint32_t* out) {
     const __m256i b = _mm256_castps_si256(r);
@@ -291,15 +296,13 @@ class ActSink {
 #if defined(__AVX2__)
   // activate()'s fp32 path in kLanes lanes; returns the lanes whose result passed its checks (their bf16 in out).
   unsigned lanes(uint32_t* out) const {
+    using namespace act32;
     V g = ld(g_), u = ld(u_), a;
     switch (p_.act) {
       case CPUMOE_ACT_SILU: a = g; break;
-      case CPUMOE_ACT_GELU_TANH: {  // 2 sqrt(2/pi) (g + 0.044715 g^3) in double, rounded once (as activate())
+      case CPUMOE_ACT_GELU_TANH: {  // per lane in double (SIMDe 0.7 lacks the 512-bit float <-> double converts)
         alignas(64) float av[kLanes];
-        for (int i = 0; i < kLanes; ++i) {
-          const double gd = g_[i];
-          av[i] = (float)(1.5957691216057307117 * (gd + 0.044715 * (gd * gd * gd)));
-        }
+        for (int i = 0; i < kLanes; ++i) av[i] = gelu_tanh_arg(g_[i]);
         a = ld(av);
         break;
       }
@@ -307,25 +310,20 @@ class ActSink {
       default:  // swigluoai / swiglu_clamp: clamps as activate() (NaN lanes fail the checks below either way)
         // min/max return their second operand when one is NaN: a NaN g or u stays NaN (as activate()'s ifs)
         g = vmin(set(p_.limit), g), u = vmax(set(-p_.limit), vmin(set(p_.limit), u));
-        a = mul(set(p_.alpha), g);  // = (float)(alpha * (double)g): the exact product rounded once
+        a = mul(set(p_.alpha), g);
         if (p_.act == CPUMOE_ACT_SWIGLUOAI) u = add(u, set(1.0f));
     }
-    // exp_f32(-a) for -a <= 16 (lanes with a < -16 fail below); -a below -87.33654 clamps there (e^-a -> ~1e-38,
-    // 1 + e^-a -> 1 as with exp_f32's 0)
-    const V x = vmax(sub(set(0.0f), a), set(-87.33654f));
-    const V n = rint(mul(x, set(1.44269504088896341f)));
-    const V r = sub(sub(x, mul(n, set(0.693359375f))), mul(n, set(-2.12194440e-4f)));
-    V q = set(1.9875691500e-4f);
-    q = add(mul(q, r), set(1.3981999507e-3f));
-    q = add(mul(q, r), set(8.3334519073e-3f));
-    q = add(mul(q, r), set(4.1665795894e-2f));
-    q = add(mul(q, r), set(1.6666665459e-1f));
-    q = add(mul(q, r), set(5.0000001201e-1f));
+    // exp_f32(-a), floored at kExpFloor as a clamp (e^-a -> ~1e-38: 1 + e^-a is 1 as with exp_f32's 0)
+    const V x = vmax(sub(set(0.0f), a), set(kExpFloor));
+    const V n = rint(mul(x, set(kLog2e)));
+    const V r = sub(sub(x, mul(n, set(kLn2Hi))), mul(n, set(kLn2Lo)));
+    V q = set(kExpPoly[0]);
+    for (int i = 1; i < 6; ++i) q = add(mul(q, r), set(kExpPoly[i]));
+    // lanes with a < kMinArg (n > 24, even inf / NaN) are rejected below; n <= 127 keeps their 2^n a float
     const V e = mul(add(add(mul(q, mul(r, r)), r), set(1.0f)), pow2(vmin(n, set(127.0f))));
     const V s = vdiv(g, add(set(1.0f), e)), res = mul(s, u);
     const V as = vabs(s), ar = vabs(res);
-    const unsigned ok = ge(a, set(-16.0f)) & ge(as, set(0x1p-100f)) & ge(ar, set(0x1p-100f)) &
-                        ge(set(0x1p100f), ar) & margin_ok(res);
+    const unsigned ok = ge(a, set(kMinArg)) & ge(as, set(kLo)) & ge(ar, set(kLo)) & ge(set(kHi), ar) & margin_ok(res);
     bf16_store(res, out);
     return ok;
   }
