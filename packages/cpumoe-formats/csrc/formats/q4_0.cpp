@@ -69,9 +69,6 @@ CPUMOE_INLINE void prefetch_ahead(const uint8_t* p, int lines = 3) {
 // Zen 3 VM, 2 threads, gemma batch 1 random and shared, 2 x 3 interleaved rounds: 3 faster than 0 in 11 of 12
 // pairs (median steps 1720 / 1869 against 1856 / 1980 us). H200 host, 16 threads, avx512vnni (2 rounds): within
 // the noise (random 339 / 294 against 324 / 272 us, shared 266 / 258 against 280 / 272 us).
-#ifndef CPUMOE_Q4_OCT
-#define CPUMOE_Q4_OCT 1  // avx512vnni: the 8-block step's nibbles and d by word permutes (OctNib)
-#endif
 #ifndef CPUMOE_Q4_AHEAD
 #define CPUMOE_Q4_AHEAD 3
 #endif
@@ -357,58 +354,48 @@ struct QuadAct {
   CPUMOE_INLINE QuadAct(const int8_t* qa, const int32_t* corr)
       : ql(_mm512_loadu_si512(qa)), qh(_mm512_loadu_si512(qa + 64)), c(_mm512_loadu_si512(corr)) {}
 };
-// The weight side of quad_idot (shared by every token of a multi-token call).
-struct NoLoad {};
+// The weight side of quad_idot (shared by every token of a multi-token call): the 4 blocks' 16 qs bytes, one per
+// 128-bit lane, split into low and high nibbles.
 struct QuadNib {
   __m512i lo, hi;
-  CPUMOE_INLINE explicit QuadNib(NoLoad) {}
-  CPUMOE_INLINE explicit QuadNib(const uint8_t* p) {
-    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(p + 2)));
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + QB + 2)), 1);
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 2 * QB + 2)), 2);
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 3 * QB + 2)), 3);
+  CPUMOE_INLINE explicit QuadNib(__m512i raw) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
   }
+  CPUMOE_INLINE explicit QuadNib(const uint8_t* p) : QuadNib(load(p)) {}
+  static CPUMOE_INLINE __m512i load(const uint8_t* p) {  // blocks at p (72 bytes): 4 loads, 3 inserts
+    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(p + 2)));
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + QB + 2)), 1);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 2 * QB + 2)), 2);
+    return _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 3 * QB + 2)), 3);
+  }
 };
 // Eight blocks at p (144 bytes) by word permutes of four in-row 64-byte windows (AVX512BW vpermt2w; every qs and d
-// starts at an even byte): W0 / W1 hold blocks 0-3's nibbles, W1's source is [p + 72, p + 136) and [p + 80, p +
-// 144) (never past the 8 blocks), d8 the 8 fp16 d (words 0, 9, 18, 27 of [p, p + 64) and of [p + 72, p + 136)).
-// The same nibbles and d as QuadNib / d8_f32, from 4 loads and 3 permutes instead of 8 loads, 6 inserts and ~20
-// scalar ops for the d.
+// starts at an even byte): W0 holds blocks 0-3, W1 blocks 4-7 (from [p + 72, p + 136) and [p + 80, p + 144): never
+// past the 8 blocks), d8 the 8 fp16 d (words 0, 9, 18, 27 of [p, p + 64) and of [p + 72, p + 136)). The same
+// nibbles and d as two QuadNib and d8_f32, from 4 loads and 3 permutes instead of 8 loads, 6 inserts and ~20 scalar
+// ops for the d. Zen 4 VM one thread +1-3%, H200 host neutral (ci/kernel_sweep.sh, 2 x 2 interleaved builds).
 struct OctNib {
   QuadNib W0, W1;
   __m256 d8;
-  CPUMOE_INLINE explicit OctNib(const uint8_t* p) : W0(NoLoad{}), W1(NoLoad{}) {
-    // qs word j of block k (k < 4) relative to its window pair's base: 1 + 9k + j (<= 35)
-    const __m512i iq0 = _mm512_setr_epi32(0x00020001, 0x00040003, 0x00060005, 0x00080007, 0x000B000A, 0x000D000C,
-                                          0x000F000E, 0x00110010, 0x00140013, 0x00160015, 0x00180017, 0x001A0019,
-                                          0x001D001C, 0x001F001E, 0x00210020, 0x00230022);
-    // the second block quad: its words w >= 32 (relative to p + 72) are word w - 4 of [p + 80, ...), index w + 28
-    const __m512i iq1 = _mm512_mask_add_epi16(iq0, _mm512_cmpge_epu16_mask(iq0, _mm512_set1_epi16(32)), iq0,
-                                              _mm512_set1_epi16(28));
-    const __m512i id = _mm512_setr_epi32(0x00090000, 0x001B0012, 0x00290020, 0x003B0032, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                         0, 0, 0);
-    const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
-    const __m512i c = _mm512_loadu_si512(p + 72), d = _mm512_loadu_si512(p + 80);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i r0 = _mm512_permutex2var_epi16(a, iq0, b), r1 = _mm512_permutex2var_epi16(c, iq1, d);
-    W0.lo = _mm512_and_si512(r0, m4), W0.hi = _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4);
-    W1.lo = _mm512_and_si512(r1, m4), W1.hi = _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4);
-    d8 = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, id, c)));
-  }
 };
+CPUMOE_INLINE OctNib oct_nib(const uint8_t* p) {
+  // qs word j of block k (k < 4) relative to its window pair's base: 1 + 9k + j (<= 35)
+  const __m512i iq0 = _mm512_setr_epi32(0x00020001, 0x00040003, 0x00060005, 0x00080007, 0x000B000A, 0x000D000C,
+                                        0x000F000E, 0x00110010, 0x00140013, 0x00160015, 0x00180017, 0x001A0019,
+                                        0x001D001C, 0x001F001E, 0x00210020, 0x00230022);
+  // the second block quad: its words w >= 32 (relative to p + 72) are word w - 4 of [p + 80, ...), index w + 28
+  const __m512i iq1 = _mm512_mask_add_epi16(iq0, _mm512_cmpge_epu16_mask(iq0, _mm512_set1_epi16(32)), iq0,
+                                            _mm512_set1_epi16(28));
+  const __m512i id = _mm512_setr_epi32(0x00090000, 0x001B0012, 0x00290020, 0x003B0032, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                       0, 0, 0);
+  const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
+  const __m512i c = _mm512_loadu_si512(p + 72), d = _mm512_loadu_si512(p + 80);
+  return {QuadNib(_mm512_permutex2var_epi16(a, iq0, b)), QuadNib(_mm512_permutex2var_epi16(c, iq1, d)),
+          _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, id, c)))};
+}
 CPUMOE_INLINE __m512i quad_idot(const QuadNib& W, const QuadAct& A) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A.c, W.lo, A.ql), W.hi, A.qh);
-}
-CPUMOE_INLINE __m512i quad_idot(const uint8_t* p, const QuadAct& A) {
-  __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(p + 2)));
-  raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + QB + 2)), 1);
-  raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 2 * QB + 2)), 2);
-  raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i*)(p + 3 * QB + 2)), 3);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A.c, lo, A.ql), hi, A.qh);
 }
 
 // R rows x NT tokens at once (R * NT <= kGrid), as the avx2 RowsW4A8: per (row, token) acc[0] (blocks 0-3 of
@@ -436,14 +423,9 @@ struct RowsW4A8 {
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w[r] + (size_t)b * QB;
         prefetch_ahead(p);
-#if CPUMOE_Q4_OCT
-        const OctNib O(p);
+        const OctNib O = oct_nib(p);
         const __m256 d8 = O.d8;
         const QuadNib &W0 = O.W0, &W1 = O.W1;
-#else
-        const __m256 d8 = d8_f32(p);
-        const QuadNib W0(p), W1(p + 4 * QB);
-#endif
         Q4_UNROLL
         for (int t = 0; t < NT; ++t) {
           const QuadAct A0(q[t] + (size_t)b * QK, corr[t] + 4 * b), A1(q[t] + (size_t)(b + 4) * QK, corr[t] + 4 * (b + 4));
