@@ -58,14 +58,6 @@ constexpr int kPrefetchBytes = CPUMOE_FP4_PF;
 // 2026-11-30: interleaved A/B, nvfp4 w4a8 batch 1 random, % of the same-run read ceiling: H200 host 16 threads
 // (ci/kernel_sweep.sh, 6 pairs) 3 -> 78/79/83/84/86/50 (the 50 against a 129 GB/s ceiling spike), 0 -> 66-81
 // (median 72); Zen 3 dev VM 2 threads (3 pairs) 60/62/64 against 57/59/58.
-// Rows in flight for a lone token's gate_up (the multi-row kernels, kRowsGateUp == 2): 2 (gate and up of row i) or
-// 4 (also of row i + half of the item). Build knob (tests pass with both). 4 was slower on the Zen 4 VM (nvfp4 w4a8
-// one thread 14.6-15.4 against 17.5-18.0 GB/s, 2026-11-30), unlike bf16's 4 rows, and on the H200 host's Xeon
-// (ci/kernel_sweep.sh, 2 x 2 interleaved builds: one thread 9.58 / 8.57 against 10.34 / 9.67 GB/s, 16 threads
-// 58 / 84% against 78 / 64% of the ceiling): 2 stays.
-#ifndef CPUMOE_FP4_GROWS
-#define CPUMOE_FP4_GROWS 2
-#endif
 #ifndef CPUMOE_FP4_AHEAD
 #define CPUMOE_FP4_AHEAD 3
 #endif
@@ -327,37 +319,11 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
   const cpumoe_params& P = k->params;
   ActSink sink(P);  // g in SIMD lanes (common.h)
   Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);
-  int32_t i = i0;
-  if constexpr (MultiRow<D>::gate_up == 2 && CPUMOE_FP4_GROWS == 4) {
-    if (n == 1 || !MaxNT<D>::has_dotn) {  // gate and up of rows i and i + half in one call: four weight streams
-      const int32_t half = (i1 - i0) / 2;
-      Rows<D::kBanks> rg2(banks, e, i0 + half), ru2(banks, e, P.inter + i0 + half);
-      if (CPUMOE_FP4_AHEAD & 2 && half > 0) {
-        const int64_t w = std::min<int64_t>(kPrefetchBytes, (int64_t)half * rg.ps);
-        prefetch_span(rg.p, w), prefetch_span(ru.p, w), prefetch_span(rg2.p, w), prefetch_span(ru2.p, w);
-      }
-      for (; i < i0 + half; ++i, rg.next(), ru.next(), rg2.next(), ru2.next()) {
-        const uint8_t* pp[4] = {rg.p, ru.p, rg2.p, ru2.p};
-        const uint8_t* ss[4] = {rg.s, ru.s, rg2.s, ru2.s};
-        const float gg[4] = {rg.global(), ru.global(), rg2.global(), ru2.global()};
-        for (int32_t j = 0; j < n; ++j) {
-          float y[4];
-          D::template dotr<4>(pp, ss, gg, P.hidden, xs[j], y);
-          float v[4];
-          for (int q = 0; q < 4; ++q) v[q] = D::kRoundGateUp ? round_bf16(y[q] * w_in[j]) : y[q] * w_in[j];
-          sink.put(&g[j][i], v[0], v[1]);
-          sink.put(&g[j][i + half], v[2], v[3]);
-        }
-      }
-      i = i0 + 2 * half;  // at most one row left: the loop below
-      rg = Rows<D::kBanks>(banks, e, i), ru = Rows<D::kBanks>(banks, e, P.inter + i);
-    }
-  }
-  for (; i < i1; ++i, rg.next(), ru.next()) {
+  for (int32_t i = i0; i < i1; ++i, rg.next(), ru.next()) {
     const float sg = rg.global(), su = ru.global();
     if constexpr (MultiRow<D>::gate_up == 2) {
       if ((n == 1 || !MaxNT<D>::has_dotn)) {  // a token's gate and up rows in one call
-        if (CPUMOE_FP4_AHEAD & 2 && i == i0 && CPUMOE_FP4_GROWS != 4) {
+        if (CPUMOE_FP4_AHEAD & 2 && i == i0) {
           const int64_t w = std::min<int64_t>(kPrefetchBytes, (int64_t)(i1 - i0) * rg.ps);
           prefetch_span(rg.p, w), prefetch_span(ru.p, w);
         }
