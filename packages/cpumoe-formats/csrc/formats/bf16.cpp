@@ -226,9 +226,6 @@ struct Dot {
     alignas(32) float xp[16] = {};
     for (int i = 0; i < K; ++i) xp[i] = ((const float*)act)[i];
     const __m256 x0 = _mm256_load_ps(xp), x1 = _mm256_load_ps(xp + 8), wt = _mm256_set1_ps(weight);
-    auto wide = [](const uint16_t* w) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)w)), 16));
-    };
     const bool direct = K % 8 == 0, two = K > 8;  // direct: the bank's rows hold whole 8-vectors
     alignas(32) uint16_t pad[8][16] = {};         // zero-padded copies of ragged rows (and zero rows)
     auto block = [&](int h, int nr) CPUMOE_LAMBDA_INLINE {  // -> 8 sums * weight of rows h .. h + 7 (rows >= nr zero)
@@ -251,10 +248,10 @@ struct Dot {
       __m256 v[8];
       if (two) {
         CPUMOE_UNROLL
-        for (int r = 0; r < 8; ++r) v[r] = _mm256_fmadd_ps(wide(p[r] + 8), x1, _mm256_mul_ps(wide(p[r]), x0));
+        for (int r = 0; r < 8; ++r) v[r] = _mm256_fmadd_ps(Lanes::w(p[r] + 8), x1, _mm256_mul_ps(Lanes::w(p[r]), x0));
       } else {
         CPUMOE_UNROLL
-        for (int r = 0; r < 8; ++r) v[r] = _mm256_mul_ps(wide(p[r]), x0);
+        for (int r = 0; r < 8; ++r) v[r] = _mm256_mul_ps(Lanes::w(p[r]), x0);
       }
       // each row's lanes l0..l7: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
       const __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
