@@ -173,7 +173,14 @@ struct DotNative {
 CPUMOE_INLINE size_t w4a8_scale_off(int32_t K) { return ((size_t)K + 63) & ~(size_t)63; }
 CPUMOE_INLINE size_t w4a8_corr_off(int32_t K) { return w4a8_scale_off(K) + (size_t)(K / 16) * sizeof(float); }
 CPUMOE_INLINE size_t w4a8_hscale_off(int32_t K) { return w4a8_corr_off(K) + (size_t)(K / 16) * sizeof(int32_t); }
-size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_hscale_off(K) + (size_t)(K / 16) * sizeof(float); }
+// Then (64-byte aligned) for the avx512vnni pair steps, per pair of 128-groups (the last group alone when their
+// count is odd, its upper lanes 0): the 16 block scales in pair-lane order, then the 16 corrections negated in
+// pair-lane order (vnni_pair's lane 4L + 2h + j), so a step loads them instead of permuting them per token.
+CPUMOE_INLINE size_t w4a8_pair_off(int32_t K) {
+  return (w4a8_hscale_off(K) + (size_t)(K / 16) * sizeof(float) + 63) & ~(size_t)63;
+}
+CPUMOE_INLINE size_t w4a8_pairs(int32_t K) { return (size_t)(K / 128 + 1) / 2; }
+size_t act_bytes_w4a8(const cpumoe_kernel*, int32_t K) { return w4a8_pair_off(K) + w4a8_pairs(K) * 16 * 8; }
 // The parts of one prepared w4a8 activation (prep_w4a8's layout) a dot reads.
 struct W4A8Act {
   const int8_t* a;          // codes
@@ -181,10 +188,13 @@ struct W4A8Act {
   const float* hs;          // per-16 scales in avx2's hadd order
   const int32_t* corr;      // per-16 corrections (12 * sum of codes)
   int32_t ng;               // whole 128-groups
+  const float* pa;          // pair-lane scales, 8 per group (16 per pair)
+  const int32_t* pc;        // pair-lane negated corrections, likewise
   CPUMOE_INLINE W4A8Act(const void* act, int32_t K)
       : a((const int8_t*)act), as((const float*)((const char*)act + w4a8_scale_off(K))),
         hs((const float*)((const char*)act + w4a8_hscale_off(K))),
-        corr((const int32_t*)((const char*)act + w4a8_corr_off(K))), ng(K / 128) {}
+        corr((const int32_t*)((const char*)act + w4a8_corr_off(K))), ng(K / 128),
+        pa((const float*)((const char*)act + w4a8_pair_off(K))), pc((const int32_t*)(pa + 16 * w4a8_pairs(K))) {}
 };
 // avx2 lane order of a group's 8 block sums after vphaddd (blocks 0..3 from P, 4..7 from Q).
 constexpr int kHaddOrder[8] = {0, 1, 4, 5, 2, 3, 6, 7};
@@ -228,6 +238,17 @@ void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) 
     corr[slot] = kW2Offset * qsum;
     hsc[slot] = s;
   }
+  // pair-lane copies: lane 4L + 2h + j <- natural block 2L + j of group g + h (scales) / its hadd slot (corrections)
+  constexpr int kIn[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+  constexpr int kIh[16] = {0, 1, 8, 9, 4, 5, 12, 13, 2, 3, 10, 11, 6, 7, 14, 15};
+  float* pa = (float*)((char*)dst + w4a8_pair_off(K));
+  int32_t* pc = (int32_t*)(pa + 16 * w4a8_pairs(K));
+  for (int32_t g = 0; g < K / 128; g += 2)
+    for (int l = 0; l < 16; ++l) {
+      const bool in = g + 1 < K / 128 || kIn[l] < 8;  // a lone last group: lanes of group g + 1 are 0
+      pa[8 * g + l] = in ? sc[8 * g + kIn[l]] : 0.f;
+      pc[8 * g + l] = g + 1 < K / 128 || kIh[l] < 8 ? -corr[8 * g + kIh[l]] : 0;
+    }
 }
 
 
@@ -310,7 +331,7 @@ struct DotW4A8 {
     dotr<1>(&r.p, &r.s, &r.g, r.K, act, &out);
     return out;
 #else
-    const auto [a, as, hs, corr, ng] = W4A8Act(act, K);
+    const auto [a, as, hs, corr, ng, pa, pc] = W4A8Act(act, K);
     (void)hs;
 #endif
 #if CPUMOE_TIER == CPUMOE_T_SCALAR
@@ -349,7 +370,7 @@ struct DotW4A8 {
   template <int R>
   static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* act, float* out) {
-    const auto [a, as, hs, corr, ng] = W4A8Act(act, K);
+    const auto [a, as, hs, corr, ng, pa, pc] = W4A8Act(act, K);
     const __m256i tu = w2_offset();
     __m256 acc[R][2];
     CPUMOE_UNROLL
@@ -389,19 +410,20 @@ struct DotW4A8 {
   // h = 0 are the avx2 path's even-group accumulator (natural block order), h = 1 its odd one, with each block's
   // fp32 ops (e4m3 * s, then int * that, then the add in group order) as avx2's; the epilogue permutes them
   // into avx2's hadd order and sums as it does, so all tiers stay bit-identical. The activation side is loaded
-  // and permuted once per step for the R rows (gate + up, or down rows h and h + half).
+  // once per step for the R rows (gate + up, or down rows h and h + half), its scales and corrections already in
+  // pair-lane order (prep_w4a8).
   static constexpr int kRowsGateUp = 2, kRowsDown = 2;
   template <int R>
   static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* act, float* out) {
-    const auto [a, as, hs, corr, ng] = W4A8Act(act, K);
+    const auto [a, as, hs, corr, ng, pa, pc] = W4A8Act(act, K);
     (void)hs;
     __m512 acc[R];
     CPUMOE_UNROLL
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     int32_t g = 0;
-    for (; g + 2 <= ng; g += 2) vnni_pair<R, true>(P, Sc, a, as, corr, g, acc);
-    if (g < ng) vnni_pair<R, false>(P, Sc, a, as, corr, g, acc);  // odd ng: the last group alone (lanes h = 0)
+    for (; g + 2 <= ng; g += 2) vnni_pair<R, true>(P, Sc, a, pa, pc, g, acc);
+    if (g < ng) vnni_pair<R, false>(P, Sc, a, pa, pc, g, acc);  // odd ng: the last group alone (lanes h = 0)
     // pair lanes -> avx2's accumulators in hadd order (blocks 0,1,4,5,2,3,6,7): even groups (h = 0), odd (h = 1)
     const __m512i i0 = _mm512_setr_epi32(0, 1, 8, 9, 4, 5, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
@@ -413,30 +435,93 @@ struct DotW4A8 {
       out[r] = (hsum256(_mm256_add_ps(a0, a1)) + w4a8_blocks_scalar(row, a, as, ng * 8)) * (0.5f * gl[r]);
     }
   }
+  // Multi-token (tokens of one expert in a batch): one row against NT prepared activations. The weight side (nibble
+  // lookups, e4m3 scale codes -> fp32) is done once per step for the NT tokens; each token's integers and fp32
+  // operations, and their order, are vnni_pair's for R = 1 (a token's result does not depend on NT or on the
+  // path: tests/test_batch_identity.py).
+  static constexpr int kMaxNT = 8;
+  template <int NT>
+  static CPUMOE_INLINE void dotn(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* const* acts,
+                                 float* out) {
+    const int8_t* qa[NT];  // each token's codes, scales, pair-lane scales and corrections (W4A8Act's parts)
+    const float *qs[NT], *qp[NT];
+    const int32_t* qc[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const W4A8Act A(acts[t], K);
+      qa[t] = A.a, qs[t] = A.as, qp[t] = A.pa, qc[t] = A.pc;
+    }
+    const int32_t ng = K / 128;
+    __m512 acc[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    int32_t g = 0;
+    for (; g + 2 <= ng; g += 2) vnni_pair_nt<NT, true>(P, Sc, qa, qp, qc, g, acc);
+    if (g < ng) vnni_pair_nt<NT, false>(P, Sc, qa, qp, qc, g, acc);
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 8, 9, 4, 5, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
+    const Row row{P, Sc, gl, K};
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const __m256 a0 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i0, acc[t]));
+      const __m256 a1 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i1, acc[t]));
+      out[t] = (hsum256(_mm256_add_ps(a0, a1)) + w4a8_blocks_scalar(row, qa[t], qs[t], ng * 8)) * (0.5f * gl);
+    }
+  }
+  template <int NT, bool TWO>
+  static CPUMOE_INLINE void vnni_pair_nt(const uint8_t* P, const uint8_t* Sc, const int8_t* const* qa,
+                                         const float* const* qp, const int32_t* const* qc, int32_t g, __m512* acc) {
+    const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi16(1);
+    const __m256i sx = _mm256_setr_epi8(-1, 0, -1, 1, -1, 8, -1, 9, -1, 2, -1, 3, -1, 10, -1, 11,  //
+                                        -1, 4, -1, 5, -1, 12, -1, 13, -1, 6, -1, 7, -1, 14, -1, 15);
+    const uint8_t* p = P + 64 * g;
+    const uint8_t* s = Sc + 8 * g;
+    prefetch_stream(p, TWO ? 2 : 1, s, 8);
+    const __m512i b0 = _mm512_loadu_si512((const void*)p);
+    const __m512i l0 = _mm512_shuffle_epi8(tu, _mm512_and_si512(b0, m));
+    const __m512i h0 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(b0, 4), m));
+    __m512i l1 = l0, h1 = h0;
+    if (TWO) {
+      const __m512i b1 = _mm512_loadu_si512((const void*)(p + 64));
+      l1 = _mm512_shuffle_epi8(tu, _mm512_and_si512(b1, m));
+      h1 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(b1, 4), m));
+    }
+    const __m128i codes = TWO ? _mm_loadu_si128((const __m128i*)s) : load8(s);
+    __m256i hc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(codes), sx);
+    hc = _mm256_and_si256(_mm256_srai_epi16(hc, 1), _mm256_set1_epi16((short)0xBFFF));
+    const __m512 esc = _mm512_mul_ps(_mm512_cvtph_ps(hc), _mm512_set1_ps(256.f));
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* ag = qa[t] + 128 * g;
+      const __m512 As = _mm512_loadu_ps(qp[t] + 8 * g);
+      const __m512i C = _mm512_loadu_si512((const void*)(qc[t] + 8 * g));
+      const __m512i P0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l0, _mm512_loadu_si512((const void*)ag)),
+                                             h0, _mm512_loadu_si512((const void*)(ag + 64)));
+      const __m512i P1 = TWO ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l1,
+                                                                       _mm512_loadu_si512((const void*)(ag + 128))),
+                                                   h1, _mm512_loadu_si512((const void*)(ag + 192)))
+                             : _mm512_setzero_si512();
+      const __m512i S = _mm512_dpwssd_epi32(C, _mm512_packs_epi32(P0, P1), one);
+      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(esc, As));
+      acc[t] = TWO ? _mm512_add_ps(acc[t], f) : _mm512_mask_add_ps(acc[t], 0x3333, acc[t], f);
+    }
+  }
   // Groups g and g + 1 (TWO) or g alone of R rows into their pair-order accumulators.
   template <int R, bool TWO>
   static CPUMOE_INLINE void vnni_pair(const uint8_t* const* P, const uint8_t* const* Sc, const int8_t* a,
-                                      const float* as, const int32_t* corr, int32_t g, __m512* acc) {
+                                      const float* pa, const int32_t* pc, int32_t g, __m512* acc) {
     const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi16(1);
-    // lane 4L + 2h + j <- natural block 2L + j of group h (activation scales), <- its hadd slot (corrections)
-    const __m512i in = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-    const __m512i ih = _mm512_setr_epi32(0, 1, 8, 9, 4, 5, 12, 13, 2, 3, 10, 11, 6, 7, 14, 15);
     // e4m3 code bytes (8h + 2L + j) into the high byte of fp16 lane 4L + 2h + j (e4m3x8's shift by 8)
     const __m256i sx = _mm256_setr_epi8(-1, 0, -1, 1, -1, 8, -1, 9, -1, 2, -1, 3, -1, 10, -1, 11,  //
                                         -1, 4, -1, 5, -1, 12, -1, 13, -1, 6, -1, 7, -1, 14, -1, 15);
     const int8_t* ag = a + 128 * g;
     const __m512i ae0 = _mm512_loadu_si512((const void*)ag), ao0 = _mm512_loadu_si512((const void*)(ag + 64));
-    __m512i ae1 = ae0, ao1 = ao0, C;
-    __m512 A;
-    if (TWO) {
+    __m512i ae1 = ae0, ao1 = ao0;
+    if (TWO)  // else lanes h = 1 are never added (masked below)
       ae1 = _mm512_loadu_si512((const void*)(ag + 128)), ao1 = _mm512_loadu_si512((const void*)(ag + 192));
-      A = _mm512_permutexvar_ps(in, _mm512_loadu_ps(as + 8 * g));
-      C = _mm512_permutexvar_epi32(ih, _mm512_loadu_si512((const void*)(corr + 8 * g)));
-    } else {  // lanes h = 1 are undefined and never added (masked below)
-      A = _mm512_permutexvar_ps(in, _mm512_castps256_ps512(_mm256_loadu_ps(as + 8 * g)));
-      C = _mm512_permutexvar_epi32(ih, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(corr + 8 * g))));
-    }
-    C = _mm512_sub_epi32(_mm512_setzero_si512(), C);
+    // the activation scales and negated corrections in pair-lane order (prep_w4a8)
+    const __m512 A = _mm512_loadu_ps(pa + 8 * g);
+    const __m512i C = _mm512_loadu_si512((const void*)(pc + 8 * g));
     CPUMOE_UNROLL
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = P[r] + 64 * g;
