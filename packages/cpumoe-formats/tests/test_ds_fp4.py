@@ -217,7 +217,7 @@ def _parse_prep_w8(buf, K, tier):
     if tier == "scalar":
         q = buf[:K].view(np.int8).astype(np.float64)
         return q * np.repeat(buf[K:K + 4 * (K // 32)].view(np.float32).astype(np.float64) * 2.0, 32)
-    NL = {"avx2": 2, "avx512f": 4}[tier]
+    NL = {"avx2": 2, "avx512f": 4, "avx512vnni": 4}[tier]
     C = 32 * NL
     rec = 2 * C
     recs = buf[:K // C * rec].reshape(K // C, rec)
@@ -238,7 +238,7 @@ def _parse_prep(buf, K, tier):
     12 sum(q') per 8 elements, then fp32 s_a 2^-10 per 128-block (see ds_fp4.cpp)."""
     if tier == "scalar":
         return buf[:4 * K].view(np.float32)[_f32_pos(K, 0)].astype(np.float64), None
-    NL = {"avx2": 2, "avx512f": 4}[tier]
+    NL = {"avx2": 2, "avx512f": 4, "avx512vnni": 4}[tier]
     C = 32 * NL
     rec = 3 * C + C // 8 * 4
     nch = K // C
@@ -404,6 +404,6 @@ def test_schema():
     assert SPEC.round_gate_up and SPEC.round_route_term
     assert SPEC.bank_names == ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale")
     assert SPEC.bytes_per_expert(4096, 2048) == 13_369_344  # spec 1.9 (DSV4-Flash)
-    assert SPEC.kernel_tiers == {"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2", "avx512f")}
+    assert SPEC.kernel_tiers == {"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2", "avx512f", "avx512vnni")}
     assert SPEC.modes == ("native", "w4a8") and SPEC.default_mode == "native"
     assert U == 2.0**-24

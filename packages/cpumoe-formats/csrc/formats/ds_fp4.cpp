@@ -24,6 +24,8 @@
 // t = sum(u q) - 12 sum(q) = sum(2 E2M1 q), then acc = fma((float)t * (0.5 s_b), e8m0, acc) (the scalar tier: per
 // 32-block, acc += ((float)S * (0.5 s_b)) * e8m0). The e8m0 factor comes last, as in native: (0.5 s_b) * 2^-127
 // would be an fp32 subnormal whose rounding t then multiplies. About half the integer work of native per element.
+// avx512vnni (w4a8 only) forms the same lane sums t with two vpdpbusd instead of vpmaddubsw x 2 + vpaddw +
+// vpmaddwd: bit-identical to avx512f, four instructions fewer per 128 elements and token.
 #include "fp4_common.h"
 
 namespace cpumoe {
@@ -241,7 +243,12 @@ void prep_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   }
 }
 CPUMOE_INLINE void chunk8(const WChunk& W, const int8_t* rec, VF S, VF& acc) {
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI  // the same lane sums in two vpdpbusd (no int16 step, nothing saturates)
+  const VI t = sub32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), W.ul, ld(rec)), W.uh, ld(rec + kV)),
+                     ld(rec + kC));
+#else
   const VI t = sub32(madd1(add16(maddubs(W.ul, ld(rec)), maddubs(W.uh, ld(rec + kV)))), ld(rec + kC));
+#endif
   acc = fma_(mul(cvt(t), ldf((const float*)(rec + kC + kC / 2))), S, acc);  // as native: the e8m0 factor last
 }
 
@@ -363,8 +370,14 @@ bool CPUMOE_INIT_FN(ds_fp4)(cpumoe_kernel* k) {
   k->prep_act = &prep;
   install_fp4<Dot>(k);
   return true;
+#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  if (k->params.mode != CPUMOE_MODE_W4A8) return false;  // native has no int8 x uint8 products: avx512f runs
+  k->act_bytes = &act_bytes_w8;
+  k->prep_act = &prep_w8;
+  install_fp4<DotW8>(k);
+  return true;
 #else
   (void)k;
-  return false;  // avxvnni / avx512vnni / avx512bf16: nothing specific (the tier below runs)
+  return false;  // avxvnni / avx512bf16: nothing specific (the tier below runs)
 #endif
 }

@@ -152,5 +152,5 @@ SPEC = DsFp4Format(
     round_gate_up=True,
     round_route_term=True,
     description="e2m1 weights, e8m0 scale per 32; FP8 round trip of activations per 128 (DeepSeek-V4-Flash)",
-    kernel_tiers={"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2", "avx512f")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2", "avx512f", "avx512vnni")},
 )
