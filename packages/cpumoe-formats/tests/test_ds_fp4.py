@@ -404,6 +404,9 @@ def test_schema():
     assert SPEC.round_gate_up and SPEC.round_route_term
     assert SPEC.bank_names == ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale")
     assert SPEC.bytes_per_expert(4096, 2048) == 13_369_344  # spec 1.9 (DSV4-Flash)
-    assert SPEC.kernel_tiers == {"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2", "avx512f", "avx512vnni")}
+    assert SPEC.kernel_tiers == {
+        "native": ("scalar", "avx2", "avx512f"),
+        "w4a8": ("scalar", "avx2", "avx512f", "avx512vnni"),
+    }
     assert SPEC.modes == ("native", "w4a8") and SPEC.default_mode == "native"
     assert U == 2.0**-24

@@ -8,7 +8,7 @@
 #include "cpumoe_formats/abi.h"
 #define DECL(f, t) bool cpumoe_init_##f##_##t(cpumoe_kernel*);
 DECL(nvfp4, scalar) DECL(nvfp4, avx2) DECL(nvfp4, avxvnni) DECL(nvfp4, avx512f) DECL(nvfp4, avx512vnni)
-DECL(ds_fp4, scalar) DECL(ds_fp4, avx2) DECL(ds_fp4, avx512f)
+DECL(ds_fp4, scalar) DECL(ds_fp4, avx2) DECL(ds_fp4, avx512f) DECL(ds_fp4, avx512vnni)
 typedef bool (*Init)(cpumoe_kernel*);
 static float bf(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7FFF + ((u >> 16) & 1); return u >> 16; }
@@ -54,6 +54,7 @@ int main() {
       {"ds_fp4 avx512f vs scalar", 3, 0, cpumoe_init_ds_fp4_scalar, cpumoe_init_ds_fp4_avx512f},
       {"ds_fp4 w4a8 avx512f vs avx2", 3, 1, cpumoe_init_ds_fp4_avx2, cpumoe_init_ds_fp4_avx512f},
       {"ds_fp4 w4a8 avx512f vs scalar", 3, 1, cpumoe_init_ds_fp4_scalar, cpumoe_init_ds_fp4_avx512f},
+      {"ds_fp4 w4a8 avx512vnni vs avx512f", 3, 1, cpumoe_init_ds_fp4_avx512f, cpumoe_init_ds_fp4_avx512vnni},
   };
   int shapes[][2] = {{272, 144}, {2048, 512}, {384, 384}, {16, 16}, {384, 1152}, {128, 256}};
   for (auto& c : cases)
@@ -97,8 +98,9 @@ int main() {
         if (a.acc[i] != b.acc[i]) ++adiff;
         if (!std::isfinite(b.acc[i])) nan = true;
       }
-      // w4a8 VNNI tiers vs avx2: the same integers and fp32 operations, so every bit must agree
-      const bool exact = c.fmt == 1 && c.mode == 1 && c.ref == cpumoe_init_nvfp4_avx2;
+      // w4a8 VNNI tiers vs avx2 (nvfp4) / avx512f (ds_fp4): the same integers and fp32 operations, so every bit
+      // must agree
+      const bool exact = c.mode == 1 && (c.ref == cpumoe_init_nvfp4_avx2 || c.ref == cpumoe_init_ds_fp4_avx512f);
       bool bad = gbig || nan || dmax > 2e-3 * amax || (exact && (gdiff || adiff));
       fails += bad;
       printf("%-34s H=%4d I=%4d: g differ %zu/%zu (beyond 1 ulp: %zu), acc differ %zu/%zu rel %.2e %s\n", c.name, H, I,
