@@ -175,7 +175,7 @@ CPUMOE_INLINE size_t w4a8_corr_off(int32_t K) { return w4a8_scale_off(K) + (size
 CPUMOE_INLINE size_t w4a8_hscale_off(int32_t K) { return w4a8_corr_off(K) + (size_t)(K / 16) * sizeof(int32_t); }
 // Then (64-byte aligned) for the avx512vnni pair steps, per pair of 128-groups (the last group alone when their
 // count is odd, its upper lanes 0): the 16 block scales in pair-lane order, then the 16 corrections negated in
-// pair-lane order (vnni_pair's lane 4L + 2h + j), so a step loads them instead of permuting them per token.
+// pair-lane order (pair_step's lane 4L + 2h + j), so a step loads them instead of permuting them per token.
 CPUMOE_INLINE size_t w4a8_pair_off(int32_t K) {
   return (w4a8_hscale_off(K) + (size_t)(K / 16) * sizeof(float) + 63) & ~(size_t)63;
 }
@@ -409,41 +409,29 @@ struct DotW4A8 {
   // activation scales and (per row) the e4m3 scale codes permuted into the pair order instead of the sums. Lanes
   // h = 0 are the avx2 path's even-group accumulator (natural block order), h = 1 its odd one, with each block's
   // fp32 ops (e4m3 * s, then int * that, then the add in group order) as avx2's; the epilogue permutes them
-  // into avx2's hadd order and sums as it does, so all tiers stay bit-identical. The activation side is loaded
-  // once per step for the R rows (gate + up, or down rows h and h + half), its scales and corrections already in
-  // pair-lane order (prep_w4a8).
+  // into avx2's hadd order and sums as it does, so all tiers stay bit-identical. One grid serves a token's R rows
+  // (gate + up, or down rows h and h + half) and a row's NT tokens (a batch on one expert: the weight side of a
+  // step is done once for them); the activation scales and corrections come in pair-lane order from prep_w4a8.
   static constexpr int kRowsGateUp = 2, kRowsDown = 2;
   template <int R>
   static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* act, float* out) {
-    const auto [a, as, hs, corr, ng, pa, pc] = W4A8Act(act, K);
-    (void)hs;
-    __m512 acc[R];
-    CPUMOE_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    int32_t g = 0;
-    for (; g + 2 <= ng; g += 2) vnni_pair<R, true>(P, Sc, a, pa, pc, g, acc);
-    if (g < ng) vnni_pair<R, false>(P, Sc, a, pa, pc, g, acc);  // odd ng: the last group alone (lanes h = 0)
-    // pair lanes -> avx2's accumulators in hadd order (blocks 0,1,4,5,2,3,6,7): even groups (h = 0), odd (h = 1)
-    const __m512i i0 = _mm512_setr_epi32(0, 1, 8, 9, 4, 5, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
-    CPUMOE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m256 a0 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i0, acc[r]));
-      const __m256 a1 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i1, acc[r]));
-      const Row row{P[r], Sc[r], gl[r], K};
-      out[r] = (hsum256(_mm256_add_ps(a0, a1)) + w4a8_blocks_scalar(row, a, as, ng * 8)) * (0.5f * gl[r]);
-    }
+    grid<R, 1>(P, Sc, gl, K, &act, out);
   }
-  // Multi-token (tokens of one expert in a batch): one row against NT prepared activations. The weight side (nibble
-  // lookups, e4m3 scale codes -> fp32) is done once per step for the NT tokens; each token's integers and fp32
-  // operations, and their order, are vnni_pair's for R = 1 (a token's result does not depend on NT or on the
-  // path: tests/test_batch_identity.py).
+  // Several tokens of one expert (a batch): one row, NT prepared activations, each weight step decoded once.
   static constexpr int kMaxNT = 8;
   template <int NT>
   static CPUMOE_INLINE void dotn(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* const* acts,
                                  float* out) {
-    const int8_t* qa[NT];  // each token's codes, scales, pair-lane scales and corrections (W4A8Act's parts)
+    grid<1, NT>(&P, &Sc, &gl, K, acts, out);
+  }
+  // out[r * NT + t] = dot(row r, token t) for R rows x NT tokens (R * NT <= 8 accumulators). Every (row, token)
+  // pair has the same integers and fp32 operations in the same order whatever R and NT, so neither the rows nor
+  // the tokens sharing a call change a result (tests/test_batch_identity.py).
+  template <int R, int NT>
+  static CPUMOE_INLINE void grid(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
+                                 const void* const* acts, float* out) {
+    const int8_t* qa[NT];  // each token's codes, scales, pair-lane scales and negated corrections
     const float *qs[NT], *qp[NT];
     const int32_t* qc[NT];
     CPUMOE_UNROLL
@@ -452,95 +440,69 @@ struct DotW4A8 {
       qa[t] = A.a, qs[t] = A.as, qp[t] = A.pa, qc[t] = A.pc;
     }
     const int32_t ng = K / 128;
-    __m512 acc[NT];
+    __m512 acc[R * NT];
     CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int i = 0; i < R * NT; ++i) acc[i] = _mm512_setzero_ps();
     int32_t g = 0;
-    for (; g + 2 <= ng; g += 2) vnni_pair_nt<NT, true>(P, Sc, qa, qp, qc, g, acc);
-    if (g < ng) vnni_pair_nt<NT, false>(P, Sc, qa, qp, qc, g, acc);
+    for (; g + 2 <= ng; g += 2) pair_step<R, NT, true>(P, Sc, qa, qp, qc, g, acc);
+    if (g < ng) pair_step<R, NT, false>(P, Sc, qa, qp, qc, g, acc);  // odd ng: the last group alone (lanes h = 0)
+    // pair lanes -> avx2's accumulators in hadd order (blocks 0,1,4,5,2,3,6,7): even groups (h = 0), odd (h = 1)
     const __m512i i0 = _mm512_setr_epi32(0, 1, 8, 9, 4, 5, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
-    const Row row{P, Sc, gl, K};
     CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const __m256 a0 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i0, acc[t]));
-      const __m256 a1 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i1, acc[t]));
-      out[t] = (hsum256(_mm256_add_ps(a0, a1)) + w4a8_blocks_scalar(row, qa[t], qs[t], ng * 8)) * (0.5f * gl);
+    for (int r = 0; r < R; ++r) {
+      const Row row{P[r], Sc[r], gl[r], K};
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const __m256 a0 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i0, acc[r * NT + t]));
+        const __m256 a1 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i1, acc[r * NT + t]));
+        out[r * NT + t] =
+            (hsum256(_mm256_add_ps(a0, a1)) + w4a8_blocks_scalar(row, qa[t], qs[t], ng * 8)) * (0.5f * gl[r]);
+      }
     }
   }
-  template <int NT, bool TWO>
-  static CPUMOE_INLINE void vnni_pair_nt(const uint8_t* P, const uint8_t* Sc, const int8_t* const* qa,
-                                         const float* const* qp, const int32_t* const* qc, int32_t g, __m512* acc) {
-    const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi16(1);
-    const __m256i sx = _mm256_setr_epi8(-1, 0, -1, 1, -1, 8, -1, 9, -1, 2, -1, 3, -1, 10, -1, 11,  //
-                                        -1, 4, -1, 5, -1, 12, -1, 13, -1, 6, -1, 7, -1, 14, -1, 15);
-    const uint8_t* p = P + 64 * g;
-    const uint8_t* s = Sc + 8 * g;
-    prefetch_stream(p, TWO ? 2 : 1, s, 8);
-    const __m512i b0 = _mm512_loadu_si512((const void*)p);
-    const __m512i l0 = _mm512_shuffle_epi8(tu, _mm512_and_si512(b0, m));
-    const __m512i h0 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(b0, 4), m));
-    __m512i l1 = l0, h1 = h0;
-    if (TWO) {
-      const __m512i b1 = _mm512_loadu_si512((const void*)(p + 64));
-      l1 = _mm512_shuffle_epi8(tu, _mm512_and_si512(b1, m));
-      h1 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(b1, 4), m));
-    }
-    const __m128i codes = TWO ? _mm_loadu_si128((const __m128i*)s) : load8(s);
-    __m256i hc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(codes), sx);
-    hc = _mm256_and_si256(_mm256_srai_epi16(hc, 1), _mm256_set1_epi16((short)0xBFFF));
-    const __m512 esc = _mm512_mul_ps(_mm512_cvtph_ps(hc), _mm512_set1_ps(256.f));
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* ag = qa[t] + 128 * g;
-      const __m512 As = _mm512_loadu_ps(qp[t] + 8 * g);
-      const __m512i C = _mm512_loadu_si512((const void*)(qc[t] + 8 * g));
-      const __m512i P0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l0, _mm512_loadu_si512((const void*)ag)),
-                                             h0, _mm512_loadu_si512((const void*)(ag + 64)));
-      const __m512i P1 = TWO ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l1,
-                                                                       _mm512_loadu_si512((const void*)(ag + 128))),
-                                                   h1, _mm512_loadu_si512((const void*)(ag + 192)))
-                             : _mm512_setzero_si512();
-      const __m512i S = _mm512_dpwssd_epi32(C, _mm512_packs_epi32(P0, P1), one);
-      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(esc, As));
-      acc[t] = TWO ? _mm512_add_ps(acc[t], f) : _mm512_mask_add_ps(acc[t], 0x3333, acc[t], f);
-    }
-  }
-  // Groups g and g + 1 (TWO) or g alone of R rows into their pair-order accumulators.
-  template <int R, bool TWO>
-  static CPUMOE_INLINE void vnni_pair(const uint8_t* const* P, const uint8_t* const* Sc, const int8_t* a,
-                                      const float* pa, const int32_t* pc, int32_t g, __m512* acc) {
+  // Groups g and g + 1 (TWO) or g alone: per row the weight side (nibble lookups, e4m3 scale codes -> fp32) once,
+  // then per token its block sums and fp32 multiply-add into the pair-order accumulator.
+  template <int R, int NT, bool TWO>
+  static CPUMOE_INLINE void pair_step(const uint8_t* const* P, const uint8_t* const* Sc, const int8_t* const* qa,
+                                      const float* const* qp, const int32_t* const* qc, int32_t g, __m512* acc) {
     const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi16(1);
     // e4m3 code bytes (8h + 2L + j) into the high byte of fp16 lane 4L + 2h + j (e4m3x8's shift by 8)
     const __m256i sx = _mm256_setr_epi8(-1, 0, -1, 1, -1, 8, -1, 9, -1, 2, -1, 3, -1, 10, -1, 11,  //
                                         -1, 4, -1, 5, -1, 12, -1, 13, -1, 6, -1, 7, -1, 14, -1, 15);
-    const int8_t* ag = a + 128 * g;
-    const __m512i ae0 = _mm512_loadu_si512((const void*)ag), ao0 = _mm512_loadu_si512((const void*)(ag + 64));
-    __m512i ae1 = ae0, ao1 = ao0;
-    if (TWO)  // else lanes h = 1 are never added (masked below)
-      ae1 = _mm512_loadu_si512((const void*)(ag + 128)), ao1 = _mm512_loadu_si512((const void*)(ag + 192));
-    // the activation scales and negated corrections in pair-lane order (prep_w4a8)
-    const __m512 A = _mm512_loadu_ps(pa + 8 * g);
-    const __m512i C = _mm512_loadu_si512((const void*)(pc + 8 * g));
     CPUMOE_UNROLL
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = P[r] + 64 * g;
       const uint8_t* s = Sc[r] + 8 * g;
       prefetch_stream(p, TWO ? 2 : 1, s, 8);
-      auto sums = [&](const uint8_t* q, __m512i ae, __m512i ao) {  // int32 lane i: bytes 4i..4i+3, both nibbles
-        const __m512i b = _mm512_loadu_si512((const void*)q);
-        const __m512i lo = _mm512_and_si512(b, m), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
-        return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi8(tu, lo), ae),
-                                   _mm512_shuffle_epi8(tu, hi), ao);
-      };
-      const __m512i P0 = sums(p, ae0, ao0), P1 = TWO ? sums(p + 64, ae1, ao1) : _mm512_setzero_si512();
-      const __m512i S = _mm512_dpwssd_epi32(C, _mm512_packs_epi32(P0, P1), one);
+      const __m512i b0 = _mm512_loadu_si512((const void*)p);
+      const __m512i l0 = _mm512_shuffle_epi8(tu, _mm512_and_si512(b0, m));
+      const __m512i h0 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(b0, 4), m));
+      __m512i l1 = l0, h1 = h0;
+      if (TWO) {  // else lanes h = 1 are never added (masked below)
+        const __m512i b1 = _mm512_loadu_si512((const void*)(p + 64));
+        l1 = _mm512_shuffle_epi8(tu, _mm512_and_si512(b1, m));
+        h1 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(b1, 4), m));
+      }
       const __m128i codes = TWO ? _mm_loadu_si128((const __m128i*)s) : load8(s);
-      __m256i h = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(codes), sx);
-      h = _mm256_and_si256(_mm256_srai_epi16(h, 1), _mm256_set1_epi16((short)0xBFFF));
-      const __m512 comb = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f)), A);
-      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(S), comb);
-      acc[r] = TWO ? _mm512_add_ps(acc[r], f) : _mm512_mask_add_ps(acc[r], 0x3333, acc[r], f);
+      __m256i hc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(codes), sx);
+      hc = _mm256_and_si256(_mm256_srai_epi16(hc, 1), _mm256_set1_epi16((short)0xBFFF));
+      const __m512 esc = _mm512_mul_ps(_mm512_cvtph_ps(hc), _mm512_set1_ps(256.f));
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* ag = qa[t] + 128 * g;
+        auto sums = [&](__m512i ul, __m512i uh, const int8_t* q) {  // int32 lane i: bytes 4i..4i+3, both nibbles
+          const __m512i lo = _mm512_loadu_si512((const void*)q), hi = _mm512_loadu_si512((const void*)(q + 64));
+          return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ul, lo), uh, hi);
+        };
+        const __m512i P0 = sums(l0, h0, ag), P1 = TWO ? sums(l1, h1, ag + 128) : _mm512_setzero_si512();
+        // the activation scales and negated corrections in pair-lane order (prep_w4a8)
+        const __m512i C = _mm512_loadu_si512((const void*)(qc[t] + 8 * g));
+        const __m512i S = _mm512_dpwssd_epi32(C, _mm512_packs_epi32(P0, P1), one);
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(esc, _mm512_loadu_ps(qp[t] + 8 * g)));
+        __m512& a = acc[r * NT + t];
+        a = TWO ? _mm512_add_ps(a, f) : _mm512_mask_add_ps(a, 0x3333, a, f);
+      }
     }
   }
 #endif
