@@ -271,37 +271,26 @@ CPUMOE_INLINE float w4a8_blocks_scalar(const Row& r, const int8_t* a, const floa
   return acc;
 }
 
-#if defined(__AVX2__)
-// 32 packed bytes (4 blocks) against ae[32], ao[32]: int32 lane i = sum of u * q over bytes
-// 4i..4i+3 (lanes 2b, 2b+1 belong to block b).
-CPUMOE_INLINE __m256i quad_i8(const uint8_t* p, const int8_t* ae, const int8_t* ao, __m256i tu) {
-  const __m256i m = _mm256_set1_epi8(0x0F), b = _mm256_loadu_si256((const __m256i*)p);
-  const __m256i ul = _mm256_shuffle_epi8(tu, _mm256_and_si256(b, m));
-  const __m256i uh = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(b, 4), m));
-  const __m256i ql = _mm256_loadu_si256((const __m256i*)ae), qh = _mm256_loadu_si256((const __m256i*)ao);
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ul, ql), uh, qh);
-#else
-  // |pair sums| <= 2 * 24 * 127 = 6096 per vpmaddubsw, <= 12192 after the add: no saturation.
-  const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(ul, ql), _mm256_maddubs_epi16(uh, qh));
-  return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-#endif
-}
-#endif
-
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-// The weight half of quad_i8 against activation registers (the rows of a multi-row call share them): avx2 16
-// int16 lanes (4 per block), avxvnni 8 int32 lanes (2 per block).
-CPUMOE_INLINE __m256i quad_u(const uint8_t* p, __m256i ql, __m256i qh, __m256i tu) {
-  const __m256i m = _mm256_set1_epi8(0x0F), b = _mm256_loadu_si256((const __m256i*)p);
-  const __m256i ul = _mm256_shuffle_epi8(tu, _mm256_and_si256(b, m));
-  const __m256i uh = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(b, 4), m));
+// 32 packed bytes (4 blocks) decoded once (u = w + 12 of the low and the high nibbles), and their products with one
+// token's codes ae[32], ao[32]: avx2 16 int16 lanes (4 per block; |pair sums| <= 2 * 24 * 127 = 6096 per
+// vpmaddubsw, <= 12192 after the add: no saturation), avxvnni 8 int32 lanes (2 per block).
+struct WQuad {
+  __m256i ul, uh;
+  CPUMOE_INLINE WQuad(const uint8_t* p, __m256i tu) {
+    const __m256i m = _mm256_set1_epi8(0x0F), b = _mm256_loadu_si256((const __m256i*)p);
+    ul = _mm256_shuffle_epi8(tu, _mm256_and_si256(b, m));
+    uh = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(b, 4), m));
+  }
+  CPUMOE_INLINE __m256i prod(const int8_t* ae, const int8_t* ao) const {
+    const __m256i ql = _mm256_loadu_si256((const __m256i*)ae), qh = _mm256_loadu_si256((const __m256i*)ao);
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ul, ql), uh, qh);
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ul, ql), uh, qh);
 #else
-  return _mm256_add_epi16(_mm256_maddubs_epi16(ul, ql), _mm256_maddubs_epi16(uh, qh));
+    return _mm256_add_epi16(_mm256_maddubs_epi16(ul, ql), _mm256_maddubs_epi16(uh, qh));
 #endif
-}
+  }
+};
 // Block sums of a 128-group from its two quads, in the order 0,1,4,5,2,3,6,7: the integers of vphaddd(P, Q), by
 // vpackssdw + vpmaddwd (the 2-lane partial sums are <= 8 * 24 * 127 = 24384: exact in int16), which Zen3 runs
 // in half the time of vphaddd.
@@ -325,81 +314,81 @@ struct DotW4A8 {
   static constexpr bool kRoundGateUp = false, kRoundRouteTerm = false;
   // Returns sum_b isum_b * (e4m3(scale_b) * s_b) * (0.5 * global).
   static CPUMOE_INLINE float dot(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* act) {
-    const Row r{P, Sc, gl, K};
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI  // one row of the pair kernel below
-    float out;
-    dotr<1>(&r.p, &r.s, &r.g, r.K, act, &out);
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+    float out;  // one cell of the tier's grid below
+    grid<1, 1>(&P, &Sc, &gl, K, &act, &out);
     return out;
-#else
-    const auto [a, as, hs, corr, ng, pa, pc] = W4A8Act(act, K);
-    (void)hs;
-#endif
-#if CPUMOE_TIER == CPUMOE_T_SCALAR
-    (void)ng, (void)corr;
-    return w4a8_blocks_scalar(r, a, as, 0) * (0.5f * r.g);
-#elif CPUMOE_TIER != CPUMOE_T_AVX512VNNI  // avx2 / avxvnni
-    const __m256i tu = w2_offset();
-    const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    for (int32_t g = 0; g < ng; ++g) {
-      const uint8_t* p = r.p + 64 * g;
-      const int8_t* ag = a + 128 * g;
-      prefetch_stream(p, 1, r.s + 8 * g, 8);
-      const __m256i P = quad_i8(p, ag, ag + 64, tu);            // blocks 0..3
-      const __m256i Q = quad_i8(p + 32, ag + 32, ag + 96, tu);  // blocks 4..7
-      // block sums in the order 0,1,4,5,2,3,6,7, minus 12 * sum(q) of each block
-      const __m256i S = _mm256_sub_epi32(_mm256_hadd_epi32(P, Q), _mm256_loadu_si256((const __m256i*)(corr + 8 * g)));
-      const __m256 comb = _mm256_mul_ps(e4m3x8(load8(r.s + 8 * g)), _mm256_loadu_ps(as + 8 * g));
-      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_permutevar8x32_ps(comb, perm));
-      if (g & 1)
-        acc1 = _mm256_add_ps(acc1, f);
-      else
-        acc0 = _mm256_add_ps(acc0, f);
-    }
-    return (hsum256(_mm256_add_ps(acc0, acc1)) + w4a8_blocks_scalar(r, a, as, ng * 8)) * (0.5f * r.g);
+#else  // scalar (the other tiers have no w4a8 kernel of their own: CPUMOE_INIT_FN)
+    const W4A8Act A(act, K);
+    return w4a8_blocks_scalar(Row{P, Sc, gl, K}, A.a, A.as, 0) * (0.5f * gl);
 #endif
   }
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  // R rows against one activation (gate_up: the gate and up rows, down: rows h and h + half): the activation
-  // codes, corrections and scales are loaded once per group for the R rows, and the R rows are R independent
-  // chains. Each row's operations are exactly those of dot() above (same integers, same fp32 products and
-  // sums in the same order: vpackssdw + vpmaddwd give vphaddd's integers, the hadd-ordered scale copy the
-  // permuted values), so a row's result does not depend on R.
+  // R rows x NT tokens per call (a token's gate and up rows, or down rows h and h + half; or a row's tokens of one
+  // expert in a batch): per group each row's nibbles and e4m3 scales are decoded once for the NT tokens. Every
+  // (row, token) pair's integers and fp32 operations, in their order, are the same whatever R and NT (block sums
+  // by vpackssdw + vpmaddwd in the order 0,1,4,5,2,3,6,7 with the scales' hadd-ordered copy; even and odd groups
+  // in two accumulators), so neither R nor NT changes a result, and avx512vnni's pair kernel reproduces them.
   static constexpr int kRowsGateUp = 2, kRowsDown = 2;
+  static constexpr int kMaxNT = 2;  // 16 ymm: R * NT * 2 accumulators next to the decoded group
   template <int R>
   static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* act, float* out) {
-    const auto [a, as, hs, corr, ng, pa, pc] = W4A8Act(act, K);
-    const __m256i tu = w2_offset();
-    __m256 acc[R][2];
+    grid<R, 1>(P, Sc, gl, K, &act, out);
+  }
+  template <int NT>
+  static CPUMOE_INLINE void dotn(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* const* acts,
+                                 float* out) {
+    grid<1, NT>(&P, &Sc, &gl, K, acts, out);
+  }
+  template <int R, int NT>
+  static CPUMOE_INLINE void grid(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
+                                 const void* const* acts, float* out) {
+    const int8_t* qa[NT];  // each token's codes, scales (natural and hadd order) and corrections
+    const float *qs[NT], *qh[NT];
+    const int32_t* qc[NT];
     CPUMOE_UNROLL
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int32_t g0 = 0; g0 < ng; g0 += 2) {  // even groups into acc[r][0], odd into acc[r][1]
+    for (int t = 0; t < NT; ++t) {
+      const W4A8Act A(acts[t], K);
+      qa[t] = A.a, qs[t] = A.as, qh[t] = A.hs, qc[t] = A.corr;
+    }
+    const int32_t ng = K / 128;
+    const __m256i tu = w2_offset();
+    __m256 acc[R][NT][2];
+    CPUMOE_UNROLL
+    for (int r = 0; r < R; ++r)
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    for (int32_t g0 = 0; g0 < ng; g0 += 2) {  // even groups into acc[.][.][0], odd into acc[.][.][1]
       CPUMOE_UNROLL
       for (int j = 0; j < 2; ++j) {
         const int32_t g = g0 + j;
         if (g >= ng) break;
-        const int8_t* ag = a + 128 * g;
-        const __m256i ae0 = _mm256_loadu_si256((const __m256i*)ag), ao0 = _mm256_loadu_si256((const __m256i*)(ag + 64));
-        const __m256i ae1 = _mm256_loadu_si256((const __m256i*)(ag + 32));
-        const __m256i ao1 = _mm256_loadu_si256((const __m256i*)(ag + 96));
-        const __m256i C = _mm256_loadu_si256((const __m256i*)(corr + 8 * g));
-        const __m256 A = _mm256_loadu_ps(hs + 8 * g);
         CPUMOE_UNROLL
         for (int r = 0; r < R; ++r) {
           const uint8_t* p = P[r] + 64 * g;
           prefetch_stream(p, 1, Sc[r] + 8 * g, 8);
-          const __m256i S = _mm256_sub_epi32(oct_sums(quad_u(p, ae0, ao0, tu), quad_u(p + 32, ae1, ao1, tu)), C);
-          const __m256 comb = _mm256_mul_ps(e4m3x8_hadd(load8(Sc[r] + 8 * g)), A);
-          acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(_mm256_cvtepi32_ps(S), comb));
+          const WQuad W0(p, tu), W1(p + 32, tu);
+          const __m256 esc = e4m3x8_hadd(load8(Sc[r] + 8 * g));
+          CPUMOE_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            const int8_t* ag = qa[t] + 128 * g;
+            const __m256i S = _mm256_sub_epi32(oct_sums(W0.prod(ag, ag + 64), W1.prod(ag + 32, ag + 96)),
+                                               _mm256_loadu_si256((const __m256i*)(qc[t] + 8 * g)));
+            const __m256 comb = _mm256_mul_ps(esc, _mm256_loadu_ps(qh[t] + 8 * g));
+            acc[r][t][j] = _mm256_add_ps(acc[r][t][j], _mm256_mul_ps(_mm256_cvtepi32_ps(S), comb));
+          }
         }
       }
     }
     CPUMOE_UNROLL
     for (int r = 0; r < R; ++r) {
       const Row row{P[r], Sc[r], gl[r], K};
-      out[r] = (hsum256(_mm256_add_ps(acc[r][0], acc[r][1])) + w4a8_blocks_scalar(row, a, as, ng * 8)) * (0.5f * gl[r]);
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t)
+        out[r * NT + t] = (hsum256(_mm256_add_ps(acc[r][t][0], acc[r][t][1])) +
+                           w4a8_blocks_scalar(row, qa[t], qs[t], ng * 8)) * (0.5f * gl[r]);
     }
   }
 #elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI

@@ -1,0 +1,36 @@
+"""Tiers documented as bit-identical, compared bit for bit.
+
+nvfp4 w4a8: avxvnni and avx512vnni compute avx2's integers and fp32 operations in avx2's order (the pair kernel
+permutes its lanes back); ds_fp4 w4a8: avx512vnni forms avx512f's lane sums with vpdpbusd. The comparison is on
+the fp32 down accumulators of a work item, which show a reassociated or reordered fp32 product that bf16 outputs
+would mostly hide, and on the gate_up g. One route per expert (the multi-row single-token path) and 3 or 9 (the
+multi-token paths, with a partial token block), ragged K (the scalar block tails).
+"""
+
+import numpy as np
+import pytest
+from conftest import USABLE
+from fp4_helpers import kernel, run_down, run_gate_up, to_bf16_bits
+
+import cpumoe_formats as cf
+
+PAIRS = [("nvfp4", "avxvnni", "avx2"), ("nvfp4", "avx512vnni", "avx2"), ("ds_fp4", "avx512vnni", "avx512f")]
+SHAPES = {"nvfp4": (2, 720, 368), "ds_fp4": (2, 640, 384)}  # (E, H, I): K % 128 tails for nvfp4, odd chunk counts
+
+
+@pytest.mark.parametrize("fmt,tier,ref", PAIRS, ids=[f"{f}-{t}-vs-{r}" for f, t, r in PAIRS])
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_work_items_bit_identical(rng, fmt, tier, ref, n):
+    if tier not in USABLE or ref not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier if tier not in USABLE else ref} tier")
+    E, H, I = SHAPES[fmt]  # noqa: E741
+    banks = cf.get_format(fmt).random_banks(E, H, I, rng)
+    ka, kb = kernel(fmt, E, H, I, "w4a8", tier), kernel(fmt, E, H, I, "w4a8", ref)
+    xs = to_bf16_bits(rng.standard_normal((n, H)))
+    ga, gb = run_gate_up(ka, fmt, banks, 1, xs), run_gate_up(kb, fmt, banks, 1, xs)
+    np.testing.assert_array_equal(ga, gb, err_msg=f"gate_up g of {tier} differs from {ref}")
+    gs = to_bf16_bits(rng.standard_normal((n, I)) * rng.uniform(0.01, 10.0, (n, 1)))
+    w = rng.uniform(0.1, 1.0, n)
+    acc_a, acc_b = run_down(ka, fmt, banks, 1, gs, w), run_down(kb, fmt, banks, 1, gs, w)
+    assert np.count_nonzero(acc_a) > acc_a.size // 2  # a real result, not an untouched buffer
+    np.testing.assert_array_equal(acc_a, acc_b, err_msg=f"down accumulators of {tier} differ from {ref}")
