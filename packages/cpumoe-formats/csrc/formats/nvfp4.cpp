@@ -324,14 +324,11 @@ struct DotW4A8 {
 #endif
   }
 
-#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  // R rows x NT tokens per call (a token's gate and up rows, or down rows h and h + half; or a row's tokens of one
-  // expert in a batch): per group each row's nibbles and e4m3 scales are decoded once for the NT tokens. Every
-  // (row, token) pair's integers and fp32 operations, in their order, are the same whatever R and NT (block sums
-  // by vpackssdw + vpmaddwd in the order 0,1,4,5,2,3,6,7 with the scales' hadd-ordered copy; even and odd groups
-  // in two accumulators), so neither R nor NT changes a result, and avx512vnni's pair kernel reproduces them.
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  // A token's gate and up rows, or down rows h and h + half, per call (fp4_common.h MultiRow), and up to kMaxNT
+  // tokens of one expert per row (a batch: each weight step decoded once), both through the tier's grid<R, NT>.
   static constexpr int kRowsGateUp = 2, kRowsDown = 2;
-  static constexpr int kMaxNT = 2;  // 16 ymm: R * NT * 2 accumulators next to the decoded group
+  static constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 2;  // avx2: 16 ymm for R * NT * 2 accumulators
   template <int R>
   static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* act, float* out) {
@@ -342,17 +339,31 @@ struct DotW4A8 {
                                  float* out) {
     grid<1, NT>(&P, &Sc, &gl, K, acts, out);
   }
+  // The parts of NT tokens' prepared activations (W4A8Act's) a grid reads.
+  template <int NT>
+  struct Tokens {
+    const int8_t* a[NT];
+    const float *as[NT], *hs[NT], *pa[NT];
+    const int32_t *corr[NT], *pc[NT];
+    CPUMOE_INLINE Tokens(const void* const* acts, int32_t K) {
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const W4A8Act A(acts[t], K);
+        a[t] = A.a, as[t] = A.as, hs[t] = A.hs, pa[t] = A.pa, corr[t] = A.corr, pc[t] = A.pc;
+      }
+    }
+  };
+#endif
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  // R rows x NT tokens per call (a token's gate and up rows, or down rows h and h + half; or a row's tokens of one
+  // expert in a batch): per group each row's nibbles and e4m3 scales are decoded once for the NT tokens. Every
+  // (row, token) pair's integers and fp32 operations, in their order, are the same whatever R and NT (block sums
+  // by vpackssdw + vpmaddwd in the order 0,1,4,5,2,3,6,7 with the scales' hadd-ordered copy; even and odd groups
+  // in two accumulators), so neither R nor NT changes a result, and avx512vnni's pair kernel reproduces them.
   template <int R, int NT>
   static CPUMOE_INLINE void grid(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* const* acts, float* out) {
-    const int8_t* qa[NT];  // each token's codes, scales (natural and hadd order) and corrections
-    const float *qs[NT], *qh[NT];
-    const int32_t* qc[NT];
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const W4A8Act A(acts[t], K);
-      qa[t] = A.a, qs[t] = A.as, qh[t] = A.hs, qc[t] = A.corr;
-    }
+    const Tokens<NT> q(acts, K);
     const int32_t ng = K / 128;
     const __m256i tu = w2_offset();
     __m256 acc[R][NT][2];
@@ -373,10 +384,10 @@ struct DotW4A8 {
           const __m256 esc = e4m3x8_hadd(load8(Sc[r] + 8 * g));
           CPUMOE_UNROLL
           for (int t = 0; t < NT; ++t) {
-            const int8_t* ag = qa[t] + 128 * g;
+            const int8_t* ag = q.a[t] + 128 * g;
             const __m256i S = _mm256_sub_epi32(oct_sums(W0.prod(ag, ag + 64), W1.prod(ag + 32, ag + 96)),
-                                               _mm256_loadu_si256((const __m256i*)(qc[t] + 8 * g)));
-            const __m256 comb = _mm256_mul_ps(esc, _mm256_loadu_ps(qh[t] + 8 * g));
+                                               _mm256_loadu_si256((const __m256i*)(q.corr[t] + 8 * g)));
+            const __m256 comb = _mm256_mul_ps(esc, _mm256_loadu_ps(q.hs[t] + 8 * g));
             acc[r][t][j] = _mm256_add_ps(acc[r][t][j], _mm256_mul_ps(_mm256_cvtepi32_ps(S), comb));
           }
         }
@@ -388,7 +399,7 @@ struct DotW4A8 {
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t)
         out[r * NT + t] = (hsum256(_mm256_add_ps(acc[r][t][0], acc[r][t][1])) +
-                           w4a8_blocks_scalar(row, qa[t], qs[t], ng * 8)) * (0.5f * gl[r]);
+                           w4a8_blocks_scalar(row, q.a[t], q.as[t], ng * 8)) * (0.5f * gl[r]);
     }
   }
 #elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
@@ -401,40 +412,20 @@ struct DotW4A8 {
   // into avx2's hadd order and sums as it does, so all tiers stay bit-identical. One grid serves a token's R rows
   // (gate + up, or down rows h and h + half) and a row's NT tokens (a batch on one expert: the weight side of a
   // step is done once for them); the activation scales and corrections come in pair-lane order from prep_w4a8.
-  static constexpr int kRowsGateUp = 2, kRowsDown = 2;
-  template <int R>
-  static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
-                                 const void* act, float* out) {
-    grid<R, 1>(P, Sc, gl, K, &act, out);
-  }
-  // Several tokens of one expert (a batch): one row, NT prepared activations, each weight step decoded once.
-  static constexpr int kMaxNT = 8;
-  template <int NT>
-  static CPUMOE_INLINE void dotn(const uint8_t* P, const uint8_t* Sc, float gl, int32_t K, const void* const* acts,
-                                 float* out) {
-    grid<1, NT>(&P, &Sc, &gl, K, acts, out);
-  }
   // out[r * NT + t] = dot(row r, token t) for R rows x NT tokens (R * NT <= 8 accumulators). Every (row, token)
   // pair has the same integers and fp32 operations in the same order whatever R and NT, so neither the rows nor
   // the tokens sharing a call change a result (tests/test_batch_identity.py).
   template <int R, int NT>
   static CPUMOE_INLINE void grid(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* const* acts, float* out) {
-    const int8_t* qa[NT];  // each token's codes, scales, pair-lane scales and negated corrections
-    const float *qs[NT], *qp[NT];
-    const int32_t* qc[NT];
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const W4A8Act A(acts[t], K);
-      qa[t] = A.a, qs[t] = A.as, qp[t] = A.pa, qc[t] = A.pc;
-    }
+    const Tokens<NT> q(acts, K);
     const int32_t ng = K / 128;
     __m512 acc[R * NT];
     CPUMOE_UNROLL
     for (int i = 0; i < R * NT; ++i) acc[i] = _mm512_setzero_ps();
     int32_t g = 0;
-    for (; g + 2 <= ng; g += 2) pair_step<R, NT, true>(P, Sc, qa, qp, qc, g, acc);
-    if (g < ng) pair_step<R, NT, false>(P, Sc, qa, qp, qc, g, acc);  // odd ng: the last group alone (lanes h = 0)
+    for (; g + 2 <= ng; g += 2) pair_step<R, NT, true>(P, Sc, q, g, acc);
+    if (g < ng) pair_step<R, NT, false>(P, Sc, q, g, acc);  // odd ng: the last group alone (lanes h = 0)
     // pair lanes -> avx2's accumulators in hadd order (blocks 0,1,4,5,2,3,6,7): even groups (h = 0), odd (h = 1)
     const __m512i i0 = _mm512_setr_epi32(0, 1, 8, 9, 4, 5, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(2));
@@ -446,15 +437,15 @@ struct DotW4A8 {
         const __m256 a0 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i0, acc[r * NT + t]));
         const __m256 a1 = _mm512_castps512_ps256(_mm512_permutexvar_ps(i1, acc[r * NT + t]));
         out[r * NT + t] =
-            (hsum256(_mm256_add_ps(a0, a1)) + w4a8_blocks_scalar(row, qa[t], qs[t], ng * 8)) * (0.5f * gl[r]);
+            (hsum256(_mm256_add_ps(a0, a1)) + w4a8_blocks_scalar(row, q.a[t], q.as[t], ng * 8)) * (0.5f * gl[r]);
       }
     }
   }
   // Groups g and g + 1 (TWO) or g alone: per row the weight side (nibble lookups, e4m3 scale codes -> fp32) once,
   // then per token its block sums and fp32 multiply-add into the pair-order accumulator.
   template <int R, int NT, bool TWO>
-  static CPUMOE_INLINE void pair_step(const uint8_t* const* P, const uint8_t* const* Sc, const int8_t* const* qa,
-                                      const float* const* qp, const int32_t* const* qc, int32_t g, __m512* acc) {
+  static CPUMOE_INLINE void pair_step(const uint8_t* const* P, const uint8_t* const* Sc, const Tokens<NT>& q,
+                                      int32_t g, __m512* acc) {
     const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi16(1);
     // e4m3 code bytes (8h + 2L + j) into the high byte of fp16 lane 4L + 2h + j (e4m3x8's shift by 8)
     const __m256i sx = _mm256_setr_epi8(-1, 0, -1, 1, -1, 8, -1, 9, -1, 2, -1, 3, -1, 10, -1, 11,  //
@@ -479,16 +470,16 @@ struct DotW4A8 {
       const __m512 esc = _mm512_mul_ps(_mm512_cvtph_ps(hc), _mm512_set1_ps(256.f));
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
-        const int8_t* ag = qa[t] + 128 * g;
+        const int8_t* ag = q.a[t] + 128 * g;
         auto sums = [&](__m512i ul, __m512i uh, const int8_t* q) {  // int32 lane i: bytes 4i..4i+3, both nibbles
           const __m512i lo = _mm512_loadu_si512((const void*)q), hi = _mm512_loadu_si512((const void*)(q + 64));
           return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ul, lo), uh, hi);
         };
         const __m512i P0 = sums(l0, h0, ag), P1 = TWO ? sums(l1, h1, ag + 128) : _mm512_setzero_si512();
         // the activation scales and negated corrections in pair-lane order (prep_w4a8)
-        const __m512i C = _mm512_loadu_si512((const void*)(qc[t] + 8 * g));
+        const __m512i C = _mm512_loadu_si512((const void*)(q.pc[t] + 8 * g));
         const __m512i S = _mm512_dpwssd_epi32(C, _mm512_packs_epi32(P0, P1), one);
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(esc, _mm512_loadu_ps(qp[t] + 8 * g)));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(esc, _mm512_loadu_ps(q.pa[t] + 8 * g)));
         __m512& a = acc[r * NT + t];
         a = TWO ? _mm512_add_ps(a, f) : _mm512_mask_add_ps(a, 0x3333, a, f);
       }
