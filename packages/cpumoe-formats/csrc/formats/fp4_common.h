@@ -312,25 +312,6 @@ struct MultiRow<D, std::void_t<decltype(D::kRowsGateUp)>> {
   static constexpr int gate_up = D::kRowsGateUp, down = D::kRowsDown;
 };
 
-// Optional rows x tokens policy: kPairNT (tokens per call of two rows, e.g. a gate row and its up row) and
-//   template <int R, int NT> static void grid(const uint8_t* const* p, const uint8_t* const* s, const float* global,
-//                                              int32_t K, const void* const* acts, float* out);  // out[r * NT + t]
-// with each (row, token)'s arithmetic that of dot: the tokens' activation side is loaded once for both rows.
-template <class D, class = void>
-struct PairNT : std::integral_constant<int, 0> {};
-template <class D>
-struct PairNT<D, std::void_t<decltype(D::kPairNT)>> : std::integral_constant<int, D::kPairNT> {};
-
-// out[r * nt + t] = dot(row r, acts[t]) for the two rows and nt <= NT tokens, through grid<2, nt>.
-template <class D, int NT = PairNT<D>::value>
-CPUMOE_INLINE void fp4_pair_tokens(const uint8_t* const* p, const uint8_t* const* s, const float* gl, int32_t K, int nt,
-                                   const void* const* acts, float* out) {
-  if constexpr (NT > 1) {
-    if (nt < NT) return fp4_pair_tokens<D, NT - 1>(p, s, gl, K, nt, acts, out);
-  }
-  D::template grid<2, NT>(p, s, gl, K, acts, out);
-}
-
 template <class D>
 void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
                  const void* const* xs, const float* w_in, uint16_t* const* g) {
@@ -359,21 +340,11 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
         continue;
       }
     }
-    constexpr int B = PairNT<D>::value ? PairNT<D>::value : NT;  // tokens per block
-    for (int32_t j0 = 0; j0 < n; j0 += B) {  // token blocks: a row chunk is decoded once per block
-      const int nt = n - j0 < B ? n - j0 : B;
-      float gate[B], up[B];
-      if constexpr (PairNT<D>::value > 0) {  // gate and up rows in one call: the tokens' side loaded once
-        const uint8_t* pp[2] = {rg.p, ru.p};
-        const uint8_t* ss[2] = {rg.s, ru.s};
-        const float gg[2] = {sg, su};
-        float o[2 * B];
-        fp4_pair_tokens<D>(pp, ss, gg, P.hidden, nt, xs + j0, o);
-        for (int t = 0; t < nt; ++t) gate[t] = o[t], up[t] = o[nt + t];
-      } else {
-        fp4_dot_tokens<D>(rg.p, rg.s, sg, P.hidden, nt, xs + j0, gate);
-        fp4_dot_tokens<D>(ru.p, ru.s, su, P.hidden, nt, xs + j0, up);
-      }
+    for (int32_t j0 = 0; j0 < n; j0 += NT) {  // token blocks: a row chunk is decoded once per block
+      const int nt = n - j0 < NT ? n - j0 : NT;
+      float gate[NT], up[NT];
+      fp4_dot_tokens<D>(rg.p, rg.s, sg, P.hidden, nt, xs + j0, gate);
+      fp4_dot_tokens<D>(ru.p, ru.s, su, P.hidden, nt, xs + j0, up);
       for (int t = 0; t < nt; ++t) {
         float gt = gate[t] * w_in[j0 + t], ut = up[t] * w_in[j0 + t];
         if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
@@ -425,34 +396,6 @@ void fp4_down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int3
             if (D::kRoundRouteTerm) v0 = round_bf16(v0), v1 = round_bf16(v1);
             o[0] += v0;
             o[half] += v1;
-          }
-        }
-        h = h0 + 2 * half;  // at most one row left
-        r = Rows<D::kBanks>(banks + D::kBanks, routes[a].expert, h);
-      }
-    }
-    if constexpr (PairNT<D>::value > 0) {
-      if (b - a > 1) {  // rows h and h + half against blocks of the group's routes: their side loaded once
-        constexpr int B = PairNT<D>::value;
-        const int32_t half = (h1 - h0) / 2;
-        Rows<D::kBanks> r2(banks + D::kBanks, routes[a].expert, h0 + half);
-        for (; h < h0 + half; ++h, r.next(), r2.next()) {
-          const uint8_t* pp[2] = {r.p, r2.p};
-          const uint8_t* ss[2] = {r.s, r2.s};
-          const float gg[2] = {r.global(), r2.global()};
-          for (int32_t q0 = a; q0 < b; q0 += B) {
-            const int nt = b - q0 < B ? b - q0 : B;
-            const void* acts[B];
-            float y[2 * B];
-            for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
-            fp4_pair_tokens<D>(pp, ss, gg, I, nt, acts, y);
-            for (int t = 0; t < nt; ++t) {
-              float* o = acc + routes[q0 + t].token * acc_stride + (h - h0);
-              float v0 = y[t] * routes[q0 + t].weight, v1 = y[nt + t] * routes[q0 + t].weight;
-              if (D::kRoundRouteTerm) v0 = round_bf16(v0), v1 = round_bf16(v1);
-              o[0] += v0;
-              o[half] += v1;
-            }
           }
         }
         h = h0 + 2 * half;  // at most one row left

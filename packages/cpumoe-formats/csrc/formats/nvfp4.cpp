@@ -18,10 +18,6 @@
 //     every tier computes identical block sums.
 #include "fp4_common.h"
 
-#ifndef CPUMOE_NVFP4_PAIR_NT
-#define CPUMOE_NVFP4_PAIR_NT 4
-#endif
-
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
@@ -333,9 +329,6 @@ struct DotW4A8 {
   // tokens of one expert per row (a batch: each weight step decoded once), both through the tier's grid<R, NT>.
   static constexpr int kRowsGateUp = 2, kRowsDown = 2;
   static constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 2;  // avx2: 16 ymm for R * NT * 2 accumulators
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  static constexpr int kPairNT = CPUMOE_NVFP4_PAIR_NT;  // gate + up rows x this many tokens per grid call
-#endif
   template <int R>
   static CPUMOE_INLINE void dotr(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* act, float* out) {
