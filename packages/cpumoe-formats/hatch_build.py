@@ -38,7 +38,7 @@ TIERS = {
     "avxvnni": (2, _AVX2 + ["-mavxvnni"]),
     "avx512f": (3, _AVX512),
     "avx512vnni": (4, _AVX512 + ["-mavx512vnni"]),
-    "avx512bf16": (5, _AVX512 + ["-mavx512vnni", "-mavx512bf16"]),
+    "avx512bf16": (5, _AVX512 + ["-mavx512vnni", "-mavx512bf16", "-mavx512vbmi"]),
     "amx": (6, _AVX512 + ["-mavx512vnni", "-mavx512bf16", "-mavx512vbmi", "-mamx-tile", "-mamx-bf16", "-mamx-int8"]),
 }
 # Tiers only some formats have kernels for (the registry's table holds nullptr for the rest).

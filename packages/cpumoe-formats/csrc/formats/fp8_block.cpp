@@ -19,9 +19,11 @@
 //               token) pre-scaled activation, so a row is a plain FMA stream (see below).
 //   amx         e4m3 -> bf16 A tiles, bf16 activations as B, per 128-K block C * scale (fp8_block_amx.h):
 //               a shared expert's batch costs little more than one token.
-// There is no avx512bf16 kernel: an e4m3 -> bf16 decode (masked vpermw for the exp == 0 codes) reduced by
-// vdpbf16ps read 47-51% of the single-thread ceiling on the H200 host's Xeon against 97% for avx512f with four
-// rows in flight (ci/kernel_sweep.sh, 2026-11-29), and was no faster on shared batches; it was removed.
+//   avx512bf16  e4m3 -> exact bf16 by byte tables (vpermt2b), bf16 activations, vdpbf16ps: half the multiply-adds
+//               of avx512f and no conversion; per 128-K block partial sums * scale (fp8_block_bf16.h). (An earlier
+//               avx512bf16 kernel with a word-wise decode, masked vpermw for the exp == 0 codes, read 47-51% of the
+//               H200 host's single-thread ceiling and was removed on 2026-11-29; the byte tables cost ~7 ops per
+//               64 codes where that decode cost ~20.)
 #include <vector>
 
 #include "../rowmajor.h"
@@ -515,12 +517,21 @@ void install(cpumoe_kernel* k) {
 
 #if CPUMOE_TIER == CPUMOE_T_AMX
 #include "fp8_block_amx.h"
+#elif CPUMOE_TIER == CPUMOE_T_AVX512BF16
+#include "fp8_block_bf16.h"
 #endif
 
 bool CPUMOE_INIT_FN(fp8_block)(cpumoe_kernel* k) {
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AVX512BF16
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   (void)k;
-  return false;  // no int8 or bf16-dot variant: avx512f runs (see the header comment)
+  return false;  // no int8 variant: avx2 / avx512f runs
+#elif CPUMOE_TIER == CPUMOE_T_AVX512BF16
+  if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
+  k->act_bytes = &cpumoe::CPUMOE_NS::act_bytes_bf16;
+  k->prep_act = &cpumoe::CPUMOE_NS::prep_act_bf16;
+  k->gate_up = &cpumoe::CPUMOE_NS::bf8::gate_up;
+  k->down = &cpumoe::CPUMOE_NS::bf8::down;
+  return true;
 #elif CPUMOE_TIER == CPUMOE_T_AMX
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
   k->act_bytes = &cpumoe::CPUMOE_NS::act_bytes_bf16;

@@ -21,6 +21,7 @@
 // avx512f; isa="amx" / CPUMOE_ISA=amx picks this kernel for batches that share experts.
 #pragma once
 #include "amx_common.h"
+#include "fp8_block_decode.h"
 
 #ifndef CPUMOE_FP8_AMX_PF
 #define CPUMOE_FP8_AMX_PF 512
@@ -43,46 +44,13 @@ constexpr int kKB = 128, kChunksPerKB = kKB / kChunk;
 // holds kSpan x 8 KB): longer runs per row, fewer row switches for the DRAM pages and the prefetchers.
 constexpr int kSpan = CPUMOE_FP8_AMX_SPAN;
 
-// The bf16 bits of |e4m3(c)| for the 7-bit codes c = 0..127, split into low and high bytes (the two 128-byte
-// tables of the vpermt2b decode below). Non-zero exponent field: ((c << 4) & 0x7F0) + (120 << 7), the exponent
-// and mantissa shifted into place and rebiased (0x7F: 0x43F0 = 480); exponent field 0: m * 2^-9, bf16 normals
-// (AMX's reading of bf16 subnormals as zero never applies to a weight).
-struct DecodeTables {
-  alignas(64) uint8_t lo[128], hi[128];
-  constexpr DecodeTables() : lo(), hi() {
-    constexpr uint16_t kSub[8] = {0, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
-    for (int c = 0; c < 128; ++c) {
-      const uint16_t v = c >> 3 ? (uint16_t)(((c << 4) & 0x7F0) + (120 << 7)) : kSub[c];
-      lo[c] = (uint8_t)(v & 0xFF), hi[c] = (uint8_t)(v >> 8);
-    }
-  }
-};
-constexpr DecodeTables kTables{};
-
-// n codes of one row (0 < n; the first min(n, 64)) -> two 32-code chunks of bf16 at dst0, dst1 (64 bytes each;
-// zero past n), each e4m3 exactly. Byte tables (AVX512-VBMI, which every AMX CPU has; the tier checks it): the
-// low and the high byte of each bf16 from the code's low 7 bits (vpermt2b, 128 entries), the sign into the high
-// byte, and the bytes interleaved into words. vpunpck{l,h}bw interleave within 128-bit lanes, so the codes are
-// first permuted (vpermb) so that the low unpack yields codes 0..31 and the high one 32..63 in order. ~7 vector
-// ops per 64 codes, against ~20 for the word-wise shift / add / vpermw-table decode this replaced. The tables
-// and constants live in registers for a whole work item (one Decoder per rows_x_tokens call).
-struct Decoder {
-  const __m512i lo0 = _mm512_load_si512(kTables.lo), lo1 = _mm512_load_si512(kTables.lo + 64);
-  const __m512i hi0 = _mm512_load_si512(kTables.hi), hi1 = _mm512_load_si512(kTables.hi + 64);
-  const __m512i sign = _mm512_set1_epi8((char)0x80);
-  // byte 16L + j <- code 8L + j, byte 16L + 8 + j <- code 32 + 8L + j (L = 128-bit lane, j < 8)
-  const __m512i perm = _mm512_set_epi64(0x3F3E3D3C3B3A3938ll, 0x1F1E1D1C1B1A1918ll, 0x3736353433323130ll,
-                                        0x1716151413121110ll, 0x2F2E2D2C2B2A2928ll, 0x0F0E0D0C0B0A0908ll,
-                                        0x2726252423222120ll, 0x0706050403020100ll);
+// The byte-table e4m3 -> bf16 decode (fp8_block_decode.h), stored as two 32-code A-tile chunks.
+struct Decoder : fp8dec::Decoder {
   CPUMOE_INLINE void decode64(const uint8_t* src, int n, uint16_t* dst0, uint16_t* dst1) const {
-    const __m512i raw = n >= 64 ? _mm512_loadu_si512(src)
-                                : _mm512_maskz_loadu_epi8((uint64_t)((1ull << n) - 1ull), src);  // zero codes: +0
-    const __m512i b = _mm512_permutexvar_epi8(perm, raw);
-    const __m512i lo = _mm512_permutex2var_epi8(lo0, b, lo1);
-    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, b, hi1), b, sign,
-                                                 0xF8);  // hi | (b & 0x80): the sign
-    _mm512_store_si512(dst0, _mm512_unpacklo_epi8(lo, hi));
-    _mm512_store_si512(dst1, _mm512_unpackhi_epi8(lo, hi));
+    __m512i w0, w1;
+    decode(src, n, w0, w1);
+    _mm512_store_si512(dst0, w0);
+    _mm512_store_si512(dst1, w1);
   }
 };
 

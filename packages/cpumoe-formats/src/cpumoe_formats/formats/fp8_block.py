@@ -137,7 +137,7 @@ SPEC = Fp8BlockFormat(
            BankSpec("down_scale", (BF16, np.uint16), lambda E, H, I: (E, nb(H), nb(I)), align=2,
                     padded_last=True)),
     description="128x128 block FP8 e4m3 weights with bf16 block scales (W8A16), fp32 accumulation",
-    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "amx")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16", "amx")},
     # AMX tiles: a batch sharing experts costs little more than one token, but one token reads at about half the
     # avx512f rate; auto keeps avx512f, isa="amx" / CPUMOE_ISA=amx picks the tiles (docs/formats/fp8_block.md)
     opt_in_tiers=("amx",),
