@@ -19,6 +19,12 @@
 
 #include "fp8_block_decode.h"
 
+// Software prefetch distance in each weight row (bytes, prefetcht0; 0 = off): as avx512f's CPUMOE_FP8_PF, one per
+// 64-code chunk and row.
+#ifndef CPUMOE_FP8_BF16_PF
+#define CPUMOE_FP8_BF16_PF 1024
+#endif
+
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
@@ -52,6 +58,7 @@ CPUMOE_INLINE void grid(const fp8dec::Decoder& d, const uint8_t* const* w, const
       CPUMOE_UNROLL
       for (int r = 0; r < R; ++r) {
         __m512i w0, w1;
+        if (CPUMOE_FP8_BF16_PF) __builtin_prefetch(w[r] + oc + CPUMOE_FP8_BF16_PF, 0, 3);
         d.decode(w[r] + oc, m, w0, w1);
         CPUMOE_UNROLL
         for (int t = 0; t < NT; ++t) {
