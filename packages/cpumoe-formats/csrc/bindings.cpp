@@ -112,6 +112,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("detected_tier", &detected_tier);
   m.def("env_tier_cap", &env_tier_cap);
   m.def("usable_tier_mask", &usable_tier_mask);
+  m.def("cpu_is_amd", &cpu_is_amd);
   m.def("tier_name", &tier_name);
   m.def("variant_tier_mask", &variant_tier_mask);
   m.def("format_info", [] {

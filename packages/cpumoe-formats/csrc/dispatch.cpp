@@ -91,6 +91,21 @@ unsigned built_mask() {
 const char* const kNames[CPUMOE_TIER_COUNT] = {"scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16", "amx"};
 }  // namespace
 
+bool cpu_is_amd() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool amd = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    char v[13];
+    std::memcpy(v, &b, 4), std::memcpy(v + 4, &d, 4), std::memcpy(v + 8, &c, 4), v[12] = 0;
+    return !std::strcmp(v, "AuthenticAMD") || !std::strcmp(v, "HygonGenuine");
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+
 unsigned usable_tier_mask() {
   static const unsigned mask = [] {
     Features f = probe();

@@ -12,6 +12,7 @@ struct FormatInfo {
   bool input_weight;  // supports apply_router_weight_on_input
   unsigned modes;     // bit set of cpumoe_mode
   unsigned opt_in;    // tiers (bit set) run only when asked for by name (isa argument or CPUMOE_ISA), never by auto
+  unsigned amd_auto;  // tiers (bit set) auto picks only on AMD CPUs; elsewhere they are opt-in
 };
 extern const FormatInfo kFormats[CPUMOE_FMT_COUNT];
 const char* mode_name(int mode);

@@ -9,6 +9,8 @@ namespace cpumoe {
 // Tiers the CPU, the OS (XCR0) and this build can run, as a bit set.
 unsigned usable_tier_mask();
 int detected_tier();
+// The CPU's vendor is AMD (or Hygon): some formats' auto tier choice depends on it (registry.cpp).
+bool cpu_is_amd();
 // Parse CPUMOE_ISA; returns the cap, CPUMOE_TIER_COUNT-1 when unset, -1 when invalid.
 int env_tier_cap();
 // CPUMOE_ISA names a tier (not unset, empty or auto): opt-in tiers may then run.

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 import cpumoe_formats as cf
+from cpumoe_formats import _native
 from cpumoe_formats.numerics import BF16
 
 USABLE = set(cf.usable_tiers())
+IS_AMD = bool(_native.cpu_is_amd())
 POISON = np.uint16(0x7FC1)  # a NaN pattern no kernel writes
 
 
@@ -30,11 +32,13 @@ def tier_cases(fmt: str, modes=None):
 
 def expected_name(fmt: str, mode: str, forced: str, auto: bool = False) -> str:
     """Kernel name forcing `forced` must give: the format's highest own tier <= forced that this CPU runs
-    (auto: the cap came from CPUMOE_ISA unset/auto, so the format's opt-in tiers are left out)."""
+    (auto: the cap came from CPUMOE_ISA unset/auto, so the format's opt-in tiers are left out, and its AMD-only
+    auto tiers on other CPUs)."""
     spec = cf.get_format(fmt)
     order = cf.TIERS
+    skip = set(spec.opt_in_tiers) | (set() if IS_AMD else set(spec.amd_auto_tiers)) if auto else set()
     best = max((t for t in spec.kernel_tiers[mode] if t in USABLE and order.index(t) <= order.index(forced)
-                and not (auto and t in spec.opt_in_tiers)), key=order.index)
+                and t not in skip), key=order.index)
     return best + ("+w4a8" if mode == "w4a8" else "")
 
 

@@ -8,6 +8,7 @@ import pytest
 from conftest import USABLE, expected_name
 
 import cpumoe_formats as cf
+from cpumoe_formats import _native
 
 
 def _real_formats():
@@ -83,6 +84,21 @@ def test_opt_in_tiers_run_only_by_name(fmt, tier, monkeypatch):
     assert selected(isa=tier) == tier
     monkeypatch.setenv("CPUMOE_ISA", tier)
     assert selected() == tier
+
+
+AMD_AUTO = [(f, t) for f in _real_formats() for t in cf.get_format(f).amd_auto_tiers]
+
+
+@pytest.mark.parametrize("fmt,tier", AMD_AUTO)
+def test_amd_auto_tiers(fmt, tier, monkeypatch):
+    """A tier auto picks only on AMD CPUs (fp8_block avx512bf16): auto picks it there (where usable), never
+    elsewhere; named, it runs on any CPU that has it."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    monkeypatch.delenv("CPUMOE_ISA", raising=False)
+    auto = cf.selected_tier(fmt).split("+")[0]
+    assert (auto == tier) == bool(_native.cpu_is_amd()), (auto, _native.cpu_is_amd())
+    assert cf.selected_tier(fmt, isa=tier).split("+")[0] == tier
 
 
 def test_unknown_env_value_is_an_error(monkeypatch):

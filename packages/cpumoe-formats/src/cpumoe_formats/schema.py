@@ -48,6 +48,7 @@ class FormatSpec:
     kernel_tiers: dict = field(default_factory=lambda: {"native": ("scalar",)})
     # tiers whose kernel runs only when asked for by name (isa= or CPUMOE_ISA=<tier>), never by auto
     opt_in_tiers: tuple = ()
+    amd_auto_tiers: tuple = ()  # tiers auto picks only on AMD CPUs (elsewhere opt-in)
     # advice a consumer logs when it loads banks of this format (e.g. a faster equivalent layout); "" for none
     hint: str = ""
     bank_names: tuple = field(init=False)

@@ -141,4 +141,5 @@ SPEC = Fp8BlockFormat(
     # AMX tiles: a batch sharing experts costs little more than one token, but one token reads at about half the
     # avx512f rate; auto keeps avx512f, isa="amx" / CPUMOE_ISA=amx picks the tiles (docs/formats/fp8_block.md)
     opt_in_tiers=("amx",),
+    amd_auto_tiers=("avx512bf16",),  # vdpbf16ps kernel: faster than avx512f on Zen 4, slower on the Xeon tested
 )
