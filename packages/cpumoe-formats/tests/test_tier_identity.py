@@ -34,3 +34,30 @@ def test_work_items_bit_identical(rng, fmt, tier, ref, n):
     acc_a, acc_b = run_down(ka, fmt, banks, 1, gs, w), run_down(kb, fmt, banks, 1, gs, w)
     assert np.count_nonzero(acc_a) > acc_a.size // 2  # a real result, not an untouched buffer
     np.testing.assert_array_equal(acc_a, acc_b, err_msg=f"down accumulators of {tier} differ from {ref}")
+
+
+@pytest.mark.parametrize("tier", ["avx2", "avxvnni", "avx512vnni"])
+def test_nvfp4_prep_nonfinite_matches_scalar(rng, tier):
+    """nvfp4 w4a8 prep_act (scalar on avx2, 16-lane vectors on avx512vnni) gives the scalar tier's bytes for blocks
+    holding inf, -inf and NaN (amax = inf: every finite element 0, inf * 0 = NaN -> 0; NaN lanes ignored by the
+    max), all-zero blocks and ordinary ones, in the 128-groups and in the 16-block tail."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    K = 400
+    v = rng.standard_normal(K).astype(np.float32)
+    v[3], v[20], v[37], v[300], v[390] = np.inf, -np.inf, np.nan, np.nan, np.inf
+    v[64:80] = 0
+    bits = to_bf16_bits(v)
+    ka, ks = kernel("nvfp4", 1, K, K, "w4a8", tier), kernel("nvfp4", 1, K, K, "w4a8", "scalar")
+    n = ka._k.act_bytes(K)
+    assert n == ks._k.act_bytes(K)
+
+    def prepped(k):  # the same poison in both, so the layout's padding bytes (never written) compare equal
+        buf = cf.aligned_empty((n,), np.uint8)
+        buf[...] = 0xAB
+        k._k.prep_act(bits.ctypes.data, K, buf.ctypes.data)
+        return buf
+
+    got, want = prepped(ka), prepped(ks)
+    assert np.count_nonzero(want != 0xAB) > K // 2  # written
+    np.testing.assert_array_equal(got, want)
