@@ -20,7 +20,8 @@
 //   amx         e4m3 -> bf16 A tiles, bf16 activations as B, per 128-K block C * scale (fp8_block_amx.h):
 //               a shared expert's batch costs little more than one token.
 //   avx512bf16  e4m3 -> exact bf16 by byte tables (vpermt2b), bf16 activations, vdpbf16ps: half the multiply-adds
-//               of avx512f and no conversion; per 128-K block partial sums * scale (fp8_block_bf16.h). (An earlier
+//               of avx512f and no conversion; per 128-K block partial sums * scale (fp8_block_bf16.h). Auto
+//               picks it on AMD only (registry.cpp: slower than avx512f at batch 1 on the Xeon measured). (An earlier
 //               avx512bf16 kernel with a word-wise decode, masked vpermw for the exp == 0 codes, read 47-51% of the
 //               H200 host's single-thread ceiling and was removed on 2026-11-29; the byte tables cost ~7 ops per
 //               64 codes where that decode cost ~20.)
