@@ -58,9 +58,10 @@ Features probe() {
   f.avxvnni = f.avx2 && (a1 & (1u << 4));
   f.avx512 = f.avx2 && os_zmm && f512 && dq && bw && vl;
   f.avx512vnni = f.avx512 && vnni512;
-  f.avx512bf16 = f.avx512vnni && (a1 & (1u << 5)) && vbmi;  // + VBMI: every BF16 CPU but Cooper Lake (fp8 byte tables)
-  // (AVX512-VBMI: the fp8_block tile kernel's byte-table decode; AMX-INT8: q4_0's; every AMX CPU so far has both)
-  f.amx = f.avx512bf16 && vbmi && amx_tile && amx_bf16 && amx_int8 && os_tiles && os_grants_amx();
+  // + AVX512-VBMI (fp8_block's byte-table decode, its avx512bf16 and amx kernels): every BF16 CPU but Cooper Lake
+  f.avx512bf16 = f.avx512vnni && (a1 & (1u << 5)) && vbmi;
+  // (AMX-INT8: q4_0's tile kernel; every AMX CPU so far has it)
+  f.amx = f.avx512bf16 && amx_tile && amx_bf16 && amx_int8 && os_tiles && os_grants_amx();
 #endif
   return f;
 }

@@ -82,12 +82,12 @@ unsigned variant_tier_mask(int32_t format) {
 
 // name, banks, K multiple (H and I), router weight on input, modes (bit set), opt-in tiers (bit set), tiers auto
 // picks only on AMD CPUs (bit set).
-// fp8_block's avx512bf16 kernel is auto on AMD only: on Zen 4 it takes ~25-30% less time per step than avx512f
-// (2 threads, from DRAM), on the H200 host's Xeon ~10-15% more at batch 1 (docs/formats/fp8_block.md).
-// q4_0's amx kernel (w4a8) is opt-in for the same reason (docs/formats/q4_0.md).
 // fp8_block's amx kernel is opt-in: its tiles make a batch sharing experts cost ~1.2-1.5x one token, but it
 // reads a lone token's weights at about half the avx512f kernel's rate (docs/formats/fp8_block.md), and a
 // format's kernel may not switch with the batch (a token's result must not depend on its batch).
+// q4_0's amx kernel (w4a8) is opt-in for the same reason (docs/formats/q4_0.md).
+// fp8_block's avx512bf16 kernel is auto on AMD only: on Zen 4 it takes ~25-30% less time per step than avx512f
+// (2 threads, from DRAM), on the H200 host's Xeon ~10-15% more at batch 1 (docs/formats/fp8_block.md).
 const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"bf16", 2, 1, true, 1u << CPUMOE_MODE_NATIVE, 0u, 0u},
     {"nvfp4", 6, 16, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u, 0u},

@@ -36,7 +36,7 @@ def expected_name(fmt: str, mode: str, forced: str, auto: bool = False) -> str:
     auto tiers on other CPUs)."""
     spec = cf.get_format(fmt)
     order = cf.TIERS
-    skip = set(spec.opt_in_tiers) | (set() if IS_AMD else set(spec.amd_auto_tiers)) if auto else set()
+    skip = (set(spec.opt_in_tiers) | (set() if IS_AMD else set(spec.amd_auto_tiers))) if auto else set()
     best = max((t for t in spec.kernel_tiers[mode] if t in USABLE and order.index(t) <= order.index(forced)
                 and t not in skip), key=order.index)
     return best + ("+w4a8" if mode == "w4a8" else "")

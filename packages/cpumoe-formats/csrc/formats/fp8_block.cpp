@@ -526,20 +526,18 @@ bool CPUMOE_INIT_FN(fp8_block)(cpumoe_kernel* k) {
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   (void)k;
   return false;  // no int8 variant: avx2 / avx512f runs
-#elif CPUMOE_TIER == CPUMOE_T_AVX512BF16
+#elif CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX  // bf16 activations, byte-table decode
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
   k->act_bytes = &cpumoe::CPUMOE_NS::act_bytes_bf16;
   k->prep_act = &cpumoe::CPUMOE_NS::prep_act_bf16;
-  k->gate_up = &cpumoe::CPUMOE_NS::bf8::gate_up;
-  k->down = &cpumoe::CPUMOE_NS::bf8::down;
-  return true;
-#elif CPUMOE_TIER == CPUMOE_T_AMX
-  if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
-  k->act_bytes = &cpumoe::CPUMOE_NS::act_bytes_bf16;
-  k->prep_act = &cpumoe::CPUMOE_NS::prep_act_bf16;
+#if CPUMOE_TIER == CPUMOE_T_AMX
   k->gate_up = &cpumoe::CPUMOE_NS::amx8::gate_up;
   k->down = &cpumoe::CPUMOE_NS::amx8::down;
   k->block_hint = 32;  // work items in whole 16-row tiles
+#else
+  k->gate_up = &cpumoe::CPUMOE_NS::bf8::gate_up;
+  k->down = &cpumoe::CPUMOE_NS::bf8::down;
+#endif
   return true;
 #else
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;

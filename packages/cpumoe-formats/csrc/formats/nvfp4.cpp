@@ -187,13 +187,12 @@ struct W4A8Act {
   const float* as;          // per-16 scales
   const float* hs;          // per-16 scales in avx2's hadd order
   const int32_t* corr;      // per-16 corrections (12 * sum of codes)
-  int32_t ng;               // whole 128-groups
   const float* pa;          // pair-lane scales, 8 per group (16 per pair)
   const int32_t* pc;        // pair-lane negated corrections, likewise
   CPUMOE_INLINE W4A8Act(const void* act, int32_t K)
       : a((const int8_t*)act), as((const float*)((const char*)act + w4a8_scale_off(K))),
         hs((const float*)((const char*)act + w4a8_hscale_off(K))),
-        corr((const int32_t*)((const char*)act + w4a8_corr_off(K))), ng(K / 128),
+        corr((const int32_t*)((const char*)act + w4a8_corr_off(K))),
         pa((const float*)((const char*)act + w4a8_pair_off(K))), pc((const int32_t*)(pa + 16 * w4a8_pairs(K))) {}
 };
 // avx2 lane order of a group's 8 block sums after vphaddd (blocks 0..3 from P, 4..7 from Q).
@@ -361,7 +360,8 @@ struct DotW4A8 {
                                  float* out) {
     grid<1, NT>(&P, &Sc, &gl, K, acts, out);
   }
-  // The parts of NT tokens' prepared activations (W4A8Act's) a grid reads.
+  // The parts of NT tokens' prepared activations (W4A8Act's) a grid reads, as arrays: a W4A8Act per token was
+  // ~5% slower for 8 tokens on the Zen 4 VM (one thread, experts in L3, 3 interleaved rounds).
   template <int NT>
   struct Tokens {
     const int8_t* a[NT];
@@ -431,12 +431,11 @@ struct DotW4A8 {
   // activation scales and (per row) the e4m3 scale codes permuted into the pair order instead of the sums. Lanes
   // h = 0 are the avx2 path's even-group accumulator (natural block order), h = 1 its odd one, with each block's
   // fp32 ops (e4m3 * s, then int * that, then the add in group order) as avx2's; the epilogue permutes them
-  // into avx2's hadd order and sums as it does, so all tiers stay bit-identical. One grid serves a token's R rows
-  // (gate + up, or down rows h and h + half) and a row's NT tokens (a batch on one expert: the weight side of a
-  // step is done once for them); the activation scales and corrections come in pair-lane order from prep_w4a8.
-  // out[r * NT + t] = dot(row r, token t) for R rows x NT tokens (R * NT <= 8 accumulators). Every (row, token)
-  // pair has the same integers and fp32 operations in the same order whatever R and NT, so neither the rows nor
-  // the tokens sharing a call change a result (tests/test_batch_identity.py).
+  // into avx2's hadd order and sums as it does, so all tiers stay bit-identical. out[r * NT + t] = dot(row r,
+  // token t) for R rows x NT tokens (R * NT <= 8 accumulators): a token's gate and up rows (or down rows h and
+  // h + half), or a row's tokens of one expert (the weight side of a step done once for them); each (row, token)
+  // pair's operations are the same whatever R and NT (tests/test_batch_identity.py). The activation scales and
+  // corrections come in pair-lane order from prep_w4a8.
   template <int R, int NT>
   static CPUMOE_INLINE void grid(const uint8_t* const* P, const uint8_t* const* Sc, const float* gl, int32_t K,
                                  const void* const* acts, float* out) {
