@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# A/B of executor sources on the lent GPU host (< 10 minutes): interleaved rounds, each builds the executor from
-# one variant's csrc files and runs the executor bench, so both variants see the same minutes of a noisy host.
-#   OUT=DIR [ROUNDS=2] [BENCH="--format nvfp4 --batch 1,8 --routing both --mode w4a8"] ci/ab_executor.sh A_DIR B_DIR
-# A_DIR / B_DIR hold replacement files for $DEST (default packages/cpumoe-executor/csrc, e.g. executor.cpp), and
-# the package in $PKG (default packages/cpumoe-executor) is rebuilt per variant (ci/ab_formats.sh sets both).
-# Summary (per round and variant: format, batch, routing, us/step, % of the ceiling) in $OUT/ab.txt.
+# A/B(/C...) of executor or format sources on the lent GPU host (< 10 minutes): each variant is built ONCE into its
+# own copy of the package, then the rounds interleave the variants' executor benches, so all of them see the same
+# minutes of a noisy host.
+#   OUT=DIR [ROUNDS=2] [BENCH="--format nvfp4 --batch 1,8 --routing both --mode w4a8"] ci/ab_executor.sh A_DIR B_DIR...
+# A variant dir holds replacement files for $DEST (default packages/cpumoe-executor/csrc, e.g. executor.cpp; the
+# package in $PKG, default packages/cpumoe-executor, is the one copied and rebuilt; ci/ab_formats.sh sets both),
+# and optionally a file `env` (shell lines, e.g. `export CPUMOE_ISA=avx512f`) sourced before that variant's bench
+# and not copied. Summary (per round and variant: format, batch, routing, us/step, % of the ceiling) in $OUT/ab.txt.
 set -uo pipefail
 : "${OUT:?set OUT}"
-A=${1:?A_DIR}; B=${2:?B_DIR}
+[ $# -ge 2 ] || { echo "usage: OUT=DIR ci/ab_executor.sh A_DIR B_DIR [C_DIR...]"; exit 2; }
 BENCH=${BENCH:---format nvfp4 --batch 1,8 --routing both --mode w4a8}
+DEST=${DEST:-packages/cpumoe-executor/csrc}
+PKG=${PKG:-packages/cpumoe-executor}
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
 . ci/cpu_setup.sh
+base=$PYTHONPATH
+for v in "$@"; do  # one build per variant, in /tmp/ab/<name>/<package>
+  n=$(basename "$v"); c=/tmp/ab/$n/$(basename "$PKG")
+  rm -rf "/tmp/ab/$n"; mkdir -p "/tmp/ab/$n"; cp -r "$PKG" "$c"
+  find "$v" -maxdepth 1 -type f ! -name env -exec cp {} "$c/${DEST#"$PKG"/}/" \;
+  (cd "$c" && PYTHONPATH=$base python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+done
 for r in $(seq "${ROUNDS:-2}"); do
-  for v in "$A" "$B"; do
-    cp "$v"/* "${DEST:-packages/cpumoe-executor/csrc}/"
-    (cd "${PKG:-packages/cpumoe-executor}" && python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-    echo "== round $r $(basename "$v")" | tee -a "$OUT/ab.txt"
-    # shellcheck disable=SC2086
-    timeout 200 python3 -m cpumoe_executor.bench $BENCH --repeats 5 --steps 20 --json "$OUT/r$r-$(basename "$v").json" \
-      2>/dev/null | grep -E "^[a-z0-9_]+ +[a-z0-9+]+ +[0-9]+ +[0-9]+ " | tee -a "$OUT/ab.txt"
+  for v in "$@"; do
+    n=$(basename "$v")
+    echo "== round $r $n" | tee -a "$OUT/ab.txt"
+    # shellcheck disable=SC1091,SC2086
+    (if [ -f "$v/env" ]; then . "$v/env"; fi
+     PYTHONPATH=/tmp/ab/$n/$(basename "$PKG")/src:$base timeout 200 python3 -m cpumoe_executor.bench $BENCH --repeats 5 \
+       --steps 20 --json "$OUT/r$r-$n.json" 2>/dev/null) | grep -E "^[a-z0-9_]+ +[a-z0-9+]+ +[0-9]+ +[0-9]+ " | tee -a "$OUT/ab.txt"
   done
 done
