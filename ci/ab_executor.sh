@@ -3,7 +3,7 @@
 # own copy of the package, then the rounds interleave the variants' executor benches, so all of them see the same
 # minutes of a noisy host.
 #   OUT=DIR [ROUNDS=2] [BENCH="--format nvfp4 --batch 1,8 --routing both --mode w4a8"] ci/ab_executor.sh A_DIR B_DIR...
-# A variant dir holds replacement files for $DEST (default packages/cpumoe-executor/csrc, e.g. executor.cpp; the
+# A variant dir holds replacement files for $DEST (subfolders mirrored; default packages/cpumoe-executor/csrc, e.g. executor.cpp; the
 # package in $PKG, default packages/cpumoe-executor, is the one copied and rebuilt; ci/ab_formats.sh sets both),
 # and optionally a file `env` (shell lines, e.g. `export CPUMOE_ISA=avx512f`) sourced before that variant's bench
 # and not copied. Summary (per round and variant: format, batch, routing, us/step, % of the ceiling) in $OUT/ab.txt.
@@ -19,7 +19,7 @@ base=$PYTHONPATH
 for v in "$@"; do  # one build per variant, in /tmp/ab/<name>/<package>
   n=$(basename "$v"); c=/tmp/ab/$n/$(basename "$PKG")
   rm -rf "/tmp/ab/$n"; mkdir -p "/tmp/ab/$n"; cp -r "$PKG" "$c"
-  find "$v" -maxdepth 1 -type f ! -name env -exec cp {} "$c/${DEST#"$PKG"/}/" \;
+  (cd "$v" && find . -type f ! -name env) | while read -r f; do cp "$v/$f" "$c/${DEST#"$PKG"/}/$f"; done
   (cd "$c" && PYTHONPATH=$base python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 done
 for r in $(seq "${ROUNDS:-2}"); do

@@ -318,6 +318,20 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
   constexpr int NT = MaxNT<D>::value;
   const cpumoe_params& P = k->params;
   ActSink sink(P);  // g in SIMD lanes (common.h)
+  if (MaxNT<D>::has_dotn && n > NT) {  // several token blocks: row chunks (rowmajor.h)
+    gate_up_row_chunks<NT>(
+        i0, i1, P.inter, n,
+        [&](int32_t row, int32_t j0, int nt, float* out) {
+          const Rows<D::kBanks> r(banks, e, row);
+          fp4_dot_tokens<D>(r.p, r.s, r.global(), P.hidden, nt, xs + j0, out);
+        },
+        [&](int32_t i, int32_t j, float gt, float ut) {
+          gt *= w_in[j], ut *= w_in[j];
+          if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
+          sink.put(&g[j][i], gt, ut);
+        });
+    return;
+  }
   Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);
   for (int32_t i = i0; i < i1; ++i, rg.next(), ru.next()) {
     const float sg = rg.global(), su = ru.global();

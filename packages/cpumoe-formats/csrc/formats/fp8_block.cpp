@@ -41,11 +41,6 @@ namespace CPUMOE_NS {
 namespace {
 
 constexpr int kBlk = 128;
-// Rows per chunk of the several-token gate_up loops (avx2 / avx512f here, avx512bf16 in fp8_block_bf16.h).
-#ifndef CPUMOE_FP8_ROWCHUNK
-#define CPUMOE_FP8_ROWCHUNK 16
-#endif
-constexpr int kRowChunk = CPUMOE_FP8_ROWCHUNK;
 CPUMOE_INLINE int nblocks(int n) { return (n + kBlk - 1) / kBlk; }
 
 // Row `row` of the weight bank of `pass` (0: gate_up, K = H; 1: down, K = I) and its scale row.
@@ -430,30 +425,35 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
       i += q;  // at most one row left
     }
 #endif
-    // Several tokens: a chunk of kRowChunk rows at a time, and within it one token block after another, the
-    // block's gate rows, then its up rows. So a block's pre-scaled activations (kGrid tokens x 8 KB at H = 2048)
-    // stay in L1 while the chunk's weights (1 byte per code, 64 KB) come again from L2 for the next block. Row by
-    // row, every block's activations came from L2 for every row: 4 bytes per code and token, ~40% of a shared
-    // batch-8 step (Zen 4, one thread). The same calls in another order: the same bits.
-    for (int rc; i < iend; i += rc) {
-      rc = iend - i < kRowChunk ? iend - i : kRowChunk;
-      for (int j0 = 0, nt; j0 < n; j0 += nt) {
-        nt = n - j0 < kGrid ? n - j0 : kGrid;
-        float gate[kRowChunk][kGrid], up[kRowChunk][kGrid];
+    if (n > kGrid) {  // several token blocks: row chunks (rowmajor.h), so a block's activations stay in L1
+      gate_up_row_chunks<kGrid>(
+          i, iend, I, n,
+          [&](int32_t row, int32_t j0, int nt, float* out) {
+            const float* x[kGrid];
+            for (int t = 0; t < nt; ++t) x[t] = sx + 2 * L * (j0 + t) + (row >= I ? L : 0);
+            dot_row_tokens(bank_row<uint8_t>(banks[0], e, row), H, nt, x, out);
+          },
+          [&](int32_t r, int32_t j, float gt, float ut) { sink.put(&g[j][r], gt * post[2 * j], ut * post[2 * j + 1]); });
+      i = iend;
+      continue;
+    }
+    for (; i < iend; ++i) {
+      const uint8_t* wg = bank_row<uint8_t>(banks[0], e, i);
+      const uint8_t* wu = bank_row<uint8_t>(banks[0], e, I + i);
+      for (int j0 = 0; j0 < n;) {
+        float gate[kGrid], up[kGrid];
+        int nt = n - j0 < kGrid ? n - j0 : kGrid;
         if (nt == 1) {  // a lone token: its gate and up rows together
-          for (int r = 0; r < rc; ++r)
-            dot_rows2(bank_row<uint8_t>(banks[0], e, i + r), bank_row<uint8_t>(banks[0], e, I + i + r), H,
-                      sx + 2 * L * j0, sx + 2 * L * j0 + L, gate[r], up[r]);
+          dot_rows2(wg, wu, H, sx + 2 * L * j0, sx + 2 * L * j0 + L, gate, up);
         } else {  // a token block: each row chunk decoded once for nt tokens
           const float* xg[kGrid];
           const float* xu[kGrid];
           for (int t = 0; t < nt; ++t) xg[t] = sx + 2 * L * (j0 + t), xu[t] = xg[t] + L;
-          for (int r = 0; r < rc; ++r) dot_row_tokens(bank_row<uint8_t>(banks[0], e, i + r), H, nt, xg, gate[r]);
-          for (int r = 0; r < rc; ++r) dot_row_tokens(bank_row<uint8_t>(banks[0], e, I + i + r), H, nt, xu, up[r]);
+          dot_row_tokens(wg, H, nt, xg, gate);
+          dot_row_tokens(wu, H, nt, xu, up);
         }
-        for (int r = 0; r < rc; ++r)
-          for (int t = 0; t < nt; ++t)
-            sink.put(&g[j0 + t][i + r], gate[r][t] * post[2 * (j0 + t)], up[r][t] * post[2 * (j0 + t) + 1]);
+        for (int t = 0; t < nt; ++t, ++j0)
+          sink.put(&g[j0][i], gate[t] * post[2 * j0], up[t] * post[2 * j0 + 1]);
       }
     }
   }

@@ -127,21 +127,24 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
     }
     i = i0 + 2 * q;  // at most one row left
   }
-  // Several tokens: kRowChunk rows at a time, one token block after another within them (each row chunk decoded
-  // once per block), so a block's activations stay in L1 while the chunk's rows come again from L2 (as avx512f).
-  for (int32_t rc; i < i1; i += rc) {
-    rc = i1 - i < kRowChunk ? i1 - i : kRowChunk;
-    for (int32_t j0 = 0; j0 < n; j0 += kGrid) {
+  if (n > kGrid) {  // several token blocks: row chunks (rowmajor.h)
+    gate_up_row_chunks<kGrid>(
+        i, i1, I, n,
+        [&](int32_t row, int32_t j0, int nt, float* out) {
+          const Row r(banks, 0, e, row);
+          row_tokens(d, r.w, r.s, H, nt, x + j0, out);
+        },
+        [&](int32_t r, int32_t j, float gt, float ut) { sink.put(&g[j][r], gt * w_in[j], ut * w_in[j]); });
+    return;
+  }
+  for (; i < i1; ++i) {
+    const Row rg(banks, 0, e, i), ru(banks, 0, e, I + i);
+    for (int32_t j0 = 0; j0 < n; j0 += kGrid) {  // token blocks: each row chunk decoded once per block
       const int nt = n - j0 < kGrid ? n - j0 : kGrid;
-      float gate[kRowChunk][kGrid], up[kRowChunk][kGrid];
-      for (int r = 0; r < rc; ++r) {
-        const Row rg(banks, 0, e, i + r), ru(banks, 0, e, I + i + r);
-        row_tokens(d, rg.w, rg.s, H, nt, x + j0, gate[r]);
-        row_tokens(d, ru.w, ru.s, H, nt, x + j0, up[r]);
-      }
-      for (int r = 0; r < rc; ++r)
-        for (int t = 0; t < nt; ++t)
-          sink.put(&g[j0 + t][i + r], gate[r][t] * w_in[j0 + t], up[r][t] * w_in[j0 + t]);
+      float gate[kGrid], up[kGrid];
+      row_tokens(d, rg.w, rg.s, H, nt, x + j0, gate);
+      row_tokens(d, ru.w, ru.s, H, nt, x + j0, up);
+      for (int t = 0; t < nt; ++t) sink.put(&g[j0 + t][i], gate[t] * w_in[j0 + t], up[t] * w_in[j0 + t]);
     }
   }
 }

@@ -525,6 +525,15 @@ void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int
     const int64_t w = std::min<int64_t>(kPrefetchBytes, (int64_t)(i1 - i0) * banks[0].row_stride);
     prefetch_span(bank_row<uint8_t>(banks[0], e, i0), w), prefetch_span(bank_row<uint8_t>(banks[0], e, p.inter + i0), w);
   }
+  if (n > G) {  // several token blocks: row chunks (rowmajor.h)
+    gate_up_row_chunks<G>(
+        i0, i1, p.inter, n,
+        [&](int32_t row, int32_t j0, int nt, float* out) {
+          row_tokens<Rows>(bank_row<uint8_t>(banks[0], e, row), p.hidden, nt, xs + j0, out);
+        },
+        [&](int32_t i, int32_t j, float gt, float ut) { sink.put(&g[j][i], gt * w_in[j], ut * w_in[j]); });
+    return;
+  }
   for (int32_t i = i0; i < i1; ++i) {
     const uint8_t* rows[2] = {bank_row<uint8_t>(banks[0], e, i), bank_row<uint8_t>(banks[0], e, p.inter + i)};
     for (int32_t j0 = 0; j0 < n;) {
