@@ -212,8 +212,8 @@ def _f32_pos(K, NL):
 
 def _parse_prep_w8(buf, K, tier):
     """w4a8's prepared vector -> activation values [K] (q * s_b, float64). scalar: int8 q[K], fp32 0.5 s_b per
-    32-block. SIMD: per chunk of C = 32 NL elements, q even / odd halves (int8), C/8 int32 corrections 12 sum(q)
-    per 8 elements, C/8 fp32 0.5 s_b per 8 elements (see ds_fp4.cpp)."""
+    32-block. SIMD: per chunk of C = 32 NL elements, q even / odd halves (int8), C/8 int32 negated corrections
+    -12 sum(q) per 8 elements, C/8 fp32 0.5 s_b per 8 elements (see ds_fp4.cpp)."""
     if tier == "scalar":
         q = buf[:K].view(np.int8).astype(np.float64)
         return q * np.repeat(buf[K:K + 4 * (K // 32)].view(np.float32).astype(np.float64) * 2.0, 32)
@@ -224,8 +224,8 @@ def _parse_prep_w8(buf, K, tier):
     h = recs[:, :C].view(np.int8).reshape(-1, 2, C // 2).astype(np.int64)
     q = np.empty((K // C, C), np.int64)
     q[:, 0::2], q[:, 1::2] = h[:, 0], h[:, 1]
-    corr = recs[:, C:C + C // 2].copy().view(np.int32).reshape(-1, C // 8)
-    assert np.all(corr == 12 * q.reshape(-1, C // 8, 8).sum(-1))
+    ncorr = recs[:, C:C + C // 2].copy().view(np.int32).reshape(-1, C // 8)
+    assert np.all(ncorr == -12 * q.reshape(-1, C // 8, 8).sum(-1))
     hs = recs[:, C + C // 2:].copy().view(np.float32).reshape(-1).astype(np.float64)
     return q.reshape(-1).astype(np.float64) * np.repeat(hs * 2.0, 8)
 

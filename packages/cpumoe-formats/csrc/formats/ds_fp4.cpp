@@ -222,7 +222,9 @@ CPUMOE_INLINE void chunk(const WChunk& W, const int8_t* rec, const float* sa, VF
 }
 
 // ---- w4a8 (SIMD): per chunk record q_e[C/2] q_o[C/2] (int8, chunk-local even / odd elements, as piece a0 of
-// native), C/8 int32 corrections 12 sum(q) per 8 elements, C/8 fp32 0.5 s_b of each 32-bit lane's 32-block.
+// native), C/8 int32 negated corrections -12 sum(q) per 8 elements (negated so that avx512vnni starts its vpdpbusd
+// chain from them: one subtraction per chunk and token fewer, the same integers), C/8 fp32 0.5 s_b of each 32-bit
+// lane's 32-block.
 constexpr int32_t kRec8 = kC + kC / 8 * 8;
 size_t act_bytes_w8(const cpumoe_kernel*, int32_t K) { return (size_t)(K / kC) * kRec8; }
 void prep_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
@@ -232,22 +234,21 @@ void prep_w8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
     quant_w8_128(src + b0, q, hs);
     for (int32_t c0 = 0; c0 < 128; c0 += kC) {
       int8_t* rec = (int8_t*)dst + (size_t)((b0 + c0) / kC) * kRec8;
-      int32_t* corr = (int32_t*)(rec + kC);
+      int32_t* ncorr = (int32_t*)(rec + kC);
       float* hl = (float*)(rec + kC + kC / 2);
-      for (int i = 0; i < kC / 8; ++i) corr[i] = 0, hl[i] = hs[(c0 + 8 * i) / 32];
+      for (int i = 0; i < kC / 8; ++i) ncorr[i] = 0, hl[i] = hs[(c0 + 8 * i) / 32];
       for (int32_t k = 0; k < kC; ++k) {
         rec[(k & 1) * (kC / 2) + (k >> 1)] = q[c0 + k];
-        corr[k >> 3] += kW2Offset * q[c0 + k];
+        ncorr[k >> 3] -= kW2Offset * q[c0 + k];
       }
     }
   }
 }
 CPUMOE_INLINE void chunk8(const WChunk& W, const int8_t* rec, VF S, VF& acc) {
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI  // the same lane sums in two vpdpbusd (no int16 step, nothing saturates)
-  const VI t = sub32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), W.ul, ld(rec)), W.uh, ld(rec + kV)),
-                     ld(rec + kC));
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI  // the same lane sums in two vpdpbusd on -corr (no int16 step, nothing saturates)
+  const VI t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ld(rec + kC), W.ul, ld(rec)), W.uh, ld(rec + kV));
 #else
-  const VI t = sub32(madd1(add16(maddubs(W.ul, ld(rec)), maddubs(W.uh, ld(rec + kV)))), ld(rec + kC));
+  const VI t = add32(madd1(add16(maddubs(W.ul, ld(rec)), maddubs(W.uh, ld(rec + kV)))), ld(rec + kC));
 #endif
   acc = fma_(mul(cvt(t), ldf((const float*)(rec + kC + kC / 2))), S, acc);  // as native: the e8m0 factor last
 }
