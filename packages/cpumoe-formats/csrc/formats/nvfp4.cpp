@@ -227,12 +227,17 @@ CPUMOE_INLINE int32_t quant16(const uint16_t* src, int8_t* qe, int8_t* qo, float
   }
   const float s = amax == 0.f ? 1.f : amax / 127.f;
   const float inv = 1.f / s;
+  auto code = [&](int i) {
+    const float t = std::nearbyint(v[i] * inv);                              // round half to even (default mode)
+    return (int8_t)(t != t ? 0.f : (t > 127.f ? 127.f : (t < -127.f ? -127.f : t)));  // NaN (0 * inf) -> 0
+  };
+  // Element pairs, not one loop with a selected destination: GCC 12.2 with -fsanitize=address,undefined compiled
+  // `(i & 1 ? qo : qe)[i >> 1] = ...` into a wild store (the even elements' index came from a stack slot written
+  // only on the odd path; ci/sanitize.sh asan crashed in test_batch_identity; plain builds were correct).
   int32_t qsum = 0;
-  for (int i = 0; i < 16; ++i) {
-    float t = std::nearbyint(v[i] * inv);  // round half to even (default rounding mode)
-    t = t != t ? 0.f : (t > 127.f ? 127.f : (t < -127.f ? -127.f : t));  // NaN (0 * inf) -> 0
-    (i & 1 ? qo : qe)[i >> 1] = (int8_t)t;
-    qsum += (int32_t)t;
+  for (int m = 0; m < 8; ++m) {
+    qe[m] = code(2 * m), qo[m] = code(2 * m + 1);
+    qsum += qe[m] + qo[m];
   }
   *s_out = s;
   return qsum;
