@@ -280,9 +280,23 @@ void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) 
 
 // Integer dot of one 16-block: 8 packed bytes against ae[8], ao[8].
 CPUMOE_INLINE int32_t block16_i8(const uint8_t* p, const int8_t* ae, const int8_t* ao) {
+#if defined(__SSSE3__)
+  // The SIMD tiers' K % 128 tail (e.g. gemma4's I = 704: 4 blocks per down row): one 16-byte vector per block, the
+  // same exact integer as the loop below, |w| * (a with w's sign) by vpmaddubsw (pairs <= 2 * 12 * 127). The
+  // scalar loop made a row with a tail ~2x slower per byte than one without (Zen 4, one thread, I = 704 vs 640).
+  const __m128i m = _mm_set1_epi8(0x0F), b = _mm_loadl_epi64((const __m128i*)p);
+  const __m128i idx = _mm_unpacklo_epi64(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+  const __m128i w = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)kW2), idx);  // low nibbles, then high ones
+  const __m128i a = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)ae), _mm_loadl_epi64((const __m128i*)ao));
+  __m128i s = _mm_madd_epi16(_mm_maddubs_epi16(_mm_abs_epi8(w), _mm_sign_epi8(a, w)), _mm_set1_epi16(1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+#else
   int32_t s = 0;
   for (int m = 0; m < 8; ++m) s += kW2[p[m] & 15] * ae[m] + kW2[p[m] >> 4] * ao[m];
   return s;
+#endif
 }
 
 // Scalar tail (and the whole scalar tier): blocks [b0, nb) of the row.
