@@ -86,6 +86,17 @@ CPUMOE_INLINE void gate_up_row_chunks(int32_t i0, int32_t i1, int32_t inter, int
   }
 }
 
+// gate_up_row_chunks' usual put: g = act(gate * w_in, up * w_in), each product rounded to bf16 first when kRound
+// (ds_fp4), into the sink (fp8_block's avx2 / avx512f kernel scales by its own factors instead).
+template <bool kRound>
+CPUMOE_INLINE auto gate_up_put(ActSink& sink, uint16_t* const* g, const float* w_in) {
+  return [&sink, g, w_in](int32_t i, int32_t j, float gt, float ut) {
+    gt *= w_in[j], ut *= w_in[j];
+    if (kRound) gt = round_bf16(gt), ut = round_bf16(ut);
+    sink.put(&g[j][i], gt, ut);
+  };
+}
+
 template <class Dot>
 void rowmajor_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
                       const void* const* xs, const float* w_in, uint16_t* const* g) {
@@ -96,11 +107,7 @@ void rowmajor_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t 
     gate_up_row_chunks<NT>(
         i0, i1, p.inter, n,
         [&](int32_t row, int32_t j0, int nt, float* out) { dot_tokens<Dot>(k, banks, 0, e, row, nt, xs + j0, out); },
-        [&](int32_t i, int32_t j, float gt, float ut) {
-          gt *= w_in[j], ut *= w_in[j];
-          if (Dot::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
-          sink.put(&g[j][i], gt, ut);
-        });
+        gate_up_put<Dot::kRoundGateUp>(sink, g, w_in));
     return;
   }
   for (int32_t i = i0; i < i1; ++i) {

@@ -325,11 +325,7 @@ void fp4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, in
           const Rows<D::kBanks> r(banks, e, row);
           fp4_dot_tokens<D>(r.p, r.s, r.global(), P.hidden, nt, xs + j0, out);
         },
-        [&](int32_t i, int32_t j, float gt, float ut) {
-          gt *= w_in[j], ut *= w_in[j];
-          if (D::kRoundGateUp) gt = round_bf16(gt), ut = round_bf16(ut);
-          sink.put(&g[j][i], gt, ut);
-        });
+        gate_up_put<D::kRoundGateUp>(sink, g, w_in));
     return;
   }
   Rows<D::kBanks> rg(banks, e, i0), ru(banks, e, P.inter + i0);

@@ -134,7 +134,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
           const Row r(banks, 0, e, row);
           row_tokens(d, r.w, r.s, H, nt, x + j0, out);
         },
-        [&](int32_t r, int32_t j, float gt, float ut) { sink.put(&g[j][r], gt * w_in[j], ut * w_in[j]); });
+        gate_up_put<false>(sink, g, w_in));
     return;
   }
   for (; i < i1; ++i) {

@@ -531,7 +531,7 @@ void q4_gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int
         [&](int32_t row, int32_t j0, int nt, float* out) {
           row_tokens<Rows>(bank_row<uint8_t>(banks[0], e, row), p.hidden, nt, xs + j0, out);
         },
-        [&](int32_t i, int32_t j, float gt, float ut) { sink.put(&g[j][i], gt * w_in[j], ut * w_in[j]); });
+        gate_up_put<false>(sink, g, w_in));
     return;
   }
   for (int32_t i = i0; i < i1; ++i) {
