@@ -136,6 +136,18 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("service_ns", [](PyExecutor& s) { return s.ex->service_ns(); })
       .def_property_readonly("pool_runs", [](PyExecutor& s) { return s.ex->pool_runs(); })
       .def_property_readonly("busy_ns", [](PyExecutor& s) { return s.ex->busy_ns(); })
+      .def("set_trace", [](PyExecutor& s, bool on) { s.ex->set_trace(on); })
+      .def("trace",
+           [](PyExecutor& s) {
+             const auto t = s.ex->trace();
+             py::list threads;
+             for (const auto& x : t.threads)
+               threads.append(py::dict(py::arg("steps") = x.steps, py::arg("enter_ns") = x.enter,
+                                       py::arg("prep_ns") = x.prep, py::arg("gate_up_ns") = x.gate_up,
+                                       py::arg("down_wait_ns") = x.down_wait, py::arg("down_ns") = x.down,
+                                       py::arg("exit_ns") = x.exit));
+             return py::dict(py::arg("steps") = t.steps, py::arg("step_ns") = t.step_ns, py::arg("threads") = threads);
+           })
       .def("last_error", [](PyExecutor& s) { return s.ex->last_error(); })
       .def("clear_error", [](PyExecutor& s) { s.ex->clear_error(); })
       .def_property_readonly("iob", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex->iob(); })

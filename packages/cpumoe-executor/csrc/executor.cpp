@@ -54,6 +54,7 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
   left_.reset(new std::atomic<int>[R]);
   gready_.reset(new std::atomic<int>[R]);
   expert_bytes_.assign(cfg_.num_layers, 0);
+  trace_.reset(new Slot[pool_.size()]());
 
   // IO block (protocol v1): page-aligned, header then 64-byte aligned arrays.
   const size_t H = p.hidden, K = cfg_.top_k;
@@ -160,11 +161,13 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   c0_ = 0, c1_ = 0, c3_ = 0, d0_ = 0, d3_ = 0;
   for (int grp = 0; grp < ngroups; ++grp)
     left_[grp].store(st_.n_iblk, std::memory_order_relaxed), gready_[grp].store(0, std::memory_order_relaxed);
-  busy_since_.store(mono_ns(), std::memory_order_release);
+  t0_ = mono_ns();
+  busy_since_.store(t0_, std::memory_order_release);
   // The caller runs body() too and waits for the last down item: y is complete on return,
   // while workers may still be leaving body() (the next step's quiesce() waits for them).
   pool_.start(&Executor::body_tramp, this, team);
   wait_at_least(d3_, st_.n_hblk);
+  if (tracing_) ++trace_steps_, trace_ns_ += mono_ns() - t0_;
   pool_runs_.fetch_add(1, std::memory_order_acq_rel);
   busy_since_.store(0, std::memory_order_release);
   return CPUMOE_ERR_NONE;
@@ -181,17 +184,27 @@ int Executor::team_size(int layer, int nroutes, int ngroups) const {
   return (int)std::min<int64_t>(pool_.size(), 1 + cost / unit);
 }
 
-void Executor::body(int) {
+void Executor::body(int tid) {
   const auto& p = cfg_.params;
   const int H = p.hidden, I = p.inter;
   const Step& s = st_;
   char* xp = (char*)up((uintptr_t)xprep_.data());
+  // Trace: the time since the last mark goes to one of the slot's sums (no clock reads when off).
+  TraceSlot* tr = tracing_ ? &trace_[tid].s : nullptr;
+  int64_t mark = tr ? mono_ns() : 0;
+  auto lap = [&](int64_t& sum) {
+    if (!tr) return;
+    const int64_t now = mono_ns();
+    sum += now - mark, mark = now;
+  };
+  if (tr) ++tr->steps, tr->enter += mark - t0_;
   // stage 0: prepare each token's x
   for (int t; (t = c0_.fetch_add(1, std::memory_order_relaxed)) < s.T;) {
     k_->prep_act(k_, s.x + (size_t)t * H, H, xp + xa_ * t);
     d0_.fetch_add(1, std::memory_order_release);
   }
   wait_at_least(d0_, s.T);  // every item is claimed: their threads finish them without waiting
+  if (tr) lap(tr->prep);
   // stage 1: gate_up + activation, one (expert group, row block) per item; the thread that
   // completes a group's last block prepares the group's g rows for the down pass
   for (int it; (it = c1_.fetch_add(1, std::memory_order_relaxed)) < s.ngroups * s.n_iblk;) {
@@ -201,22 +214,44 @@ void Executor::body(int) {
     for (int j = a; j < b; ++j) k_->prep_act(k_, rg_[j], I, const_cast<void*>(routes_[j].act));
     gready_[grp].store(1, std::memory_order_release);
   }
+  if (tr) lap(tr->gate_up);
   // stage 2: down over all routes, one output row block per item, then bf16 y. Every gate_up item
   // is claimed by now, so the groups waited for are being finished by threads that never wait.
   for (int hb; (hb = c3_.fetch_add(1, std::memory_order_relaxed)) < s.n_hblk;) {
     const int h0 = hb * s.hblk, h1 = std::min(H, h0 + s.hblk);
     for (int t = 0; t < s.T; ++t) std::fill(&acc_[(size_t)t * H + h0], &acc_[(size_t)t * H + h1], 0.0f);
     for (int g0 = 0, g1 = 0; g0 < s.ngroups; g0 = g1) {  // the run of ready groups from g0, waiting for g0 only
+      if (tr) lap(tr->down);
       for (unsigned i = 0; g1 == g0; ++i) {
         while (g1 < s.ngroups && gready_[g1].load(std::memory_order_acquire)) ++g1;
         if (g1 == g0) spin_pause(i);
       }
+      if (tr) lap(tr->down_wait);
       k_->down(k_, s.banks, h0, h1, &routes_[gstart_[g0]], gstart_[g1] - gstart_[g0], acc_.data() + h0, H);
     }
     for (int t = 0; t < s.T; ++t)
       for (int h = h0; h < h1; ++h) s.y[(size_t)t * H + h] = cpumoe_f32_to_bf16(acc_[(size_t)t * H + h]);
     d3_.fetch_add(1, std::memory_order_release);
   }
+  if (tr) lap(tr->down), tr->exit += mark - t0_;
+}
+
+void Executor::set_trace(bool on) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  pool_.quiesce();
+  if (on) {
+    for (int i = 0; i < pool_.size(); ++i) trace_[i].s = {};
+    trace_steps_ = trace_ns_ = 0;
+  }
+  tracing_ = on;
+}
+
+Executor::Trace Executor::trace() {
+  std::lock_guard<std::mutex> g(run_mu_);
+  pool_.quiesce();  // the last step's workers have added their sums
+  Trace t{trace_steps_, trace_ns_, {}};
+  for (int i = 0; i < pool_.size(); ++i) t.threads.push_back(trace_[i].s);
+  return t;
 }
 
 void Executor::set_error(int code, const std::string& msg) {

@@ -76,6 +76,19 @@ class Executor {
   int pinned() const { return pool_.pinned(); }
   int pool_sleepers() const { return pool_.sleepers(); }
 
+  // Step trace (off by default; bench --trace): per thread, nanoseconds summed over the traced steps, each
+  // measured from the step's start (run() entry after the route sort). One mono_ns() pair per work item.
+  struct TraceSlot {
+    int64_t steps, enter, prep, gate_up, down_wait, down, exit;  // enter / exit: offsets from the step start
+  };
+  struct Trace {
+    int64_t steps = 0, step_ns = 0;  // caller: the steps and their summed duration (start to y complete)
+    std::vector<TraceSlot> threads;  // per tid; steps = 0 where a thread joined no traced step
+  };
+  // Starts (clearing the sums) or stops tracing.
+  void set_trace(bool on);
+  Trace trace();
+
  private:
   static void body_tramp(void* self, int tid) { static_cast<Executor*>(self)->body(tid); }
   void body(int tid);
@@ -116,6 +129,12 @@ class Executor {
   std::unique_ptr<std::atomic<int>[]> gready_;  // 1 once an expert group's g rows are prepared (down may read them)
   std::vector<int64_t> expert_bytes_;          // per layer
   std::atomic<int64_t> team_unit_{kTeamUnitDefault};
+  struct alignas(64) Slot {
+    TraceSlot s;
+  };
+  std::unique_ptr<Slot[]> trace_;  // pool size entries
+  bool tracing_ = false;           // written under run_mu_ with the pool quiesced
+  int64_t t0_ = 0, trace_steps_ = 0, trace_ns_ = 0;
 
   // IO block and coordinator
   cpumoe_iob_header* iob_ = nullptr;

@@ -9,12 +9,14 @@ from cpumoe_executor import bench
 
 def test_quick_bench_writes_the_report(tmp_path):
     out = tmp_path / "b.json"
-    assert bench.main(["--quick", "--format", "bf16", "--batch", "1,2", "--json", str(out)]) == 0
+    assert bench.main(["--quick", "--format", "bf16", "--batch", "1,2", "--trace", "--json", str(out)]) == 0
     r = json.loads(out.read_text())["formats"]["bf16"]
     for key in ("gbps", "ceiling_gbps", "batch", "threads", "step_us"):
         assert key in r and math.isfinite(r[key]) and r[key] > 0
     assert set(r["results"]) == {"random/1", "random/2", "shared/1", "shared/2"}
     assert r["shared_batch2_over_batch1"] > 0
+    tr = r["results"]["shared/2"]["trace"]
+    assert tr["threads"] >= 1 and tr["step_us"] > 0 and tr["gate_up_us"] > 0 and tr["down_us"] > 0
 
 
 def test_model_presets_cover_every_format():

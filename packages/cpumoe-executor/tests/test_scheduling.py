@@ -141,3 +141,32 @@ def test_a_step_returns_only_when_every_item_is_done(rng):
     for i in range(300):
         y = decode_poisoned(ex, 0, x, w, ids)
         assert (bits(y) == want).all(), f"step {i}: y incomplete or wrong when decode returned"
+
+
+def test_step_trace_counts_every_step_and_its_phases(rng):
+    banks, (E, H, I) = make_banks("bf16", rng, layers=1)  # noqa: E741
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=4, max_tokens=8, threads=3)
+    _native.set_team_unit(ex.handle, 0)  # every thread joins every step
+    x = rng.standard_normal((8, H)).astype(np.float32)
+    w, ids = routing(rng, 8, 4, E)
+    plain = bits(decode_poisoned(ex, 0, x, w, ids))
+    ex._x.set_trace(True)
+    for _ in range(5):
+        np.testing.assert_array_equal(bits(decode_poisoned(ex, 0, x, w, ids)), plain)  # tracing changes nothing
+    ex._x.set_trace(False)
+    decode_poisoned(ex, 0, x, w, ids)  # not traced
+    t = ex._x.trace()
+    assert t["steps"] == 5 and t["step_ns"] > 0
+    assert len(t["threads"]) == 3 and t["threads"][0]["steps"] == 5  # the caller runs every step
+    for th in t["threads"]:
+        assert th["steps"] <= 5
+        phases = th["prep_ns"] + th["gate_up_ns"] + th["down_wait_ns"] + th["down_ns"]
+        assert min(th[k] for k in th) >= 0
+        if th["steps"]:
+            # the phases tile the thread's time in the step: enter + phases == exit (one clock, same marks)
+            assert th["enter_ns"] + phases == th["exit_ns"], th
+    caller = t["threads"][0]
+    assert caller["exit_ns"] <= t["step_ns"]  # the caller leaves body() before y is declared complete
+    assert caller["gate_up_ns"] > 0 and caller["down_ns"] > 0
+    ex._x.set_trace(True)  # restarting clears the sums
+    assert ex._x.trace()["steps"] == 0 and all(th["steps"] == 0 for th in ex._x.trace()["threads"])

@@ -167,6 +167,15 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
                 times.append(dt / opts.steps * 1e6)
             results[f"{routing}/{T}"] = {"routing": routing, "batch": T, "gbps": stats(samples),
                                          "step_us": stats(times), "steps_per_s": 1e6 / statistics.median(times)}
+            if opts.trace:  # extra steps after the timed ones, so the clock reads do not touch the figures
+                ex._x.set_trace(True)
+                for s in range(opts.steps):
+                    io["ids"][:T] = plans[s % n_plans]
+                    ex._x.run_task(task)
+                ex._x.set_trace(False)
+                tr = results[f"{routing}/{T}"]["trace"] = trace_summary(ex._x.trace())
+                log(f"{fmt} {routing} batch {T} trace: " + ", ".join(f"{k} {v:.0f}" for k, v in tr.items()
+                                                                     if k != "threads"))
             log(f"{fmt} {routing} batch {T}: {statistics.median(samples):.1f} GB/s, "
                 f"{statistics.median(times):.0f} us/step")
     ceil = stats(ceiling)
@@ -180,6 +189,20 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
         if b1 and b8 and b8 is not b1:
             entry[f"{routing}_batch{b8['batch']}_over_batch1"] = b8["step_us"]["median"] / b1["step_us"]["median"]
     return entry
+
+
+def trace_summary(t: dict) -> dict:
+    """The executor's step trace as microseconds per step: the step, then each phase averaged over the threads
+    that ran (enter: from the step's start to the thread's; tail: from the thread's exit to y complete, negative
+    for a worker that left after the caller), and the spread of the threads' busy time (gate_up + down)."""
+    steps = max(1, t["steps"])
+    th = [x for x in t["threads"] if x["steps"]]
+    per = lambda k: sum(x[k] / x["steps"] for x in th) / len(th) / 1e3  # noqa: E731
+    busy = [(x["gate_up_ns"] + x["down_ns"]) / x["steps"] / 1e3 for x in th]
+    step = t["step_ns"] / steps / 1e3
+    return {"step_us": step, "enter_us": per("enter_ns"), "prep_us": per("prep_ns"), "gate_up_us": per("gate_up_ns"),
+            "down_wait_us": per("down_wait_ns"), "down_us": per("down_ns"), "tail_us": step - per("exit_ns"),
+            "busy_min_us": min(busy), "busy_max_us": max(busy), "threads": len(th)}
 
 
 def table(report: dict) -> str:
@@ -242,6 +265,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", action="store_true",
+                   help="after each timed run, trace --steps more steps: per-thread phase times (us per step)")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--plot", help="write a PNG plot here")
     p.add_argument("--quick", action="store_true", help="tiny run for smoke tests")
