@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import rel_err, routes, run_forced, tier_cases
+from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import (
     U,
     check_g,
@@ -266,6 +266,25 @@ def test_roundtrip_kernel_prep_bit_exact(rng, mode, tier):
     got = _parse_prep(buf, K, tier)[0] if mode == "native" else _parse_prep_w8(buf, K, tier)
     exp = SPEC.act_in(bits_f64(bits), mode)
     assert np.array_equal(got, exp), np.flatnonzero(got != exp)[:10]
+
+
+@pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",)) if p.values[1] != "scalar"])
+def test_w4a8_prep_nonfinite_matches_scalar(rng, tier):
+    """The SIMD prep (the FP8 round trip and the Q8_0 rule in 8-lane vectors) gives the scalar tier's values for
+    128-blocks holding inf, -inf and NaN (ignored by both maxima; NaN codes -127), a NaN-only 32-block, values
+    below the e4m3 subnormal threshold and at the 448 clamp."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    K = 128 * 5
+    v = rng.standard_normal(K) * np.exp(rng.uniform(-6, 6, K // 128).repeat(128))
+    v[[3, 40, 41, 200, 300, 520]] = [np.inf, np.nan, -np.inf, np.nan, np.nan, -np.inf]
+    v[384:416] = np.nan
+    v[130:140] = v[129] * np.r_[1e-3, 2e-3, 5e-3, 1e-2, 1.7e-2, 3e-2, -1e-3, -5e-3, -2e-2, 0.0]  # e4m3 subnormals
+    bits = to_bf16_bits(v)
+    got = _parse_prep_w8(prep(kernel(FMT, 1, K, 128, "w4a8", tier), bits), K, tier)
+    want = _parse_prep_w8(prep(kernel(FMT, 1, K, 128, "w4a8", "scalar"), bits), K, "scalar")
+    np.testing.assert_array_equal(got, want)
+    assert np.isfinite(want).all() and np.all(want[384:416] == 0)  # NaN codes -127 times s_b = 0
 
 
 # ---------------------------------------------------------------- work-item edge cases

@@ -493,6 +493,30 @@ def _tie_vector(rng, nb):
     return np.concatenate(out)
 
 
+@pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",)) if p.values[1] != "scalar"])
+def test_w4a8_prep_act_nonfinite_matches_scalar(rng, tier):
+    """Every tier's prep has the same layout: the SIMD tiers' (common.h q8_block32) bytes equal the scalar tier's
+    for blocks holding inf, -inf and NaN (ignored by the max; NaN codes -127) and a NaN-only block."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    K = 32 * 13
+    v = rng.standard_normal(K)
+    v[[3, 40, 41, 100, 170, 300]] = [np.inf, np.nan, -np.inf, np.nan, np.nan, -np.inf]
+    v[64:96] = np.nan
+    src = np.ascontiguousarray(_bf16(v)).view(np.uint16)
+
+    def prepped(isa):
+        k = cf.Kernel(FMT, 2, 32, K, mode="w4a8", isa=isa)
+        raw = cf.aligned_empty((k._k.act_bytes(K),), np.uint8)
+        raw[...] = 0xAB
+        k._k.prep_act(src.ctypes.data, K, raw.ctypes.data)
+        return raw
+
+    got, want = prepped(tier), prepped("scalar")
+    assert np.all(want[64:96].view(np.int8) == -127)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",))])
 def test_w4a8_prep_act_bit_exact(rng, tier):
     """The kernel's prep_act equals act_in's quantization bit for bit: int8 q[K], then fp32 s_b per 32 K,

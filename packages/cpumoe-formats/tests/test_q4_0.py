@@ -366,6 +366,41 @@ def test_ties_in_kernel(rng, mode, tier):
     assert np.all(np.abs(alt - ref) > 1e-2 * mag)
 
 
+def parse_q8(raw, K, G):
+    """A prepared Q8_0 vector (q4_0_q8act.h, block grouping G) -> (q int8 [K/32, 32], d_a fp32, corr int32 [K/32, 4])."""
+    nb = K // 32
+    qraw = raw[:K].view(np.int8)
+    q = np.empty((nb, 32), np.int8)
+    for b in range(nb):
+        gi = b // G
+        if (gi + 1) * G <= nb:
+            lo = gi * G * 32 + (b % G) * 16
+            hi = lo + G * 16
+        else:
+            lo, hi = b * 32, b * 32 + 16
+        q[b, :16], q[b, 16:] = qraw[lo:lo + 16], qraw[hi:hi + 16]
+    return q, raw[K:K + 4 * nb].view(np.float32), raw[K + 4 * nb:K + 20 * nb].view(np.int32).reshape(nb, 4)
+
+
+@pytest.mark.parametrize("tier", [t for t in GROUP if t != "scalar"])
+def test_prep_act_nonfinite_matches_scalar(rng, tier):
+    """The SIMD tiers' Q8_0 prep (common.h q8_block32) gives the scalar tier's q, d_a and corrections for blocks
+    holding inf, -inf and NaN: NaN lanes are ignored by the max (the running max is maxps' second operand), an inf
+    amax makes 1/d_a 0 and inf * 0 = NaN codes -127, and a NaN element's code is -127."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    K = 32 * 13
+    v = rng.standard_normal(K)
+    v[[3, 40, 41, 100, 170, 300]] = [np.inf, np.nan, -np.inf, np.nan, np.nan, -np.inf]
+    v[64:96] = np.nan  # a block of NaN only
+    g = bf16(v)
+    got = parse_q8(prep(kernel_for(2, 32, K, "w4a8", tier), g), K, GROUP[tier])
+    want = parse_q8(prep(kernel_for(2, 32, K, "w4a8", "scalar"), g), K, 1)
+    for a, b, name in zip(got, want, ("q", "d_a", "corr")):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=name)
+    assert np.all(want[0][2] == -127)  # the NaN-only block
+
+
 @pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",))])
 def test_prep_act_bit_exact(rng, tier):
     """The kernel's Q8_0 prep equals act_in's quantization bit for bit (q, d_a and the lane corrections), on
@@ -382,20 +417,8 @@ def test_prep_act_bit_exact(rng, tier):
     v[288:320] = 1e30 * rng.standard_normal(32)
     g = bf16(v)
     k = kernel_for(2, 32, K, "w4a8", tier)
-    raw = prep(k, g)
-    nb, G = K // 32, GROUP[tier]
-    qraw = raw[:K].view(np.int8)
-    da = raw[K:K + 4 * nb].view(np.float32)
-    corr = raw[K + 4 * nb:K + 20 * nb].view(np.int32).reshape(nb, 4)
-    q = np.empty((nb, 32), np.int8)
-    for b in range(nb):
-        gi = b // G
-        if (gi + 1) * G <= nb:
-            lo = gi * G * 32 + (b % G) * 16
-            hi = lo + G * 16
-        else:
-            lo, hi = b * 32, b * 32 + 16
-        q[b, :16], q[b, 16:] = qraw[lo:lo + 16], qraw[hi:hi + 16]
+    q, da, corr = parse_q8(prep(k, g), K, GROUP[tier])
+    nb = K // 32
     q_ref, d_ref = q8_0_slow(g.astype(np.float64))
     q_vec, d_vec = q4.q8_0_quantize(g.astype(np.float64))
     np.testing.assert_array_equal(q_vec, q_ref)

@@ -33,12 +33,20 @@ void prep_act(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   float* sb = (float*)((uint8_t*)dst + K);
   int32_t* c12 = (int32_t*)(sb + K / 32);
   for (int32_t b = 0; b < K / 32; ++b) {
+#if defined(__AVX2__)  // the same codes, scale and sum (common.h q8_block32)
+    const uint16_t* p = src + 32 * b;
+    const __m256 xv[4] = {bf16x8_f32(p), bf16x8_f32(p + 8), bf16x8_f32(p + 16), bf16x8_f32(p + 24)};
+    const __m256i v = q8_block32(xv, &sb[b]);
+    _mm256_storeu_si256((__m256i*)(q + 32 * b), v);
+    c12[b] = fp4::kW2Offset * hsum8_i32(sum4_i8(v));
+#else
     float x[32];
     for (int j = 0; j < 32; ++j) x[j] = bf16_to_f32(src[32 * b + j]);
     sb[b] = q8_block(x, 32, q + 32 * b);  // the Q8_0 rule (common.h)
     int32_t sum = 0;
     for (int j = 0; j < 32; ++j) sum += q[32 * b + j];
     c12[b] = fp4::kW2Offset * sum;
+#endif
   }
 }
 

@@ -63,31 +63,12 @@ CPUMOE_INLINE float quant_block_scalar(const uint16_t* src, int8_t* lo, int8_t* 
 
 #if defined(__AVX2__)
 CPUMOE_INLINE float quant_block_avx2(const uint16_t* src, int8_t* lo, int8_t* hi, int32_t* corr) {
-  auto ld = [&](int o) {
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(src + o))), 16));
-  };
-  const __m256 x0 = ld(0), x1 = ld(8), x2 = ld(16), x3 = ld(24);
-  const __m256 sgn = _mm256_set1_ps(-0.0f);
-  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sgn, x0), _mm256_andnot_ps(sgn, x1)),
-                           _mm256_max_ps(_mm256_andnot_ps(sgn, x2), _mm256_andnot_ps(sgn, x3)));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  const float amax = _mm_cvtss_f32(h);
-  const float d = amax / 127.0f, id = q8_inv(d);
-  const __m256 vid = _mm256_set1_ps(id);
-  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
-  auto q = [&](__m256 x) {
-    const __m256 r = _mm256_round_ps(_mm256_mul_ps(x, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(r), lim), nlim);  // NaN -> INT_MIN -> -127
-  };
-  const __m256i p01 = _mm256_packs_epi32(q(x0), q(x1)), p23 = _mm256_packs_epi32(q(x2), q(x3));
-  // the packs work per 128-bit lane: dwords come out as elements [0-3 8-11 16-19 24-27 | 4-7 12-15 20-23 28-31]
-  const __m256i v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m256 x[4] = {bf16x8_f32(src), bf16x8_f32(src + 8), bf16x8_f32(src + 16), bf16x8_f32(src + 24)};
+  float d;
+  const __m256i v = q8_block32(x, &d);  // common.h: the scalar path's q8_block, bit for bit
   _mm_storeu_si128((__m128i*)lo, _mm256_castsi256_si128(v));
   _mm_storeu_si128((__m128i*)hi, _mm256_extracti128_si256(v, 1));
-  const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+  const __m256i s4 = sum4_i8(v);
   const __m128i c = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
   _mm_storeu_si128((__m128i*)corr, _mm_mullo_epi32(c, _mm_set1_epi32(-8)));
   return d;
