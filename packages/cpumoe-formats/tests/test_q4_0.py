@@ -367,7 +367,7 @@ def test_ties_in_kernel(rng, mode, tier):
 
 
 def parse_q8(raw, K, G):
-    """A prepared Q8_0 vector (q4_0_q8act.h, block grouping G) -> (q int8 [K/32, 32], d_a fp32, corr int32 [K/32, 4])."""
+    """A prepared Q8_0 vector (q4_0_q8act.h, block grouping G) -> (q int8 [K/32, 32], d_a fp32, corr [K/32, 4])."""
     nb = K // 32
     qraw = raw[:K].view(np.int8)
     q = np.empty((nb, 32), np.int8)
