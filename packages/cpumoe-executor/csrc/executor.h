@@ -105,7 +105,8 @@ class Executor {
   // scratch (max_tokens)
   size_t xa_, ga_;
   std::vector<char> xprep_, g_, gprep_;
-  std::vector<float> acc_;
+  std::vector<float> part_;  // [route slot j][H]: route j's down terms (down items write, the hb reductions read)
+  std::vector<int32_t> tstart_, troutes_;  // per token, its route slots in route order (CSR)
   std::vector<int32_t> order_, gstart_, gexpert_, count_;
   std::vector<const void*> rxp_;
   std::vector<float> rwin_;
@@ -127,6 +128,7 @@ class Executor {
   alignas(64) std::atomic<int> d3_{0};
   std::unique_ptr<std::atomic<int>[]> left_;   // row blocks left per expert group
   std::unique_ptr<std::atomic<int>[]> gready_;  // 1 once an expert group's g rows are prepared (down may read them)
+  std::unique_ptr<std::atomic<int>[]> hleft_;   // down items left per output row block (the last one reduces it)
   std::vector<int64_t> expert_bytes_;          // per layer
   std::atomic<int64_t> team_unit_{kTeamUnitDefault};
   struct alignas(64) Slot {
