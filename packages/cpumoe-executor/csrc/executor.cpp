@@ -243,12 +243,20 @@ void Executor::body(int tid) {
     if (tr) lap(tr->down_wait);
     k_->down(k_, s.banks, h0, h1, &routes_[a], b - a, part_.data() + h0, H);
     if (hleft_[hb].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
-    for (int t = 0; t < s.T; ++t)
-      for (int h = h0; h < h1; ++h) {
-        float acc = 0.0f;
-        for (int q = tstart_[t]; q < tstart_[t + 1]; ++q) acc += part_[(size_t)troutes_[q] * H + h];
-        s.y[(size_t)t * H + h] = cpumoe_f32_to_bf16(acc);
+    // In the token's first slot, row by row (contiguous adds): 0 + t1 is t1 (never -0), then + t2, + t3, ...
+    for (int t = 0; t < s.T; ++t) {
+      uint16_t* yt = s.y + (size_t)t * H;
+      if (tstart_[t] == tstart_[t + 1]) {  // every route of the token is -1
+        std::fill(yt + h0, yt + h1, (uint16_t)0);
+        continue;
       }
+      float* acc = &part_[(size_t)troutes_[tstart_[t]] * H];
+      for (int q = tstart_[t] + 1; q < tstart_[t + 1]; ++q) {
+        const float* term = &part_[(size_t)troutes_[q] * H];
+        for (int h = h0; h < h1; ++h) acc[h] += term[h];
+      }
+      for (int h = h0; h < h1; ++h) yt[h] = cpumoe_f32_to_bf16(acc[h]);
+    }
     d3_.fetch_add(1, std::memory_order_release);
   }
   if (tr) lap(tr->down), tr->exit += mark - t0_;

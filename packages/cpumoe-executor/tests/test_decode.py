@@ -77,6 +77,25 @@ def test_all_routes_skipped_gives_zeros_without_waking_the_pool(rng):
     assert ex._x.pool_runs == runs
 
 
+@pytest.mark.parametrize("fmt", [f for f in ("bf16", "nvfp4") if f in FORMATS])
+def test_a_token_with_every_route_skipped_among_routed_ones(fmt, rng):
+    """Its y row is zeros (written, not left: the output is poisoned first); the others' rows are the kernels'."""
+    banks, (E, H, I) = make_banks(fmt, rng)
+    act = ACT.get(fmt, {})
+    for threads in THREADS:
+        ex = ce.CpuMoeExecutor(fmt, banks, top_k=3, max_tokens=5, threads=threads, **act)
+        _native.set_team_unit(ex.handle, 0)
+        x = rng.standard_normal((5, H)).astype(np.float32)
+        w, ids = routing(rng, 5, 3, E)
+        ids[1, :] = -1
+        ids[3, :] = ids[0, 0]  # a token whose three routes share one expert (one group, three route slots)
+        out = np.full((5, H), 0x7FC1, np.uint16).view(cf.numerics.BF16)
+        y = ex.decode(0, x, w, ids, out=out)
+        want = cf.moe_forward(fmt, banks[0], x, w, ids, **act)
+        assert not bits(y)[1].any()
+        np.testing.assert_array_equal(bits(y), bits(want), err_msg=f"threads={threads}")
+
+
 def test_errors_name_the_argument(rng):
     banks, (E, H, I) = make_banks("bf16", rng)
     with pytest.raises(ValueError, match="top_k=65"):
