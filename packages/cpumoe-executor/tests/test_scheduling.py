@@ -170,3 +170,10 @@ def test_step_trace_counts_every_step_and_its_phases(rng):
     assert caller["gate_up_ns"] > 0 and caller["down_ns"] > 0
     ex._x.set_trace(True)  # restarting clears the sums
     assert ex._x.trace()["steps"] == 0 and all(th["steps"] == 0 for th in ex._x.trace()["threads"])
+    assert ex.stop_trace() == {"steps": 0, "raw": ex._x.trace()}
+    ex.start_trace()  # the public wrapper: averages in us per step
+    for _ in range(3):
+        decode_poisoned(ex, 0, x, w, ids)
+    s = ex.stop_trace()
+    assert s["steps"] == 3 and s["threads"] == 3 and s["step_us"] > 0
+    assert 0 <= s["busy_min_us"] <= s["busy_max_us"]

@@ -200,6 +200,22 @@ class CpuMoeExecutor:
     def clear_error(self) -> None:
         self._x.clear_error()
 
+    # ---- step trace ------------------------------------------------------------------------------
+    def start_trace(self) -> None:
+        """Trace the steps from now on (clears earlier sums): per thread, where its time in a step goes."""
+        self._x.set_trace(True)
+
+    def stop_trace(self) -> dict:
+        """Stop tracing; returns the traced steps' averages in microseconds per step (bench.trace_summary: the
+        step, each phase averaged over the threads that ran, the spread of their busy time) with the raw
+        per-thread nanosecond sums under "raw"."""
+        from .bench import trace_summary
+        self._x.set_trace(False)
+        raw = self._x.trace()
+        if not raw["steps"]:
+            return {"steps": 0, "raw": raw}
+        return {"steps": raw["steps"], **trace_summary(raw), "raw": raw}
+
     def close(self) -> None:
         self._x.stop_coordinator()
 
