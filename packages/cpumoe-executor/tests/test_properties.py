@@ -76,3 +76,24 @@ def test_random_calls_are_right_or_refused(c):
     assert err is None, f"expected {err.__name__}, got a result"
     want = cf.moe_forward("bf16", BANKS[c["layer"]], x, w, ids)
     np.testing.assert_array_equal(bits(y), bits(want))
+
+
+EX3 = ce.CpuMoeExecutor("bf16", BANKS, top_k=3, max_tokens=6, threads=3)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(T=st.integers(1, 6), ids=st.lists(st.integers(-1, E - 1), min_size=18, max_size=18),
+       team=st.sampled_from([0, 1 << 40, 4096]), seed=st.integers(0, 2**31))
+def test_valid_routings_are_bit_identical(T, ids, team, seed):
+    """Only valid ids (any mix of -1, duplicates, tokens with every route -1), 3 threads, teams of 3, 1 or in
+    between: the per-route down slots and their reductions give the single-threaded kernels' bits; every row of
+    a poisoned output is written."""
+    from cpumoe_executor import _native
+    _native.set_team_unit(EX3.handle, team)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids_a = np.array(ids[:T * 3], np.int32).reshape(T, 3)
+    w = rng.random((T, 3)).astype(np.float32)
+    out = np.full((T, H), 0x7FC1, np.uint16).view(cf.numerics.BF16)
+    y = EX3.decode(1, x, w, ids_a, out=out)
+    np.testing.assert_array_equal(bits(y), bits(cf.moe_forward("bf16", BANKS[1], x, w, ids_a)))
