@@ -29,6 +29,6 @@ for r in $(seq "${ROUNDS:-2}"); do
     # shellcheck disable=SC1091,SC2086
     (if [ -f "$v/env" ]; then . "$v/env"; fi
      PYTHONPATH=/tmp/ab/$n/$(basename "$PKG")/src:$base timeout 200 python3 -m cpumoe_executor.bench $BENCH --repeats 5 \
-       --steps 20 --json "$OUT/r$r-$n.json" 2>/dev/null) | grep -E "^[a-z0-9_]+ +[a-z0-9+]+ +[0-9]+ +[0-9]+ " | tee -a "$OUT/ab.txt"
+       --steps 20 --json "$OUT/r$r-$n.json" 2>/dev/null) | grep -E "^[a-z0-9_>]+ +[a-z0-9+]+ +[0-9]+ +[0-9]+ " | tee -a "$OUT/ab.txt"
   done
 done

@@ -62,3 +62,14 @@ def test_mode_option(tmp_path):
     out = tmp_path / "b.json"
     assert bench.main(["--quick", "--format", "nvfp4", "--batch", "1", "--mode", "w4a8", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["formats"]["nvfp4"]["isa"].endswith("+w4a8")
+
+
+@pytest.mark.parametrize("repack,layout", [("auto", "mxfp4_panel"), ("off", "mxfp4")])
+def test_quick_bench_repack(tmp_path, capsys, repack, layout):
+    """mxfp4 runs repacked by default, as the executor does, and the table says so; --repack off keeps its layout."""
+    out = tmp_path / "m.json"
+    assert bench.main(["--quick", "--format", "mxfp4", "--batch", "1", "--routing", "shared", "--repack", repack,
+                       "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["formats"]["mxfp4"]["layout"] == layout
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("mxfp4")][0]
+    assert row.split()[0] == ("mxfp4>mxfp4_panel" if repack == "auto" else "mxfp4")

@@ -17,14 +17,19 @@ REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp
            "mxfp4_panel": 1e-2}
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_parity_all_threads_batches_layers(fmt, rng):
+# (format, repack): the default, plus the formats with a CPU layout kept as given (mxfp4's own Triton layout)
+CASES = [(f, None) for f in FORMATS] + [(f, False) for f in FORMATS if cf.get_format(f).cpu_layout]
+
+
+@pytest.mark.parametrize("fmt,repack", CASES, ids=[f + ("-given" if r is False else "") for f, r in CASES])
+def test_parity_all_threads_batches_layers(fmt, repack, rng):
     banks, (E, H, I) = make_banks(fmt, rng, layers=3)
     K, max_tokens = 4, 12
     act = ACT.get(fmt, {})
     for threads in THREADS:
-        ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=max_tokens, threads=threads, **act)
+        ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=max_tokens, threads=threads, repack=repack, **act)
         assert ex.threads == threads
+        assert ex.spec.name == (cf.get_format(fmt).cpu_layout or fmt if repack is None else fmt)
         _native.set_team_unit(ex.handle, 0)  # every thread works on these small steps (team sizing: see
         # test_scheduling.py)
         for T in (1, 3, 8, max_tokens):
@@ -114,6 +119,10 @@ def test_errors_name_the_argument(rng):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, core_ids=[100000])
     with pytest.raises(ValueError, match="isa='avx9'"):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, isa="avx9")
+    with pytest.raises(ValueError, match="repack=True: format 'bf16' has no CPU layout"):
+        ce.CpuMoeExecutor("bf16", banks, top_k=2, repack=True)
+    with pytest.raises(ValueError, match="repack='yes' must be None"):
+        ce.CpuMoeExecutor("bf16", banks, top_k=2, repack="yes")
     for fmt in ("mxfp4", "ds_fp4", "mxfp4_panel"):
         if fmt in FORMATS:
             b, _ = make_banks(fmt, rng, layers=1)
@@ -145,15 +154,31 @@ def test_threads_and_cores_are_reported(rng):
 
 
 def test_ready_log_and_format_hint(rng, caplog):
-    """The ready line names the format and kernel; a format with a hint (mxfp4: repack to panels) logs it."""
+    """The ready line names the format and kernel; a format with a CPU layout is repacked by default (progress and
+    the ready line say so); kept as given (repack=False) it logs its hint."""
     import logging
 
-    for fmt, hinted in (("mxfp4", True), ("mxfp4_panel", False)):
-        banks, _ = make_banks(fmt, rng, layers=1)
+    for fmt, repack, ran, hinted in (("mxfp4", None, "mxfp4_panel (repacked from mxfp4)", False),
+                                     ("mxfp4", False, "mxfp4", True), ("mxfp4_panel", None, "mxfp4_panel", False)):
+        banks, _ = make_banks(fmt, rng, layers=3)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="cpumoe_executor"):
-            ex = ce.CpuMoeExecutor(fmt, banks, top_k=2, threads=1, **ACT[fmt])
+            ex = ce.CpuMoeExecutor(fmt, banks, top_k=2, threads=1, repack=repack, **ACT[fmt])
             ex.close()
         text = caplog.text
-        assert f"format={fmt} isa=" in text
+        assert f"format={ran} isa=" in text, text
         assert ("repack_mxfp4_panels" in text) == hinted, text
+        assert ("repacked mxfp4 -> mxfp4_panel, layer 3/3" in text) == (repack is None and fmt == "mxfp4"), text
+        assert ex.given_format == fmt
+
+
+def test_repack_holds_its_own_copy(rng):
+    """After the repack the executor no longer reads the given arrays: overwriting them changes nothing."""
+    banks, (E, H, I) = make_banks("mxfp4", rng, layers=1)
+    ex = ce.CpuMoeExecutor("mxfp4", banks, top_k=2, threads=2, **ACT["mxfp4"])
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    w, ids = routing(rng, 3, 2, E)
+    want = cf.moe_forward("mxfp4", banks[0], x, w, ids, **ACT["mxfp4"])
+    for a in banks[0].values():
+        a.view(np.uint8)[...] = 0x7F
+    np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))

@@ -75,6 +75,9 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+REPACK = {"auto": None, "on": True, "off": False}  # --repack -> CpuMoeExecutor(repack=)
+
+
 def model_for(fmt: str, opts) -> Model:
     if opts.shape:
         H, I, E, K = (int(v) for v in opts.shape.split(","))  # noqa: E741
@@ -130,7 +133,10 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
     E = window * n_win
     banks = build_banks(spec, E, m.H, m.I, rng, f"{fmt} ({E} experts, {E * bpe / MiB:.0f} MiB)")
     ex = CpuMoeExecutor(fmt, [banks], top_k=m.top_k, max_tokens=max(opts.batch), threads=threads,
-                        activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode_for(fmt, opts.mode))
+                        activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode_for(fmt, opts.mode),
+                        repack=REPACK[opts.repack] if spec.cpu_layout else None)
+    if ex.spec.name != spec.name:
+        log(f"{fmt}: running as {ex.spec.name} (the executor's repack; --repack off keeps {fmt}'s own layout)")
     ws = cf.aligned_empty((max(4 * llc, 64 * MiB),), np.uint8)
     ws[:] = 1
     ceiling = []
@@ -182,7 +188,7 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
     base = results.get(f"{opts.routings[0]}/{opts.batch[0]}")
     entry = {"gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"],
              "ratio": base["gbps"]["median"] / ceil["median"], "batch": base["batch"], "threads": ex.threads,
-             "step_us": base["step_us"]["median"], "isa": ex.isa,
+             "step_us": base["step_us"]["median"], "isa": ex.isa, "layout": ex.spec.name,
              "shape": asdict(m), "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "results": results}
     for routing in opts.routings:
         b1, b8 = results.get(f"{routing}/1"), results.get(f"{routing}/{max(opts.batch)}")
@@ -206,12 +212,15 @@ def trace_summary(t: dict) -> dict:
 
 
 def table(report: dict) -> str:
-    lines = [f"{'format':<10} {'isa':<16} {'thr':>3} {'batch':>5} {'routing':<7} {'us/step':>8} {'GB/s':>7} "
+    """One row per (format, batch, routing); a format the executor repacked shows as given>ran (mxfp4>mxfp4_panel)."""
+    name = {f: f if e.get("layout", f) == f else f"{f}>{e['layout']}" for f, e in report["formats"].items()}
+    w = max([10, *map(len, name.values())])
+    lines = [f"{'format':<{w}} {'isa':<16} {'thr':>3} {'batch':>5} {'routing':<7} {'us/step':>8} {'GB/s':>7} "
              f"{'ceiling':>8} {'%':>5}"]
     for fmt, e in report["formats"].items():
         for r in e["results"].values():
             g = r["gbps"]["median"]
-            lines.append(f"{fmt:<10} {e['isa']:<16} {e['threads']:>3} {r['batch']:>5} {r['routing']:<7} "
+            lines.append(f"{name[fmt]:<{w}} {e['isa']:<16} {e['threads']:>3} {r['batch']:>5} {r['routing']:<7} "
                          f"{r['step_us']['median']:>8.0f} {g:>7.1f} {e['ceiling_gbps']:>8.1f} "
                          f"{100 * g / e['ceiling_gbps']:>4.0f}%")
     return "\n".join(lines)
@@ -261,6 +270,9 @@ def parse_args(argv=None):
                    help="precision mode: 'w4a8' for every format that has it, or per format "
                         "'nvfp4=w4a8,mxfp4=native' (default: each format's default mode; the isa column shows it)")
     p.add_argument("--working-set", choices=("dram", "cache"), default="dram")
+    p.add_argument("--repack", choices=tuple(REPACK), default="auto",
+                   help="formats with a CPU layout (mxfp4): auto/on repack into it as the executor does by default "
+                        "(table: mxfp4>mxfp4_panel); off runs their own layout")
     p.add_argument("--routing", choices=("random", "shared", "both"), default="both")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
@@ -301,8 +313,8 @@ def main(argv=None) -> int:
     for fmt in fmts:
         m = model_for(fmt, opts)
         if opts.quick:
-            m = Model(max(m.H // 8, 256), max(m.I // 8, 256), min(m.E, 16), min(m.top_k, 4), m.activation, m.alpha,
-                      m.limit)
+            m = Model(max(m.H // 8 // 128 * 128, 256), max(m.I // 8 // 128 * 128, 256), min(m.E, 16),
+                      min(m.top_k, 4), m.activation, m.alpha, m.limit)  # multiples of 128: every format's K
         report["formats"][fmt] = bench_one(fmt, m, opts, rng, opts.threads, llc)
     print(table(report))
     if opts.json:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import numpy as np
 
@@ -45,14 +46,22 @@ class CpuMoeExecutor:
     """MoE decode on the CPU for one model: every layer's banks in one format.
 
     banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
+    repack: None (default) repacks each layer into the format's CPU layout when it has one (mxfp4 -> mxfp4_panel:
+    the same bytes in an order a CPU streams, bit-identical results; the executor then holds that new copy and not
+    the given arrays); False keeps the given arrays, zero-copy; True requires a CPU layout.
     """
 
     def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,
                  I: int | None = None, activation: str = "silu", alpha: float | None = None,  # noqa: E741
                  limit: float | None = None, apply_router_weight_on_input: bool = False, max_tokens: int = 8,
                  threads: int | None = None, core_ids=None, mode: str | None = None, isa: str | None = None,
-                 pin: bool = True, spin_us: int = 2000):
+                 pin: bool = True, spin_us: int = 2000, repack: bool | None = None):
         self.spec = cf.get_format(format)
+        if repack not in (None, True, False):
+            raise ValueError(f"repack={repack!r} must be None (auto), True or False")
+        if repack and not self.spec.cpu_layout:
+            raise ValueError(f"repack=True: format {self.spec.name!r} has no CPU layout to repack into; "
+                             "expected repack=None or False")
         if isinstance(banks, dict) or not hasattr(banks, "__len__") or len(banks) == 0:
             raise TypeError("banks must be a non-empty list with one mapping of bank name -> array per layer")
         if not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
@@ -72,6 +81,9 @@ class CpuMoeExecutor:
             dims = d
             self._arrays.append(arrays)
         self.E, self.H, self.I = dims
+        self.given_format = self.spec.name
+        if self.spec.cpu_layout and repack is not False:
+            self._repack(banks)  # then the executor holds the repacked copies (self._arrays), not the given arrays
         self.act = cf.activations.resolve(activation, alpha, limit)
         mode = self.spec.default_mode if mode is None else mode
         if mode not in self.spec.modes:
@@ -81,7 +93,8 @@ class CpuMoeExecutor:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
         self.mode, self.top_k, self.max_tokens, self.num_layers = mode, top_k, max_tokens, len(banks)
         self.core_ids, why = resolve_cores(threads, core_ids)
-        self._banks_ref = banks  # the arrays must outlive the executor
+        # the arrays must outlive the executor (repacked ones are self._arrays)
+        self._banks_ref = banks if self.given_format == self.spec.name else None
         lim = self.act.limit if math.isfinite(self.act.limit) else float("inf")
         self._x = _native.Executor(self.spec.id, self.act.id, _MODES.index(mode), bool(apply_router_weight_on_input),
                                    self.E, self.H, self.I, self.act.alpha, lim,
@@ -89,11 +102,26 @@ class CpuMoeExecutor:
                                    self.core_ids, bool(pin), int(spin_us))
         for layer, arrays in enumerate(self._arrays):
             self._x.set_banks(layer, self.spec.bank_views(arrays))
-        log.info("cpumoe_executor ready: format=%s isa=%s threads=%d cores=%s (%s) E=%d H=%d I=%d top_k=%d "
-                 "max_tokens=%d layers=%d act=%s", self.spec.name, self.isa, self.threads, self.core_ids, why,
-                 self.E, self.H, self.I, top_k, max_tokens, self.num_layers, self.act.name)
+        repacked = "" if self.given_format == self.spec.name else f" (repacked from {self.given_format})"
+        log.info("cpumoe_executor ready: format=%s%s isa=%s threads=%d cores=%s (%s) E=%d H=%d I=%d top_k=%d "
+                 "max_tokens=%d layers=%d act=%s", self.spec.name, repacked, self.isa, self.threads, self.core_ids,
+                 why, self.E, self.H, self.I, top_k, max_tokens, self.num_layers, self.act.name)
         if self.spec.hint:
             log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
+
+    def _repack(self, banks) -> None:
+        """Every layer into self.spec.cpu_layout (progress logged), then run as that format."""
+        target = cf.get_format(self.spec.cpu_layout)
+        t0, n, every = time.perf_counter(), 0, max(1, len(banks) // 10)
+        for layer, b in enumerate(banks):
+            arrays, _ = target.validate(self.spec.to_cpu_layout(b), self.E, self.H, self.I)
+            self._arrays[layer] = arrays
+            n += sum(a.nbytes for a in arrays)
+            if (layer + 1) % every == 0 or layer + 1 == len(banks):
+                log.info("cpumoe_executor: repacked %s -> %s, layer %d/%d, %.2f GB in %.1f s (repack=False keeps "
+                         "the given arrays)", self.spec.name, target.name, layer + 1, len(banks), n / 1e9,
+                         time.perf_counter() - t0)
+        self.spec = target
 
     # ---- properties ---------------------------------------------------------------
     @property

@@ -51,10 +51,17 @@ class FormatSpec:
     amd_auto_tiers: tuple = ()  # tiers auto picks only on AMD CPUs (elsewhere opt-in)
     # advice a consumer logs when it loads banks of this format (e.g. a faster equivalent layout); "" for none
     hint: str = ""
+    # a format whose kernels give bit-identical results from the same bytes in an order that streams better on a
+    # CPU, reached by to_cpu_layout (a consumer may repack at load: cpumoe_executor's repack=); "" for none
+    cpu_layout: str = ""
     bank_names: tuple = field(init=False)
 
     def __post_init__(self):
         self.bank_names = tuple(b.name for b in self.banks)
+
+    def to_cpu_layout(self, banks: Mapping) -> dict:
+        """One layer's banks (validated) -> new banks of format `cpu_layout`, bit-identical results."""
+        raise ValueError(f"format {self.name!r} has no CPU layout to repack into (cpu_layout is empty)")
 
     # ---- dims and validation -------------------------------------------------
     def dims(self, banks: Mapping) -> Dims:

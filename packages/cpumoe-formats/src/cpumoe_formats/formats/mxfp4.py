@@ -141,6 +141,11 @@ class Mxfp4Format(FormatSpec):
                 "gate_up_bias": _aligned(to_bf16(_interleave(gub, 1))),
                 "down_blocks": dnb_b, "down_scales": dns_b, "down_bias": _aligned(to_bf16(dnb))}
 
+    def to_cpu_layout(self, banks):
+        from .mxfp4_panel import repack  # the panel module builds on this one
+
+        return repack(banks)
+
     def random_banks(self, E, H, I, rng):  # noqa: E741
         """Random codes (every byte value), scales 2^-8..2^-6 (weights ~0.02 rms), biases 0.01*randn, in the
         schema's shapes (so mxfp4_panel, which only reshapes the banks, inherits it)."""
@@ -185,8 +190,10 @@ SPEC = Mxfp4Format(
     input_weight=False,
     aliases=("mxfp4_triton",),
     hint="the Triton layout reads 64 bytes of every N-byte row per CPU work item; "
-         "cpumoe_formats.repack_mxfp4_panels(banks) gives format 'mxfp4_panel', bit-identical; measured "
+         "cpumoe_formats.repack_mxfp4_panels(banks) (or CpuMoeExecutor's default repack=None) gives format "
+         "'mxfp4_panel', bit-identical; measured "
          "1.03-1.29x faster on 16 Xeon threads, 1.65-2.08x on 1-2 Zen 3 threads (docs/formats/mxfp4.md)",
+    cpu_layout="mxfp4_panel",
     description="gpt-oss mxfp4 (e2m1 + e8m0 per 32 K), transposed split-K, interleaved gate/up, biases "
                 "(native W4A16; w4a8 = int8 activations per 32 K)",
     modes=("native", "w4a8"),
