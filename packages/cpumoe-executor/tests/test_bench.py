@@ -19,6 +19,15 @@ def test_quick_bench_writes_the_report(tmp_path):
     assert tr["threads"] >= 1 and tr["step_us"] > 0 and tr["gate_up_us"] > 0 and tr["down_us"] > 0
 
 
+def test_quick_bench_every_format(tmp_path):
+    """--quick runs every format at its preset scaled down (the shapes must satisfy each format's K multiple)."""
+    out = tmp_path / "all.json"
+    assert bench.main(["--quick", "--batch", "1", "--routing", "shared", "--json", str(out)]) == 0
+    formats = json.loads(out.read_text())["formats"]
+    assert set(formats) == set(bench.FORMAT_MODEL)
+    assert all(e["step_us"] > 0 for e in formats.values())
+
+
 def test_model_presets_cover_every_format():
     assert set(bench.FORMAT_MODEL) == {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0",
                                        "mxfp4_panel"}
