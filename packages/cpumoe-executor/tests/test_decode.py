@@ -14,7 +14,7 @@ NCORES = len(ce.resolve_cores()[0])
 THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-identical
 # rel vs float64: the format's own kernel tolerance (its tests justify it); executor adds nothing
 REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2,
-           "mxfp4_panel": 1e-2}
+           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2}
 
 
 # (format, repack): the default, plus the formats with a CPU layout kept as given (mxfp4's own Triton layout)

@@ -24,6 +24,7 @@ SHAPES = {
     "q4_0": (6, 736, 416),  # 23 and 13 blocks: 8-block, 4-block, pair and single-block paths
     "mxfp4": (6, 320, 288),
     "mxfp4_panel": (6, 352, 288),  # 5.5 panels of 64 columns in the down pass
+    "q4_0_x16": (6, 736, 416),  # 46 / 52 groups of 16 rows, 13 / 23 blocks
 }
 PARAMS = [pytest.param(f, *p.values, id=f"{f}-{p.id}", marks=p.marks) for f in SHAPES for p in tier_cases(f)]
 

@@ -1,0 +1,230 @@
+// q4_0_x16: q4_0 experts with 16 rows interleaved per 32-block, for CPUs (docs/formats/q4_0.md "q4_0_x16").
+// Banks (slots): 0 gate_up [E, 2I/16, (H/32)*288], 1 down [E, H/16, (I/32)*288], uint8. A bank row is a group of
+// 16 weight rows; per 32-block it holds 288 bytes: the 16 rows' fp16 d (row r at bytes 2r), then 4 x 64 bytes,
+// vector j's int32 lane r = row r's q4_0 qs bytes 4j..4j+3 (elements 4j.. in the low nibbles, 16+4j.. in the high
+// ones). The same 18 bytes per row and block as q4_0, moved (cpumoe_formats.repack_q4_0_x16).
+//
+// Mode w4a8 only (q4_0's default): each activation 32-block is quantized by the Q8_0 rule (common.h q8_block; the
+// same codes and d_a as q4_0's prep). Record: int8 q[K], float d_a[K/32], int32 corr[K/32] = -8 * sum(q_b).
+// Per (row, token), from acc = 0, block by block in K order:
+//   acc = fma(float(corr_b + sum(nib * q)), fp32(fp16(d)) * d_a, acc)
+// The integer is exact and every tier does these fp32 operations in this order (std::fma in scalar), so the tiers
+// are bit-identical and a token's result does not depend on its batch. Lanes are rows: one vpdpbusd serves 16
+// rows and the per-block fold (cvt, scale, fma) is paid once per 16 rows and token, not once per (row, token) as
+// in q4_0's row-major kernels (that fold bounds their batches that share experts).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../rowmajor.h"
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+
+constexpr int QK = 32, GR = 16, GB = 288, kMaxNT = 8;
+// Software prefetch 3 KB ahead in each group stream (q4_0's distance), 5 lines per 288-byte block step.
+#ifndef CPUMOE_Q4X16_PF
+#define CPUMOE_Q4X16_PF 3072
+#endif
+
+size_t act_bytes_x16(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_t)(K / QK) * 8; }
+
+void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  int8_t* q = (int8_t*)dst;
+  const int nb = K / QK;
+  float* da = (float*)(q + K);
+  int32_t* corr = (int32_t*)(da + nb);
+  for (int b = 0; b < nb; ++b) {
+    const uint16_t* s = src + (size_t)b * QK;
+#if defined(__AVX2__)
+    const __m256 x[4] = {bf16x8_f32(s), bf16x8_f32(s + 8), bf16x8_f32(s + 16), bf16x8_f32(s + 24)};
+    const __m256i v = q8_block32(x, &da[b]);  // q8_block's codes and d, bit for bit
+    _mm256_storeu_si256((__m256i*)(q + (size_t)b * QK), v);
+    corr[b] = -8 * hsum8_i32(sum4_i8(v));
+#else
+    float x[QK];
+    for (int j = 0; j < QK; ++j) x[j] = bf16_to_f32(s[j]);
+    int8_t* qb = q + (size_t)b * QK;
+    da[b] = q8_block(x, QK, qb);
+    int32_t sum = 0;
+    for (int j = 0; j < QK; ++j) sum += qb[j];
+    corr[b] = -8 * sum;
+#endif
+  }
+}
+
+// The parts of NT tokens' records a group dot reads.
+template <int NT>
+struct Toks {
+  const int8_t* q[NT];
+  const float* da[NT];
+  const int32_t* corr[NT];
+  CPUMOE_INLINE Toks(const void* const* act, int K) {
+    for (int t = 0; t < NT; ++t) {
+      q[t] = (const int8_t*)act[t];
+      da[t] = (const float*)(q[t] + K);
+      corr[t] = (const int32_t*)(da[t] + K / QK);
+    }
+  }
+};
+
+// out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
+template <int G, int NT>
+CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* act, float* out) {
+  const Toks<NT> a(act, K);
+  const int nb = K / QK;
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  const __m512i m = _mm512_set1_epi8(0x0F);
+  __m512 acc[G][NT];
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* p = gp[g] + (size_t)b * GB;
+      for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+      __m512i lo[4], hi[4];
+      CPUMOE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const __m512i w = _mm512_loadu_si512((const void*)(p + 32 + 64 * j));
+        lo[j] = _mm512_and_si512(w, m);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m);
+      }
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        int32_t qa[8];  // the token's 4-code groups: elements 4j.. (low nibbles) and 16+4j.. (high)
+        std::memcpy(qa, a.q[t] + (size_t)b * QK, 32);
+        __m512i s0 = _mm512_set1_epi32(a.corr[t][b]), s1 = _mm512_setzero_si512();  // two chains
+        CPUMOE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          s0 = _mm512_dpbusd_epi32(s0, lo[j], _mm512_set1_epi32(qa[j]));
+          s1 = _mm512_dpbusd_epi32(s1, hi[j], _mm512_set1_epi32(qa[4 + j]));
+        }
+        const __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(a.da[t][b]));
+        acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[g][t]);
+      }
+    }
+  }
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
+#else  // scalar: the same integers and fp32 operations, row by row
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < GR; ++r) {
+        float acc = 0.f;
+        for (int b = 0; b < nb; ++b) {
+          const uint8_t* p = gp[g] + (size_t)b * GB;
+          uint16_t dh;
+          std::memcpy(&dh, p + 2 * r, 2);
+          const int8_t* qb = a.q[t] + (size_t)b * QK;
+          int32_t s = a.corr[t][b];
+          for (int j = 0; j < 4; ++j)
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = p[32 + 64 * j + 4 * r + i];
+              s += (byte & 15) * qb[4 * j + i] + (byte >> 4) * qb[16 + 4 * j + i];
+            }
+          acc = std::fma((float)s, fp16_to_f32(dh) * a.da[t][b], acc);
+        }
+        out[(size_t)(g * NT + t) * GR + r] = acc;
+      }
+#endif
+}
+
+// groups<G, nt> for a run-time nt in [1, kMaxNT].
+template <int G, int NT = kMaxNT>
+CPUMOE_INLINE void groups_n(const uint8_t* const* gp, int K, int nt, const void* const* act, float* out) {
+  if constexpr (NT > 1) {
+    if (nt < NT) return groups_n<G, NT - 1>(gp, K, nt, act, out);
+  }
+  groups<G, NT>(gp, K, act, out);
+}
+
+// Rows [i0, i1): the groups that hold them, whole (the group's other rows are computed and dropped; the executor's
+// items are whole multiples of block_hint = 32 rows, so only direct calls with ragged ranges pay for that).
+void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+             const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& p = k->params;
+  const int32_t I = p.inter;
+  ActSink sink(p);
+  for (int32_t gi = i0 / GR; gi * GR < i1; ++gi) {
+    const uint8_t* gp[2] = {bank_row<uint8_t>(banks[0], e, gi), bank_row<uint8_t>(banks[0], e, I / GR + gi)};
+    const int32_t r0 = std::max(i0, gi * GR) - gi * GR, r1 = std::min(i1, gi * GR + GR) - gi * GR;
+    for (int32_t j0 = 0; j0 < n; j0 += kMaxNT) {
+      const int nt = std::min<int32_t>(kMaxNT, n - j0);
+      alignas(64) float gate[kMaxNT * GR], up[kMaxNT * GR];
+      if (nt == 1) {  // a lone token: the gate and up groups as two streams
+        alignas(64) float gu[2 * GR];
+        groups<2, 1>(gp, p.hidden, xs + j0, gu);
+        std::memcpy(gate, gu, sizeof(float) * GR), std::memcpy(up, gu + GR, sizeof(float) * GR);
+      } else {
+        groups_n<1>(&gp[0], p.hidden, nt, xs + j0, gate);
+        groups_n<1>(&gp[1], p.hidden, nt, xs + j0, up);
+      }
+      for (int t = 0; t < nt; ++t)
+        for (int32_t r = r0; r < r1; ++r)
+          sink.put(&g[j0 + t][gi * GR + r], gate[t * GR + r] * w_in[j0 + t], up[t * GR + r] * w_in[j0 + t]);
+    }
+  }
+}
+
+// acc[token][h - h0] += weight * dot, route by route in their order for each (token, h).
+void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+          int32_t n, float* acc, int64_t acc_stride) {
+  const int K = k->params.inter;
+  for (int32_t a = 0; a < n;) {
+    int32_t b = a + 1;
+    while (b < n && routes[b].expert == routes[a].expert) ++b;
+    const int32_t e = routes[a].expert;
+    for (int32_t gi = h0 / GR; gi * GR < h1;) {
+      // a lone route takes two groups at once (two streams) where two remain
+      const int ng = b - a == 1 && (gi + 1) * GR < h1 ? 2 : 1;
+      const uint8_t* gp[2] = {bank_row<uint8_t>(banks[1], e, gi), bank_row<uint8_t>(banks[1], e, gi + ng - 1)};
+      for (int32_t q0 = a; q0 < b; q0 += kMaxNT) {
+        const int nt = std::min<int32_t>(kMaxNT, b - q0);
+        const void* acts[kMaxNT];
+        for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
+        alignas(64) float o[2 * kMaxNT * GR];
+        if (ng == 2)
+          groups<2, 1>(gp, K, acts, o);
+        else
+          groups_n<1>(gp, K, nt, acts, o);
+        for (int gg = 0; gg < ng; ++gg) {
+          const int32_t base = (gi + gg) * GR;
+          const int32_t r0 = std::max(h0, base) - base, r1 = std::min(h1, base + GR) - base;
+          for (int t = 0; t < nt; ++t) {
+            const cpumoe_route& rt = routes[q0 + t];
+            float* dst = acc + rt.token * acc_stride;
+            for (int32_t r = r0; r < r1; ++r) dst[base + r - h0] += o[(gg * nt + t) * GR + r] * rt.weight;
+          }
+        }
+      }
+      gi += ng;
+    }
+    a = b;
+  }
+}
+
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
+
+bool CPUMOE_INIT_FN(q4_0_x16)(cpumoe_kernel* k) {
+  using namespace cpumoe::CPUMOE_NS;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  if (k->params.mode != CPUMOE_MODE_W4A8) return false;
+  k->act_bytes = &act_bytes_x16;
+  k->prep_act = &prep_x16;
+  k->gate_up = &gate_up;
+  k->down = &down;
+  return true;
+#else
+  (void)k;
+  return false;  // the other tiers have no kernel of their own: avx512vnni (above them) or scalar runs
+#endif
+}
