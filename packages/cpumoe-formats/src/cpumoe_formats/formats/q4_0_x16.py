@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._arrays import aligned_empty
-from ..schema import BankSpec, FormatSpec
+from ..schema import BankSpec
 from . import q4_0
 
 GROUP = 16  # rows per group
