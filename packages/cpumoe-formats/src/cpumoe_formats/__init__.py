@@ -67,5 +67,5 @@ if os.environ.get("CPUMOE_DEBUG_INFO"):
 
 __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "TIERS", "Kernel", "aligned_copy",
            "aligned_empty", "detected_tier", "get_format", "get_include", "moe_forward", "quantize", "reference",
-           "repack_mxfp4_panels", "repack_q4_0_x16", "require_abi", "selected_tier", "unpack_mxfp4_panels", "unpack_q4_0_x16", "usable_tiers",
-           "validate_banks"]
+           "repack_mxfp4_panels", "repack_q4_0_x16", "require_abi", "selected_tier", "unpack_mxfp4_panels",
+           "unpack_q4_0_x16", "usable_tiers", "validate_banks"]
