@@ -69,6 +69,21 @@ struct Toks {
   }
 };
 
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+// acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction
+// ({1to16}): one uop where the intrinsic pair (a broadcast load, then vpdpbusd) is two; GCC 12 does not fold it.
+CPUMOE_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t* q) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
+  return acc;
+}
+// d * (the float at p, broadcast), likewise folded
+CPUMOE_INLINE __m512 mul_bcast(__m512 d, const float* p) {
+  __m512 r;
+  __asm__("vmulps %2%{1to16%}, %1, %0" : "=v"(r) : "v"(d), "m"(*p));
+  return r;
+}
+#endif
+
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
 template <int G, int NT>
 CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* act, float* out) {
@@ -96,15 +111,15 @@ CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* ac
       }
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
-        int32_t qa[8];  // the token's 4-code groups: elements 4j.. (low nibbles) and 16+4j.. (high)
-        std::memcpy(qa, a.q[t] + (size_t)b * QK, 32);
+        // the token's 4-code groups: elements 4j.. (low nibbles) and 16+4j.. (high)
+        const int32_t* qa = (const int32_t*)(a.q[t] + (size_t)b * QK);
         __m512i s0 = _mm512_set1_epi32(a.corr[t][b]), s1 = _mm512_setzero_si512();  // two chains
         CPUMOE_UNROLL
         for (int j = 0; j < 4; ++j) {
-          s0 = _mm512_dpbusd_epi32(s0, lo[j], _mm512_set1_epi32(qa[j]));
-          s1 = _mm512_dpbusd_epi32(s1, hi[j], _mm512_set1_epi32(qa[4 + j]));
+          s0 = dpbusd_bcast(s0, lo[j], qa + j);
+          s1 = dpbusd_bcast(s1, hi[j], qa + 4 + j);
         }
-        const __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(a.da[t][b]));
+        const __m512 sc = mul_bcast(d, a.da[t] + b);
         acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[g][t]);
       }
     }
