@@ -33,6 +33,13 @@ def make_banks(fmt, rng, layers=2, E=6):
     return [spec.random_banks(E, H, I, rng) for _ in range(layers)], (E, H, I)
 
 
+def ran_banks(ex, banks):
+    """The banks in the format the executor runs (its repack into a CPU layout, or the given ones), for references."""
+    if ex.spec.name == ex.given_format:
+        return banks
+    return [cf.get_format(ex.given_format).to_cpu_layout(b) for b in banks]
+
+
 def routing(rng, T, K, E, dup=True, skip=True):
     ids = rng.integers(0, E, size=(T, K)).astype(np.int32)
     if dup and K > 1:

@@ -4,7 +4,7 @@ thread counts 1..N, batch sizes 1, 3, 8 and max_tokens, duplicated and -1 ids,
 several layers."""
 import numpy as np
 import pytest
-from conftest import ACT, FORMATS, bits, make_banks, routing
+from conftest import ACT, FORMATS, bits, make_banks, ran_banks, routing
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -29,7 +29,9 @@ def test_parity_all_threads_batches_layers(fmt, repack, rng):
     for threads in THREADS:
         ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=max_tokens, threads=threads, repack=repack, **act)
         assert ex.threads == threads
-        assert ex.spec.name == (cf.get_format(fmt).cpu_layout or fmt if repack is None else fmt)
+        layout = cf.get_format(fmt).cpu_layout
+        assert ex.spec.name in ((fmt, layout) if repack is None and layout else (fmt,))
+        run = ran_banks(ex, banks)  # the bits to match: the format that runs, single-threaded
         _native.set_team_unit(ex.handle, 0)  # every thread works on these small steps (team sizing: see
         # test_scheduling.py)
         for T in (1, 3, 8, max_tokens):
@@ -37,7 +39,7 @@ def test_parity_all_threads_batches_layers(fmt, repack, rng):
                 x = rng.standard_normal((T, H)).astype(np.float32)
                 w, ids = routing(rng, T, K, E)
                 y = ex.decode(layer, x, w, ids)
-                want = cf.moe_forward(fmt, banks[layer], x, w, ids, **act)
+                want = cf.moe_forward(ex.spec.name, run[layer], x, w, ids, **act)
                 np.testing.assert_array_equal(bits(y), bits(want), err_msg=f"threads={threads} T={T} layer={layer}")
                 if threads == 1 and T in (1, 8):
                     ref = cf.reference.moe(fmt, banks[layer], x, w, ids, **act)
@@ -182,3 +184,21 @@ def test_repack_holds_its_own_copy(rng):
     for a in banks[0].values():
         a.view(np.uint8)[...] = 0x7F
     np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))
+
+
+def test_auto_repack_needs_the_layouts_kernel(rng):
+    """q4_0's CPU layout (q4_0_x16) has w4a8 kernels in scalar and avx512vnni only: auto repacks where that kernel is
+    at least q4_0's tier, keeps q4_0 below (an AVX2 cap) and for the native mode; repack=True with a mode the
+    layout lacks raises."""
+    banks, (E, H, I) = make_banks("q4_0", rng, layers=1)
+    ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, isa="avx2")
+    assert ex.spec.name == "q4_0"
+    ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, mode="native")
+    assert ex.spec.name == "q4_0"
+    with pytest.raises(ValueError, match="repack=True: format 'q4_0_x16'.*no mode 'native'"):
+        ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, mode="native", repack=True)
+    ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, repack=True, isa="avx2")  # forced: scalar x16
+    assert ex.spec.name == "q4_0_x16" and ex.isa == "scalar+w4a8"
+    ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1)
+    vnni = cf.selected_tier("q4_0_x16").startswith("avx512vnni")  # this CPU, under CPUMOE_ISA's cap
+    assert ex.spec.name == ("q4_0_x16" if vnni else "q4_0") and ex.given_format == "q4_0"

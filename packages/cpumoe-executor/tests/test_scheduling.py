@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ACT, FORMATS, bits, make_banks, routing
+from conftest import ACT, FORMATS, bits, make_banks, ran_banks, routing
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -52,7 +52,7 @@ def test_team_sizes_and_late_workers_are_bit_identical(fmt, rng):
                         nroutes, ngroups = int((ids >= 0).sum()), len(np.unique(ids[ids >= 0]))
                         teams.add((threads, _native.team_size(ex.handle, layer, nroutes, ngroups)))
                         y = decode_poisoned(ex, layer, x, w, ids)
-                        want = cf.moe_forward(fmt, banks[layer], x, w, ids, **act)
+                        want = cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[layer], x, w, ids, **act)
                         np.testing.assert_array_equal(bits(y), bits(want),
                                                       err_msg=f"threads={threads} spin_us={spin_us} unit={unit} T={T}")
     assert any(1 < t < n for n, t in teams) and (3, 1) in teams and (3, 3) in teams, sorted(teams)

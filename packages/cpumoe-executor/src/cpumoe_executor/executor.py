@@ -82,8 +82,6 @@ class CpuMoeExecutor:
             self._arrays.append(arrays)
         self.E, self.H, self.I = dims
         self.given_format = self.spec.name
-        if self.spec.cpu_layout and repack is not False:
-            self._repack(banks)  # then the executor holds the repacked copies (self._arrays), not the given arrays
         self.act = cf.activations.resolve(activation, alpha, limit)
         mode = self.spec.default_mode if mode is None else mode
         if mode not in self.spec.modes:
@@ -91,6 +89,9 @@ class CpuMoeExecutor:
                              f"expected one of {list(self.spec.modes)}")
         if isa is not None and isa not in TIERS:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
+        target = self._repack_target(mode, isa, repack)
+        if target is not None:
+            self._repack(banks, target)  # the executor then holds the repacked copies (self._arrays), not the given
         self.mode, self.top_k, self.max_tokens, self.num_layers = mode, top_k, max_tokens, len(banks)
         self.core_ids, why = resolve_cores(threads, core_ids)
         # the arrays must outlive the executor (repacked ones are self._arrays)
@@ -109,9 +110,25 @@ class CpuMoeExecutor:
         if self.spec.hint:
             log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
 
-    def _repack(self, banks) -> None:
-        """Every layer into self.spec.cpu_layout (progress logged), then run as that format."""
+    def _repack_target(self, mode: str, isa: str | None, repack: bool | None):
+        """The CPU layout to run as, or None. Auto (repack=None): when the layout has the mode and its kernel on
+        this machine (isa / CPUMOE_ISA respected) is at least the given format's tier: q4_0_x16 has no AVX2
+        kernel, so an AVX2-only CPU keeps q4_0."""
+        if not self.spec.cpu_layout or repack is False:
+            return None
         target = cf.get_format(self.spec.cpu_layout)
+        if mode not in target.modes:
+            if repack:
+                raise ValueError(f"repack=True: format {target.name!r} (the CPU layout of {self.spec.name!r}) has "
+                                 f"no mode {mode!r}; expected mode in {list(target.modes)} or repack=None")
+            return None
+        if repack:
+            return target
+        tier = lambda fmt: TIERS.index(cf.selected_tier(fmt, mode, isa).split("+")[0])  # noqa: E731
+        return target if tier(target.name) >= tier(self.spec.name) else None
+
+    def _repack(self, banks, target) -> None:
+        """Every layer into `target` (progress logged), then run as that format."""
         t0, n, every = time.perf_counter(), 0, max(1, len(banks) // 10)
         for layer, b in enumerate(banks):
             arrays, _ = target.validate(self.spec.to_cpu_layout(b), self.E, self.H, self.I)

@@ -51,8 +51,9 @@ class FormatSpec:
     amd_auto_tiers: tuple = ()  # tiers auto picks only on AMD CPUs (elsewhere opt-in)
     # advice a consumer logs when it loads banks of this format (e.g. a faster equivalent layout); "" for none
     hint: str = ""
-    # a format whose kernels give bit-identical results from the same bytes in an order that streams better on a
-    # CPU, reached by to_cpu_layout (a consumer may repack at load: cpumoe_executor's repack=); "" for none
+    # a format with the same math from the same bytes in an order a CPU reads faster, reached by to_cpu_layout (a
+    # consumer may repack at load: cpumoe_executor's repack=). mxfp4 -> mxfp4_panel is bit-identical; q4_0 ->
+    # q4_0_x16 sums in its own fp32 order (within q4_0's tolerance). "" for none
     cpu_layout: str = ""
     bank_names: tuple = field(init=False)
 
@@ -60,7 +61,7 @@ class FormatSpec:
         self.bank_names = tuple(b.name for b in self.banks)
 
     def to_cpu_layout(self, banks: Mapping) -> dict:
-        """One layer's banks (validated) -> new banks of format `cpu_layout`, bit-identical results."""
+        """One layer's banks (validated) -> new banks of format `cpu_layout` (the same bytes, moved)."""
         raise ValueError(f"format {self.name!r} has no CPU layout to repack into (cpu_layout is empty)")
 
     # ---- dims and validation -------------------------------------------------

@@ -111,6 +111,11 @@ class Q40Format(FormatSpec):
     def dequantize(self, banks):
         return decode_blocks(banks["gate_up"]), decode_blocks(banks["down"])
 
+    def to_cpu_layout(self, banks):
+        from .q4_0_x16 import repack  # that module builds on this one
+
+        return repack(banks)
+
     def act_in(self, v, mode):
         v = np.asarray(v, np.float64)
         if mode == "native":
@@ -133,4 +138,5 @@ SPEC = Q40Format(
     kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni", "amx"),
                   "native": ("scalar", "avx2", "avx512f")},
     opt_in_tiers=("amx",),  # AMX int8 tiles: for batches that share experts (docs/formats/q4_0.md)
+    cpu_layout="q4_0_x16",  # 16 rows per vector: ~2x less compute per token (docs/formats/q4_0.md "q4_0_x16")
 )
