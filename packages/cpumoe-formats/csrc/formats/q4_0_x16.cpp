@@ -167,6 +167,11 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
   const cpumoe_params& p = k->params;
   const int32_t I = p.inter;
   ActSink sink(p);
+  if (n == 1) {  // the first bytes of the gate and up streams (their in-stream prefetch starts 3 KB in)
+    const int64_t w = std::min<int64_t>(CPUMOE_Q4X16_PF, (int64_t)((i1 - 1) / GR - i0 / GR + 1) * banks[0].row_stride);
+    prefetch_span(bank_row<uint8_t>(banks[0], e, i0 / GR), w);
+    prefetch_span(bank_row<uint8_t>(banks[0], e, I / GR + i0 / GR), w);
+  }
   for (int32_t gi = i0 / GR; gi * GR < i1; ++gi) {
     const uint8_t* gp[2] = {bank_row<uint8_t>(banks[0], e, gi), bank_row<uint8_t>(banks[0], e, I / GR + gi)};
     const int32_t r0 = std::max(i0, gi * GR) - gi * GR, r1 = std::min(i1, gi * GR + GR) - gi * GR;
@@ -188,38 +193,57 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
   }
 }
 
+// acc[token][h - h0] += weight * o for group g's rows inside [h0, h1), tokens t < nt of o's group slot gg.
+CPUMOE_INLINE void add_rows(const float* o, int gg, int nt, int32_t g, int32_t h0, int32_t h1,
+                            const cpumoe_route* rts, float* acc, int64_t acc_stride) {
+  const int32_t base = g * GR, r0 = std::max(h0, base) - base, r1 = std::min(h1, base + GR) - base;
+  for (int t = 0; t < nt; ++t) {
+    float* dst = acc + rts[t].token * acc_stride;
+    for (int32_t r = r0; r < r1; ++r) dst[base + r - h0] += o[(gg * nt + t) * GR + r] * rts[t].weight;
+  }
+}
+
 // acc[token][h - h0] += weight * dot, route by route in their order for each (token, h).
 void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
           int32_t n, float* acc, int64_t acc_stride) {
   const int K = k->params.inter;
+  const int32_t g0 = h0 / GR, g1 = (h1 + GR - 1) / GR;  // the groups the rows touch
+  const int64_t rs = banks[1].row_stride;
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;
     const int32_t e = routes[a].expert;
-    for (int32_t gi = h0 / GR; gi * GR < h1;) {
-      // a lone route takes two groups at once (two streams) where two remain
-      const int ng = b - a == 1 && (gi + 1) * GR < h1 ? 2 : 1;
-      const uint8_t* gp[2] = {bank_row<uint8_t>(banks[1], e, gi), bank_row<uint8_t>(banks[1], e, gi + ng - 1)};
-      for (int32_t q0 = a; q0 < b; q0 += kMaxNT) {
-        const int nt = std::min<int32_t>(kMaxNT, b - q0);
-        const void* acts[kMaxNT];
-        for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
-        alignas(64) float o[2 * kMaxNT * GR];
-        if (ng == 2)
-          groups<2, 1>(gp, K, acts, o);
-        else
-          groups_n<1>(gp, K, nt, acts, o);
-        for (int gg = 0; gg < ng; ++gg) {
-          const int32_t base = (gi + gg) * GR;
-          const int32_t r0 = std::max(h0, base) - base, r1 = std::min(h1, base + GR) - base;
-          for (int t = 0; t < nt; ++t) {
-            const cpumoe_route& rt = routes[q0 + t];
-            float* dst = acc + rt.token * acc_stride;
-            for (int32_t r = r0; r < r1; ++r) dst[base + r - h0] += o[(gg * nt + t) * GR + r] * rt.weight;
-          }
+    alignas(64) float o[2 * kMaxNT * GR];
+    if (b - a == 1) {
+      // a lone route: two streams, the first and the second half of the groups, so each stream's prefetch runs
+      // on into its own next group; each stream's start is fetched first (the item's rows of one expert are
+      // short: 6.3 KB per group at gemma's I = 704)
+      const int32_t half = (g1 - g0) / 2;
+      const cpumoe_route* rt = routes + a;
+      prefetch_span(bank_row<uint8_t>(banks[1], e, g0), std::min<int64_t>(CPUMOE_Q4X16_PF, (g1 - g0) * rs));
+      if (half) prefetch_span(bank_row<uint8_t>(banks[1], e, g0 + half), std::min<int64_t>(CPUMOE_Q4X16_PF, rs));
+      for (int32_t i = 0; i < half; ++i) {
+        const uint8_t* gp[2] = {bank_row<uint8_t>(banks[1], e, g0 + i), bank_row<uint8_t>(banks[1], e, g0 + half + i)};
+        groups<2, 1>(gp, K, &rt->act, o);
+        add_rows(o, 0, 1, g0 + i, h0, h1, rt, acc, acc_stride);
+        add_rows(o, 1, 1, g0 + half + i, h0, h1, rt, acc, acc_stride);
+      }
+      if ((g1 - g0) % 2) {
+        const uint8_t* gp = bank_row<uint8_t>(banks[1], e, g1 - 1);
+        groups<1, 1>(&gp, K, &rt->act, o);
+        add_rows(o, 0, 1, g1 - 1, h0, h1, rt, acc, acc_stride);
+      }
+    } else {
+      for (int32_t g = g0; g < g1; ++g) {
+        const uint8_t* gp = bank_row<uint8_t>(banks[1], e, g);
+        for (int32_t q0 = a; q0 < b; q0 += kMaxNT) {
+          const int nt = std::min<int32_t>(kMaxNT, b - q0);
+          const void* acts[kMaxNT];
+          for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
+          groups_n<1>(&gp, K, nt, acts, o);
+          add_rows(o, 0, nt, g, h0, h1, routes + q0, acc, acc_stride);
         }
       }
-      gi += ng;
     }
     a = b;
   }
