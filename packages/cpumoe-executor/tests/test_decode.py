@@ -187,9 +187,8 @@ def test_repack_holds_its_own_copy(rng):
 
 
 def test_auto_repack_needs_the_layouts_kernel(rng):
-    """q4_0's CPU layout (q4_0_x16) has w4a8 kernels in scalar and avx512vnni only: auto repacks where that kernel is
-    at least q4_0's tier, keeps q4_0 below (an AVX2 cap) and for the native mode; repack=True with a mode the
-    layout lacks raises."""
+    """q4_0's CPU layout (q4_0_x16) is auto only from avx512vnni (cpu_layout_min_tier): below (an AVX2 cap) and for
+    the native mode (which the layout lacks) q4_0 stays; repack=True forces it, and raises for a mode it lacks."""
     banks, (E, H, I) = make_banks("q4_0", rng, layers=1)
     ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, isa="avx2")
     assert ex.spec.name == "q4_0"
@@ -197,7 +196,7 @@ def test_auto_repack_needs_the_layouts_kernel(rng):
     assert ex.spec.name == "q4_0"
     with pytest.raises(ValueError, match="repack=True: format 'q4_0_x16'.*no mode 'native'"):
         ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, mode="native", repack=True)
-    ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, repack=True, isa="avx2")  # forced: scalar x16
+    ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, repack=True, isa="scalar")  # forced
     assert ex.spec.name == "q4_0_x16" and ex.isa == "scalar+w4a8"
     ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1)
     vnni = cf.selected_tier("q4_0_x16").startswith("avx512vnni")  # this CPU, under CPUMOE_ISA's cap

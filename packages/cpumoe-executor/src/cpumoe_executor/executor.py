@@ -112,8 +112,8 @@ class CpuMoeExecutor:
 
     def _repack_target(self, mode: str, isa: str | None, repack: bool | None):
         """The CPU layout to run as, or None. Auto (repack=None): when the layout has the mode and its kernel on
-        this machine (isa / CPUMOE_ISA respected) is at least the given format's tier: q4_0_x16 has no AVX2
-        kernel, so an AVX2-only CPU keeps q4_0."""
+        this machine (isa / CPUMOE_ISA respected) is at least the given format's tier and the format's
+        cpu_layout_min_tier (q4_0: avx512vnni, so an AVX2-only CPU keeps q4_0)."""
         if not self.spec.cpu_layout or repack is False:
             return None
         target = cf.get_format(self.spec.cpu_layout)
@@ -125,7 +125,8 @@ class CpuMoeExecutor:
         if repack:
             return target
         tier = lambda fmt: TIERS.index(cf.selected_tier(fmt, mode, isa).split("+")[0])  # noqa: E731
-        return target if tier(target.name) >= tier(self.spec.name) else None
+        floor = TIERS.index(self.spec.cpu_layout_min_tier) if self.spec.cpu_layout_min_tier else 0
+        return target if tier(target.name) >= max(tier(self.spec.name), floor) else None
 
     def _repack(self, banks, target) -> None:
         """Every layer into `target` (progress logged), then run as that format."""

@@ -22,7 +22,10 @@ namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
 
-constexpr int QK = 32, GR = 16, GB = 288, kMaxNT = 8;
+constexpr int QK = 32, GR = 16, GB = 288;
+// tokens per group call: 8 in 32 zmm registers; the 16-register tiers take the 16 rows in two halves of 8, with
+// their 8 nibble vectors and one accumulator per token live
+constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 // Software prefetch 3 KB ahead in each group stream (q4_0's distance), 5 lines per 288-byte block step.
 #ifndef CPUMOE_Q4X16_PF
 #define CPUMOE_Q4X16_PF 3072
@@ -128,6 +131,58 @@ CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* ac
   for (int g = 0; g < G; ++g)
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  // rows 8h..8h+7 of each group in turn: the first half's pass brings the lines in, the second reads them from L1/L2
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[NT];
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+      for (int b = 0; b < nb; ++b) {
+        const uint8_t* p = gp[g] + (size_t)b * GB;
+        if (h == 0)
+          for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+        __m256i lo[4], hi[4];
+        CPUMOE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
+          lo[j] = _mm256_and_si256(w, m);
+          hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
+        }
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          int32_t qa[8];
+          std::memcpy(qa, a.q[t] + (size_t)b * QK, 32);
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+          __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
+          CPUMOE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            s0 = _mm256_dpbusd_avx_epi32(s0, lo[j], _mm256_set1_epi32(qa[j]));
+            s1 = _mm256_dpbusd_avx_epi32(s1, hi[j], _mm256_set1_epi32(qa[4 + j]));
+          }
+          const __m256i S = _mm256_add_epi32(s0, s1);
+#else
+          // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 15 * 127 = 3810, 8 of them <= 30480 (exact in int16),
+          // then vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
+          __m256i s16 = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(qa[0]));
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[0], _mm256_set1_epi32(qa[4])));
+          CPUMOE_UNROLL
+          for (int j = 1; j < 4; ++j) {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(qa[j])));
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(qa[4 + j])));
+          }
+          const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
+                                             _mm256_set1_epi32(a.corr[t][b]));
+#endif
+          const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.da[t][b]));
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, acc[t]);
+        }
+      }
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[t]);
+    }
 #else  // scalar: the same integers and fp32 operations, row by row
   for (int g = 0; g < G; ++g)
     for (int t = 0; t < NT; ++t)
@@ -255,7 +310,8 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
 
 bool CPUMOE_INIT_FN(q4_0_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
+    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   if (k->params.mode != CPUMOE_MODE_W4A8) return false;
   k->act_bytes = &act_bytes_x16;
   k->prep_act = &prep_x16;
@@ -264,6 +320,6 @@ bool CPUMOE_INIT_FN(q4_0_x16)(cpumoe_kernel* k) {
   return true;
 #else
   (void)k;
-  return false;  // the other tiers have no kernel of their own: avx512vnni (above them) or scalar runs
+  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
 #endif
 }

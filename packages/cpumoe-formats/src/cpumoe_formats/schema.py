@@ -55,6 +55,9 @@ class FormatSpec:
     # consumer may repack at load: cpumoe_executor's repack=). mxfp4 -> mxfp4_panel is bit-identical; q4_0 ->
     # q4_0_x16 sums in its own fp32 order (within q4_0's tolerance). "" for none
     cpu_layout: str = ""
+    # the lowest tier at which a consumer should repack by default ("" = wherever the layout's kernel is at least
+    # this format's tier): q4_0_x16's AVX2 kernel is faster for batches that share experts but slower for one token
+    cpu_layout_min_tier: str = ""
     bank_names: tuple = field(init=False)
 
     def __post_init__(self):

@@ -103,6 +103,6 @@ SPEC = Q40X16Format(
     default_mode="w4a8",
     description="GGUF Q4_0 with 16 rows interleaved per 32-block for CPU lanes (q4_0's bytes, moved); "
                 "w4a8 = Q4_0 x Q8_0",
-    kernel_tiers={"w4a8": ("scalar", "avx512vnni")},
+    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni")},
     cpu_layout="",  # it is q4_0's CPU layout
 )
