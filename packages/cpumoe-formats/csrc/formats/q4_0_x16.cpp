@@ -232,14 +232,13 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
     const int32_t r0 = std::max(i0, gi * GR) - gi * GR, r1 = std::min(i1, gi * GR + GR) - gi * GR;
     for (int32_t j0 = 0; j0 < n; j0 += kMaxNT) {
       const int nt = std::min<int32_t>(kMaxNT, n - j0);
-      alignas(64) float gate[kMaxNT * GR], up[kMaxNT * GR];
+      alignas(64) float o[2 * kMaxNT * GR];  // the gate group's nt x 16 sums, then the up group's
+      const float *gate = o, *up = o + nt * GR;
       if (nt == 1) {  // a lone token: the gate and up groups as two streams
-        alignas(64) float gu[2 * GR];
-        groups<2, 1>(gp, p.hidden, xs + j0, gu);
-        std::memcpy(gate, gu, sizeof(float) * GR), std::memcpy(up, gu + GR, sizeof(float) * GR);
+        groups<2, 1>(gp, p.hidden, xs + j0, o);
       } else {
-        groups_n<1>(&gp[0], p.hidden, nt, xs + j0, gate);
-        groups_n<1>(&gp[1], p.hidden, nt, xs + j0, up);
+        groups_n<1>(&gp[0], p.hidden, nt, xs + j0, o);
+        groups_n<1>(&gp[1], p.hidden, nt, xs + j0, o + nt * GR);
       }
       for (int t = 0; t < nt; ++t)
         for (int32_t r = r0; r < r1; ++r)

@@ -65,7 +65,15 @@ class FormatSpec:
 
     def to_cpu_layout(self, banks: Mapping) -> dict:
         """One layer's banks (validated) -> new banks of format `cpu_layout` (the same bytes, moved)."""
-        raise ValueError(f"format {self.name!r} has no CPU layout to repack into (cpu_layout is empty)")
+        if not self.cpu_layout:
+            raise ValueError(f"format {self.name!r} has no CPU layout to repack into (cpu_layout is empty)")
+        from .formats import get_format  # the registry imports this module
+
+        return get_format(self.cpu_layout).repack_from(banks)
+
+    def repack_from(self, banks: Mapping) -> dict:
+        """A CPU layout's own constructor from the banks of the format that names it (see to_cpu_layout)."""
+        raise ValueError(f"format {self.name!r} is no format's CPU layout")
 
     # ---- dims and validation -------------------------------------------------
     def dims(self, banks: Mapping) -> Dims:

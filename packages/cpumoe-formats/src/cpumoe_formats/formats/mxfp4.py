@@ -141,11 +141,6 @@ class Mxfp4Format(FormatSpec):
                 "gate_up_bias": _aligned(to_bf16(_interleave(gub, 1))),
                 "down_blocks": dnb_b, "down_scales": dns_b, "down_bias": _aligned(to_bf16(dnb))}
 
-    def to_cpu_layout(self, banks):
-        from .mxfp4_panel import repack  # the panel module builds on this one
-
-        return repack(banks)
-
     def random_banks(self, E, H, I, rng):  # noqa: E741
         """Random codes (every byte value), scales 2^-8..2^-6 (weights ~0.02 rms), biases 0.01*randn, in the
         schema's shapes (so mxfp4_panel, which only reshapes the banks, inherits it)."""

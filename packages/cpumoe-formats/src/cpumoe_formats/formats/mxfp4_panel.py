@@ -35,7 +35,6 @@ import dataclasses
 import numpy as np
 
 from .._arrays import aligned_empty
-from ..schema import FormatSpec
 from . import mxfp4
 
 PANEL = 64  # columns per panel (the kernels' work-item width)
@@ -91,7 +90,9 @@ def unpack(banks) -> dict:
 
 
 class Mxfp4PanelFormat(mxfp4.Mxfp4Format):
-    to_cpu_layout = FormatSpec.to_cpu_layout  # no further layout
+    def repack_from(self, banks):  # from mxfp4 (its cpu_layout)
+        return repack(banks)
+
     def dims(self, banks):
         gub, dnb = banks["gate_up_bias"], banks["down_bias"]
         if gub.ndim != 2 or dnb.ndim != 2 or gub.shape[1] % 2:
@@ -120,7 +121,6 @@ SPEC = Mxfp4PanelFormat(
     k_multiple=32,
     input_weight=False,
     aliases=("mxfp4_cpu",),
-    cpu_layout="",  # it is the CPU layout (mxfp4's to_cpu_layout)
     description="gpt-oss mxfp4 repacked into 64-column panels (K-pair rows contiguous per panel) for CPU "
                 "streaming; mxfp4's math, bit-identical results (native W4A16; w4a8 = int8 activations per 32 K)",
     modes=("native", "w4a8"),

@@ -111,11 +111,6 @@ class Q40Format(FormatSpec):
     def dequantize(self, banks):
         return decode_blocks(banks["gate_up"]), decode_blocks(banks["down"])
 
-    def to_cpu_layout(self, banks):
-        from .q4_0_x16 import repack  # that module builds on this one
-
-        return repack(banks)
-
     def act_in(self, v, mode):
         v = np.asarray(v, np.float64)
         if mode == "native":

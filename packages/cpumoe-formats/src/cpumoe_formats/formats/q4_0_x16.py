@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._arrays import aligned_empty
-from ..schema import BankSpec, FormatSpec
+from ..schema import BankSpec
 from . import q4_0
 
 GROUP = 16  # rows per group
@@ -69,7 +69,9 @@ def unpack(banks) -> dict:
 
 
 class Q40X16Format(q4_0.Q40Format):
-    to_cpu_layout = FormatSpec.to_cpu_layout  # no further layout
+    def repack_from(self, banks):  # from q4_0 (its cpu_layout)
+        return repack(banks)
+
     def dims(self, banks):
         gu, dn = banks["gate_up"], banks["down"]
         if gu.ndim != 3 or dn.ndim != 3:
@@ -104,5 +106,4 @@ SPEC = Q40X16Format(
     description="GGUF Q4_0 with 16 rows interleaved per 32-block for CPU lanes (q4_0's bytes, moved); "
                 "w4a8 = Q4_0 x Q8_0",
     kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni")},
-    cpu_layout="",  # it is q4_0's CPU layout
 )
