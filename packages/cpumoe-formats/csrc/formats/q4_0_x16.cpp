@@ -16,13 +16,13 @@
 #include <cmath>
 #include <cstring>
 
-#include "../rowmajor.h"
+#include "../x16.h"
 
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
 
-constexpr int QK = 32, GR = 16, GB = 288;
+constexpr int QK = 32, GR = x16::GR, GB = 288;
 // tokens per group call: 8 in 32 zmm registers; the 16-register tiers take the 16 rows in two halves of 8, with
 // their 8 nibble vectors and one accumulator per token live
 constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
@@ -87,9 +87,24 @@ CPUMOE_INLINE __m512 mul_bcast(__m512 d, const float* p) {
 }
 #endif
 
+// The layout for x16.h's loops: a group is one bank row.
+struct G16 {
+  static constexpr int kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
+  static constexpr int64_t kPf = CPUMOE_Q4X16_PF;
+  static constexpr int kSlot[2] = {0, 1};
+  struct Ref {
+    const uint8_t* w;
+  };
+  static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
+    return {bank_row<uint8_t>(banks[mat], e, g)};
+  }
+  template <int G, int NT>
+  static void groups(const Ref* gp, int K, const void* const* act, float* out);
+};
+
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
 template <int G, int NT>
-CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* act, float* out) {
+CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
   const Toks<NT> a(act, K);
   const int nb = K / QK;
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
@@ -102,7 +117,7 @@ CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* ac
   for (int b = 0; b < nb; ++b) {
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
-      const uint8_t* p = gp[g] + (size_t)b * GB;
+      const uint8_t* p = gp[g].w + (size_t)b * GB;
       for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512i lo[4], hi[4];
@@ -140,7 +155,7 @@ CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* ac
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
-        const uint8_t* p = gp[g] + (size_t)b * GB;
+        const uint8_t* p = gp[g].w + (size_t)b * GB;
         if (h == 0)
           for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
@@ -189,7 +204,7 @@ CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* ac
       for (int r = 0; r < GR; ++r) {
         float acc = 0.f;
         for (int b = 0; b < nb; ++b) {
-          const uint8_t* p = gp[g] + (size_t)b * GB;
+          const uint8_t* p = gp[g].w + (size_t)b * GB;
           uint16_t dh;
           std::memcpy(&dh, p + 2 * r, 2);
           const int8_t* qb = a.q[t] + (size_t)b * QK;
@@ -206,103 +221,6 @@ CPUMOE_INLINE void groups(const uint8_t* const* gp, int K, const void* const* ac
 #endif
 }
 
-// groups<G, nt> for a run-time nt in [1, kMaxNT].
-template <int G, int NT = kMaxNT>
-CPUMOE_INLINE void groups_n(const uint8_t* const* gp, int K, int nt, const void* const* act, float* out) {
-  if constexpr (NT > 1) {
-    if (nt < NT) return groups_n<G, NT - 1>(gp, K, nt, act, out);
-  }
-  groups<G, NT>(gp, K, act, out);
-}
-
-// Rows [i0, i1): the groups that hold them, whole (the group's other rows are computed and dropped; the executor's
-// items are whole multiples of block_hint = 32 rows, so only direct calls with ragged ranges pay for that).
-void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
-             const void* const* xs, const float* w_in, uint16_t* const* g) {
-  const cpumoe_params& p = k->params;
-  const int32_t I = p.inter;
-  ActSink sink(p);
-  if (n == 1) {  // the first bytes of the gate and up streams (their in-stream prefetch starts 3 KB in)
-    const int64_t w = std::min<int64_t>(CPUMOE_Q4X16_PF, (int64_t)((i1 - 1) / GR - i0 / GR + 1) * banks[0].row_stride);
-    prefetch_span(bank_row<uint8_t>(banks[0], e, i0 / GR), w);
-    prefetch_span(bank_row<uint8_t>(banks[0], e, I / GR + i0 / GR), w);
-  }
-  for (int32_t gi = i0 / GR; gi * GR < i1; ++gi) {
-    const uint8_t* gp[2] = {bank_row<uint8_t>(banks[0], e, gi), bank_row<uint8_t>(banks[0], e, I / GR + gi)};
-    const int32_t r0 = std::max(i0, gi * GR) - gi * GR, r1 = std::min(i1, gi * GR + GR) - gi * GR;
-    for (int32_t j0 = 0; j0 < n; j0 += kMaxNT) {
-      const int nt = std::min<int32_t>(kMaxNT, n - j0);
-      alignas(64) float o[2 * kMaxNT * GR];  // the gate group's nt x 16 sums, then the up group's
-      const float *gate = o, *up = o + nt * GR;
-      if (nt == 1) {  // a lone token: the gate and up groups as two streams
-        groups<2, 1>(gp, p.hidden, xs + j0, o);
-      } else {
-        groups_n<1>(&gp[0], p.hidden, nt, xs + j0, o);
-        groups_n<1>(&gp[1], p.hidden, nt, xs + j0, o + nt * GR);
-      }
-      for (int t = 0; t < nt; ++t)
-        for (int32_t r = r0; r < r1; ++r)
-          sink.put(&g[j0 + t][gi * GR + r], gate[t * GR + r] * w_in[j0 + t], up[t * GR + r] * w_in[j0 + t]);
-    }
-  }
-}
-
-// acc[token][h - h0] += weight * o for group g's rows inside [h0, h1), tokens t < nt of o's group slot gg.
-CPUMOE_INLINE void add_rows(const float* o, int gg, int nt, int32_t g, int32_t h0, int32_t h1,
-                            const cpumoe_route* rts, float* acc, int64_t acc_stride) {
-  const int32_t base = g * GR, r0 = std::max(h0, base) - base, r1 = std::min(h1, base + GR) - base;
-  for (int t = 0; t < nt; ++t) {
-    float* dst = acc + rts[t].token * acc_stride;
-    for (int32_t r = r0; r < r1; ++r) dst[base + r - h0] += o[(gg * nt + t) * GR + r] * rts[t].weight;
-  }
-}
-
-// acc[token][h - h0] += weight * dot, route by route in their order for each (token, h).
-void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
-          int32_t n, float* acc, int64_t acc_stride) {
-  const int K = k->params.inter;
-  const int32_t g0 = h0 / GR, g1 = (h1 + GR - 1) / GR;  // the groups the rows touch
-  const int64_t rs = banks[1].row_stride;
-  for (int32_t a = 0; a < n;) {
-    int32_t b = a + 1;
-    while (b < n && routes[b].expert == routes[a].expert) ++b;
-    const int32_t e = routes[a].expert;
-    alignas(64) float o[2 * kMaxNT * GR];
-    if (b - a == 1) {
-      // a lone route: two streams, the first and the second half of the groups, so each stream's prefetch runs
-      // on into its own next group; each stream's start is fetched first (the item's rows of one expert are
-      // short: 6.3 KB per group at gemma's I = 704)
-      const int32_t half = (g1 - g0) / 2;
-      const cpumoe_route* rt = routes + a;
-      prefetch_span(bank_row<uint8_t>(banks[1], e, g0), std::min<int64_t>(CPUMOE_Q4X16_PF, (g1 - g0) * rs));
-      if (half) prefetch_span(bank_row<uint8_t>(banks[1], e, g0 + half), std::min<int64_t>(CPUMOE_Q4X16_PF, rs));
-      for (int32_t i = 0; i < half; ++i) {
-        const uint8_t* gp[2] = {bank_row<uint8_t>(banks[1], e, g0 + i), bank_row<uint8_t>(banks[1], e, g0 + half + i)};
-        groups<2, 1>(gp, K, &rt->act, o);
-        add_rows(o, 0, 1, g0 + i, h0, h1, rt, acc, acc_stride);
-        add_rows(o, 1, 1, g0 + half + i, h0, h1, rt, acc, acc_stride);
-      }
-      if ((g1 - g0) % 2) {
-        const uint8_t* gp = bank_row<uint8_t>(banks[1], e, g1 - 1);
-        groups<1, 1>(&gp, K, &rt->act, o);
-        add_rows(o, 0, 1, g1 - 1, h0, h1, rt, acc, acc_stride);
-      }
-    } else {
-      for (int32_t g = g0; g < g1; ++g) {
-        const uint8_t* gp = bank_row<uint8_t>(banks[1], e, g);
-        for (int32_t q0 = a; q0 < b; q0 += kMaxNT) {
-          const int nt = std::min<int32_t>(kMaxNT, b - q0);
-          const void* acts[kMaxNT];
-          for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
-          groups_n<1>(&gp, K, nt, acts, o);
-          add_rows(o, 0, nt, g, h0, h1, routes + q0, acc, acc_stride);
-        }
-      }
-    }
-    a = b;
-  }
-}
-
 }  // namespace
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
@@ -314,8 +232,8 @@ bool CPUMOE_INIT_FN(q4_0_x16)(cpumoe_kernel* k) {
   if (k->params.mode != CPUMOE_MODE_W4A8) return false;
   k->act_bytes = &act_bytes_x16;
   k->prep_act = &prep_x16;
-  k->gate_up = &gate_up;
-  k->down = &down;
+  k->gate_up = &x16::gate_up<G16>;
+  k->down = &x16::down<G16>;
   return true;
 #else
   (void)k;

@@ -1,0 +1,126 @@
+// Work-item loops shared by the "_x16" CPU layouts (q4_0_x16, fp8_block_x16): a bank row is a group of 16
+// weight rows interleaved so that the 16 lanes of one vector are 16 rows. A layout supplies only its group dot:
+//
+//   struct G16 {
+//     static constexpr int kMaxNT;       // tokens per group call (1..8)
+//     static constexpr int64_t kPf;      // bytes of a stream's start fetched first for a lone token / route
+//     static constexpr int kSlot[2];     // the code bank of gate_up (mat 0) and of down (mat 1)
+//     struct Ref { const uint8_t* w; ... };  // one group of one expert: its code stream and what else it reads
+//     static Ref ref(const cpumoe_kernel* k, const cpumoe_bank* banks, int mat, int32_t e, int32_t group);
+//     // out[(g * NT + t) * 16 + r] = dot(row r of group gp[g], token t), for G groups and NT tokens
+//     template <int G, int NT> static void groups(const Ref* gp, int K, const void* const* act, float* out);
+//   };
+//
+// Contract of groups: each (row, token) result depends only on its row, its token and K, never on G, NT or the
+// other rows and tokens of the call, so a token's output does not depend on its batch (test_batch_identity).
+// Ragged row ranges compute whole groups and write only their own rows.
+#pragma once
+#include <algorithm>
+
+#include "rowmajor.h"
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace x16 {
+constexpr int GR = 16;  // rows per group
+
+// groups<G, nt> for a run-time nt in [1, kMaxNT].
+template <class L, int G, int NT = L::kMaxNT>
+CPUMOE_INLINE void groups_n(const typename L::Ref* gp, int K, int nt, const void* const* act, float* out) {
+  if constexpr (NT > 1) {
+    if (nt < NT) return groups_n<L, G, NT - 1>(gp, K, nt, act, out);
+  }
+  L::template groups<G, NT>(gp, K, act, out);
+}
+
+// Rows [i0, i1) of gate and up: the groups that hold them, whole.
+template <class L>
+void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_t i0, int32_t i1, int32_t n,
+             const void* const* xs, const float* w_in, uint16_t* const* g) {
+  const cpumoe_params& p = k->params;
+  const int32_t I = p.inter;
+  ActSink sink(p);
+  if (n == 1) {  // the first bytes of the gate and up streams (their in-stream prefetch starts further in)
+    const int64_t w = std::min<int64_t>(L::kPf, (int64_t)((i1 - 1) / GR - i0 / GR + 1) * banks[L::kSlot[0]].row_stride);
+    prefetch_span(L::ref(k, banks, 0, e, i0 / GR).w, w);
+    prefetch_span(L::ref(k, banks, 0, e, I / GR + i0 / GR).w, w);
+  }
+  for (int32_t gi = i0 / GR; gi * GR < i1; ++gi) {
+    const typename L::Ref gp[2] = {L::ref(k, banks, 0, e, gi), L::ref(k, banks, 0, e, I / GR + gi)};
+    const int32_t r0 = std::max(i0, gi * GR) - gi * GR, r1 = std::min(i1, gi * GR + GR) - gi * GR;
+    for (int32_t j0 = 0; j0 < n; j0 += L::kMaxNT) {
+      const int nt = std::min<int32_t>(L::kMaxNT, n - j0);
+      alignas(64) float o[2 * L::kMaxNT * GR];  // the gate group's nt x 16 sums, then the up group's
+      const float *gate = o, *up = o + nt * GR;
+      if (nt == 1) {  // a lone token: the gate and up groups as two streams
+        L::template groups<2, 1>(gp, p.hidden, xs + j0, o);
+      } else {
+        groups_n<L, 1>(&gp[0], p.hidden, nt, xs + j0, o);
+        groups_n<L, 1>(&gp[1], p.hidden, nt, xs + j0, o + nt * GR);
+      }
+      for (int t = 0; t < nt; ++t)
+        for (int32_t r = r0; r < r1; ++r)
+          sink.put(&g[j0 + t][gi * GR + r], gate[t * GR + r] * w_in[j0 + t], up[t * GR + r] * w_in[j0 + t]);
+    }
+  }
+}
+
+// acc[token][h - h0] += weight * o for group g's rows inside [h0, h1), tokens t < nt of o's group slot gg.
+CPUMOE_INLINE void add_rows(const float* o, int gg, int nt, int32_t g, int32_t h0, int32_t h1,
+                            const cpumoe_route* rts, float* acc, int64_t acc_stride) {
+  const int32_t base = g * GR, r0 = std::max(h0, base) - base, r1 = std::min(h1, base + GR) - base;
+  for (int t = 0; t < nt; ++t) {
+    float* dst = acc + rts[t].token * acc_stride;
+    for (int32_t r = r0; r < r1; ++r) dst[base + r - h0] += o[(gg * nt + t) * GR + r] * rts[t].weight;
+  }
+}
+
+// acc[token][h - h0] += weight * dot, route by route in their order for each (token, h).
+template <class L>
+void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t h1, const cpumoe_route* routes,
+          int32_t n, float* acc, int64_t acc_stride) {
+  const int K = k->params.inter;
+  const int32_t g0 = h0 / GR, g1 = (h1 + GR - 1) / GR;  // the groups the rows touch
+  const int64_t rs = banks[L::kSlot[1]].row_stride;
+  for (int32_t a = 0; a < n;) {
+    int32_t b = a + 1;
+    while (b < n && routes[b].expert == routes[a].expert) ++b;
+    const int32_t e = routes[a].expert;
+    alignas(64) float o[2 * L::kMaxNT * GR];
+    if (b - a == 1) {
+      // a lone route: two streams, the first and the second half of the groups, so each stream's prefetch runs
+      // on into its own next group; each stream's start is fetched first (an item's rows of one expert are short)
+      const int32_t half = (g1 - g0) / 2;
+      const cpumoe_route* rt = routes + a;
+      prefetch_span(L::ref(k, banks, 1, e, g0).w, std::min<int64_t>(L::kPf, (g1 - g0) * rs));
+      if (half) prefetch_span(L::ref(k, banks, 1, e, g0 + half).w, std::min<int64_t>(L::kPf, rs));
+      for (int32_t i = 0; i < half; ++i) {
+        const typename L::Ref gp[2] = {L::ref(k, banks, 1, e, g0 + i), L::ref(k, banks, 1, e, g0 + half + i)};
+        L::template groups<2, 1>(gp, K, &rt->act, o);
+        add_rows(o, 0, 1, g0 + i, h0, h1, rt, acc, acc_stride);
+        add_rows(o, 1, 1, g0 + half + i, h0, h1, rt, acc, acc_stride);
+      }
+      if ((g1 - g0) % 2) {
+        const typename L::Ref gp = L::ref(k, banks, 1, e, g1 - 1);
+        L::template groups<1, 1>(&gp, K, &rt->act, o);
+        add_rows(o, 0, 1, g1 - 1, h0, h1, rt, acc, acc_stride);
+      }
+    } else {
+      for (int32_t g = g0; g < g1; ++g) {
+        const typename L::Ref gp = L::ref(k, banks, 1, e, g);
+        for (int32_t q0 = a; q0 < b; q0 += L::kMaxNT) {
+          const int nt = std::min<int32_t>(L::kMaxNT, b - q0);
+          const void* acts[L::kMaxNT];
+          for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
+          groups_n<L, 1>(&gp, K, nt, acts, o);
+          add_rows(o, 0, nt, g, h0, h1, routes + q0, acc, acc_stride);
+        }
+      }
+    }
+    a = b;
+  }
+}
+
+}  // namespace x16
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
