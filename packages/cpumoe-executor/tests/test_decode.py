@@ -14,7 +14,7 @@ NCORES = len(ce.resolve_cores()[0])
 THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-identical
 # rel vs float64: the format's own kernel tolerance (its tests justify it); executor adds nothing
 REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2,
-           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2}
+           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2, "fp8_block_x16": 5e-3}
 
 
 # (format, repack): the default, plus the formats with a CPU layout kept as given (mxfp4's own Triton layout)
@@ -201,3 +201,21 @@ def test_auto_repack_needs_the_layouts_kernel(rng):
     ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1)
     vnni = cf.selected_tier("q4_0_x16").startswith("avx512vnni")  # this CPU, under CPUMOE_ISA's cap
     assert ex.spec.name == ("q4_0_x16" if vnni else "q4_0") and ex.given_format == "q4_0"
+
+
+def test_auto_repack_needs_the_layouts_shapes(rng):
+    """fp8_block takes any H and I, its CPU layout (fp8_block_x16) multiples of 16: ragged banks stay as given (and
+    repack=True says why); at a multiple of 16 auto repacks where the layout's avx512bf16 kernel runs, and the
+    result is the layout's, bit for bit."""
+    banks, (E, H, I) = make_banks("fp8_block", rng, layers=1)
+    assert H % 16 and ce.CpuMoeExecutor("fp8_block", banks, top_k=2, threads=1).spec.name == "fp8_block"
+    with pytest.raises(ValueError, match="repack=True: fp8_block_x16: H and I must be multiples of 16"):
+        ce.CpuMoeExecutor("fp8_block", banks, top_k=2, threads=1, repack=True)
+    banks = [cf.get_format("fp8_block").random_banks(4, 272, 144, rng)]
+    ex = ce.CpuMoeExecutor("fp8_block", banks, top_k=2, threads=2)
+    bf16 = cf.selected_tier("fp8_block_x16").startswith("avx512bf16")
+    assert ex.spec.name == ("fp8_block_x16" if bf16 else "fp8_block")
+    x = rng.standard_normal((3, 272)).astype(np.float32)
+    w, ids = routing(rng, 3, 2, 4)
+    want = cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[0], x, w, ids)
+    np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))

@@ -47,9 +47,9 @@ class CpuMoeExecutor:
 
     banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
-    mxfp4 -> mxfp4_panel, bit-identical; q4_0 -> q4_0_x16 from avx512vnni, q4_0's math in its own fp32 order); the
-    executor then holds that new copy and not the given arrays. False keeps the given arrays, zero-copy; True
-    forces the layout.
+    mxfp4 -> mxfp4_panel, bit-identical; q4_0 -> q4_0_x16 from avx512vnni and fp8_block -> fp8_block_x16 from
+    avx512bf16, each the same math in its own fp32 order; only for shapes the layout takes); the executor then
+    holds that new copy and not the given arrays. False keeps the given arrays, zero-copy; True forces the layout.
     """
 
     def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,
@@ -112,8 +112,8 @@ class CpuMoeExecutor:
             log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
 
     def _repack_target(self, mode: str, isa: str | None, repack: bool | None):
-        """The CPU layout to run as, or None. Auto (repack=None): when the layout has the mode and its kernel on
-        this machine (isa / CPUMOE_ISA respected) is at least the given format's tier and the format's
+        """The CPU layout to run as, or None. Auto (repack=None): when the layout has the mode, takes H and I, and
+        its kernel on this machine (isa / CPUMOE_ISA respected) is at least the given format's tier and the format's
         cpu_layout_min_tier (q4_0: avx512vnni, so an AVX2-only CPU keeps q4_0)."""
         if not self.spec.cpu_layout or repack is False:
             return None
@@ -122,6 +122,12 @@ class CpuMoeExecutor:
             if repack:
                 raise ValueError(f"repack=True: format {target.name!r} (the CPU layout of {self.spec.name!r}) has "
                                  f"no mode {mode!r}; expected mode in {list(target.modes)} or repack=None")
+            return None
+        try:  # the layout's own shape rules (fp8_block takes any H and I, fp8_block_x16 multiples of 16)
+            target.check_dims(self.H, self.I)
+        except ValueError as e:
+            if repack:
+                raise ValueError(f"repack=True: {e}; expected repack=None or False for these banks") from None
             return None
         if repack:
             return target

@@ -142,4 +142,6 @@ SPEC = Fp8BlockFormat(
     # avx512f rate; auto keeps avx512f, isa="amx" / CPUMOE_ISA=amx picks the tiles (docs/formats/fp8_block.md)
     opt_in_tiers=("amx",),
     amd_auto_tiers=("avx512bf16",),  # vdpbf16ps kernel: faster than avx512f on Zen 4, slower on the Xeon tested
+    cpu_layout="fp8_block_x16",  # 16 rows per vector: a token sharing an expert costs one vdpbf16ps per 32 weights
+    cpu_layout_min_tier="avx512bf16",  # its only SIMD kernel (below, it runs scalar)
 )

@@ -1,0 +1,179 @@
+"""fp8_block_x16 (fp8_block with 16 rows interleaved per K pair): the layout, the float64 reference, bit identity
+of the tiers (every tier does vdpbf16ps' fp32 steps in the same order), work items over ragged row ranges with
+everything outside them poisoned, edge codes, the executor-facing repack and the schema.
+
+Tolerance (whole steps, rel = max|y - ref| / max|ref|): fp8_block's 5e-3, which bf16 output rounding (up to 2^-8 =
+3.9e-3 relative) dominates; the products are exact and only fp32 sums round. Work items (fp32, before any bf16
+rounding): |y - ref| <= (K + 8) u sum|w x| (fp4_helpers.dot_bound).
+"""
+import numpy as np
+import pytest
+from conftest import USABLE, rel_err, routes, run_forced, tier_cases
+from fp4_helpers import dot_bound, prep, to_bf16_bits, views
+
+import cpumoe_formats as cf
+from cpumoe_formats.formats import fp8_block, fp8_block_x16
+from cpumoe_formats.numerics import BF16, e4m3_decode
+
+FMT = "fp8_block_x16"
+SPEC = cf.get_format(FMT)
+SIMD = [t for t in SPEC.kernel_tiers["native"] if t != "scalar"]
+
+
+def _codes(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("H,I", [(96, 64), (16, 16), (2048, 144)])  # noqa: E741
+def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
+    b = fp8_block.SPEC.random_banks(3, H, I, rng)
+    r = cf.repack_fp8_block_x16(b)
+    assert cf.validate_banks(FMT, r) == (3, H, I)
+    assert SPEC.bytes_per_expert(H, I) == fp8_block.SPEC.bytes_per_expert(H, I)  # the same bytes, moved
+    u = cf.unpack_fp8_block_x16(r)
+    for n in b:
+        np.testing.assert_array_equal(_codes(u[n]), _codes(b[n]))
+    # byte by byte: expert 1, row 16 g + rr, K pair p
+    src, dst = _codes(b["down"]), _codes(r["down"])
+    for g, rr, p in [(0, 0, 0), (min(1, H // 16 - 1), 15, I // 2 - 1), (H // 16 - 1, 7, 3)]:
+        o = 32 * p + 2 * rr
+        np.testing.assert_array_equal(dst[1, g, o:o + 2], src[1, 16 * g + rr, 2 * p:2 * p + 2])
+    assert r["gate_up_scale"].ctypes.data != b["gate_up_scale"].ctypes.data  # copies, not views
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+@pytest.mark.parametrize("H,I,T", [(96, 64, 1), (1104, 304, 9), (16, 16, 3), (256, 128, 8)])  # noqa: E741
+def test_against_float64_reference(rng, mode, tier, H, I, T):  # noqa: E741
+    E, K = 5, 4
+    b = SPEC.random_banks(E, H, I, rng)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    w, ids = routes(rng, T, K, E)
+    y = run_forced(FMT, b, x, w, ids, mode, tier)
+    ref = cf.reference.moe(FMT, b, x, w, ids, mode=mode)
+    assert rel_err(y, ref) < 5e-3
+    # fp8_block on the same bytes: the same math, only the fp32 grouping differs
+    y8 = cf.moe_forward("fp8_block", cf.unpack_fp8_block_x16(b), x, w, ids)
+    assert rel_err(y, y8.astype(np.float64)) < 1e-2
+
+
+@pytest.mark.parametrize("tier", SIMD)
+@pytest.mark.parametrize("T", [1, 3, 9])
+def test_tiers_bit_identical(rng, tier, T):
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    E, H, I = 4, 1104, 304  # noqa: E741
+    b = SPEC.random_banks(E, H, I, rng)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    w, ids = routes(rng, T, 3, E)
+    ys, yt = (run_forced(FMT, b, x, w, ids, "native", t) for t in ("scalar", tier))
+    np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
+    # fp32 down accumulators of one work item (bf16 outputs would hide a reordered fp32 sum)
+    ks, kt = (cf.Kernel(FMT, E, H, I, isa=t) for t in ("scalar", tier))
+    gs = to_bf16_bits(rng.standard_normal((T, I)) * rng.uniform(0.01, 10.0, (T, 1)))
+    accs = []
+    for k in (ks, kt):
+        bufs = [prep(k, g) for g in gs]
+        acc = cf.aligned_empty((T, H), np.float32)
+        acc[...] = 0
+        k._k.down(views(FMT, b), 0, H, [(j, 1, 0.5 + j, bufs[j].ctypes.data) for j in range(T)], acc.ctypes.data, H)
+        accs.append(acc)
+    assert np.count_nonzero(accs[0]) > accs[0].size // 2
+    np.testing.assert_array_equal(accs[1].view(np.uint32), accs[0].view(np.uint32))
+
+
+def _scaled(banks, which, R, K):
+    """float64 [R, K] weights of expert 1 (codes times block scales)."""
+    return fp8_block.SPEC.dequantize(cf.unpack_fp8_block_x16(banks))[which][1][:R, :K]
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+@pytest.mark.parametrize("n", [1, 2, 9])
+def test_ragged_work_items(rng, mode, tier, n):
+    """Row ranges that cut groups: each item writes exactly its rows, with the bits of a whole-range call, and the
+    down terms are within the dot bound of float64."""
+    E, H, I = 3, 160, 208  # noqa: E741 - 10 and 26 groups; down K = 208: a 128-block and a partial one of 80
+    b = SPEC.random_banks(E, H, I, rng)
+    k = cf.Kernel(FMT, E, H, I, mode=mode, isa=tier)
+    V = views(FMT, b)
+    xs = [prep(k, x) for x in to_bf16_bits(rng.standard_normal((n, H)))]
+    w_in = list(rng.uniform(0.5, 1.5, n))
+
+    def gate_up(i0, i1):
+        g = cf.aligned_empty((n, I), np.uint16)
+        g[...] = 0x7FC1
+        k._k.gate_up(V, 1, i0, i1, [a.ctypes.data for a in xs], w_in, [g[j].ctypes.data for j in range(n)])
+        return g
+
+    whole = gate_up(0, I)
+    assert not (whole == 0x7FC1).any()
+    for i0, i1 in [(5, 37), (16, 32), (0, 1), (207, 208), (17, 18), (100, 200)]:
+        g = gate_up(i0, i1)
+        np.testing.assert_array_equal(g[:, i0:i1], whole[:, i0:i1])
+        assert (g[:, :i0] == 0x7FC1).all() and (g[:, i1:] == 0x7FC1).all(), (i0, i1)
+
+    gs = to_bf16_bits(rng.standard_normal((n, I)))
+    acts = [prep(k, g) for g in gs]
+    wts = rng.uniform(0.1, 1.0, n)
+    rts = [(j, 1, float(wts[j]), acts[j].ctypes.data) for j in range(n)]
+
+    def down(h0, h1):
+        acc = cf.aligned_empty((n, h1 - h0 + 8), np.float32)
+        acc[...] = 12345.0  # sentinel past each token's rows [h0, h1): a write outside them changes it
+        acc[:, :h1 - h0] = 0
+        k._k.down(V, h0, h1, rts, acc.ctypes.data, acc.shape[1])
+        assert (acc[:, h1 - h0:] == 12345.0).all(), "down wrote outside its rows"
+        return acc[:, :h1 - h0]
+
+    full = down(0, H)
+    wf = _scaled(b, 1, H, I)
+    for j in range(n):
+        a = gs[j].view(BF16).astype(np.float64)
+        exact = wts[j] * (wf @ a)
+        assert (np.abs(full[j] - exact) <= wts[j] * dot_bound(wf, a) + 1e-30).all()
+    for h0, h1 in [(3, 29), (16, 48), (159, 160), (0, 17)]:
+        np.testing.assert_array_equal(down(h0, h1), full[:, h0:h1])
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+def test_edge_codes(rng, mode, tier):
+    """Every code (+-480 at 0x7F / 0xFF, the subnormals m 2^-9, +-0) in every row, block scales of distinct
+    powers of two over a non-square block grid (a transposed or wrong-block scale fails), through both passes."""
+    E, H, I = 2, 272, 144  # noqa: E741 - 3 x 2 and 2 x 3 scale blocks, partial ones in both passes
+    b = fp8_block.SPEC.random_banks(E, H, I, rng)
+    for name in ("gate_up", "down"):
+        c = _codes(b[name])
+        c[...] = rng.permutation(np.resize(np.arange(256, dtype=np.uint8), c.size)).reshape(c.shape)
+    for name in ("gate_up_scale", "down_scale"):
+        s = b[name]
+        s[...] = (2.0 ** rng.integers(-14, -4, s.shape)).astype(BF16)
+    xb = cf.repack_fp8_block_x16(b)
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    w, ids = routes(rng, 3, 2, E, skip=False)
+    y = run_forced(FMT, xb, x, w, ids, mode, tier)
+    ref = cf.reference.moe(FMT, xb, x, w, ids, mode=mode)
+    assert rel_err(y, ref) < 5e-3
+    assert np.abs(e4m3_decode(np.array([0x7F, 0xFF, 0x01], np.uint8))).tolist() == [480.0, 480.0, 2.0 ** -9]
+
+
+def test_schema_and_errors(rng):
+    b = SPEC.random_banks(3, 2048, 512, rng)
+    assert cf.validate_banks(FMT, b) == (3, 2048, 512)
+    assert SPEC.id == 8 and cf.get_format("fp8_block_cpu") is SPEC and SPEC.modes == ("native",)
+    assert fp8_block.SPEC.cpu_layout == FMT and fp8_block.SPEC.cpu_layout_min_tier == "avx512bf16"
+    small = SPEC.random_banks(2, 96, 64, rng)
+    with pytest.raises(ValueError, match="down.*expected shape"):
+        cf.validate_banks(FMT, dict(small, down=small["down"][:, :4]))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :100]))
+    with pytest.raises(ValueError, match="gate_up"):
+        cf.validate_banks(FMT, dict(small, gate_up=small["gate_up"][:, :-1]))
+    with pytest.raises(ValueError):  # fp8_block's row-major banks under this name
+        cf.validate_banks(FMT, fp8_block.SPEC.random_banks(2, 96, 64, rng))
+    with pytest.raises(ValueError, match="multiples of 16"):  # fp8_block takes any H, I; the layout does not
+        cf.repack_fp8_block_x16(fp8_block.SPEC.random_banks(1, 100, 64, rng))
+    with pytest.raises(ValueError, match="mode"):
+        cf.Kernel(FMT, 2, 96, 64, mode="w4a8")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        cf.Kernel(FMT, 2, 88, 64)
+    g = fp8_block_x16.to_groups(_codes(fp8_block.SPEC.random_banks(1, 32, 32, rng)["down"]))
+    np.testing.assert_array_equal(fp8_block_x16.to_groups(fp8_block_x16.from_groups(g)), g)
