@@ -9,6 +9,7 @@
 //     static Ref ref(const cpumoe_kernel* k, const cpumoe_bank* banks, int mat, int32_t e, int32_t group);
 //     // out[(g * NT + t) * 16 + r] = dot(row r of group gp[g], token t), for G groups and NT tokens
 //     template <int G, int NT> static void groups(const Ref* gp, int K, const void* const* act, float* out);
+//     struct Scope;  // constructed at a work item's start, destroyed at its end (AMX: releases the tiles)
 //   };
 //
 // Contract of groups: each (row, token) result depends only on its row, its token and K, never on G, NT or the
@@ -39,6 +40,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
              const void* const* xs, const float* w_in, uint16_t* const* g) {
   const cpumoe_params& p = k->params;
   const int32_t I = p.inter;
+  [[maybe_unused]] typename L::Scope scope;
   ActSink sink(p);
   if (n == 1) {  // the first bytes of the gate and up streams (their in-stream prefetch starts further in)
     const int64_t w = std::min<int64_t>(L::kPf, (int64_t)((i1 - 1) / GR - i0 / GR + 1) * banks[L::kSlot[0]].row_stride);
@@ -82,6 +84,7 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
   const int K = k->params.inter;
   const int32_t g0 = h0 / GR, g1 = (h1 + GR - 1) / GR;  // the groups the rows touch
   const int64_t rs = banks[L::kSlot[1]].row_stride;
+  [[maybe_unused]] typename L::Scope scope;
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;

@@ -16,9 +16,10 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "../x16.h"
-#if CPUMOE_TIER == CPUMOE_T_AVX512BF16
+#if CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
 #include "fp8_block_decode.h"
 #endif
 
@@ -46,6 +47,13 @@ struct G16 {
   }
   template <int G, int NT>
   static void groups(const Ref* gp, int K, const void* const* act, float* out);
+#if CPUMOE_TIER == CPUMOE_T_AMX
+  struct Scope {  // the tiles are configured by the first group call of a work item, released at its end
+    ~Scope();
+  };
+#else
+  struct Scope {};
+#endif
 };
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512BF16
@@ -95,6 +103,108 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
     }
   }
 }
+#elif CPUMOE_TIER == CPUMOE_T_AMX
+// Tiles (palette 1): 0 A, the tokens' bf16 activations (NT rows x 32 K); 2, 3 C, per group (NT rows x 16 fp32);
+// 4, 5 B, per group, a decoded 32-K chunk of its 16 rows: 16 pair rows x 16 rows' bf16 pairs, which is the
+// layout's own order, so a 64-byte line decodes straight into two B rows. The per-thread tile state is loaded
+// when the token count changes and released when the work item ends (another library may use the tiles).
+thread_local int tl_tile_nt = 0;  // the NT the loaded configuration is for; 0 = none
+
+CPUMOE_INLINE void configure(int nt) {
+  if (tl_tile_nt == nt) return;
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } c;
+  for (int t : {0, 2, 3}) c.rows[t] = (uint8_t)nt, c.colsb[t] = 64;
+  for (int t : {4, 5}) c.rows[t] = 16, c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+  tl_tile_nt = nt;
+}
+
+G16::Scope::~Scope() {
+  if (tl_tile_nt) _tile_release();
+  tl_tile_nt = 0;
+}
+
+// The 32-K chunk at k (m = 32 or, in a K tail, 16 codes per row) of a group into B rows (zero past m / 2).
+CPUMOE_INLINE void decode_b(const fp8dec::Decoder& d, const uint8_t* w, int k, int m, uint16_t* b) {
+  for (int l = 0; l < m / 4; ++l) {
+    __m512i w0, w1;
+    d.decode(w + (size_t)(k + 4 * l) * GR, 64, w0, w1);
+    _mm512_store_si512((void*)(b + 64 * l), w0);
+    _mm512_store_si512((void*)(b + 64 * l + 32), w1);
+  }
+  for (int l = m / 4; l < 8; ++l) {
+    _mm512_store_si512((void*)(b + 64 * l), _mm512_setzero_si512());
+    _mm512_store_si512((void*)(b + 64 * l + 32), _mm512_setzero_si512());
+  }
+}
+
+// The tile unit sums each 32-K chunk in its own order (not vdpbf16ps' chains), so this tier is not bit-identical
+// to the others; each (row, token) element still depends only on its row, its token and K.
+template <int G, int NT>
+void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
+  static_assert(G <= 2 && NT <= 16, "two C / B tile pairs, 16 tile rows");
+  configure(NT);
+  const fp8dec::Decoder d;
+  // A: the tokens' rows read in place when they lie at one stride (a batch's prepared rows do), else copied
+  const uint16_t* a0 = (const uint16_t*)act[0];
+  int64_t as = 64;
+  if constexpr (NT > 1) as = (const char*)act[1] - (const char*)act[0];
+  bool direct = as > 0;
+  for (int t = 2; t < NT && direct; ++t) direct = (const char*)act[t] == (const char*)act[0] + t * as;
+  thread_local std::vector<uint16_t> copy;
+  if (!direct) {
+    copy.resize((size_t)NT * K);
+    for (int t = 0; t < NT; ++t) std::memcpy(copy.data() + (size_t)t * K, act[t], (size_t)K * 2);
+    a0 = copy.data(), as = (int64_t)K * 2;
+  }
+  alignas(64) uint16_t b[G][16 * 32];
+  alignas(64) uint16_t tail[NT * 32];
+  alignas(64) float c[NT * GR];
+  __m512 acc[G][NT];
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_setzero_ps();
+  for (int o = 0; o < K; o += kBlk) {
+    const int n = K - o < kBlk ? K - o : kBlk;  // a multiple of 16
+    _tile_zero(2);
+    if constexpr (G > 1) _tile_zero(3);
+    for (int k = o; k < o + n; k += 32) {
+      const int m = o + n - k < 32 ? 16 : 32;
+      decode_b(d, gp[0].w, k, m, b[0]);
+      _tile_loadd(4, b[0], 64);
+      if constexpr (G > 1) {
+        decode_b(d, gp[1].w, k, m, b[G - 1]);
+        _tile_loadd(5, b[G - 1], 64);
+      }
+      if (m == 32) {
+        _tile_loadd(0, a0 + k, as);
+      } else {  // a 16-K tail: the tokens' last 16 values, zero after them (garbage past K could be NaN)
+        std::memset(tail, 0, sizeof tail);
+        for (int t = 0; t < NT; ++t) std::memcpy(tail + 32 * t, (const uint16_t*)act[t] + k, 32);
+        _tile_loadd(0, tail, 64);
+      }
+      _tile_dpbf16ps(2, 0, 4);
+      if constexpr (G > 1) _tile_dpbf16ps(3, 0, 5);
+    }
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g) {
+      if (g == 0) _tile_stored(2, c, 64);
+      else _tile_stored(3, c, 64);
+      const __m512 s = _mm512_set1_ps(bf16_to_f32(gp[g].s[o / kBlk]));
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_fmadd_ps(_mm512_load_ps(c + t * GR), s, acc[g][t]);
+    }
+  }
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (g * NT + t) * GR, acc[g][t]);
+}
 #else
 // vdpbf16ps' step: the product is exact in fp32, so fma rounds it once as the instruction does; a subnormal
 // operand or result is zero there (DAZ, FTZ)
@@ -131,7 +241,7 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
 
 bool CPUMOE_INIT_FN(fp8_block_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512BF16
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
   k->act_bytes = &act_bytes_bf16;
   k->prep_act = &prep_act_bf16;

@@ -113,5 +113,7 @@ SPEC = Fp8BlockX16Format(
     aliases=("fp8_block_cpu",),
     description="128x128 block FP8 e4m3 with 16 rows interleaved per K pair for CPU lanes (fp8_block's bytes, "
                 "moved); W8A16 on vdpbf16ps",
-    kernel_tiers={"native": ("scalar", "avx512bf16")},
+    # amx: the same B layout for tdpbf16ps (a decoded line is two B rows); the tile unit sums each 32-K chunk in its
+    # own order, so amx is the one tier not bit-identical to the others (each is batch-invariant)
+    kernel_tiers={"native": ("scalar", "avx512bf16", "amx")},
 )
