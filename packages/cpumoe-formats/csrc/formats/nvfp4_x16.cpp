@@ -145,14 +145,23 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const Toks<NT>& a
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
         const int32_t* qa = (const int32_t*)(a.q[t] + (size_t)b * QB);
-        __m512i s0 = _mm512_set1_epi32(a.corr[t][b]), s1 = _mm512_setzero_si512();  // two chains
-        s0 = dpbusd_bcast(s0, u0, qa);
-        s1 = dpbusd_bcast(s1, u2, qa + 2);
-        s0 = dpbusd_bcast(s0, u1, qa + 1);
-        s1 = dpbusd_bcast(s1, u3, qa + 3);
+        __m512i S = _mm512_set1_epi32(a.corr[t][b]);
+        if constexpr (NT * G >= 4) {  // enough independent chains: one per token
+          S = dpbusd_bcast(S, u0, qa);
+          S = dpbusd_bcast(S, u1, qa + 1);
+          S = dpbusd_bcast(S, u2, qa + 2);
+          S = dpbusd_bcast(S, u3, qa + 3);
+        } else {  // two chains (the same exact integer)
+          __m512i s1 = _mm512_setzero_si512();
+          S = dpbusd_bcast(S, u0, qa);
+          s1 = dpbusd_bcast(s1, u2, qa + 2);
+          S = dpbusd_bcast(S, u1, qa + 1);
+          s1 = dpbusd_bcast(s1, u3, qa + 3);
+          S = _mm512_add_epi32(S, s1);
+        }
         const __m512 sc = mul_bcast(d, a.sa[t] + b);
         Vec& A = acc[g * NT + t];
-        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, A);
+        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc, A);
       }
     }
   }
