@@ -14,7 +14,7 @@ NCORES = len(ce.resolve_cores()[0])
 THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-identical
 # rel vs float64: the format's own kernel tolerance (its tests justify it); executor adds nothing
 REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2,
-           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2, "fp8_block_x16": 5e-3}
+           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2, "fp8_block_x16": 5e-3, "nvfp4_x16": 1e-2}
 
 
 # (format, repack): the default, plus the formats with a CPU layout kept as given (mxfp4's own Triton layout)
@@ -219,3 +219,26 @@ def test_auto_repack_needs_the_layouts_shapes(rng):
     w, ids = routing(rng, 3, 2, 4)
     want = cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[0], x, w, ids)
     np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))
+
+
+def test_nvfp4_auto_repack_is_w4a8_only(rng):
+    """nvfp4's CPU layout (nvfp4_x16) has the w4a8 mode only: nvfp4's default (native) keeps nvfp4; w4a8 repacks
+    from avx512vnni (cpu_layout_min_tier), keeps nvfp4 under an AVX2 cap; the repacked executor matches
+    nvfp4_x16's kernel on the repacked banks bit for bit, and nvfp4 w4a8 within nvfp4's tolerance."""
+    banks, (E, H, I) = make_banks("nvfp4", rng, layers=1)
+    assert ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=1).spec.name == "nvfp4"  # native
+    assert ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=1, mode="w4a8", isa="avx2").spec.name == "nvfp4"
+    with pytest.raises(ValueError, match="repack=True: format 'nvfp4_x16'.*no mode 'native'"):
+        ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=1, repack=True)
+    ex = ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=2, mode="w4a8")
+    vnni = cf.selected_tier("nvfp4_x16", "w4a8").startswith("avx512vnni")
+    assert ex.spec.name == ("nvfp4_x16" if vnni else "nvfp4") and ex.given_format == "nvfp4"
+    ex = ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=2, mode="w4a8", repack=True)
+    assert ex.spec.name == "nvfp4_x16"
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    w, ids = routing(rng, 5, 2, E)
+    y = ex.decode(0, x, w, ids)
+    want = cf.moe_forward("nvfp4_x16", ran_banks(ex, banks)[0], x, w, ids, mode="w4a8")
+    np.testing.assert_array_equal(bits(y), bits(want))
+    yn = cf.moe_forward("nvfp4", banks[0], x, w, ids, mode="w4a8").astype(np.float64)
+    assert np.abs(y.astype(np.float64) - yn).max() <= 1e-2 * np.abs(yn).max()

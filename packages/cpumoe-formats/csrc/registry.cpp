@@ -12,7 +12,7 @@
 #define CPUMOE_DECL_ALL(tag) \
   CPUMOE_DECL(bf16, tag) CPUMOE_DECL(nvfp4, tag) CPUMOE_DECL(mxfp4, tag) \
   CPUMOE_DECL(ds_fp4, tag) CPUMOE_DECL(q4_0, tag) CPUMOE_DECL(fp8_block, tag) CPUMOE_DECL(mxfp4_panel, tag) \
-  CPUMOE_DECL(q4_0_x16, tag) CPUMOE_DECL(fp8_block_x16, tag)
+  CPUMOE_DECL(q4_0_x16, tag) CPUMOE_DECL(fp8_block_x16, tag) CPUMOE_DECL(nvfp4_x16, tag)
 CPUMOE_DECL_ALL(scalar)
 #ifdef CPUMOE_BUILT_avx2
 CPUMOE_DECL_ALL(avx2)
@@ -66,6 +66,7 @@ CPUMOE_DECL(fp8_block_x16, amx)
 #define V_amx_ds_fp4 nullptr
 #define V_amx_mxfp4_panel nullptr
 #define V_amx_q4_0_x16 nullptr
+#define V_amx_nvfp4_x16 nullptr
 
 namespace cpumoe {
 namespace {
@@ -73,7 +74,8 @@ using InitFn = bool (*)(cpumoe_kernel*);
 #define ROW(f) {&cpumoe_init_##f##_scalar, V_avx2(f), V_avxvnni(f), V_avx512f(f), V_avx512vnni(f), V_avx512bf16(f), V_amx_##f}
 const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(nvfp4), ROW(mxfp4),
                                                               ROW(ds_fp4), ROW(q4_0),  ROW(fp8_block),
-                                                              ROW(mxfp4_panel), ROW(q4_0_x16), ROW(fp8_block_x16)};
+                                                              ROW(mxfp4_panel), ROW(q4_0_x16), ROW(fp8_block_x16),
+                                                              ROW(nvfp4_x16)};
 #undef ROW
 }  // namespace
 
@@ -103,6 +105,7 @@ const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"mxfp4_panel", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u, 0u},
     {"q4_0_x16", 2, 32, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
     {"fp8_block_x16", 4, 16, true, 1u << CPUMOE_MODE_NATIVE, 0u, 0u},
+    {"nvfp4_x16", 4, 16, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
 };
 
 static const char* const kModeNames[CPUMOE_MODE_COUNT] = {"native", "w4a8"};

@@ -47,9 +47,10 @@ class CpuMoeExecutor:
 
     banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
-    mxfp4 -> mxfp4_panel, bit-identical; q4_0 -> q4_0_x16 from avx512vnni and fp8_block -> fp8_block_x16 from
-    avx512bf16, each the same math in its own fp32 order; only for shapes the layout takes); the executor then
-    holds that new copy and not the given arrays. False keeps the given arrays, zero-copy; True forces the layout.
+    mxfp4 -> mxfp4_panel, bit-identical; q4_0 -> q4_0_x16 and nvfp4 -> nvfp4_x16 (mode w4a8) from avx512vnni,
+    fp8_block -> fp8_block_x16 from avx512bf16, each the format's math in the layout's own fp32 order; only for
+    shapes the layout takes); the executor then holds that new copy and not the given arrays. False keeps the given
+    arrays, zero-copy; True forces the layout.
     """
 
     def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,
@@ -114,7 +115,7 @@ class CpuMoeExecutor:
     def _repack_target(self, mode: str, isa: str | None, repack: bool | None):
         """The CPU layout to run as, or None. Auto (repack=None): when the layout has the mode, takes H and I, and
         its kernel on this machine (isa / CPUMOE_ISA respected) is at least the given format's tier and the format's
-        cpu_layout_min_tier (q4_0: avx512vnni, so an AVX2-only CPU keeps q4_0)."""
+        cpu_layout_min_tier (q4_0, nvfp4: avx512vnni, so an AVX2-only CPU keeps q4_0 / nvfp4)."""
         if not self.spec.cpu_layout or repack is False:
             return None
         target = cf.get_format(self.spec.cpu_layout)

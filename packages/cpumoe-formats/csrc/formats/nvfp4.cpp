@@ -199,51 +199,6 @@ struct W4A8Act {
 constexpr int kHaddOrder[8] = {0, 1, 4, 5, 2, 3, 6, 7};
 
 
-// One 16-block: s = amax / 127 (1 if amax = 0), q = clamp(rint(v * (1 / s)), +-127) (a NaN from 0 * inf -> 0);
-// the even elements' codes to qe[0..7], the odd ones' to qo[0..7]. Returns sum(q); *s_out = s.
-CPUMOE_INLINE int32_t quant16(const uint16_t* src, int8_t* qe, int8_t* qo, float* s_out) {
-#if defined(__AVX512BW__)  // the same fp32 operations on one 16-lane vector
-  const __m256i bits = _mm256_loadu_si256((const __m256i*)src);
-  const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-  const __m512 av = _mm512_abs_ps(v);  // NaN lanes -> 0 before the max, as fmax ignores them
-  const float amax = _mm512_reduce_max_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(av, av, _CMP_ORD_Q), av));
-  const float s = amax == 0.f ? 1.f : amax / 127.f;
-  const float inv = 1.f / s;
-  __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t);
-  t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
-  const __m512i qi = _mm512_cvtps_epi32(t);
-  const __m128i eo = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);  // even codes, then odd
-  const __m128i b = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qi), eo);
-  _mm_storel_epi64((__m128i*)qe, b);
-  _mm_storel_epi64((__m128i*)qo, _mm_unpackhi_epi64(b, b));
-  *s_out = s;
-  return _mm512_reduce_add_epi32(qi);
-#else
-  float v[16], amax = 0.f;
-  for (int i = 0; i < 16; ++i) {
-    v[i] = bf16_to_f32(src[i]);
-    amax = std::fmax(amax, std::fabs(v[i]));
-  }
-  const float s = amax == 0.f ? 1.f : amax / 127.f;
-  const float inv = 1.f / s;
-  auto code = [&](int i) {
-    const float t = std::nearbyint(v[i] * inv);                              // round half to even (default mode)
-    return (int8_t)(t != t ? 0.f : (t > 127.f ? 127.f : (t < -127.f ? -127.f : t)));  // NaN (0 * inf) -> 0
-  };
-  // Element pairs, not one loop with a selected destination: GCC 12.2 with -fsanitize=address,undefined compiled
-  // `(i & 1 ? qo : qe)[i >> 1] = ...` into a wild store (the even elements' index came from a stack slot written
-  // only on the odd path; ci/sanitize.sh asan crashed in test_batch_identity; plain builds were correct).
-  int32_t qsum = 0;
-  for (int m = 0; m < 8; ++m) {
-    qe[m] = code(2 * m), qo[m] = code(2 * m + 1);
-    qsum += qe[m] + qo[m];
-  }
-  *s_out = s;
-  return qsum;
-#endif
-}
-
 void prep_w4a8(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   int8_t* q = (int8_t*)dst;
   float* sc = (float*)((char*)dst + w4a8_scale_off(K));

@@ -16,6 +16,8 @@ from .formats.fp8_block_x16 import repack as repack_fp8_block_x16
 from .formats.fp8_block_x16 import unpack as unpack_fp8_block_x16
 from .formats.mxfp4_panel import repack as repack_mxfp4_panels
 from .formats.mxfp4_panel import unpack as unpack_mxfp4_panels
+from .formats.nvfp4_x16 import repack as repack_nvfp4_x16
+from .formats.nvfp4_x16 import unpack as unpack_nvfp4_x16
 from .formats.q4_0_x16 import repack as repack_q4_0_x16
 from .formats.q4_0_x16 import unpack as unpack_q4_0_x16
 from .kernels import TIERS, Kernel, detected_tier, moe_forward, selected_tier, usable_tiers
@@ -69,5 +71,6 @@ if os.environ.get("CPUMOE_DEBUG_INFO"):
 
 __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "TIERS", "Kernel", "aligned_copy",
            "aligned_empty", "detected_tier", "get_format", "get_include", "moe_forward", "quantize", "reference",
-           "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_q4_0_x16", "require_abi", "selected_tier",
-           "unpack_fp8_block_x16", "unpack_mxfp4_panels", "unpack_q4_0_x16", "usable_tiers", "validate_banks"]
+           "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_nvfp4_x16", "repack_q4_0_x16", "require_abi",
+           "selected_tier", "unpack_fp8_block_x16", "unpack_mxfp4_panels", "unpack_nvfp4_x16", "unpack_q4_0_x16",
+           "usable_tiers", "validate_banks"]

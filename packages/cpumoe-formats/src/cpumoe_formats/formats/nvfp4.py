@@ -151,4 +151,8 @@ SPEC = Nvfp4Format(
     description="e2m1 weights, e4m3 scale per 16, fp16 global per row (W4A16, or W4A8 int8 activations)",
     kernel_tiers={"native": ("scalar", "avx2", "avx512f"),
                   "w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni")},
+    # w4a8 only (nvfp4_x16 has no native mode): 16 rows per vector, batches sharing experts ~2x cheaper
+    # (docs/formats/nvfp4.md "nvfp4_x16")
+    cpu_layout="nvfp4_x16",
+    cpu_layout_min_tier="avx512vnni",
 )
