@@ -12,7 +12,7 @@
 #define CPUMOE_DECL_ALL(tag) \
   CPUMOE_DECL(bf16, tag) CPUMOE_DECL(nvfp4, tag) CPUMOE_DECL(mxfp4, tag) \
   CPUMOE_DECL(ds_fp4, tag) CPUMOE_DECL(q4_0, tag) CPUMOE_DECL(fp8_block, tag) CPUMOE_DECL(mxfp4_panel, tag) \
-  CPUMOE_DECL(q4_0_x16, tag)
+  CPUMOE_DECL(q4_0_x16, tag) CPUMOE_DECL(ds_fp4_x16, tag)
 CPUMOE_DECL_ALL(scalar)
 #ifdef CPUMOE_BUILT_avx2
 CPUMOE_DECL_ALL(avx2)
@@ -63,14 +63,20 @@ CPUMOE_DECL(q4_0, amx)
 #define V_amx_ds_fp4 nullptr
 #define V_amx_mxfp4_panel nullptr
 #define V_amx_q4_0_x16 nullptr
+#define V_amx_ds_fp4_x16 nullptr
 
 namespace cpumoe {
 namespace {
 using InitFn = bool (*)(cpumoe_kernel*);
 #define ROW(f) {&cpumoe_init_##f##_scalar, V_avx2(f), V_avxvnni(f), V_avx512f(f), V_avx512vnni(f), V_avx512bf16(f), V_amx_##f}
+#define RESERVED {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}
 const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(nvfp4), ROW(mxfp4),
                                                               ROW(ds_fp4), ROW(q4_0),  ROW(fp8_block),
-                                                              ROW(mxfp4_panel), ROW(q4_0_x16)};
+                                                              ROW(mxfp4_panel), ROW(q4_0_x16),
+                                                              RESERVED,  // 8: fp8_block_x16 (another branch)
+                                                              RESERVED,  // 9: nvfp4_x16 (another branch)
+                                                              ROW(ds_fp4_x16)};
+#undef RESERVED
 #undef ROW
 }  // namespace
 
@@ -99,6 +105,11 @@ const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"fp8_block", 4, 1, true, 1u << CPUMOE_MODE_NATIVE, 1u << CPUMOE_TIER_AMX, 1u << CPUMOE_TIER_AVX512BF16},
     {"mxfp4_panel", 6, 32, false, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u, 0u},
     {"q4_0_x16", 2, 32, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
+    // ids 8 and 9 are reserved for fp8_block_x16 and nvfp4_x16 (added on other branches): no modes, so
+    // kernel_create refuses them until their rows land
+    {"(reserved 8)", 0, 1, false, 0u, 0u, 0u},
+    {"(reserved 9)", 0, 1, false, 0u, 0u, 0u},
+    {"ds_fp4_x16", 2, 128, false, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
 };
 
 static const char* const kModeNames[CPUMOE_MODE_COUNT] = {"native", "w4a8"};
@@ -160,6 +171,7 @@ void kernel_destroy(cpumoe_kernel* k) {
 }
 
 int32_t format_bank_count(int32_t format) {
-  return format >= 0 && format < CPUMOE_FMT_COUNT ? kFormats[format].banks : -1;
+  // -1 also for a reserved id (no modes)
+  return format >= 0 && format < CPUMOE_FMT_COUNT && kFormats[format].modes ? kFormats[format].banks : -1;
 }
 }  // namespace cpumoe

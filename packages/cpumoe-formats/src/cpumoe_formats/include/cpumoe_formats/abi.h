@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 3
+#define CPUMOE_FORMATS_ABI_MINOR 4
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -33,7 +33,9 @@ enum cpumoe_format_id {
   CPUMOE_FMT_FP8_BLOCK = 5,
   CPUMOE_FMT_MXFP4_PANEL = 6, /* mxfp4 repacked into 64-column panels, K-pair rows contiguous (ABI 1.2) */
   CPUMOE_FMT_Q4_0_X16 = 7,    /* q4_0 with 16 rows interleaved per 32-block, w4a8 (ABI 1.3) */
-  CPUMOE_FMT_COUNT = 8
+  /* 8, 9: reserved (fp8_block_x16, nvfp4_x16) */
+  CPUMOE_FMT_DS_FP4_X16 = 10, /* ds_fp4 with 16 rows interleaved per 32-block, w4a8 (ABI 1.4) */
+  CPUMOE_FMT_COUNT = 11
 };
 
 enum cpumoe_act_id {
