@@ -25,6 +25,7 @@ SHAPES = {
     "mxfp4": (6, 320, 288),
     "mxfp4_panel": (6, 352, 288),  # 5.5 panels of 64 columns in the down pass
     "q4_0_x16": (6, 736, 416),  # 46 / 52 groups of 16 rows, 13 / 23 blocks
+    "ds_fp4_x16": (6, 640, 384),  # 40 / 48 groups of 16 rows, 12 / 20 blocks
 }
 PARAMS = [pytest.param(f, *p.values, id=f"{f}-{p.id}", marks=p.marks) for f in SHAPES for p in tier_cases(f)]
 

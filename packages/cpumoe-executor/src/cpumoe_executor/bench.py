@@ -62,14 +62,14 @@ MODELS = {
     "gemma4-26b": (Model(2816, 704, 128, 8, "gelu_tanh"), ("q4_0", "bf16", "nvfp4", "q4_0_x16")),
     "gpt-oss-120b": (Model(2880, 2880, 128, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel")),
     "gpt-oss-20b": (Model(2880, 2880, 32, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel")),
-    "dsv4-flash": (Model(4096, 2048, 256, 6, "swiglu_clamp", 1.0, 10.0), ("ds_fp4",)),
+    "dsv4-flash": (Model(4096, 2048, 256, 6, "swiglu_clamp", 1.0, 10.0), ("ds_fp4", "ds_fp4_x16")),
     "glm4.7": (Model(5120, 1536, 160, 8), ("nvfp4", "bf16")),
     "minimax-m2.5": (Model(3072, 1536, 256, 8), ("nvfp4",)),
 }
 # Each format at its model shape (the acceptance shapes).
 FORMAT_MODEL = {"bf16": "qwen3-30b", "fp8_block": "qwen3.6", "nvfp4": "qwen3.6", "mxfp4": "gpt-oss-120b",
                 "ds_fp4": "dsv4-flash", "q4_0": "gemma4-26b", "mxfp4_panel": "gpt-oss-120b",
-                "q4_0_x16": "gemma4-26b"}
+                "q4_0_x16": "gemma4-26b", "ds_fp4_x16": "dsv4-flash"}
 
 
 def log(msg: str) -> None:

@@ -59,6 +59,7 @@ PRESETS = {
     "ds_fp4": Preset("DeepSeek-V4-Flash", 4096, 2048, 6, "swiglu_clamp", 1.0, 10.0),
     "q4_0": Preset("gemma-4-26B-A4B", 2816, 704, 8, "gelu_tanh"),
     "q4_0_x16": Preset("gemma-4-26B-A4B", 2816, 704, 8, "gelu_tanh"),  # q4_0 with rows interleaved for CPUs
+    "ds_fp4_x16": Preset("DeepSeek-V4-Flash", 4096, 2048, 6, "swiglu_clamp", 1.0, 10.0),  # ds_fp4 rows interleaved
 }
 
 
