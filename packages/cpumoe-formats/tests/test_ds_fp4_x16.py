@@ -206,54 +206,67 @@ def test_tiers_bit_identical(rng, tier, T):
     np.testing.assert_array_equal(accs[1].view(np.uint32), accs[0].view(np.uint32))
 
 
-def emulate_rows(W_codes, scales, q, hs):
-    """The documented fp32 arithmetic in numpy float32, per row: from acc = 0, per 32-block in K order,
-    acc = fma(f32(S_b) * hs_b, 2^(s-127), acc), S_b = sum(2 E2M1 q) exact. The scales here are normal powers of two
-    and the products f * 2^(s-127) stay normal, so the fma is exactly f32(acc + f * 2^(s-127))."""
-    R, K = W_codes.shape
-    nb = K // 32
-    S = (KW2[W_codes] * q[None, :]).reshape(R, nb, 32).sum(-1)  # exact integers
-    acc = np.zeros(R, np.float32)
-    for bb in range(nb):
-        f = S[:, bb].astype(np.float32) * np.float32(hs[bb])
-        acc = (acc + f * np.ldexp(np.float32(1), scales[:, bb].astype(np.int64) - 127).astype(np.float32)).astype(
-            np.float32)
-    return acc
+def emulate_rows(terms, order="sequential"):
+    """The documented fp32 accumulation in numpy float32 of per-block terms t_b = f32(f32(S_b) * hs_b) * 2^(s-127)
+    (exact products: the scales here are normal powers of two and the products stay normal, so each fma is exactly
+    f32(acc + t_b)): "sequential" from acc = 0 block by block in K order; the alternatives a wrong kernel might
+    take: "two" (even and odd blocks in two chains, then added), "tree" (pairs, then the pair sums), "reverse"."""
+    t = terms.astype(np.float32)
+    f32 = np.float32
+    if order == "sequential":
+        acc = np.zeros(t.shape[0], f32)
+        for bb in range(t.shape[1]):
+            acc = (acc + t[:, bb]).astype(f32)
+        return acc
+    if order == "reverse":
+        return emulate_rows(t[:, ::-1])
+    if order == "two":
+        return (emulate_rows(t[:, 0::2]) + emulate_rows(t[:, 1::2])).astype(f32)
+    assert order == "tree"
+    while t.shape[1] > 1:
+        t = (t[:, 0::2] + t[:, 1::2]).astype(f32)
+    return t[:, 0]
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
 def test_accumulation_order_exact(rng, mode, tier):
-    """The order of the fp32 operations, made visible through bf16. Per down row: block 3 = block 0 negated (codes
-    c ^ 8, the same scale, and the activation's block 3 = its block 0, so f_3 w_3 = -f_0 w_0 exactly); blocks 1, 2
-    scaled 2^-18 against block 0. Then the fp32 acc after blocks 0..2 holds block 0 plus the two small terms each
-    rounded to block 0's ulp, and block 3 cancels block 0 exactly: the result is a few bits that tell how each
-    add rounded (and bf16 keeps them). Every tier must give the float32 emulation's bits."""
+    """The order of the fp32 operations, made visible through bf16. Per down row the 4 blocks' terms are
+    [A, B, -A, C]: block 2 = block 0 negated (codes c ^ 8, the same scale; the activation's block 2 = its block 0,
+    so t_2 = -t_0 exactly), B and C scaled 2^-18 against A. In K order B is added to A and so rounded to A's ulp
+    (a few bits of B survive), then A cancels exactly and C adds at its own precision; two chains, a tree or the
+    reverse order round other terms to A's ulp instead. The result is ~2^-18 A, where bf16 still shows those
+    roundings: every tier must give the bits of the float32 emulation of the documented order, and the test
+    checks that each wrong order would have been seen."""
     E, H, I = 1, 128, 128  # noqa: E741
     b = DS.random_banks(E, H, I, rng)
-    c = rng.integers(1, 8, (H, I), dtype=np.uint8)  # positive codes in block 0: a big |f_0|
-    c[:, 32:96] = rng.integers(0, 16, (H, 64), dtype=np.uint8)
-    c[:, 96:] = c[:, :32] ^ 8
+    c = rng.integers(0, 16, (H, I), dtype=np.uint8)
+    c[:, :32] = rng.integers(1, 8, (H, 32), dtype=np.uint8)  # positive codes in block 0: a big |A|
+    c[:, 64:96] = c[:, :32] ^ 8
     b["down_packed"][0] = c[:, 0::2] | (c[:, 1::2] << 4)
     sc = np.empty((H, 4), np.uint8)
-    sc[:, 0] = sc[:, 3] = rng.integers(120, 135, H)
-    sc[:, 1] = sc[:, 2] = sc[:, 0] - 18
+    sc[:, 0] = sc[:, 2] = rng.integers(120, 135, H)
+    sc[:, 1] = sc[:, 3] = sc[:, 0] - 18
     b["down_scale"][0] = sc.view(E8M0)
     xb = cf.repack_ds_fp4_x16(b)
     k = kernel(FMT, E, H, I, mode, tier)
     v = rng.uniform(0.5, 2.0, I) * np.where(rng.random(I) < 0.5, -1, 1)
     v[:32] = np.abs(v[:32])
-    v[96:] = v[:32]
+    v[64:96] = v[:32]
     gbits = to_bf16_bits(v)
     q, hs, corr = parse_prep(prep(k, gbits), I)
-    assert hs[3] == hs[0] and (q[96:] == q[:32]).all()
+    assert hs[2] == hs[0] and (q[64:96] == q[:32]).all()
     np.testing.assert_array_equal(corr, -12 * q.reshape(4, 32).sum(-1))
-    want = emulate_rows(c, sc, q, hs)
-    exact = (KW2[c] * q).reshape(H, 4, 32).sum(-1) * hs.astype(np.float64) * np.ldexp(1.0, sc.astype(np.int64) - 127)
-    exact = exact.sum(-1)
-    assert np.count_nonzero(want != exact) > H // 4  # the roundings left their marks
-    assert (round_bf16(want.astype(np.float64)) == want).all()  # few bits: bf16 shows them all
+    S = (KW2[c] * q).reshape(H, 4, 32).sum(-1)  # exact integers
+    f = S.astype(np.float32) * hs[None, :]  # float32 products, rounded once
+    terms = f * np.ldexp(np.float32(1), sc.astype(np.int64) - 127).astype(np.float32)  # exact
+    assert (terms[:, 2] == -terms[:, 0]).all()
+    want = round_bf16(emulate_rows(terms).astype(np.float64))
+    exact = round_bf16(terms.astype(np.float64).sum(-1))
+    assert np.count_nonzero(want != exact) > H // 8  # the roundings left their marks in the bf16 bits
+    for order in ("two", "tree", "reverse"):
+        assert np.count_nonzero(round_bf16(emulate_rows(terms, order).astype(np.float64)) != want) > H // 16, order
     acc = run_down(k, FMT, xb, 0, [gbits], [1.0])[0]
-    np.testing.assert_array_equal(acc, want.astype(np.float64))
+    np.testing.assert_array_equal(acc, want)
 
 
 # ---------------------------------------------------------------- work items
