@@ -1,5 +1,6 @@
-// Work-item loops shared by the "_x16" CPU layouts (q4_0_x16, fp8_block_x16): a bank row is a group of 16
-// weight rows interleaved so that the 16 lanes of one vector are 16 rows. A layout supplies only its group dot:
+// Work-item loops shared by the "_x16" CPU layouts (q4_0_x16, ds_fp4_x16, fp8_block_x16): a bank row is a group
+// of 16 weight rows interleaved so that the 16 lanes of one vector are 16 rows. A layout supplies only its group
+// dot:
 //
 //   struct G16 {
 //     static constexpr int kMaxNT;       // tokens per group call (1..8)
