@@ -30,7 +30,7 @@ def test_quick_bench_every_format(tmp_path):
 
 def test_model_presets_cover_every_format():
     assert set(bench.FORMAT_MODEL) == {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0",
-                                       "mxfp4_panel", "q4_0_x16", "fp8_block_x16", "nvfp4_x16"}
+                                       "mxfp4_panel", "q4_0_x16", "fp8_block_x16", "nvfp4_x16", "ds_fp4_x16"}
     for fmt, model in bench.FORMAT_MODEL.items():
         assert fmt in bench.MODELS[model][1]
 
@@ -60,7 +60,8 @@ def test_ring_loop_is_bounded():
 
 def test_mode_option(tmp_path):
     assert bench.parse_modes("w4a8") == {"nvfp4": "w4a8", "mxfp4": "w4a8", "ds_fp4": "w4a8", "q4_0": "w4a8",
-                                         "mxfp4_panel": "w4a8", "q4_0_x16": "w4a8", "nvfp4_x16": "w4a8"}
+                                         "mxfp4_panel": "w4a8", "q4_0_x16": "w4a8", "nvfp4_x16": "w4a8",
+                                         "ds_fp4_x16": "w4a8"}
     assert bench.parse_modes("nvfp4=w4a8,mxfp4_triton=native") == {"nvfp4": "w4a8", "mxfp4": "native"}
     with pytest.raises(ValueError, match="format 'bf16' has modes"):
         bench.parse_modes("bf16=w4a8")

@@ -14,7 +14,7 @@ NCORES = len(ce.resolve_cores()[0])
 THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-identical
 # rel vs float64: the format's own kernel tolerance (its tests justify it); executor adds nothing
 REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2,
-           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2, "fp8_block_x16": 5e-3, "nvfp4_x16": 1e-2}
+           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2, "fp8_block_x16": 5e-3, "nvfp4_x16": 1e-2, "ds_fp4_x16": 2e-2}
 
 
 # (format, repack): the default, plus the formats with a CPU layout kept as given (mxfp4's own Triton layout)
@@ -125,7 +125,7 @@ def test_errors_name_the_argument(rng):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, repack=True)
     with pytest.raises(ValueError, match="repack='yes' must be None"):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, repack="yes")
-    for fmt in ("mxfp4", "ds_fp4", "mxfp4_panel"):
+    for fmt in ("mxfp4", "ds_fp4", "mxfp4_panel", "ds_fp4_x16"):
         if fmt in FORMATS:
             b, _ = make_banks(fmt, rng, layers=1)
             with pytest.raises(ValueError, match="apply_router_weight_on_input"):
@@ -242,3 +242,24 @@ def test_nvfp4_auto_repack_is_w4a8_only(rng):
     np.testing.assert_array_equal(bits(y), bits(want))
     yn = cf.moe_forward("nvfp4", banks[0], x, w, ids, mode="w4a8").astype(np.float64)
     assert np.abs(y.astype(np.float64) - yn).max() <= 1e-2 * np.abs(yn).max()
+
+
+def test_ds_fp4_auto_repack_is_w4a8_only(rng):
+    """ds_fp4's CPU layout (ds_fp4_x16) has only mode w4a8: ds_fp4's default (native) stays ds_fp4; w4a8 runs
+    repacked where ds_fp4_x16's avx512vnni kernel runs (cpu_layout_min_tier), not under an AVX2 cap; the repacked
+    executor gives the layout's own kernel's bits."""
+    banks, (E, H, I) = make_banks("ds_fp4", rng, layers=1)
+    act = ACT["ds_fp4"]
+    assert ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=1, **act).spec.name == "ds_fp4"
+    with pytest.raises(ValueError, match="repack=True: format 'ds_fp4_x16'.*no mode 'native'"):
+        ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=1, repack=True, **act)
+    ex = ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=1, mode="w4a8", isa="avx2", **act)
+    assert ex.spec.name == "ds_fp4"
+    ex = ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=2, mode="w4a8", **act)
+    vnni = cf.selected_tier("ds_fp4_x16", "w4a8").startswith("avx512vnni")
+    assert ex.spec.name == ("ds_fp4_x16" if vnni else "ds_fp4") and ex.given_format == "ds_fp4"
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    w, ids = routing(rng, 3, 2, E)
+    want = cf.moe_forward(ex.spec.name, banks[0] if not vnni else cf.repack_ds_fp4_x16(banks[0]), x, w, ids,
+                          mode="w4a8", **act)
+    np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))

@@ -1,5 +1,6 @@
-// Work-item loops shared by the "_x16" CPU layouts (q4_0_x16, fp8_block_x16): a bank row is a group of 16
-// weight rows interleaved so that the 16 lanes of one vector are 16 rows. A layout supplies only its group dot:
+// Work-item loops shared by the "_x16" CPU layouts (q4_0_x16, ds_fp4_x16, fp8_block_x16): a bank row is a group
+// of 16 weight rows interleaved so that the 16 lanes of one vector are 16 rows. A layout supplies only its group
+// dot:
 //
 //   struct G16 {
 //     static constexpr int kMaxNT;       // tokens per group call (1..8)
@@ -10,13 +11,17 @@
 //     // out[(g * NT + t) * 16 + r] = dot(row r of group gp[g], token t), for G groups and NT tokens
 //     template <int G, int NT> static void groups(const Ref* gp, int K, const void* const* act, float* out);
 //     struct Scope;  // constructed at a work item's start, destroyed at its end (AMX: releases the tiles)
-//   };
+//     // optional, default false (rowmajor.h's names; ds_fp4_x16 sets both):
+//     static constexpr bool kRoundGateUp;    // gate and up (times w_in) rounded to bf16 before the activation
+//     static constexpr bool kRoundRouteTerm; // each route's down term (dot times weight) rounded to bf16 before
+//   };                                       // the sum over routes
 //
 // Contract of groups: each (row, token) result depends only on its row, its token and K, never on G, NT or the
 // other rows and tokens of the call, so a token's output does not depend on its batch (test_batch_identity).
 // Ragged row ranges compute whole groups and write only their own rows.
 #pragma once
 #include <algorithm>
+#include <type_traits>
 
 #include "rowmajor.h"
 
@@ -24,6 +29,17 @@ namespace cpumoe {
 namespace CPUMOE_NS {
 namespace x16 {
 constexpr int GR = 16;  // rows per group
+
+// L::kRoundGateUp / L::kRoundRouteTerm, false where the layout does not declare them (q4_0_x16: the same code as
+// before the traits, bit for bit).
+template <class L, class = void>
+struct RoundGateUp : std::false_type {};
+template <class L>
+struct RoundGateUp<L, std::void_t<decltype(L::kRoundGateUp)>> : std::bool_constant<L::kRoundGateUp> {};
+template <class L, class = void>
+struct RoundRouteTerm : std::false_type {};
+template <class L>
+struct RoundRouteTerm<L, std::void_t<decltype(L::kRoundRouteTerm)>> : std::bool_constant<L::kRoundRouteTerm> {};
 
 // groups<G, nt> for a run-time nt in [1, kMaxNT].
 template <class L, int G, int NT = L::kMaxNT>
@@ -61,19 +77,28 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
         groups_n<L, 1>(&gp[1], p.hidden, nt, xs + j0, o + nt * GR);
       }
       for (int t = 0; t < nt; ++t)
-        for (int32_t r = r0; r < r1; ++r)
-          sink.put(&g[j0 + t][gi * GR + r], gate[t * GR + r] * w_in[j0 + t], up[t * GR + r] * w_in[j0 + t]);
+        for (int32_t r = r0; r < r1; ++r) {
+          float gt = gate[t * GR + r] * w_in[j0 + t], ut = up[t * GR + r] * w_in[j0 + t];
+          if constexpr (RoundGateUp<L>::value) gt = round_bf16(gt), ut = round_bf16(ut);
+          sink.put(&g[j0 + t][gi * GR + r], gt, ut);
+        }
     }
   }
 }
 
-// acc[token][h - h0] += weight * o for group g's rows inside [h0, h1), tokens t < nt of o's group slot gg.
+// acc[token][h - h0] += weight * o for group g's rows inside [h0, h1), tokens t < nt of o's group slot gg (the
+// term rounded to bf16 first when kRound).
+template <bool kRound>
 CPUMOE_INLINE void add_rows(const float* o, int gg, int nt, int32_t g, int32_t h0, int32_t h1,
                             const cpumoe_route* rts, float* acc, int64_t acc_stride) {
   const int32_t base = g * GR, r0 = std::max(h0, base) - base, r1 = std::min(h1, base + GR) - base;
   for (int t = 0; t < nt; ++t) {
     float* dst = acc + rts[t].token * acc_stride;
-    for (int32_t r = r0; r < r1; ++r) dst[base + r - h0] += o[(gg * nt + t) * GR + r] * rts[t].weight;
+    for (int32_t r = r0; r < r1; ++r) {
+      float v = o[(gg * nt + t) * GR + r] * rts[t].weight;
+      if constexpr (kRound) v = round_bf16(v);
+      dst[base + r - h0] += v;
+    }
   }
 }
 
@@ -85,6 +110,7 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
   const int32_t g0 = h0 / GR, g1 = (h1 + GR - 1) / GR;  // the groups the rows touch
   const int64_t rs = banks[L::kSlot[1]].row_stride;
   [[maybe_unused]] typename L::Scope scope;
+  constexpr bool kR = RoundRouteTerm<L>::value;
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;
@@ -100,13 +126,13 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       for (int32_t i = 0; i < half; ++i) {
         const typename L::Ref gp[2] = {L::ref(k, banks, 1, e, g0 + i), L::ref(k, banks, 1, e, g0 + half + i)};
         L::template groups<2, 1>(gp, K, &rt->act, o);
-        add_rows(o, 0, 1, g0 + i, h0, h1, rt, acc, acc_stride);
-        add_rows(o, 1, 1, g0 + half + i, h0, h1, rt, acc, acc_stride);
+        add_rows<kR>(o, 0, 1, g0 + i, h0, h1, rt, acc, acc_stride);
+        add_rows<kR>(o, 1, 1, g0 + half + i, h0, h1, rt, acc, acc_stride);
       }
       if ((g1 - g0) % 2) {
         const typename L::Ref gp = L::ref(k, banks, 1, e, g1 - 1);
         L::template groups<1, 1>(&gp, K, &rt->act, o);
-        add_rows(o, 0, 1, g1 - 1, h0, h1, rt, acc, acc_stride);
+        add_rows<kR>(o, 0, 1, g1 - 1, h0, h1, rt, acc, acc_stride);
       }
     } else {
       for (int32_t g = g0; g < g1; ++g) {
@@ -116,7 +142,7 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
           const void* acts[L::kMaxNT];
           for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
           groups_n<L, 1>(&gp, K, nt, acts, o);
-          add_rows(o, 0, nt, g, h0, h1, routes + q0, acc, acc_stride);
+          add_rows<kR>(o, 0, nt, g, h0, h1, routes + q0, acc, acc_stride);
         }
       }
     }

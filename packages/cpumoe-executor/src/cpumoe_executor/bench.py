@@ -62,14 +62,15 @@ MODELS = {
     "gemma4-26b": (Model(2816, 704, 128, 8, "gelu_tanh"), ("q4_0", "bf16", "nvfp4", "q4_0_x16")),
     "gpt-oss-120b": (Model(2880, 2880, 128, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel")),
     "gpt-oss-20b": (Model(2880, 2880, 32, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel")),
-    "dsv4-flash": (Model(4096, 2048, 256, 6, "swiglu_clamp", 1.0, 10.0), ("ds_fp4",)),
+    "dsv4-flash": (Model(4096, 2048, 256, 6, "swiglu_clamp", 1.0, 10.0), ("ds_fp4", "ds_fp4_x16")),
     "glm4.7": (Model(5120, 1536, 160, 8), ("nvfp4", "bf16")),
     "minimax-m2.5": (Model(3072, 1536, 256, 8), ("nvfp4",)),
 }
 # Each format at its model shape (the acceptance shapes).
 FORMAT_MODEL = {"bf16": "qwen3-30b", "fp8_block": "qwen3.6", "nvfp4": "qwen3.6", "mxfp4": "gpt-oss-120b",
                 "ds_fp4": "dsv4-flash", "q4_0": "gemma4-26b", "mxfp4_panel": "gpt-oss-120b",
-                "q4_0_x16": "gemma4-26b", "fp8_block_x16": "qwen3.6", "nvfp4_x16": "qwen3.6"}
+                "q4_0_x16": "gemma4-26b", "fp8_block_x16": "qwen3.6", "nvfp4_x16": "qwen3.6",
+                "ds_fp4_x16": "dsv4-flash"}
 
 
 def log(msg: str) -> None:
@@ -133,9 +134,12 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
         n_win = 1
     E = window * n_win
     banks = build_banks(spec, E, m.H, m.I, rng, f"{fmt} ({E} experts, {E * bpe / MiB:.0f} MiB)")
+    mode = mode_for(fmt, opts.mode)
+    # a layout without the mode (ds_fp4_x16 has only w4a8) is never forced: ds_fp4 native stays ds_fp4
+    has_layout = spec.cpu_layout and (mode or spec.default_mode) in cf.get_format(spec.cpu_layout).modes
     ex = CpuMoeExecutor(fmt, [banks], top_k=m.top_k, max_tokens=max(opts.batch), threads=threads,
-                        activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode_for(fmt, opts.mode),
-                        repack=REPACK[opts.repack] if spec.cpu_layout else None)
+                        activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode,
+                        repack=REPACK[opts.repack] if has_layout else None)
     if ex.spec.name != spec.name:
         log(f"{fmt}: running as {ex.spec.name} (the executor's repack; --repack off keeps {fmt}'s own layout)")
     ws = cf.aligned_empty((max(4 * llc, 64 * MiB),), np.uint8)
@@ -272,8 +276,8 @@ def parse_args(argv=None):
                         "'nvfp4=w4a8,mxfp4=native' (default: each format's default mode; the isa column shows it)")
     p.add_argument("--working-set", choices=("dram", "cache"), default="dram")
     p.add_argument("--repack", choices=tuple(REPACK), default="auto",
-                   help="formats with a CPU layout (mxfp4, q4_0): auto repacks as the executor does by default "
-                        "(table: mxfp4>mxfp4_panel), on forces it, off runs their own layout")
+                   help="formats with a CPU layout (mxfp4, q4_0, ds_fp4 in w4a8): auto repacks as the executor "
+                        "does by default (table: mxfp4>mxfp4_panel), on forces it, off runs their own layout")
     p.add_argument("--routing", choices=("random", "shared", "both"), default="both")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)

@@ -1,4 +1,5 @@
-"""cpumoe-formats: the six expert weight formats of CPU MoE decode (plus mxfp4_panel, mxfp4 repacked for CPUs).
+"""cpumoe-formats: the six expert weight formats of CPU MoE decode (plus their CPU layouts: mxfp4_panel, q4_0_x16,
+ds_fp4_x16).
 
 Bank schemas and validation, quantizers from float weights, float64
 references, and CPU kernels for every ISA tier behind a versioned C ABI.
@@ -12,6 +13,8 @@ from . import _native, reference
 from ._arrays import aligned_copy, aligned_empty
 from .activations import ACTIVATIONS
 from .formats import FORMATS, get_format
+from .formats.ds_fp4_x16 import repack as repack_ds_fp4_x16
+from .formats.ds_fp4_x16 import unpack as unpack_ds_fp4_x16
 from .formats.fp8_block_x16 import repack as repack_fp8_block_x16
 from .formats.fp8_block_x16 import unpack as unpack_fp8_block_x16
 from .formats.mxfp4_panel import repack as repack_mxfp4_panels
@@ -71,6 +74,6 @@ if os.environ.get("CPUMOE_DEBUG_INFO"):
 
 __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "TIERS", "Kernel", "aligned_copy",
            "aligned_empty", "detected_tier", "get_format", "get_include", "moe_forward", "quantize", "reference",
-           "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_nvfp4_x16", "repack_q4_0_x16", "require_abi",
-           "selected_tier", "unpack_fp8_block_x16", "unpack_mxfp4_panels", "unpack_nvfp4_x16", "unpack_q4_0_x16",
-           "usable_tiers", "validate_banks"]
+           "repack_ds_fp4_x16", "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_nvfp4_x16", "repack_q4_0_x16",
+           "require_abi", "selected_tier", "unpack_ds_fp4_x16", "unpack_fp8_block_x16", "unpack_mxfp4_panels",
+           "unpack_nvfp4_x16", "unpack_q4_0_x16", "usable_tiers", "validate_banks"]

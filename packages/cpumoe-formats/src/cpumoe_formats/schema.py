@@ -53,8 +53,8 @@ class FormatSpec:
     hint: str = ""
     # a format with the same math from the same bytes in an order a CPU reads faster, reached by to_cpu_layout (a
     # consumer may repack at load: cpumoe_executor's repack=). mxfp4 -> mxfp4_panel is bit-identical; q4_0 ->
-    # q4_0_x16 and nvfp4 -> nvfp4_x16 (w4a8 only) sum in their own fp32 order (within the format's tolerance).
-    # "" for none
+    # q4_0_x16 and nvfp4 -> nvfp4_x16 / ds_fp4 -> ds_fp4_x16 (w4a8 only), fp8_block -> fp8_block_x16 sum in their
+    # own fp32 order (within the format's tolerance). "" for none
     cpu_layout: str = ""
     # the lowest tier at which a consumer should repack by default ("" = wherever the layout's kernel is at least
     # this format's tier): q4_0_x16's AVX2 kernel is faster for batches that share experts but slower for one token

@@ -153,4 +153,8 @@ SPEC = DsFp4Format(
     round_route_term=True,
     description="e2m1 weights, e8m0 scale per 32; FP8 round trip of activations per 128 (DeepSeek-V4-Flash)",
     kernel_tiers={"native": ("scalar", "avx2", "avx512f"), "w4a8": ("scalar", "avx2", "avx512f", "avx512vnni")},
+    # 16 rows per vector (w4a8 only): the per-block fold once per 16 rows and token (docs/formats/ds_fp4.md
+    # "ds_fp4_x16"); native runs stay ds_fp4 (the layout has no native mode)
+    cpu_layout="ds_fp4_x16",
+    cpu_layout_min_tier="avx512vnni",
 )

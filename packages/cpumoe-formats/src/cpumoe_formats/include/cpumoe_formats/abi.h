@@ -35,7 +35,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_Q4_0_X16 = 7,    /* q4_0 with 16 rows interleaved per 32-block, w4a8 (ABI 1.3) */
   CPUMOE_FMT_FP8_BLOCK_X16 = 8, /* fp8_block with 16 rows interleaved per K pair, native (ABI 1.4) */
   CPUMOE_FMT_NVFP4_X16 = 9,   /* nvfp4 with 16 rows interleaved per 16-block, w4a8 (ABI 1.4) */
-  CPUMOE_FMT_COUNT = 10
+  CPUMOE_FMT_DS_FP4_X16 = 10, /* ds_fp4 with 16 rows interleaved per 32-block, w4a8 (ABI 1.4) */
+  CPUMOE_FMT_COUNT = 11
 };
 
 enum cpumoe_act_id {
