@@ -131,8 +131,10 @@ G16::Scope::~Scope() {
 // The 32-K chunk at k (m = 32 or, in a K tail, 16 codes per row) of a group into B rows (zero past m / 2).
 CPUMOE_INLINE void decode_b(const fp8dec::Decoder& d, const uint8_t* w, int k, int m, uint16_t* b) {
   for (int l = 0; l < m / 4; ++l) {
+    const uint8_t* p = w + (size_t)(k + 4 * l) * GR;
+    __builtin_prefetch(p + G16::kPf, 0, 3);
     __m512i w0, w1;
-    d.decode(w + (size_t)(k + 4 * l) * GR, 64, w0, w1);
+    d.decode(p, 64, w0, w1);
     _mm512_store_si512((void*)(b + 64 * l), w0);
     _mm512_store_si512((void*)(b + 64 * l + 32), w1);
   }
