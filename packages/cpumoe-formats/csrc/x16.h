@@ -41,6 +41,39 @@ struct RoundRouteTerm : std::false_type {};
 template <class L>
 struct RoundRouteTerm<L, std::void_t<decltype(L::kRoundRouteTerm)>> : std::bool_constant<L::kRoundRouteTerm> {};
 
+// The parts of NT tokens' int8 records (q4_0_x16, nvfp4_x16, ds_fp4_x16) a group dot reads: int8 q[K], then one
+// float scale and one int32 correction per QB-element block.
+template <int NT, int QB>
+struct Int8Toks {
+  const int8_t* q[NT];
+  const float* s[NT];
+  const int32_t* corr[NT];
+  CPUMOE_INLINE Int8Toks(const void* const* act, int K) {
+    for (int t = 0; t < NT; ++t) {
+      q[t] = (const int8_t*)act[t];
+      s[t] = (const float*)(q[t] + K);
+      corr[t] = (const int32_t*)(s[t] + K / QB);
+    }
+  }
+};
+
+#if defined(__AVX512VNNI__)
+// acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction
+// ({1to16}): one uop where the intrinsic pair (a broadcast load, then vpdpbusd) is two; GCC 12 does not fold it.
+CPUMOE_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t* q) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
+  return acc;
+}
+#endif
+#if defined(__AVX512F__)
+// v * (the float at p, broadcast), likewise folded
+CPUMOE_INLINE __m512 mul_bcast(__m512 v, const float* p) {
+  __m512 r;
+  __asm__("vmulps %2%{1to16%}, %1, %0" : "=v"(r) : "v"(v), "m"(*p));
+  return r;
+}
+#endif
+
 // groups<G, nt> for a run-time nt in [1, kMaxNT].
 template <class L, int G, int NT = L::kMaxNT>
 CPUMOE_INLINE void groups_n(const typename L::Ref* gp, int K, int nt, const void* const* act, float* out) {

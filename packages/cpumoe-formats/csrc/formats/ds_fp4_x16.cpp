@@ -64,34 +64,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   }
 }
 
-// The parts of NT tokens' records a group dot reads.
-template <int NT>
-struct Toks {
-  const int8_t* q[NT];
-  const float* hs[NT];
-  const int32_t* corr[NT];
-  CPUMOE_INLINE Toks(const void* const* act, int K) {
-    for (int t = 0; t < NT; ++t) {
-      q[t] = (const int8_t*)act[t];
-      hs[t] = (const float*)(q[t] + K);
-      corr[t] = (const int32_t*)(hs[t] + K / QK);
-    }
-  }
-};
-
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-// acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction
-// ({1to16}): one uop where the intrinsic pair (a broadcast load, then vpdpbusd) is two; GCC 12 does not fold it.
-CPUMOE_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t* q) {
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
-  return acc;
-}
-// v * (the float at p, broadcast), likewise folded
-CPUMOE_INLINE __m512 mul_bcast(__m512 v, const float* p) {
-  __m512 r;
-  __asm__("vmulps %2%{1to16%}, %1, %0" : "=v"(r) : "v"(v), "m"(*p));
-  return r;
-}
 // the 16 e8m0 bytes at p -> 2^(min(s,254) - 127), s = 0 -> 2^-127 (e8m0_to_f32 lane by lane): s << 23 is at
 // least 2^23 for s >= 1, so the unsigned max with 0x00400000 (2^-127) changes only s = 0
 CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
@@ -121,7 +94,7 @@ struct G16 {
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
 template <int G, int NT>
 CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
-  const Toks<NT> a(act, K);
+  const x16::Int8Toks<NT, QK> a(act, K);
   const int nb = K / QK;
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   const __m512i m = _mm512_set1_epi8(0x0F), lut = tbl512(w2_offset());
@@ -150,10 +123,10 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
         __m512i s0 = _mm512_set1_epi32(a.corr[t][b]), s1 = _mm512_setzero_si512();  // two chains
         CPUMOE_UNROLL
         for (int j = 0; j < 4; ++j) {
-          s0 = dpbusd_bcast(s0, lo[j], qa + j);
-          s1 = dpbusd_bcast(s1, hi[j], qa + 4 + j);
+          s0 = x16::dpbusd_bcast(s0, lo[j], qa + j);
+          s1 = x16::dpbusd_bcast(s1, hi[j], qa + 4 + j);
         }
-        const __m512 f = mul_bcast(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), a.hs[t] + b);
+        const __m512 f = x16::mul_bcast(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), a.s[t] + b);
         acc[g][t] = _mm512_fmadd_ps(f, sw, acc[g][t]);
       }
     }
@@ -211,7 +184,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
               _mm256_add_epi32(_mm256_madd_epi16(s16a, one), _mm256_madd_epi16(s16b, one)),
               _mm256_set1_epi32(a.corr[t][b]));
 #endif
-          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(a.hs[t][b]));
+          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(a.s[t][b]));
           acc[t] = _mm256_fmadd_ps(f, sw, acc[t]);
         }
       }
@@ -232,7 +205,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
               const uint8_t byte = p[SB + 64 * j + 4 * r + i];
               s += kW2[byte & 15] * qb[4 * j + i] + kW2[byte >> 4] * qb[16 + 4 * j + i];
             }
-          acc = std::fma((float)s * a.hs[t][b], e8m0_to_f32(p[r]), acc);
+          acc = std::fma((float)s * a.s[t][b], e8m0_to_f32(p[r]), acc);
         }
         out[(size_t)(g * NT + t) * GR + r] = acc;
       }

@@ -55,34 +55,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   }
 }
 
-// The parts of NT tokens' records a group dot reads.
-template <int NT>
-struct Toks {
-  const int8_t* q[NT];
-  const float* sa[NT];
-  const int32_t* corr[NT];
-  CPUMOE_INLINE Toks(const void* const* act, int K) {
-    for (int t = 0; t < NT; ++t) {
-      q[t] = (const int8_t*)act[t];
-      sa[t] = (const float*)(q[t] + K);
-      corr[t] = (const int32_t*)(sa[t] + K / QB);
-    }
-  }
-};
-
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-// acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction
-// ({1to16}): one uop where the intrinsic pair (a broadcast load, then vpdpbusd) is two; GCC 12 does not fold it.
-CPUMOE_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t* q) {
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
-  return acc;
-}
-// d * (the float at p, broadcast), likewise folded
-CPUMOE_INLINE __m512 mul_bcast(__m512 d, const float* p) {
-  __m512 r;
-  __asm__("vmulps %2%{1to16%}, %1, %0" : "=v"(r) : "v"(d), "m"(*p));
-  return r;
-}
 // 16 e4m3 codes -> their exact values (fp4_common.h e4m3x8's trick, sign-extended: (c << 7) & 0xBFFF is the fp16
 // with the code's sign, exponent and mantissa, the value / 256)
 CPUMOE_INLINE __m512 e4m3x16(const uint8_t* p) {
@@ -118,12 +91,12 @@ struct G16 {
   // Blocks [4c, 4c + cb) of chunk c into acc[g * NT + t] (CB_: cb as a compile-time constant, 0 = run time;
   // the 16-register tiers: G == 1 and rows 8h..8h+7).
   template <int G, int NT, int CB_>
-  static void chunk(const Ref* gp, int c, int cb, const Toks<NT>& a, Vec* acc, int h);
+  static void chunk(const Ref* gp, int c, int cb, const x16::Int8Toks<NT, QB>& a, Vec* acc, int h);
 };
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const Toks<NT>& a, Vec* acc, int) {
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, int) {
   const int cb = CB_ ? CB_ : cb_rt;
   const __m512i m = _mm512_set1_epi8(0x0F), tu = fp4::tbl512(fp4::w2_offset());
   CPUMOE_UNROLL
@@ -148,19 +121,19 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const Toks<NT>& a
         const int32_t* qa = (const int32_t*)(a.q[t] + (size_t)b * QB);
         __m512i S = _mm512_set1_epi32(a.corr[t][b]);
         if constexpr (NT * G >= 4) {  // enough independent chains: one per token
-          S = dpbusd_bcast(S, u0, qa);
-          S = dpbusd_bcast(S, u1, qa + 1);
-          S = dpbusd_bcast(S, u2, qa + 2);
-          S = dpbusd_bcast(S, u3, qa + 3);
+          S = x16::dpbusd_bcast(S, u0, qa);
+          S = x16::dpbusd_bcast(S, u1, qa + 1);
+          S = x16::dpbusd_bcast(S, u2, qa + 2);
+          S = x16::dpbusd_bcast(S, u3, qa + 3);
         } else {  // two chains (the same exact integer)
           __m512i s1 = _mm512_setzero_si512();
-          S = dpbusd_bcast(S, u0, qa);
-          s1 = dpbusd_bcast(s1, u2, qa + 2);
-          S = dpbusd_bcast(S, u1, qa + 1);
-          s1 = dpbusd_bcast(s1, u3, qa + 3);
+          S = x16::dpbusd_bcast(S, u0, qa);
+          s1 = x16::dpbusd_bcast(s1, u2, qa + 2);
+          S = x16::dpbusd_bcast(S, u1, qa + 1);
+          s1 = x16::dpbusd_bcast(s1, u3, qa + 3);
           S = _mm512_add_epi32(S, s1);
         }
-        const __m512 sc = mul_bcast(d, a.sa[t] + b);
+        const __m512 sc = x16::mul_bcast(d, a.s[t] + b);
         Vec& A = acc[g * NT + t];
         A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc, A);
       }
@@ -169,7 +142,7 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const Toks<NT>& a
 }
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
 template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const Toks<NT>& a, Vec* acc, int h) {
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, int h) {
   static_assert(G == 1, "the 16-register tiers take one group (and one half of it) at a time");
   const int cb = CB_ ? CB_ : cb_rt;
   const __m256i m = _mm256_set1_epi8(0x0F), tu = fp4::w2_offset();
@@ -207,20 +180,20 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const Toks<NT>& a
       const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
                                          _mm256_set1_epi32(a.corr[t][b]));
 #endif
-      const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.sa[t][b]));
+      const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, acc[t]);
     }
   }
 }
 #else
 template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const Toks<NT>&, Vec*, int) {}  // scalar: groups() below
+CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::Int8Toks<NT, QB>&, Vec*, int) {}  // scalar: groups() below
 #endif
 
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (gp[g]) and NT tokens.
 template <int G, int NT>
 CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
-  const Toks<NT> a(act, K);
+  const x16::Int8Toks<NT, QB> a(act, K);
   const int nb = K / QB, nc = nb / CH, rem = nb % CH;
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   __m512 acc[G * NT];
@@ -263,7 +236,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
             const uint8_t byte = w[64 * (mm / 4) + 4 * r + mm % 4];
             s += kW2[byte & 15] * qb[mm] + kW2[byte >> 4] * qb[8 + mm];
           }
-          acc = std::fma((float)s, e4m3_to_f32(p[QB * i + r]) * a.sa[t][b], acc);
+          acc = std::fma((float)s, e4m3_to_f32(p[QB * i + r]) * a.s[t][b], acc);
         }
         out[(size_t)(g * NT + t) * GR + r] = acc * (0.5f * fp16_to_f32(gp[g].gl[r]));
       }

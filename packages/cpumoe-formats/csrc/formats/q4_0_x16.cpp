@@ -57,36 +57,6 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   }
 }
 
-// The parts of NT tokens' records a group dot reads.
-template <int NT>
-struct Toks {
-  const int8_t* q[NT];
-  const float* da[NT];
-  const int32_t* corr[NT];
-  CPUMOE_INLINE Toks(const void* const* act, int K) {
-    for (int t = 0; t < NT; ++t) {
-      q[t] = (const int8_t*)act[t];
-      da[t] = (const float*)(q[t] + K);
-      corr[t] = (const int32_t*)(da[t] + K / QK);
-    }
-  }
-};
-
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-// acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction
-// ({1to16}): one uop where the intrinsic pair (a broadcast load, then vpdpbusd) is two; GCC 12 does not fold it.
-CPUMOE_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t* q) {
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
-  return acc;
-}
-// d * (the float at p, broadcast), likewise folded
-CPUMOE_INLINE __m512 mul_bcast(__m512 d, const float* p) {
-  __m512 r;
-  __asm__("vmulps %2%{1to16%}, %1, %0" : "=v"(r) : "v"(d), "m"(*p));
-  return r;
-}
-#endif
-
 // The layout for x16.h's loops: a group is one bank row.
 struct G16 {
   static constexpr int kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
@@ -106,7 +76,7 @@ struct G16 {
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
 template <int G, int NT>
 CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
-  const Toks<NT> a(act, K);
+  const x16::Int8Toks<NT, QK> a(act, K);
   const int nb = K / QK;
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   const __m512i m = _mm512_set1_epi8(0x0F);
@@ -135,10 +105,10 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
         __m512i s0 = _mm512_set1_epi32(a.corr[t][b]), s1 = _mm512_setzero_si512();  // two chains
         CPUMOE_UNROLL
         for (int j = 0; j < 4; ++j) {
-          s0 = dpbusd_bcast(s0, lo[j], qa + j);
-          s1 = dpbusd_bcast(s1, hi[j], qa + 4 + j);
+          s0 = x16::dpbusd_bcast(s0, lo[j], qa + j);
+          s1 = x16::dpbusd_bcast(s1, hi[j], qa + 4 + j);
         }
-        const __m512 sc = mul_bcast(d, a.da[t] + b);
+        const __m512 sc = x16::mul_bcast(d, a.s[t] + b);
         acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[g][t]);
       }
     }
@@ -192,7 +162,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
           const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
                                              _mm256_set1_epi32(a.corr[t][b]));
 #endif
-          const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.da[t][b]));
+          const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
           acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, acc[t]);
         }
       }
@@ -215,7 +185,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
               const uint8_t byte = p[32 + 64 * j + 4 * r + i];
               s += (byte & 15) * qb[4 * j + i] + (byte >> 4) * qb[16 + 4 * j + i];
             }
-          acc = std::fma((float)s, fp16_to_f32(dh) * a.da[t][b], acc);
+          acc = std::fma((float)s, fp16_to_f32(dh) * a.s[t][b], acc);
         }
         out[(size_t)(g * NT + t) * GR + r] = acc;
       }
