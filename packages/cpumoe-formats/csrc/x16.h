@@ -183,6 +183,15 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
   }
 }
 
+// A layout's kernel entry points: its activation record, then x16's loops over its group dot.
+template <class L>
+CPUMOE_INLINE void install(cpumoe_kernel* k, cpumoe_act_bytes_fn act_bytes, cpumoe_prep_act_fn prep_act) {
+  k->act_bytes = act_bytes;
+  k->prep_act = prep_act;
+  k->gate_up = &gate_up<L>;
+  k->down = &down<L>;
+}
+
 }  // namespace x16
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe

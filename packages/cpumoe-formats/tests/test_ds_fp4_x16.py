@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import check_g, dot_bound, kernel, prep, run_down, run_gate_up, to_bf16_bits, views
+from x16_helpers import check_ragged_work_items
 
 import cpumoe_formats as cf
 from cpumoe_formats import activations
@@ -277,42 +278,13 @@ def test_ragged_work_items(rng, mode, tier, n):
     its rows, with the bits of a whole-range call; the down terms are within the dot bound of float64."""
     E, H, I = 3, 384, 256  # noqa: E741 - 24 down groups, 16 + 16 gate_up groups
     b = SPEC.random_banks(E, H, I, rng)
-    k = cf.Kernel(FMT, E, H, I, mode=mode, isa=tier)
-    V = views(FMT, b)
-    xs = [prep(k, x) for x in to_bf16_bits(rng.standard_normal((n, H)))]
-    w_in = [1.0] * n
-
-    def gate_up(i0, i1):
-        g = cf.aligned_empty((n, I), np.uint16)
-        g[...] = 0x7FC1
-        k._k.gate_up(V, 2, i0, i1, [a.ctypes.data for a in xs], w_in, [g[j].ctypes.data for j in range(n)])
-        return g
-
-    whole = gate_up(0, I)
-    assert not (whole == 0x7FC1).any()
-    for i0, i1 in [(5, 37), (16, 32), (0, 1), (255, 256), (17, 18), (33, 161)]:
-        g = gate_up(i0, i1)
-        np.testing.assert_array_equal(g[:, i0:i1], whole[:, i0:i1])
-        assert (g[:, :i0] == 0x7FC1).all() and (g[:, i1:] == 0x7FC1).all(), (i0, i1)
-
-    gs = to_bf16_bits(rng.standard_normal((n, I)))
-    acts = [prep(k, g) for g in gs]
-    wts = rng.uniform(0.1, 1.0, n)
-    rts = [(j, 1, float(wts[j]), acts[j].ctypes.data) for j in range(n)]
-
-    def down(h0, h1):
-        acc = cf.aligned_empty((n, h1 - h0 + 8), np.float32)
-        acc[...] = 12345.0  # sentinel past each token's rows [h0, h1): a write outside them changes it
-        acc[:, :h1 - h0] = 0
-        k._k.down(V, h0, h1, rts, acc.ctypes.data, acc.shape[1])
-        assert (acc[:, h1 - h0:] == 12345.0).all(), "down wrote outside its rows"
-        return acc[:, :h1 - h0]
-
-    full = down(0, H)
-    _, dn = SPEC.dequantize(b)
-    check_down_terms(full, dn[1], [SPEC.act_in(bits_f64(g), "w4a8") for g in gs], wts, I)
-    for h0, h1 in [(3, 29), (16, 48), (383, 384), (0, 17), (5, 91), (32, 80)]:  # 2, 2, 1, 2, 6, 3 groups
-        np.testing.assert_array_equal(down(h0, h1), full[:, h0:h1])
+    dn = SPEC.dequantize(b)[1][1]
+    check_ragged_work_items(
+        cf.Kernel(FMT, E, H, I, mode=mode, isa=tier), FMT, b, n, rng,
+        [(5, 37), (16, 32), (0, 1), (255, 256), (17, 18), (33, 161)],
+        [(3, 29), (16, 48), (383, 384), (0, 17), (5, 91), (32, 80)],  # 2, 2, 1, 2, 6, 3 groups
+        lambda full, gs, wts: check_down_terms(full, dn, [SPEC.act_in(bits_f64(g), "w4a8") for g in gs], wts, I),
+        w_in=[1.0] * n)
 
 
 # ---------------------------------------------------------------- edge codes and scales

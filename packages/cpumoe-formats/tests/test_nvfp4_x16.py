@@ -11,7 +11,8 @@ activation over that error box (fp4_helpers.check_g).
 import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
-from fp4_helpers import check_down, check_g, dot_bound, prep, run_down, run_gate_up, to_bf16_bits, views
+from fp4_helpers import check_down, check_g, dot_bound, prep, run_down, run_gate_up, to_bf16_bits
+from x16_helpers import check_ragged_work_items, down_accumulators
 
 import cpumoe_formats as cf
 from cpumoe_formats import activations
@@ -95,17 +96,9 @@ def test_tiers_bit_identical(rng, tier, T):
     ys, yt = (run_forced(FMT, b, x, w, ids, "w4a8", t) for t in ("scalar", tier))
     np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
     # fp32 down accumulators of one work item (bf16 outputs would hide a reordered fp32 sum), scales from 1e-3 to 1e3
-    ks, kt = (cf.Kernel(FMT, E, H, I, isa=t) for t in ("scalar", tier))
     gs = to_bf16_bits(rng.standard_normal((T, I)) * np.repeat(10.0 ** rng.uniform(-3, 3, (T, I // 16)), 16, axis=1))
-    accs = []
-    for k in (ks, kt):
-        bufs = [prep(k, g) for g in gs]
-        acc = cf.aligned_empty((T, H), np.float32)
-        acc[...] = 0
-        k._k.down(views(FMT, b), 0, H, [(j, 1, 0.5 + j, bufs[j].ctypes.data) for j in range(T)], acc.ctypes.data, H)
-        accs.append(acc)
-    assert np.count_nonzero(accs[0]) > accs[0].size // 2
-    np.testing.assert_array_equal(accs[1].view(np.uint32), accs[0].view(np.uint32))
+    a0, a1 = down_accumulators(FMT, b, ("scalar", tier), gs, H)
+    np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
@@ -115,43 +108,11 @@ def test_ragged_work_items(rng, mode, tier, n):
     down terms are within the dot bound of float64."""
     E, H, I = 3, 208, 80  # noqa: E741 - 13 and 10 groups, 5 and 13 blocks
     b = SPEC.random_banks(E, H, I, rng)
-    k = cf.Kernel(FMT, E, H, I, mode=mode, isa=tier)
-    V = views(FMT, b)
-    xs = [prep(k, x) for x in to_bf16_bits(rng.standard_normal((n, H)))]
-    w_in = list(rng.uniform(0.5, 1.5, n))
-
-    def gate_up(i0, i1):
-        g = cf.aligned_empty((n, I + 8), np.uint16)
-        g[...] = 0x7FC1
-        k._k.gate_up(V, 2, i0, i1, [a.ctypes.data for a in xs], w_in, [g[j].ctypes.data for j in range(n)])
-        assert (g[:, I:] == 0x7FC1).all(), "gate_up wrote past its row"
-        return g[:, :I]
-
-    whole = gate_up(0, I)
-    assert not (whole == 0x7FC1).any()
-    for i0, i1 in [(5, 37), (16, 32), (0, 1), (79, 80), (17, 18), (33, 80)]:
-        g = gate_up(i0, i1)
-        np.testing.assert_array_equal(g[:, i0:i1], whole[:, i0:i1])
-        assert (g[:, :i0] == 0x7FC1).all() and (g[:, i1:] == 0x7FC1).all(), (i0, i1)
-
-    gs = to_bf16_bits(rng.standard_normal((n, I)))
-    aps = [prep(k, g) for g in gs]
-    wts = rng.uniform(0.1, 1.0, n)
-    rts = [(j, 1, float(wts[j]), aps[j].ctypes.data) for j in range(n)]
-
-    def down(h0, h1):
-        acc = cf.aligned_empty((n, h1 - h0 + 8), np.float32)
-        acc[...] = 12345.0  # sentinel past each token's rows [h0, h1): a write outside them changes it
-        acc[:, :h1 - h0] = 0
-        k._k.down(V, h0, h1, rts, acc.ctypes.data, acc.shape[1])
-        assert (acc[:, h1 - h0:] == 12345.0).all(), "down wrote outside its rows"
-        return acc[:, :h1 - h0]
-
-    full = down(0, H)
     wf = SPEC.dequantize(b)[1][1]  # [H, I] float64
-    check_down(full, wf, acts(gs), wts)
-    for h0, h1 in [(3, 29), (16, 48), (207, 208), (0, 17), (100, 208)]:
-        np.testing.assert_array_equal(down(h0, h1), full[:, h0:h1])
+    check_ragged_work_items(cf.Kernel(FMT, E, H, I, mode=mode, isa=tier), FMT, b, n, rng,
+                            [(5, 37), (16, 32), (0, 1), (79, 80), (17, 18), (33, 80)],
+                            [(3, 29), (16, 48), (207, 208), (0, 17), (100, 208)],
+                            lambda full, gs, wts: check_down(full, wf, acts(gs), wts))
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))

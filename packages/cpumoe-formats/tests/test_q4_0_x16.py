@@ -9,7 +9,8 @@ items (fp32, before any bf16 rounding): |y - ref| <= (K + 8) u sum|w a| (fp4_hel
 import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
-from fp4_helpers import dot_bound, prep, to_bf16_bits, views
+from fp4_helpers import dot_bound, to_bf16_bits
+from x16_helpers import check_ragged_work_items, down_accumulators
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q4_0, q4_0_x16
@@ -65,17 +66,9 @@ def test_tiers_bit_identical(rng, tier, T):
     ys, yt = (run_forced(FMT, b, x, w, ids, "w4a8", t) for t in ("scalar", tier))
     np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
     # fp32 down accumulators of one work item (bf16 outputs would hide a reordered fp32 sum)
-    ks, kt = (cf.Kernel(FMT, E, H, I, isa=t) for t in ("scalar", tier))
     gs = to_bf16_bits(rng.standard_normal((T, I)) * rng.uniform(0.01, 10.0, (T, 1)))
-    accs = []
-    for k in (ks, kt):
-        bufs = [prep(k, g) for g in gs]
-        acc = cf.aligned_empty((T, H), np.float32)
-        acc[...] = 0
-        k._k.down(views(FMT, b), 0, H, [(j, 1, 0.5 + j, bufs[j].ctypes.data) for j in range(T)], acc.ctypes.data, H)
-        accs.append(acc)
-    assert np.count_nonzero(accs[0]) > accs[0].size // 2
-    np.testing.assert_array_equal(accs[1].view(np.uint32), accs[0].view(np.uint32))
+    a0, a1 = down_accumulators(FMT, b, ("scalar", tier), gs, H)
+    np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
@@ -85,46 +78,16 @@ def test_ragged_work_items(rng, mode, tier, n):
     down terms are within the dot bound of float64."""
     E, H, I = 3, 160, 96  # noqa: E741 - 10 and 12 groups
     b = SPEC.random_banks(E, H, I, rng)
-    k = cf.Kernel(FMT, E, H, I, mode=mode, isa=tier)
-    V = views(FMT, b)
-    xs = [prep(k, x) for x in to_bf16_bits(rng.standard_normal((n, H)))]
-    w_in = list(rng.uniform(0.5, 1.5, n))
+    wf = q4_0.decode_blocks(cf.unpack_q4_0_x16(b)["down"][1])  # [H, I] float64
 
-    def gate_up(i0, i1):
-        g = cf.aligned_empty((n, I), np.uint16)
-        g[...] = 0x7FC1
-        k._k.gate_up(V, 2, i0, i1, [a.ctypes.data for a in xs], w_in, [g[j].ctypes.data for j in range(n)])
-        return g
+    def check(full, gs, wts):
+        for j in range(n):
+            a = SPEC.act_in(gs[j].view(cf.numerics.BF16).astype(np.float32)[None], "w4a8")[0]
+            assert (np.abs(full[j] - wts[j] * (wf @ a)) <= wts[j] * dot_bound(wf, a) + 1e-30).all()
 
-    whole = gate_up(0, I)
-    assert not (whole == 0x7FC1).any()
-    for i0, i1 in [(5, 37), (16, 32), (0, 1), (95, 96), (17, 18)]:
-        g = gate_up(i0, i1)
-        np.testing.assert_array_equal(g[:, i0:i1], whole[:, i0:i1])
-        assert (g[:, :i0] == 0x7FC1).all() and (g[:, i1:] == 0x7FC1).all(), (i0, i1)
-
-    gs = to_bf16_bits(rng.standard_normal((n, I)))
-    acts = [prep(k, g) for g in gs]
-    wts = rng.uniform(0.1, 1.0, n)
-    rts = [(j, 1, float(wts[j]), acts[j].ctypes.data) for j in range(n)]
-
-    def down(h0, h1):
-        acc = cf.aligned_empty((n, h1 - h0 + 8), np.float32)
-        acc[...] = 12345.0  # sentinel past each token's rows [h0, h1): a write outside them changes it
-        acc[:, :h1 - h0] = 0
-        k._k.down(V, h0, h1, rts, acc.ctypes.data, acc.shape[1])
-        assert (acc[:, h1 - h0:] == 12345.0).all(), "down wrote outside its rows"
-        return acc[:, :h1 - h0]
-
-    full = down(0, H)
-    wd = cf.unpack_q4_0_x16(b)["down"][1]
-    wf = q4_0.decode_blocks(wd)  # [H, I] float64
-    for j in range(n):
-        a = SPEC.act_in(gs[j].view(cf.numerics.BF16).astype(np.float32)[None], "w4a8")[0]
-        exact = wts[j] * (wf @ a)
-        assert (np.abs(full[j] - exact) <= wts[j] * dot_bound(wf, a) + 1e-30).all()
-    for h0, h1 in [(3, 29), (16, 48), (159, 160), (0, 17)]:
-        np.testing.assert_array_equal(down(h0, h1), full[:, h0:h1])
+    check_ragged_work_items(cf.Kernel(FMT, E, H, I, mode=mode, isa=tier), FMT, b, n, rng,
+                            [(5, 37), (16, 32), (0, 1), (95, 96), (17, 18)], [(3, 29), (16, 48), (159, 160), (0, 17)],
+                            check)
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))

@@ -221,10 +221,7 @@ bool CPUMOE_INIT_FN(ds_fp4_x16)(cpumoe_kernel* k) {
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
     CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   if (k->params.mode != CPUMOE_MODE_W4A8) return false;
-  k->act_bytes = &act_bytes_x16;
-  k->prep_act = &prep_x16;
-  k->gate_up = &x16::gate_up<G16>;
-  k->down = &x16::down<G16>;
+  x16::install<G16>(k, &act_bytes_x16, &prep_x16);
   return true;
 #else
   (void)k;

@@ -245,10 +245,7 @@ bool CPUMOE_INIT_FN(fp8_block_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
   if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
-  k->act_bytes = &act_bytes_bf16;
-  k->prep_act = &prep_act_bf16;
-  k->gate_up = &x16::gate_up<G16>;
-  k->down = &x16::down<G16>;
+  x16::install<G16>(k, &act_bytes_bf16, &prep_act_bf16);
   return true;
 #else
   (void)k;
