@@ -31,6 +31,7 @@ from .._arrays import aligned_empty
 from ..numerics import E8M0, codes, pack_nibbles
 from ..schema import BankSpec
 from . import ds_fp4
+from ._layout import CpuLayout
 
 GROUP = 16  # rows per group
 QK = ds_fp4.BLOCK  # 32 elements per scale block
@@ -81,9 +82,8 @@ def unpack(banks) -> dict:
     return {"gate_up_packed": gp, "gate_up_scale": gs, "down_packed": dp, "down_scale": ds}
 
 
-class DsFp4X16Format(ds_fp4.DsFp4Format):
-    def repack_from(self, banks):  # from ds_fp4 (its cpu_layout)
-        return repack(banks)
+class DsFp4X16Format(CpuLayout, ds_fp4.DsFp4Format):
+    source = ds_fp4.SPEC
 
     def dims(self, banks):
         gu, dn = banks["gate_up"], banks["down"]
@@ -96,15 +96,6 @@ class DsFp4X16Format(ds_fp4.DsFp4Format):
             raise ValueError(f"ds_fp4_x16 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2I/16 (even)")
         return gu.shape[0], dn.shape[1] * GROUP, gu.shape[1] * GROUP // 2
 
-    def quantize(self, gate_up, down, **opts):
-        """As ds_fp4.quantize (the same codes and scales), then the repack."""
-        return repack(ds_fp4.SPEC.quantize(gate_up, down, **opts))
-
-    def random_banks(self, E, H, I, rng):  # noqa: E741
-        return repack(ds_fp4.SPEC.random_banks(E, H, I, rng))
-
-    def dequantize(self, banks):
-        return ds_fp4.SPEC.dequantize(unpack(banks))
 
 
 SPEC = DsFp4X16Format(

@@ -31,6 +31,7 @@ from .._arrays import aligned_empty
 from ..numerics import E4M3
 from ..schema import BankSpec
 from . import fp8_block
+from ._layout import CpuLayout
 
 GROUP = 16  # rows per group
 
@@ -76,9 +77,8 @@ def unpack(banks) -> dict:
             "down_scale": _copy(dns)}
 
 
-class Fp8BlockX16Format(fp8_block.Fp8BlockFormat):
-    def repack_from(self, banks):  # from fp8_block (its cpu_layout)
-        return repack(banks)
+class Fp8BlockX16Format(CpuLayout, fp8_block.Fp8BlockFormat):
+    source = fp8_block.SPEC
 
     def dims(self, banks):
         gu, dn = banks["gate_up"], banks["down"]
@@ -91,16 +91,6 @@ class Fp8BlockX16Format(fp8_block.Fp8BlockFormat):
             raise ValueError(f"fp8_block_x16 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2I/16 (even)")
         return gu.shape[0], gu.shape[2] // GROUP, gu.shape[1] * GROUP // 2
 
-    def quantize(self, gate_up, down, **opts):
-        """As fp8_block.quantize (the same codes and scales), then the repack."""
-        return repack(fp8_block.SPEC.quantize(gate_up, down, **opts))
-
-    def random_banks(self, E, H, I, rng):  # noqa: E741
-        self.check_dims(H, I)
-        return repack(fp8_block.SPEC.random_banks(E, H, I, rng))
-
-    def dequantize(self, banks):
-        return fp8_block.SPEC.dequantize(unpack(banks))
 
 
 SPEC = Fp8BlockX16Format(

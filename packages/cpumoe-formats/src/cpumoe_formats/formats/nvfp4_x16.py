@@ -31,6 +31,7 @@ from .._arrays import aligned_empty
 from ..numerics import E4M3
 from ..schema import BankSpec
 from . import nvfp4
+from ._layout import CpuLayout
 
 GROUP = 16  # rows per group
 BLOCK = nvfp4.BLOCK  # K elements per block (one e4m3 scale)
@@ -111,9 +112,8 @@ def unpack(banks) -> dict:
             "down_packed": dp, "down_scale": ds, "down_global": glob(b["down_global"])}
 
 
-class Nvfp4X16Format(nvfp4.Nvfp4Format):
-    def repack_from(self, banks):  # from nvfp4 (its cpu_layout)
-        return repack(banks)
+class Nvfp4X16Format(CpuLayout, nvfp4.Nvfp4Format):
+    source = nvfp4.SPEC
 
     def dims(self, banks):
         gu, dn = banks["gate_up"], banks["down"]
@@ -127,15 +127,6 @@ class Nvfp4X16Format(nvfp4.Nvfp4Format):
             raise ValueError(f"nvfp4_x16 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2I/16 (even)")
         return gu.shape[0], dn.shape[1] * GROUP, gu.shape[1] * GROUP // 2
 
-    def quantize(self, gate_up, down, **opts):
-        """As nvfp4.quantize (the same codes, scales and globals), then the repack."""
-        return repack(nvfp4.SPEC.quantize(gate_up, down, **opts))
-
-    def random_banks(self, E, H, I, rng):  # noqa: E741
-        return repack(nvfp4.SPEC.random_banks(E, H, I, rng))
-
-    def dequantize(self, banks):
-        return nvfp4.SPEC.dequantize(unpack(banks))
 
     def act_in(self, v, mode):
         if mode != "w4a8":

@@ -25,6 +25,7 @@ import numpy as np
 from .._arrays import aligned_empty
 from ..schema import BankSpec
 from . import q4_0
+from ._layout import CpuLayout
 
 GROUP = 16  # rows per group
 GB = GROUP * q4_0.BLOCK_BYTES  # bytes per group and block: 16 d + 16 x 16 qs = 288
@@ -68,9 +69,8 @@ def unpack(banks) -> dict:
     return {n: from_groups(a) for n, a in zip(SPEC.bank_names, arrs)}
 
 
-class Q40X16Format(q4_0.Q40Format):
-    def repack_from(self, banks):  # from q4_0 (its cpu_layout)
-        return repack(banks)
+class Q40X16Format(CpuLayout, q4_0.Q40Format):
+    source = q4_0.SPEC
 
     def dims(self, banks):
         gu, dn = banks["gate_up"], banks["down"]
@@ -83,15 +83,6 @@ class Q40X16Format(q4_0.Q40Format):
             raise ValueError(f"q4_0_x16 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2I/16 (even)")
         return gu.shape[0], dn.shape[1] * GROUP, gu.shape[1] * GROUP // 2
 
-    def quantize(self, gate_up, down, **opts):
-        """As q4_0.quantize (the same codes and d), then the repack."""
-        return repack(q4_0.SPEC.quantize(gate_up, down, **opts))
-
-    def random_banks(self, E, H, I, rng):  # noqa: E741
-        return repack(q4_0.SPEC.random_banks(E, H, I, rng))
-
-    def dequantize(self, banks):
-        return q4_0.SPEC.dequantize(unpack(banks))
 
 
 SPEC = Q40X16Format(
