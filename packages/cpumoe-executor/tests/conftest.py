@@ -17,7 +17,8 @@ SHAPES = {"bf16": (96, 40), "fp8_block": (259, 131), "nvfp4": (96, 48), "mxfp4":
           "q4_0_x16": (96, 64),  # 6 and 8 groups of 16 rows
           "fp8_block_x16": (272, 144),  # 17 and 18 groups, partial 128-blocks; fp8_block's (259, 131) stays as given
           "nvfp4_x16": (80, 48),  # 5 and 6 groups of 16 rows, 5 and 3 blocks (partial 4-block chunks)
-          "ds_fp4_x16": (256, 128)}  # 16 and 16 groups of 16 rows
+          "ds_fp4_x16": (256, 128),  # 16 and 16 groups of 16 rows
+          "bf16_x16": (96, 48)}  # 6 and 3 + 3 groups; bf16's (96, 40) stays as given
 ACT = {"mxfp4": dict(activation="swigluoai", alpha=1.702, limit=7.0),
        "mxfp4_panel": dict(activation="swigluoai", alpha=1.702, limit=7.0),
        "ds_fp4": dict(activation="swiglu_clamp", alpha=1.0, limit=10.0),

@@ -14,7 +14,8 @@ NCORES = len(ce.resolve_cores()[0])
 THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-identical
 # rel vs float64: the format's own kernel tolerance (its tests justify it); executor adds nothing
 REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2,
-           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2, "fp8_block_x16": 5e-3, "nvfp4_x16": 1e-2, "ds_fp4_x16": 2e-2}
+           "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2, "fp8_block_x16": 5e-3, "nvfp4_x16": 1e-2, "ds_fp4_x16": 2e-2,
+           "bf16_x16": 6e-3}
 
 
 # (format, repack): the default, plus the formats with a CPU layout kept as given (mxfp4's own Triton layout)
@@ -123,8 +124,10 @@ def test_errors_name_the_argument(rng):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, core_ids=[100000])
     with pytest.raises(ValueError, match="isa='avx9'"):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, isa="avx9")
-    with pytest.raises(ValueError, match="repack=True: format 'bf16' has no CPU layout"):
-        ce.CpuMoeExecutor("bf16", banks, top_k=2, repack=True)
+    with pytest.raises(ValueError, match="repack=True: bf16_x16: H and I must be multiples of 16"):
+        ce.CpuMoeExecutor("bf16", banks, top_k=2, repack=True)  # I = 40
+    with pytest.raises(ValueError, match="repack=True: format 'bf16_x16' has no CPU layout"):
+        ce.CpuMoeExecutor("bf16_x16", make_banks("bf16_x16", rng)[0], top_k=2, repack=True)
     with pytest.raises(ValueError, match="repack='yes' must be None"):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, repack="yes")
     for fmt in ("mxfp4", "ds_fp4", "mxfp4_panel", "ds_fp4_x16"):
@@ -218,6 +221,20 @@ def test_auto_repack_needs_the_layouts_shapes(rng):
     bf16 = cf.TIERS.index(cf.selected_tier("fp8_block_x16").split("+")[0]) >= cf.TIERS.index("avx512bf16")
     assert ex.spec.name == ("fp8_block_x16" if bf16 else "fp8_block")
     x = rng.standard_normal((3, 272)).astype(np.float32)
+    w, ids = routing(rng, 3, 2, 4)
+    want = cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[0], x, w, ids)
+    np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))
+
+
+def test_bf16_repacks_only_below_its_tile_kernel(rng):
+    """bf16's CPU layout (bf16_x16) has scalar and avx512bf16 kernels: auto repacks where bf16 itself runs at
+    avx512bf16 (Zen 4), not where bf16 has its amx tile kernel (a higher tier) nor below avx512bf16."""
+    banks = [cf.get_format("bf16").random_banks(4, 96, 48, rng)]
+    tier = cf.TIERS.index(cf.selected_tier("bf16").split("+")[0])
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=2, threads=1)
+    assert ex.spec.name == ("bf16_x16" if tier == cf.TIERS.index("avx512bf16") else "bf16")
+    assert ce.CpuMoeExecutor("bf16", banks, top_k=2, threads=1, isa="avx512f").spec.name == "bf16"
+    x = rng.standard_normal((3, 96)).astype(np.float32)
     w, ids = routing(rng, 3, 2, 4)
     want = cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[0], x, w, ids)
     np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))

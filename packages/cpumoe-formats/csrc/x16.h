@@ -21,6 +21,8 @@
 // Ragged row ranges compute whole groups and write only their own rows.
 #pragma once
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <type_traits>
 
 #include "rowmajor.h"
@@ -73,6 +75,18 @@ CPUMOE_INLINE __m512 mul_bcast(__m512 v, const float* p) {
   return r;
 }
 #endif
+
+#if defined(__AVX512BF16__)
+// acc + the 32 products of w's bf16 pairs with the pair at q broadcast, folded into the instruction ({1to16})
+CPUMOE_INLINE __m512 dpbf16_bcast(__m512 acc, __m512i w, const int32_t* q) {
+  __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
+  return acc;
+}
+#endif
+// One step of vdpbf16ps in scalar (the bf16 layouts' reference tier): the product is exact in fp32, so fma rounds
+// once as the instruction does; a subnormal operand or result is zero there (DAZ, FTZ).
+CPUMOE_INLINE float daz(float v) { return std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v; }
+CPUMOE_INLINE float dp_step(float w, uint16_t x, float c) { return daz(std::fma(w, daz(bf16_to_f32(x)), daz(c))); }
 
 // groups<G, nt> for a run-time nt in [1, kMaxNT].
 template <class L, int G, int NT = L::kMaxNT>

@@ -26,6 +26,7 @@ SHAPES = {
     "mxfp4_panel": (6, 352, 288),  # 5.5 panels of 64 columns in the down pass
     "q4_0_x16": (6, 736, 416),  # 46 / 52 groups of 16 rows, 13 / 23 blocks
     "fp8_block_x16": (6, 1104, 304),  # 69 / 38 groups, partial 128-blocks of 80 and 48 codes
+    "bf16_x16": (6, 1104, 304),  # 69 / 38 groups
     "nvfp4_x16": (6, 720, 368),  # 45 / 46 groups of 16 rows, 45 / 23 blocks (partial last chunks of 1 and 3)
     "ds_fp4_x16": (6, 640, 384),  # 40 / 48 groups of 16 rows, 12 / 20 blocks
 }

@@ -57,12 +57,6 @@ struct G16 {
 };
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512BF16
-// acc + the 32 products of w's bf16 pairs with the pair at q broadcast, folded into the instruction ({1to16})
-CPUMOE_INLINE __m512 dpbf16_bcast(__m512 acc, __m512i w, const int32_t* q) {
-  __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
-  return acc;
-}
-
 template <int G, int NT>
 void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
   const fp8dec::Decoder d;
@@ -87,8 +81,8 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
         CPUMOE_UNROLL
         for (int t = 0; t < NT; ++t) {
           const int32_t* xa = (const int32_t*)(x[t] + k);
-          c0[g][t] = dpbf16_bcast(c0[g][t], w0, xa);
-          c1[g][t] = dpbf16_bcast(c1[g][t], w1, xa + 1);
+          c0[g][t] = x16::dpbf16_bcast(c0[g][t], w0, xa);
+          c1[g][t] = x16::dpbf16_bcast(c1[g][t], w1, xa + 1);
         }
       }
     }
@@ -208,11 +202,6 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (g * NT + t) * GR, acc[g][t]);
 }
 #else
-// vdpbf16ps' step: the product is exact in fp32, so fma rounds it once as the instruction does; a subnormal
-// operand or result is zero there (DAZ, FTZ)
-CPUMOE_INLINE float daz(float v) { return std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v; }
-CPUMOE_INLINE float dp_step(float w, uint16_t x, float c) { return daz(std::fma(w, daz(bf16_to_f32(x)), daz(c))); }
-
 template <int G, int NT>
 void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
   for (int g = 0; g < G; ++g)
@@ -226,8 +215,8 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
           for (int k = o; k < o + n; k += 2) {
             const uint8_t* p = gp[g].w + (size_t)k * GR + 2 * r;
             float& ch = c[((k - o) >> 1) & 1];
-            ch = dp_step(e4m3_to_f32(p[1]), x[k + 1], ch);
-            ch = dp_step(e4m3_to_f32(p[0]), x[k], ch);
+            ch = x16::dp_step(e4m3_to_f32(p[1]), x[k + 1], ch);
+            ch = x16::dp_step(e4m3_to_f32(p[0]), x[k], ch);
           }
           acc = std::fma(c[0] + c[1], bf16_to_f32(gp[g].s[o / kBlk]), acc);
         }

@@ -59,6 +59,7 @@ PRESETS = {
     "ds_fp4": Preset("DeepSeek-V4-Flash", 4096, 2048, 6, "swiglu_clamp", 1.0, 10.0),
     "q4_0": Preset("gemma-4-26B-A4B", 2816, 704, 8, "gelu_tanh"),
     "q4_0_x16": Preset("gemma-4-26B-A4B", 2816, 704, 8, "gelu_tanh"),  # q4_0 with rows interleaved for CPUs
+    "bf16_x16": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # bf16 with rows interleaved for CPUs
     "fp8_block_x16": Preset("Qwen3.6-35B-A3B-FP8", 2048, 512, 8, "silu"),  # fp8_block with rows interleaved for CPUs
     "nvfp4_x16": Preset("Qwen3.6-35B-A3B-NVFP4", 2048, 512, 8, "silu"),  # nvfp4 with rows interleaved for CPUs
     "ds_fp4_x16": Preset("DeepSeek-V4-Flash", 4096, 2048, 6, "swiglu_clamp", 1.0, 10.0),  # ds_fp4 rows interleaved

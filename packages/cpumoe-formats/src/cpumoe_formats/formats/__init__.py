@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from ..schema import FormatSpec
-from . import bf16, ds_fp4, ds_fp4_x16, fp8_block, fp8_block_x16, mxfp4, mxfp4_panel, nvfp4, nvfp4_x16, q4_0, q4_0_x16
+from . import (
+    bf16,
+    bf16_x16,
+    ds_fp4,
+    ds_fp4_x16,
+    fp8_block,
+    fp8_block_x16,
+    mxfp4,
+    mxfp4_panel,
+    nvfp4,
+    nvfp4_x16,
+    q4_0,
+    q4_0_x16,
+)
 
 FORMATS: dict[str, FormatSpec] = {
     m.SPEC.name: m.SPEC
-    for m in (bf16, nvfp4, mxfp4, ds_fp4, q4_0, fp8_block, mxfp4_panel, q4_0_x16, fp8_block_x16, nvfp4_x16, ds_fp4_x16)
+    for m in (bf16, nvfp4, mxfp4, ds_fp4, q4_0, fp8_block, mxfp4_panel, q4_0_x16, fp8_block_x16, nvfp4_x16, ds_fp4_x16,
+              bf16_x16)
 }
 _ALIASES = {a: s.name for s in FORMATS.values() for a in s.aliases}
 

@@ -5,6 +5,33 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
+from .._arrays import aligned_empty
+
+GROUP = 16  # rows per group
+
+
+def pair_groups(a: np.ndarray) -> np.ndarray:
+    """[E, R, K] elements (R % 16 == 0, K even) -> groups [E, R/16, K*16], 64-byte aligned: element p*32 + 2r + j
+    of a group row = row r's element 2p + j (fp8_block_x16, bf16_x16: a K pair of 16 rows per vector)."""
+    a = np.asarray(a)
+    E, R, K = a.shape
+    out = aligned_empty((E, R // GROUP, K * GROUP), a.dtype)
+    out.reshape(E, R // GROUP, K // 2, GROUP, 2)[...] = a.reshape(E, R // GROUP, GROUP, K // 2, 2).transpose(
+        0, 1, 3, 2, 4)
+    return out
+
+
+def from_pair_groups(a: np.ndarray) -> np.ndarray:
+    """groups [E, G, K*16] -> [E, G*16, K] (the inverse of pair_groups)."""
+    a = np.asarray(a)
+    E, G, W = a.shape
+    K = W // GROUP
+    out = aligned_empty((E, G * GROUP, K), a.dtype)
+    out.reshape(E, G, GROUP, K // 2, 2)[...] = a.reshape(E, G, K // 2, GROUP, 2).transpose(0, 1, 3, 2, 4)
+    return out
+
 
 class CpuLayout:
     """Mixin before the source format's class: `source` is the source SPEC; the subclass's module defines

@@ -41,4 +41,6 @@ SPEC = Bf16Format(
            BankSpec("down", (BF16, np.uint16), lambda E, H, I: (E, H, I), align=2)),
     description="bf16 weights, fp32 accumulation (W16A16)",
     kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16", "amx")},
+    cpu_layout="bf16_x16",  # 16 rows per K pair: a token sharing an expert costs one vdpbf16ps per 32 weights
+    cpu_layout_min_tier="avx512bf16",  # its only SIMD kernel; AMX CPUs keep bf16's tile kernel (a higher tier)
 )

@@ -31,29 +31,9 @@ from .._arrays import aligned_empty
 from ..numerics import E4M3
 from ..schema import BankSpec
 from . import fp8_block
-from ._layout import CpuLayout
+from ._layout import GROUP, CpuLayout, from_pair_groups, pair_groups
 
-GROUP = 16  # rows per group
-
-
-def to_groups(a: np.ndarray) -> np.ndarray:
-    """codes [E, R, K] (R % 16 == 0, K even) -> groups [E, R/16, K*16]: byte p*32 + 2r + j = row r's code 2p + j."""
-    a = np.asarray(a)
-    E, R, K = a.shape
-    out = aligned_empty((E, R // GROUP, K * GROUP), a.dtype)
-    out.reshape(E, R // GROUP, K // 2, GROUP, 2)[...] = a.reshape(E, R // GROUP, GROUP, K // 2, 2).transpose(
-        0, 1, 3, 2, 4)
-    return out
-
-
-def from_groups(a: np.ndarray) -> np.ndarray:
-    """groups [E, G, K*16] -> codes [E, G*16, K] (the inverse of to_groups)."""
-    a = np.asarray(a)
-    E, G, W = a.shape
-    K = W // GROUP
-    out = aligned_empty((E, G * GROUP, K), a.dtype)
-    out.reshape(E, G, GROUP, K // 2, 2)[...] = a.reshape(E, G, K // 2, GROUP, 2).transpose(0, 1, 3, 2, 4)
-    return out
+to_groups, from_groups = pair_groups, from_pair_groups  # codes [E, R, K] <-> groups [E, R/16, K*16]
 
 
 def _copy(a: np.ndarray) -> np.ndarray:

@@ -36,7 +36,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_FP8_BLOCK_X16 = 8, /* fp8_block with 16 rows interleaved per K pair, native (ABI 1.4) */
   CPUMOE_FMT_NVFP4_X16 = 9,   /* nvfp4 with 16 rows interleaved per 16-block, w4a8 (ABI 1.4) */
   CPUMOE_FMT_DS_FP4_X16 = 10, /* ds_fp4 with 16 rows interleaved per 32-block, w4a8 (ABI 1.4) */
-  CPUMOE_FMT_COUNT = 11
+  CPUMOE_FMT_BF16_X16 = 11,   /* bf16 with 16 rows interleaved per K pair, native (ABI 1.4) */
+  CPUMOE_FMT_COUNT = 12
 };
 
 enum cpumoe_act_id {

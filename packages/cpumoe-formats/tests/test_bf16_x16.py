@@ -1,0 +1,134 @@
+"""bf16_x16 (bf16 with 16 rows interleaved per K pair): the layout, the float64 reference, bit identity of the
+tiers (scalar does vdpbf16ps' fp32 steps in its order), work items over ragged row ranges with everything outside
+them poisoned, edge values, the executor-facing repack and the schema.
+
+Tolerance (whole steps, rel = max|y - ref| / max|ref|): bf16's 6e-3 (docs/formats/bf16.md): y's and g's bf16
+roundings dominate; the products are exact and only fp32 sums round. Work items (fp32, before any bf16
+rounding): |y - ref| <= (K + 8) u sum|w x| (fp4_helpers.dot_bound).
+"""
+import numpy as np
+import pytest
+from conftest import USABLE, rel_err, routes, run_forced, tier_cases
+from fp4_helpers import dot_bound, to_bf16_bits
+from x16_helpers import check_ragged_work_items, down_accumulators
+
+import cpumoe_formats as cf
+from cpumoe_formats.formats import bf16, bf16_x16
+from cpumoe_formats.numerics import BF16
+
+FMT = "bf16_x16"
+SPEC = cf.get_format(FMT)
+SIMD = [t for t in SPEC.kernel_tiers["native"] if t != "scalar"]
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint16)
+
+
+@pytest.mark.parametrize("H,I", [(96, 64), (16, 16), (2048, 144)])  # noqa: E741
+def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
+    b = bf16.SPEC.random_banks(3, H, I, rng)
+    r = cf.repack_bf16_x16(b)
+    assert cf.validate_banks(FMT, r) == (3, H, I)
+    assert SPEC.bytes_per_expert(H, I) == bf16.SPEC.bytes_per_expert(H, I)  # the same values, moved
+    u = cf.unpack_bf16_x16(r)
+    for n in b:
+        np.testing.assert_array_equal(_bits(u[n]), _bits(b[n]))
+    src, dst = _bits(b["down"]), _bits(r["down"])  # element by element: expert 1, row 16 g + rr, K pair p
+    for g, rr, p in [(0, 0, 0), (min(1, H // 16 - 1), 15, I // 2 - 1), (H // 16 - 1, 7, 3)]:
+        o = 32 * p + 2 * rr
+        np.testing.assert_array_equal(dst[1, g, o:o + 2], src[1, 16 * g + rr, 2 * p:2 * p + 2])
+    assert r["down"].ctypes.data % 64 == 0
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+@pytest.mark.parametrize("H,I,T", [(96, 64, 1), (1104, 304, 9), (16, 16, 3), (2048, 768, 8)])  # noqa: E741
+def test_against_float64_reference(rng, mode, tier, H, I, T):  # noqa: E741
+    E, K = 5, 4
+    b = SPEC.random_banks(E, H, I, rng)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    w, ids = routes(rng, T, K, E)
+    y = run_forced(FMT, b, x, w, ids, mode, tier)
+    ref = cf.reference.moe(FMT, b, x, w, ids, mode=mode)
+    assert rel_err(y, ref) < 6e-3
+    yb = cf.moe_forward("bf16", cf.unpack_bf16_x16(b), x, w, ids)  # bf16 on the same values: another fp32 order
+    assert rel_err(y, yb.astype(np.float64)) < 1e-2
+
+
+@pytest.mark.parametrize("tier", SIMD)
+@pytest.mark.parametrize("T", [1, 3, 9])
+def test_tiers_bit_identical(rng, tier, T):
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    E, H, I = 4, 1104, 304  # noqa: E741
+    b = SPEC.random_banks(E, H, I, rng)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    w, ids = routes(rng, T, 3, E)
+    ys, yt = (run_forced(FMT, b, x, w, ids, "native", t) for t in ("scalar", tier))
+    np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
+    # fp32 down accumulators of one work item (bf16 outputs would hide a reordered fp32 sum)
+    gs = to_bf16_bits(rng.standard_normal((T, I)) * rng.uniform(0.01, 10.0, (T, 1)))
+    a0, a1 = down_accumulators(FMT, b, ("scalar", tier), gs, H)
+    np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+@pytest.mark.parametrize("n", [1, 2, 9])
+def test_ragged_work_items(rng, mode, tier, n):
+    """Row ranges that cut groups: each item writes exactly its rows, with the bits of a whole-range call, and the
+    down terms are within the dot bound of float64."""
+    E, H, I = 3, 160, 208  # noqa: E741 - 10 and 13 + 13 groups
+    b = SPEC.random_banks(E, H, I, rng)
+    wf = SPEC.dequantize(b)[1][1]  # [H, I] float64
+
+    def check(full, gs, wts):
+        for j in range(n):
+            a = gs[j].view(BF16).astype(np.float64)
+            assert (np.abs(full[j] - wts[j] * (wf @ a)) <= wts[j] * dot_bound(wf, a) + 1e-30).all()
+
+    check_ragged_work_items(cf.Kernel(FMT, E, H, I, mode=mode, isa=tier), FMT, b, n, rng,
+                            [(5, 37), (16, 32), (0, 1), (207, 208), (17, 18), (100, 200)],
+                            [(3, 29), (16, 48), (159, 160), (0, 17)], check)
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+def test_edge_values(rng, mode, tier):
+    """Weights of every binade from 2^-52 to 2^-6 with both signs and +-0 in every row, activations over 2^-8 to
+    2^8 (normal ones: vdpbf16ps reads bf16 subnormals as zero, which the reference does not model)."""
+    E, H, I = 2, 272, 144  # noqa: E741
+    b = bf16.SPEC.random_banks(E, H, I, rng)
+    for name in ("gate_up", "down"):
+        a = b[name]
+        mag = 2.0 ** rng.integers(-52, -5, a.shape) * rng.uniform(1, 2, a.shape)
+        v = np.where(rng.random(a.shape) < 0.05, 0.0, mag * np.where(rng.random(a.shape) < 0.5, -1, 1))
+        a[...] = v.astype(np.float32).astype(BF16)
+    xb = cf.repack_bf16_x16(b)
+    x = (rng.standard_normal((3, H)) * 2.0 ** rng.integers(-8, 9, (3, H))).astype(np.float32)
+    w, ids = routes(rng, 3, 2, E, skip=False)
+    y = run_forced(FMT, xb, x, w, ids, mode, tier)
+    ref = cf.reference.moe(FMT, xb, x, w, ids, mode=mode)
+    assert rel_err(y, ref) < 6e-3
+
+
+def test_schema_and_errors(rng):
+    b = SPEC.random_banks(3, 2048, 768, rng)
+    assert cf.validate_banks(FMT, b) == (3, 2048, 768)
+    assert SPEC.id == 11 and cf.get_format("bf16_cpu") is SPEC and SPEC.modes == ("native",)
+    assert bf16.SPEC.cpu_layout == FMT and bf16.SPEC.cpu_layout_min_tier == "avx512bf16"
+    small = SPEC.random_banks(2, 96, 64, rng)
+    with pytest.raises(ValueError, match="down.*expected shape"):
+        cf.validate_banks(FMT, dict(small, down=small["down"][:, :4]))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :100]))
+    with pytest.raises(ValueError, match="gate_up"):
+        cf.validate_banks(FMT, dict(small, gate_up=small["gate_up"][:, :-1]))
+    with pytest.raises(ValueError):  # bf16's row-major banks under this name
+        cf.validate_banks(FMT, bf16.SPEC.random_banks(2, 96, 64, rng))
+    with pytest.raises(ValueError, match="multiples of 16"):  # bf16 takes any H, I; the layout does not
+        cf.repack_bf16_x16(bf16.SPEC.random_banks(1, 100, 64, rng))
+    with pytest.raises(ValueError, match="mode"):
+        cf.Kernel(FMT, 2, 96, 64, mode="w4a8")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        cf.Kernel(FMT, 2, 88, 64)
+    g = bf16_x16.pair_groups(_bits(bf16.SPEC.random_banks(1, 32, 32, rng)["down"]))
+    np.testing.assert_array_equal(bf16_x16.pair_groups(bf16_x16.from_pair_groups(g)), g)
