@@ -45,6 +45,11 @@ def ran_banks(ex, banks):
     return [cf.get_format(ex.given_format).to_cpu_layout(b) for b in banks]
 
 
+def reference(ex, banks, layer, x, w, ids, **kw):
+    """cf.moe_forward of the format the executor runs (its CPU layout when it repacked), on those banks."""
+    return cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[layer], x, w, ids, mode=ex.mode, **kw)
+
+
 def routing(rng, T, K, E, dup=True, skip=True):
     ids = rng.integers(0, E, size=(T, K)).astype(np.int32)
     if dup and K > 1:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import bits, make_banks, routing
+from conftest import bits, make_banks, reference, routing
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -42,7 +42,7 @@ def test_consumer_runs_a_task_through_the_hostfn_entries(tmp_path, rng, coordina
     w, ids = routing(rng, 3, 2, E)
     a["x"][:3], a["ids"][:3], a["w"][:3] = x, ids, w
     assert mod.run(ex.handle, 1, 3) == (_native.IOB_MAGIC, ce.PROTOCOL_VERSION)
-    np.testing.assert_array_equal(bits(a["y"][:3]), bits(cf.moe_forward("bf16", banks[1], x, w, ids)))
+    np.testing.assert_array_equal(bits(a["y"][:3]), bits(reference(ex, banks, 1, x, w, ids)))
     with pytest.raises(ValueError, match="refused"):
         mod.run(ex.handle, 2, 1)
     ex.stop_coordinator()

@@ -4,7 +4,7 @@ thread counts 1..N, batch sizes 1, 3, 8 and max_tokens, duplicated and -1 ids,
 several layers."""
 import numpy as np
 import pytest
-from conftest import ACT, FORMATS, bits, make_banks, ran_banks, routing
+from conftest import ACT, FORMATS, bits, make_banks, ran_banks, reference, routing
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -72,7 +72,7 @@ def test_apply_router_weight_on_input(rng):
     ex = ce.CpuMoeExecutor("bf16", banks, top_k=3, apply_router_weight_on_input=True)
     x = rng.standard_normal((2, H)).astype(np.float32)
     w, ids = routing(rng, 2, 3, E)
-    want = cf.moe_forward("bf16", banks[1], x, w, ids, apply_router_weight_on_input=True)
+    want = reference(ex, banks, 1, x, w, ids, apply_router_weight_on_input=True)
     np.testing.assert_array_equal(bits(ex.decode(1, x, w, ids)), bits(want))
 
 
@@ -101,7 +101,7 @@ def test_a_token_with_every_route_skipped_among_routed_ones(fmt, rng):
         ids[3, :] = ids[0, 0]  # a token whose three routes share one expert (one group, three route slots)
         out = np.full((5, H), 0x7FC1, np.uint16).view(cf.numerics.BF16)
         y = ex.decode(0, x, w, ids, out=out)
-        want = cf.moe_forward(fmt, banks[0], x, w, ids, **act)
+        want = reference(ex, banks, 0, x, w, ids, **act)
         assert not bits(y)[1].any()
         np.testing.assert_array_equal(bits(y), bits(want), err_msg=f"threads={threads}")
 

@@ -2,7 +2,7 @@
 the Python API. Each call gives the right answer (bit-identical to the
 single-threaded kernels) or a clear ValueError/TypeError, never a crash."""
 import numpy as np
-from conftest import bits
+from conftest import bits, ran_banks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +13,7 @@ H, I, E = 64, 32, 5  # noqa: E741
 _rng = np.random.default_rng(1234)
 BANKS = [cf.get_format("bf16").random_banks(E, H, I, _rng) for _ in range(2)]
 EX = ce.CpuMoeExecutor("bf16", BANKS, top_k=3, max_tokens=6)
+RUN = ran_banks(EX, BANKS)  # the banks of the format that runs (bf16_x16 where bf16 repacks)
 
 X_DTYPES = [np.float32, np.float64, np.float16, cf.numerics.BF16, np.int32, np.uint8]
 ID_DTYPES = [np.int32, np.int64, np.int16, np.uint8, np.float32]
@@ -74,7 +75,7 @@ def test_random_calls_are_right_or_refused(c):
         assert str(e), "exception without a message"
         return
     assert err is None, f"expected {err.__name__}, got a result"
-    want = cf.moe_forward("bf16", BANKS[c["layer"]], x, w, ids)
+    want = cf.moe_forward(EX.spec.name, RUN[c["layer"]], x, w, ids)
     np.testing.assert_array_equal(bits(y), bits(want))
 
 
@@ -96,4 +97,4 @@ def test_valid_routings_are_bit_identical(T, ids, team, seed):
     w = rng.random((T, 3)).astype(np.float32)
     out = np.full((T, H), 0x7FC1, np.uint16).view(cf.numerics.BF16)
     y = EX3.decode(1, x, w, ids_a, out=out)
-    np.testing.assert_array_equal(bits(y), bits(cf.moe_forward("bf16", BANKS[1], x, w, ids_a)))
+    np.testing.assert_array_equal(bits(y), bits(cf.moe_forward(EX3.spec.name, ran_banks(EX3, BANKS)[1], x, w, ids_a)))

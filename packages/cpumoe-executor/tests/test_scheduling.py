@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ACT, FORMATS, bits, make_banks, ran_banks, routing
+from conftest import ACT, FORMATS, bits, make_banks, ran_banks, reference, routing
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -85,7 +85,7 @@ def test_pool_stays_hot_in_the_coordinator_window_then_sleeps(rng):
     _native.set_team_unit(ex.handle, 0)  # every step wakes the worker
     x = rng.standard_normal((2, H)).astype(np.float32)
     w, ids = routing(rng, 2, 2, E)
-    want = cf.moe_forward("bf16", banks[0], x, w, ids)
+    want = reference(ex, banks, 0, x, w, ids)
     np.testing.assert_array_equal(bits(decode_poisoned(ex, 0, x, w, ids)), bits(want))
     # No coordinator: spin_us=0, so the worker goes to sleep right after its step.
     assert wait_until(lambda: _native.pool_sleepers(ex.handle) == 1)
@@ -138,7 +138,7 @@ def test_a_step_returns_only_when_every_item_is_done(rng):
     _native.set_team_unit(ex.handle, 0)
     x = rng.standard_normal((T, H)).astype(np.float32)
     w, ids = routing(rng, T, K, E)
-    want = bits(cf.moe_forward("bf16", banks[0], x, w, ids))
+    want = bits(reference(ex, banks, 0, x, w, ids))
     for i in range(300):
         y = decode_poisoned(ex, 0, x, w, ids)
         assert (bits(y) == want).all(), f"step {i}: y incomplete or wrong when decode returned"
