@@ -59,6 +59,12 @@ struct Int8Toks {
   }
 };
 
+// The size of one token's such record (the layouts' act_bytes).
+template <int QB>
+size_t int8_record_bytes(const cpumoe_kernel*, int32_t K) {
+  return (size_t)K + (size_t)(K / QB) * (sizeof(float) + sizeof(int32_t));
+}
+
 #if defined(__AVX512VNNI__)
 // acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction
 // ({1to16}): one uop where the intrinsic pair (a broadcast load, then vpdpbusd) is two; GCC 12 does not fold it.

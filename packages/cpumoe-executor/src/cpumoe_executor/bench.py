@@ -276,8 +276,9 @@ def parse_args(argv=None):
                         "'nvfp4=w4a8,mxfp4=native' (default: each format's default mode; the isa column shows it)")
     p.add_argument("--working-set", choices=("dram", "cache"), default="dram")
     p.add_argument("--repack", choices=tuple(REPACK), default="auto",
-                   help="formats with a CPU layout (mxfp4, q4_0, ds_fp4 in w4a8): auto repacks as the executor "
-                        "does by default (table: mxfp4>mxfp4_panel), on forces it, off runs their own layout")
+                   help="formats with a CPU layout (FormatSpec.cpu_layout: mxfp4, q4_0, fp8_block, bf16; nvfp4 and "
+                        "ds_fp4 in w4a8): auto repacks as the executor does by default (table: mxfp4>mxfp4_panel), "
+                        "on forces it, off runs their own layout")
     p.add_argument("--routing", choices=("random", "shared", "both"), default="both")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)

@@ -31,8 +31,6 @@ constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 #define CPUMOE_Q4X16_PF 3072
 #endif
 
-size_t act_bytes_x16(const cpumoe_kernel*, int32_t K) { return (size_t)K + (size_t)(K / QK) * 8; }
-
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   int8_t* q = (int8_t*)dst;
   const int nb = K / QK;
@@ -201,7 +199,7 @@ bool CPUMOE_INIT_FN(q4_0_x16)(cpumoe_kernel* k) {
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
     CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   if (k->params.mode != CPUMOE_MODE_W4A8) return false;
-  x16::install<G16>(k, &act_bytes_x16, &prep_x16);
+  x16::install<G16>(k, &x16::int8_record_bytes<QK>, &prep_x16);
   return true;
 #else
   (void)k;

@@ -31,9 +31,8 @@ from .._arrays import aligned_empty
 from ..numerics import E8M0, codes, pack_nibbles
 from ..schema import BankSpec
 from . import ds_fp4
-from ._layout import CpuLayout
+from ._layout import GROUP, CpuLayout
 
-GROUP = 16  # rows per group
 QK = ds_fp4.BLOCK  # 32 elements per scale block
 GB = GROUP * (QK // 2 + 1)  # bytes per group and block: 16 scales + 16 x 16 code bytes = 272
 

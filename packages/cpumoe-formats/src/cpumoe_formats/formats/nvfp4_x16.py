@@ -31,9 +31,8 @@ from .._arrays import aligned_empty
 from ..numerics import E4M3
 from ..schema import BankSpec
 from . import nvfp4
-from ._layout import CpuLayout
+from ._layout import GROUP, CpuLayout
 
-GROUP = 16  # rows per group
 BLOCK = nvfp4.BLOCK  # K elements per block (one e4m3 scale)
 CHUNK = 4  # blocks per chunk
 GB = GROUP * (BLOCK // 2 + 1)  # bytes per group and block: 16 scales + 16 x 8 code bytes = 144

@@ -25,9 +25,8 @@ import numpy as np
 from .._arrays import aligned_empty
 from ..schema import BankSpec
 from . import q4_0
-from ._layout import CpuLayout
+from ._layout import GROUP, CpuLayout
 
-GROUP = 16  # rows per group
 GB = GROUP * q4_0.BLOCK_BYTES  # bytes per group and block: 16 d + 16 x 16 qs = 288
 
 
