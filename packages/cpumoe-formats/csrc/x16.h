@@ -10,7 +10,7 @@
 //     static Ref ref(const cpumoe_kernel* k, const cpumoe_bank* banks, int mat, int32_t e, int32_t group);
 //     // out[(g * NT + t) * 16 + r] = dot(row r of group gp[g], token t), for G groups and NT tokens
 //     template <int G, int NT> static void groups(const Ref* gp, int K, const void* const* act, float* out);
-//     struct Scope;  // constructed at a work item's start, destroyed at its end (AMX: releases the tiles)
+//     struct Scope;  // optional: constructed at a work item's start, destroyed at its end (AMX: tile release)
 //     // optional, default false (rowmajor.h's names; ds_fp4_x16 sets both):
 //     static constexpr bool kRoundGateUp;    // gate and up (times w_in) rounded to bf16 before the activation
 //     static constexpr bool kRoundRouteTerm; // each route's down term (dot times weight) rounded to bf16 before
@@ -42,6 +42,17 @@ template <class L, class = void>
 struct RoundRouteTerm : std::false_type {};
 template <class L>
 struct RoundRouteTerm<L, std::void_t<decltype(L::kRoundRouteTerm)>> : std::bool_constant<L::kRoundRouteTerm> {};
+
+// L::Scope, or an empty scope where the layout needs no per-work-item state (all but fp8_block_x16's amx tier).
+struct NoScope {};
+template <class L, class = void>
+struct ScopeOf {
+  using type = NoScope;
+};
+template <class L>
+struct ScopeOf<L, std::void_t<typename L::Scope>> {
+  using type = typename L::Scope;
+};
 
 // The parts of NT tokens' int8 records (q4_0_x16, nvfp4_x16, ds_fp4_x16) a group dot reads: int8 q[K], then one
 // float scale and one int32 correction per QB-element block.
@@ -109,7 +120,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
              const void* const* xs, const float* w_in, uint16_t* const* g) {
   const cpumoe_params& p = k->params;
   const int32_t I = p.inter;
-  [[maybe_unused]] typename L::Scope scope;
+  [[maybe_unused]] typename ScopeOf<L>::type scope;
   ActSink sink(p);
   if (n == 1) {  // the first bytes of the gate and up streams (their in-stream prefetch starts further in)
     const int64_t w = std::min<int64_t>(L::kPf, (int64_t)((i1 - 1) / GR - i0 / GR + 1) * banks[L::kSlot[0]].row_stride);
@@ -162,7 +173,7 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
   const int K = k->params.inter;
   const int32_t g0 = h0 / GR, g1 = (h1 + GR - 1) / GR;  // the groups the rows touch
   const int64_t rs = banks[L::kSlot[1]].row_stride;
-  [[maybe_unused]] typename L::Scope scope;
+  [[maybe_unused]] typename ScopeOf<L>::type scope;
   constexpr bool kR = RoundRouteTerm<L>::value;
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;

@@ -31,7 +31,6 @@ struct G16 {
   struct Ref {
     const uint8_t* w;  // the group's values (bytes, for the loops' prefetch)
   };
-  struct Scope {};
   static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
     return {bank_row<uint8_t>(banks[mat], e, g)};
   }

@@ -78,7 +78,6 @@ struct G16 {
   static constexpr int64_t kPf = CPUMOE_DSX16_PF;
   static constexpr int kSlot[2] = {0, 1};
   static constexpr bool kRoundGateUp = true, kRoundRouteTerm = true;  // ds_fp4's bf16 roundings
-  struct Scope {};  // nothing to set up or release per work item (main's x16.h since a44d0cc constructs one)
   struct Ref {
     const uint8_t* w;
   };

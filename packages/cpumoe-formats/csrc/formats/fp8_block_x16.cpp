@@ -51,8 +51,6 @@ struct G16 {
   struct Scope {  // the tiles are configured by the first group call of a work item, released at its end
     ~Scope();
   };
-#else
-  struct Scope {};
 #endif
 };
 

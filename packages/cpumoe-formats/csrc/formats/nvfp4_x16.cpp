@@ -80,7 +80,6 @@ struct G16 {
     const uint8_t* w;    // the group's chunks
     const uint16_t* gl;  // its 16 fp16 globals
   };
-  struct Scope {};  // nothing to hold per work item (main's x16.h constructs one; the AMX layouts release tiles)
   static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
     return {bank_row<uint8_t>(banks[2 * mat], e, g), bank_row<uint16_t>(banks[2 * mat + 1], e, g)};
   }
