@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import dot_bound, to_bf16_bits
-from x16_helpers import check_ragged_work_items, down_accumulators
+from x16_helpers import check_pair_layout_errors, check_pair_round_trip, check_ragged_work_items, down_accumulators
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import bf16, bf16_x16
@@ -27,17 +27,7 @@ def _bits(a):
 
 @pytest.mark.parametrize("H,I", [(96, 64), (16, 16), (2048, 144)])  # noqa: E741
 def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
-    b = bf16.SPEC.random_banks(3, H, I, rng)
-    r = cf.repack_bf16_x16(b)
-    assert cf.validate_banks(FMT, r) == (3, H, I)
-    assert SPEC.bytes_per_expert(H, I) == bf16.SPEC.bytes_per_expert(H, I)  # the same values, moved
-    u = cf.unpack_bf16_x16(r)
-    for n in b:
-        np.testing.assert_array_equal(_bits(u[n]), _bits(b[n]))
-    src, dst = _bits(b["down"]), _bits(r["down"])  # element by element: expert 1, row 16 g + rr, K pair p
-    for g, rr, p in [(0, 0, 0), (min(1, H // 16 - 1), 15, I // 2 - 1), (H // 16 - 1, 7, 3)]:
-        o = 32 * p + 2 * rr
-        np.testing.assert_array_equal(dst[1, g, o:o + 2], src[1, 16 * g + rr, 2 * p:2 * p + 2])
+    r = check_pair_round_trip(FMT, bf16.SPEC, bf16.SPEC.random_banks(3, H, I, rng), H, I)
     assert r["down"].ctypes.data % 64 == 0
 
 
@@ -115,20 +105,6 @@ def test_schema_and_errors(rng):
     assert cf.validate_banks(FMT, b) == (3, 2048, 768)
     assert SPEC.id == 11 and cf.get_format("bf16_cpu") is SPEC and SPEC.modes == ("native",)
     assert bf16.SPEC.cpu_layout == FMT and bf16.SPEC.cpu_layout_min_tier == "avx512bf16"
-    small = SPEC.random_banks(2, 96, 64, rng)
-    with pytest.raises(ValueError, match="down.*expected shape"):
-        cf.validate_banks(FMT, dict(small, down=small["down"][:, :4]))
-    with pytest.raises(ValueError, match="multiples of 16"):
-        cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :100]))
-    with pytest.raises(ValueError, match="gate_up"):
-        cf.validate_banks(FMT, dict(small, gate_up=small["gate_up"][:, :-1]))
-    with pytest.raises(ValueError):  # bf16's row-major banks under this name
-        cf.validate_banks(FMT, bf16.SPEC.random_banks(2, 96, 64, rng))
-    with pytest.raises(ValueError, match="multiples of 16"):  # bf16 takes any H, I; the layout does not
-        cf.repack_bf16_x16(bf16.SPEC.random_banks(1, 100, 64, rng))
-    with pytest.raises(ValueError, match="mode"):
-        cf.Kernel(FMT, 2, 96, 64, mode="w4a8")
-    with pytest.raises(ValueError, match="multiples of 16"):
-        cf.Kernel(FMT, 2, 88, 64)
+    check_pair_layout_errors(FMT, bf16.SPEC, rng)
     g = bf16_x16.pair_groups(_bits(bf16.SPEC.random_banks(1, 32, 32, rng)["down"]))
     np.testing.assert_array_equal(bf16_x16.pair_groups(bf16_x16.from_pair_groups(g)), g)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import dot_bound, to_bf16_bits
-from x16_helpers import check_ragged_work_items, down_accumulators
+from x16_helpers import check_pair_layout_errors, check_pair_round_trip, check_ragged_work_items, down_accumulators
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import fp8_block, fp8_block_x16
@@ -28,17 +28,7 @@ def _codes(a):
 @pytest.mark.parametrize("H,I", [(96, 64), (16, 16), (2048, 144)])  # noqa: E741
 def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
     b = fp8_block.SPEC.random_banks(3, H, I, rng)
-    r = cf.repack_fp8_block_x16(b)
-    assert cf.validate_banks(FMT, r) == (3, H, I)
-    assert SPEC.bytes_per_expert(H, I) == fp8_block.SPEC.bytes_per_expert(H, I)  # the same bytes, moved
-    u = cf.unpack_fp8_block_x16(r)
-    for n in b:
-        np.testing.assert_array_equal(_codes(u[n]), _codes(b[n]))
-    # byte by byte: expert 1, row 16 g + rr, K pair p
-    src, dst = _codes(b["down"]), _codes(r["down"])
-    for g, rr, p in [(0, 0, 0), (min(1, H // 16 - 1), 15, I // 2 - 1), (H // 16 - 1, 7, 3)]:
-        o = 32 * p + 2 * rr
-        np.testing.assert_array_equal(dst[1, g, o:o + 2], src[1, 16 * g + rr, 2 * p:2 * p + 2])
+    r = check_pair_round_trip(FMT, fp8_block.SPEC, b, H, I)
     assert r["gate_up_scale"].ctypes.data != b["gate_up_scale"].ctypes.data  # copies, not views
 
 
@@ -124,20 +114,6 @@ def test_schema_and_errors(rng):
     assert cf.validate_banks(FMT, b) == (3, 2048, 512)
     assert SPEC.id == 8 and cf.get_format("fp8_block_cpu") is SPEC and SPEC.modes == ("native",)
     assert fp8_block.SPEC.cpu_layout == FMT and fp8_block.SPEC.cpu_layout_min_tier == "avx512bf16"
-    small = SPEC.random_banks(2, 96, 64, rng)
-    with pytest.raises(ValueError, match="down.*expected shape"):
-        cf.validate_banks(FMT, dict(small, down=small["down"][:, :4]))
-    with pytest.raises(ValueError, match="multiples of 16"):
-        cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :100]))
-    with pytest.raises(ValueError, match="gate_up"):
-        cf.validate_banks(FMT, dict(small, gate_up=small["gate_up"][:, :-1]))
-    with pytest.raises(ValueError):  # fp8_block's row-major banks under this name
-        cf.validate_banks(FMT, fp8_block.SPEC.random_banks(2, 96, 64, rng))
-    with pytest.raises(ValueError, match="multiples of 16"):  # fp8_block takes any H, I; the layout does not
-        cf.repack_fp8_block_x16(fp8_block.SPEC.random_banks(1, 100, 64, rng))
-    with pytest.raises(ValueError, match="mode"):
-        cf.Kernel(FMT, 2, 96, 64, mode="w4a8")
-    with pytest.raises(ValueError, match="multiples of 16"):
-        cf.Kernel(FMT, 2, 88, 64)
+    check_pair_layout_errors(FMT, fp8_block.SPEC, rng)
     g = fp8_block_x16.to_groups(_codes(fp8_block.SPEC.random_banks(1, 32, 32, rng)["down"]))
     np.testing.assert_array_equal(fp8_block_x16.to_groups(fp8_block_x16.from_groups(g)), g)

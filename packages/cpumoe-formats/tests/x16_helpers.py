@@ -1,6 +1,7 @@
 """Checks shared by the _x16 layouts' tests (q4_0_x16, nvfp4_x16, ds_fp4_x16, fp8_block_x16): work items over
 ragged row ranges with poisoned outputs and sentinels, and the fp32 down accumulators of a work item per tier."""
 import numpy as np
+import pytest
 from fp4_helpers import prep, to_bf16_bits, views
 
 import cpumoe_formats as cf
@@ -65,3 +66,45 @@ def check_ragged_work_items(k, fmt, banks, n, rng, gate_ranges, down_ranges, che
     check_full_down(full, gs, wts)
     for h0, h1 in down_ranges:
         np.testing.assert_array_equal(down(h0, h1), full[:, h0:h1])
+
+
+def _raw(a):
+    a = np.ascontiguousarray(a)
+    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
+def check_pair_round_trip(fmt, source, banks, H, I):  # noqa: E741
+    """A pair-group layout (fp8_block_x16, bf16_x16) from `source` banks: validates, has the source's bytes per
+    expert, unpacks to the same bits, and holds row 16 g + rr's K pair p at elements 32 p + 2 rr (expert 1, down)."""
+    layout = cf.get_format(fmt)
+    r = layout.repack_from(banks)
+    assert cf.validate_banks(fmt, r) == (banks["down"].shape[0], H, I)
+    assert layout.bytes_per_expert(H, I) == source.bytes_per_expert(H, I)  # the same bytes, moved
+    for n, a in layout._module().unpack(r).items():
+        np.testing.assert_array_equal(_raw(a), _raw(banks[n]))
+    src, dst = _raw(banks["down"]), _raw(r["down"])
+    for g, rr, p in [(0, 0, 0), (min(1, H // 16 - 1), 15, I // 2 - 1), (H // 16 - 1, 7, 3)]:
+        o = 32 * p + 2 * rr
+        np.testing.assert_array_equal(dst[1, g, o:o + 2], src[1, 16 * g + rr, 2 * p:2 * p + 2])
+    return r
+
+
+def check_pair_layout_errors(fmt, source, rng):
+    """The schema and shape errors a pair-group layout raises: wrong group count, rows not whole pairs of 16
+    values, odd gate_up groups, the source's row-major banks under the layout's name, H not a multiple of 16 (the
+    source takes any), a mode it lacks."""
+    small = cf.get_format(fmt).random_banks(2, 96, 64, rng)
+    with pytest.raises(ValueError, match="down.*expected shape"):
+        cf.validate_banks(fmt, dict(small, down=small["down"][:, :4]))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        cf.validate_banks(fmt, dict(small, down=small["down"][:, :, :100]))
+    with pytest.raises(ValueError, match="gate_up"):
+        cf.validate_banks(fmt, dict(small, gate_up=small["gate_up"][:, :-1]))
+    with pytest.raises(ValueError):
+        cf.validate_banks(fmt, source.random_banks(2, 96, 64, rng))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        cf.get_format(fmt).repack_from(source.random_banks(1, 100, 64, rng))
+    with pytest.raises(ValueError, match="mode"):
+        cf.Kernel(fmt, 2, 96, 64, mode="w4a8")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        cf.Kernel(fmt, 2, 88, 64)
