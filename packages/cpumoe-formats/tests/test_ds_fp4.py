@@ -30,9 +30,12 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import (
+    TINY,
     U,
+    bits_f64,
     check_g,
     dot_bound,
+    ds_flip_effect,
     kernel,
     prep,
     run_down,
@@ -43,50 +46,11 @@ from fp4_helpers import (
 import cpumoe_formats as cf
 from cpumoe_formats import activations
 from cpumoe_formats.formats.ds_fp4 import act_quant_roundtrip
-from cpumoe_formats.numerics import BF16, E8M0, round_bf16
+from cpumoe_formats.numerics import E8M0, round_bf16
 
 FMT = "ds_fp4"
 SPEC = cf.get_format(FMT)
 DSV4 = {"activation": "swiglu_clamp", "alpha": 1.0, "limit": 10.0}
-TINY = 2.0**-149  # fp32 subnormal step: absolute error of one product with a subnormal result
-
-
-def bits_f64(b):
-    return np.asarray(b, np.uint16).view(BF16).astype(np.float64)
-
-
-def flip_effect(k, banks, x, w, ids, deq, mode, **kw):
-    """What the kernel's own g flips do to y, exactly (per token, the largest |change| of an output element).
-
-    The kernel's gate/up (fp32) may round to bf16 the other way than the float64 reference where the exact value
-    sits within fp32 error of a rounding boundary ((c) of the module docstring). Its g then differs in that
-    element; through the FP8 round trip (native) and the int8 requantization (w4a8) the whole 128- or 32-block
-    of activations may follow when the element is a block maximum, and a duplicated expert repeats it. Rather
-    than bound that, this takes the kernel's g from its gate_up work item (checked here against the rigorous
-    interval of check_g, so it is a g the kernel may produce) and propagates the difference of the prepared
-    activations through the exact down rows: sum over routes of w * down[e] @ (act_in(g_kernel) - act_in(g_ref)).
-    It is 0 when no flip happened (the usual case), so the tolerance stays tight. Found by looping seeds: a w4a8
-    step whose expert was routed three times read 1.26e-2 against 9.0e-3."""
-    gu, dn = deq
-    act = activations.resolve(kw.get("activation", "silu"), kw.get("alpha"), kw.get("limit"))
-    H, I = dn.shape[1], dn.shape[2]  # noqa: E741
-    worst = 0.0
-    for t in range(ids.shape[0]):
-        xb = to_bf16_bits(x[t])
-        xa = SPEC.act_in(bits_f64(xb), mode)
-        delta = np.zeros(H)
-        for e in {int(v) for v in ids[t] if v >= 0}:
-            g_k = run_gate_up(k, FMT, banks, e, [xb])[0]
-            pre = gu[e] @ xa
-            bnd = dot_bound(gu[e], xa) + (H // 32 + 8) * TINY
-            check_g(g_k, pre[:I], pre[I:], bnd[:I], bnd[I:], act, round_gate_up=True)
-            g_r = round_bf16(act(round_bf16(pre[:I]), round_bf16(pre[I:])))
-            if np.array_equal(g_k, g_r):
-                continue
-            wsum = sum(float(np.float32(w[t, j])) for j in range(ids.shape[1]) if ids[t, j] == e)
-            delta += wsum * (dn[e] @ (SPEC.act_in(g_k, mode) - SPEC.act_in(g_r, mode)))
-        worst = max(worst, float(np.abs(delta).max()))
-    return worst
 
 
 def moe_tol(kern, banks, x, w, ids, ref, deq, mode, **kw):
@@ -98,7 +62,7 @@ def moe_tol(kern, banks, x, w, ids, ref, deq, mode, **kw):
         one[:, k] = ids[:, k]
         big = max(big, float(np.abs(cf.reference.moe(FMT, banks, x, w, one, mode=mode, dequantized=deq,
                                                           **kw)).max()))
-    extra = flip_effect(kern, banks, x, w, ids, deq, mode, **kw)
+    extra = ds_flip_effect(FMT, kern, banks, x, w, ids, deq, mode, **kw)
     return 2.0**-8 + (2.0**-7 * big + extra) / float(np.abs(ref).max()) + 1e-3
 
 

@@ -13,13 +13,25 @@ ends rounded to bf16.
 import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
-from fp4_helpers import check_g, dot_bound, kernel, prep, run_down, run_gate_up, to_bf16_bits, views
+from fp4_helpers import (
+    TINY,
+    bits_f64,
+    check_g,
+    dot_bound,
+    ds_flip_effect,
+    kernel,
+    prep,
+    run_down,
+    run_gate_up,
+    to_bf16_bits,
+    views,
+)
 from x16_helpers import check_ragged_work_items
 
 import cpumoe_formats as cf
 from cpumoe_formats import activations
 from cpumoe_formats.formats import ds_fp4, ds_fp4_x16
-from cpumoe_formats.numerics import BF16, E8M0, round_bf16
+from cpumoe_formats.numerics import E8M0, round_bf16
 
 FMT = "ds_fp4_x16"
 SPEC = cf.get_format(FMT)
@@ -27,12 +39,7 @@ DS = ds_fp4.SPEC
 TIERS = [p.values[1] for p in tier_cases(FMT)]
 SIMD = [t for t in TIERS if t != "scalar"]
 DSV4 = {"activation": "swiglu_clamp", "alpha": 1.0, "limit": 10.0}
-TINY = 2.0**-149
 KW2 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)  # 2 E2M1[code]
-
-
-def bits_f64(b):
-    return np.asarray(b, np.uint16).view(BF16).astype(np.float64)
 
 
 def ds_codes(packed):
@@ -43,30 +50,6 @@ def ds_codes(packed):
     return c
 
 
-def flip_effect(k, banks, x, w, ids, deq, **kw):
-    """test_ds_fp4.flip_effect for this format: the exact effect on y of the kernel's g flips (0 when none)."""
-    gu, dn = deq
-    act = activations.resolve(kw.get("activation", "silu"), kw.get("alpha"), kw.get("limit"))
-    H, I = dn.shape[1], dn.shape[2]  # noqa: E741
-    worst = 0.0
-    for t in range(ids.shape[0]):
-        xb = to_bf16_bits(x[t])
-        xa = SPEC.act_in(bits_f64(xb), "w4a8")
-        delta = np.zeros(H)
-        for e in {int(v) for v in ids[t] if v >= 0}:
-            g_k = run_gate_up(k, FMT, banks, e, [xb])[0]
-            pre = gu[e] @ xa
-            bnd = dot_bound(gu[e], xa) + (H // 32 + 8) * TINY
-            check_g(g_k, pre[:I], pre[I:], bnd[:I], bnd[I:], act, round_gate_up=True)
-            g_r = round_bf16(act(round_bf16(pre[:I]), round_bf16(pre[I:])))
-            if np.array_equal(g_k, g_r):
-                continue
-            wsum = sum(float(np.float32(w[t, j])) for j in range(ids.shape[1]) if ids[t, j] == e)
-            delta += wsum * (dn[e] @ (SPEC.act_in(g_k, "w4a8") - SPEC.act_in(g_r, "w4a8")))
-        worst = max(worst, float(np.abs(delta).max()))
-    return worst
-
-
 def moe_tol(k, banks, x, w, ids, ref, deq, **kw):
     big = 0.0
     for j in range(ids.shape[1]):
@@ -74,7 +57,7 @@ def moe_tol(k, banks, x, w, ids, ref, deq, **kw):
         one[:, j] = ids[:, j]
         big = max(big, float(np.abs(cf.reference.moe(FMT, banks, x, w, one, mode="w4a8", dequantized=deq,
                                                           **kw)).max()))
-    extra = flip_effect(k, banks, x, w, ids, deq, **kw)
+    extra = ds_flip_effect(FMT, k, banks, x, w, ids, deq, "w4a8", **kw)
     return 2.0**-8 + (2.0**-7 * big + extra) / float(np.abs(ref).max()) + 1e-3
 
 
