@@ -214,13 +214,16 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
   }
 }
 
-// A layout's kernel entry points: its activation record, then x16's loops over its group dot.
+// A layout's kernel entry points for its one mode: its activation record, then x16's loops over its group dot.
+// False (nothing set) for another mode.
 template <class L>
-CPUMOE_INLINE void install(cpumoe_kernel* k, cpumoe_act_bytes_fn act_bytes, cpumoe_prep_act_fn prep_act) {
+CPUMOE_INLINE bool install(cpumoe_kernel* k, int mode, cpumoe_act_bytes_fn act_bytes, cpumoe_prep_act_fn prep_act) {
+  if (k->params.mode != mode) return false;
   k->act_bytes = act_bytes;
   k->prep_act = prep_act;
   k->gate_up = &gate_up<L>;
   k->down = &down<L>;
+  return true;
 }
 
 }  // namespace x16

@@ -217,9 +217,7 @@ bool CPUMOE_INIT_FN(ds_fp4_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
     CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  if (k->params.mode != CPUMOE_MODE_W4A8) return false;
-  x16::install<G16>(k, &x16::int8_record_bytes<QK>, &prep_x16);
-  return true;
+  return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
 #else
   (void)k;
   return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs

@@ -231,9 +231,7 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
 bool CPUMOE_INIT_FN(fp8_block_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
-  if (k->params.mode != CPUMOE_MODE_NATIVE) return false;
-  x16::install<G16>(k, &act_bytes_bf16, &prep_act_bf16);
-  return true;
+  return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &act_bytes_bf16, &prep_act_bf16);
 #else
   (void)k;
   return false;  // the tiers without vdpbf16ps run scalar (the executor repacks fp8_block only from avx512bf16)
