@@ -119,6 +119,7 @@ G16::Scope::~Scope() {
   if (tl_tile_nt) _tile_release();
   tl_tile_nt = 0;
 }
+static_assert(std::is_same_v<x16::ScopeOf<G16>::type, G16::Scope>, "x16's loops must hold the tile scope");
 
 // The 32-K chunk at k (m = 32 or, in a K tail, 16 codes per row) of a group into B rows (zero past m / 2).
 CPUMOE_INLINE void decode_b(const fp8dec::Decoder& d, const uint8_t* w, int k, int m, uint16_t* b) {
