@@ -18,9 +18,11 @@ SHAPES = {"bf16": (96, 40), "fp8_block": (259, 131), "nvfp4": (96, 48), "mxfp4":
           "fp8_block_x16": (272, 144),  # 17 and 18 groups, partial 128-blocks; fp8_block's (259, 131) stays as given
           "nvfp4_x16": (80, 48),  # 5 and 6 groups of 16 rows, 5 and 3 blocks (partial 4-block chunks)
           "ds_fp4_x16": (256, 128),  # 16 and 16 groups of 16 rows
-          "bf16_x16": (96, 48)}  # 6 and 3 + 3 groups; bf16's (96, 40) stays as given
+          "bf16_x16": (96, 48),  # 6 and 3 + 3 groups; bf16's (96, 40) stays as given
+          "mxfp4_x16": (96, 64)}  # 6 and 4 + 4 groups of 16 rows
 ACT = {"mxfp4": dict(activation="swigluoai", alpha=1.702, limit=7.0),
        "mxfp4_panel": dict(activation="swigluoai", alpha=1.702, limit=7.0),
+       "mxfp4_x16": dict(activation="swigluoai", alpha=1.702, limit=7.0),
        "ds_fp4": dict(activation="swiglu_clamp", alpha=1.0, limit=10.0),
        "ds_fp4_x16": dict(activation="swiglu_clamp", alpha=1.0, limit=10.0)}
 
@@ -42,7 +44,7 @@ def ran_banks(ex, banks):
     """The banks in the format the executor runs (its repack into a CPU layout, or the given ones), for references."""
     if ex.spec.name == ex.given_format:
         return banks
-    return [cf.get_format(ex.given_format).to_cpu_layout(b) for b in banks]
+    return [cf.get_format(ex.given_format).to_layout(b, ex.spec.name) for b in banks]
 
 
 def reference(ex, banks, layer, x, w, ids, **kw):

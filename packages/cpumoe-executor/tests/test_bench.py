@@ -31,7 +31,7 @@ def test_quick_bench_every_format(tmp_path):
 def test_model_presets_cover_every_format():
     assert set(bench.FORMAT_MODEL) == {"bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0",
                                        "mxfp4_panel", "q4_0_x16", "fp8_block_x16", "nvfp4_x16", "ds_fp4_x16",
-                                       "bf16_x16"}
+                                       "bf16_x16", "mxfp4_x16"}
     for fmt, model in bench.FORMAT_MODEL.items():
         assert fmt in bench.MODELS[model][1]
 

@@ -15,7 +15,7 @@ THREADS = sorted({1, 2, NCORES, NCORES + 1})  # +1: oversubscribed still bit-ide
 # rel vs float64: the format's own kernel tolerance (its tests justify it); executor adds nothing
 REL_TOL = {"bf16": 6e-3, "fp8_block": 5e-3, "nvfp4": 1e-2, "mxfp4": 1e-2, "ds_fp4": 2e-2, "q4_0": 1e-2,
            "mxfp4_panel": 1e-2, "q4_0_x16": 1e-2, "fp8_block_x16": 5e-3, "nvfp4_x16": 1e-2, "ds_fp4_x16": 2e-2,
-           "bf16_x16": 6e-3}
+           "bf16_x16": 6e-3, "mxfp4_x16": 1e-2}
 
 
 # (format, repack): the default, plus the formats with a CPU layout kept as given (mxfp4's own Triton layout)
@@ -261,6 +261,33 @@ def test_nvfp4_auto_repack_is_w4a8_only(rng):
     np.testing.assert_array_equal(bits(y), bits(want))
     yn = cf.moe_forward("nvfp4", banks[0], x, w, ids, mode="w4a8").astype(np.float64)
     assert np.abs(y.astype(np.float64) - yn).max() <= 1e-2 * np.abs(yn).max()
+
+
+def test_mxfp4_repack_chain(rng, caplog):
+    """mxfp4 -> mxfp4_panel (both modes) -> mxfp4_x16 (w4a8 only, auto from avx512vnni): native stops at the panels,
+    w4a8 goes on where mxfp4_x16's avx512vnni kernel runs; repack=True forces the first step only (an AVX2 cap
+    keeps the panels). Every variant gives mxfp4's own w4a8 bits."""
+    import logging
+
+    banks, (E, H, I) = make_banks("mxfp4", rng, layers=2)
+    act = ACT["mxfp4"]
+    assert ce.CpuMoeExecutor("mxfp4", banks, top_k=2, threads=1, **act).spec.name == "mxfp4_panel"
+    vnni = cf.selected_tier("mxfp4_x16", "w4a8").startswith("avx512vnni")
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    w, ids = routing(rng, 5, 2, E)
+    want = cf.moe_forward("mxfp4", banks[1], x, w, ids, mode="w4a8", **act)
+    for fmt, kw, ran in (("mxfp4", {}, "mxfp4_x16" if vnni else "mxfp4_panel"),
+                         ("mxfp4", dict(repack=True, isa="avx2"), "mxfp4_panel"),
+                         ("mxfp4_panel", dict(repack=True, isa="scalar"), "mxfp4_x16"),
+                         ("mxfp4", dict(repack=False), "mxfp4")):
+        given = banks if fmt == "mxfp4" else [cf.repack_mxfp4_panels(b) for b in banks]
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="cpumoe_executor"):
+            ex = ce.CpuMoeExecutor(fmt, given, top_k=2, threads=2, mode="w4a8", **kw, **act)
+        assert ex.spec.name == ran and ex.given_format == fmt, (fmt, kw)
+        assert (f"repacked {fmt} -> {ran}, layer 2/2" in caplog.text) == (ran != fmt), caplog.text
+        np.testing.assert_array_equal(bits(ex.decode(1, x, w, ids)), bits(want))
+        ex.close()
 
 
 def test_ds_fp4_auto_repack_is_w4a8_only(rng):

@@ -13,7 +13,7 @@
   CPUMOE_DECL(bf16, tag) CPUMOE_DECL(nvfp4, tag) CPUMOE_DECL(mxfp4, tag) \
   CPUMOE_DECL(ds_fp4, tag) CPUMOE_DECL(q4_0, tag) CPUMOE_DECL(fp8_block, tag) CPUMOE_DECL(mxfp4_panel, tag) \
   CPUMOE_DECL(q4_0_x16, tag) CPUMOE_DECL(fp8_block_x16, tag) CPUMOE_DECL(nvfp4_x16, tag) CPUMOE_DECL(ds_fp4_x16, tag) \
-  CPUMOE_DECL(bf16_x16, tag)
+  CPUMOE_DECL(bf16_x16, tag) CPUMOE_DECL(mxfp4_x16, tag)
 CPUMOE_DECL_ALL(scalar)
 #ifdef CPUMOE_BUILT_avx2
 CPUMOE_DECL_ALL(avx2)
@@ -70,6 +70,7 @@ CPUMOE_DECL(fp8_block_x16, amx)
 #define V_amx_nvfp4_x16 nullptr
 #define V_amx_ds_fp4_x16 nullptr
 #define V_amx_bf16_x16 nullptr
+#define V_amx_mxfp4_x16 nullptr
 
 namespace cpumoe {
 namespace {
@@ -78,7 +79,8 @@ using InitFn = bool (*)(cpumoe_kernel*);
 const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(nvfp4), ROW(mxfp4),
                                                               ROW(ds_fp4), ROW(q4_0),  ROW(fp8_block),
                                                               ROW(mxfp4_panel), ROW(q4_0_x16), ROW(fp8_block_x16),
-                                                              ROW(nvfp4_x16), ROW(ds_fp4_x16), ROW(bf16_x16)};
+                                                              ROW(nvfp4_x16), ROW(ds_fp4_x16), ROW(bf16_x16),
+                                                              ROW(mxfp4_x16)};
 #undef ROW
 }  // namespace
 
@@ -111,6 +113,7 @@ const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"nvfp4_x16", 4, 16, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
     {"ds_fp4_x16", 2, 128, false, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
     {"bf16_x16", 2, 16, true, 1u << CPUMOE_MODE_NATIVE, 0u, 0u},
+    {"mxfp4_x16", 4, 32, false, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
 };
 
 static const char* const kModeNames[CPUMOE_MODE_COUNT] = {"native", "w4a8"};

@@ -15,6 +15,8 @@
 //     static constexpr bool kRoundGateUp;    // gate and up (times w_in) rounded to bf16 before the activation
 //     static constexpr bool kRoundRouteTerm; // each route's down term (dot times weight) rounded to bf16 before
 //   };                                       // the sum over routes
+// Ref may carry `const uint16_t* bias`, the group's 16 bf16 biases (mxfp4_x16): then gate/up are (dot + bias) *
+// w_in and a route's down term (dot + bias) * weight, mxfp4's order.
 //
 // Contract of groups: each (row, token) result depends only on its row, its token and K, never on G, NT or the
 // other rows and tokens of the call, so a token's output does not depend on its batch (test_batch_identity).
@@ -24,6 +26,7 @@
 #include <cfloat>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 #include "rowmajor.h"
 
@@ -42,6 +45,19 @@ template <class L, class = void>
 struct RoundRouteTerm : std::false_type {};
 template <class L>
 struct RoundRouteTerm<L, std::void_t<decltype(L::kRoundRouteTerm)>> : std::bool_constant<L::kRoundRouteTerm> {};
+
+// L::Ref::bias present (mxfp4_x16)
+template <class L, class = void>
+struct HasBias : std::false_type {};
+template <class L>
+struct HasBias<L, std::void_t<decltype(std::declval<typename L::Ref>().bias)>> : std::true_type {};
+
+// A row's dot plus its bias where the layout has biases (else the dot unchanged, bit for bit).
+template <class L>
+CPUMOE_INLINE float with_bias(float v, const typename L::Ref& gp, int r) {
+  if constexpr (HasBias<L>::value) v += bf16_to_f32(gp.bias[r]);
+  return v;
+}
 
 // L::Scope, or an empty scope where the layout needs no per-work-item state (all but fp8_block_x16's amx tier).
 struct NoScope {};
@@ -142,7 +158,8 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
       }
       for (int t = 0; t < nt; ++t)
         for (int32_t r = r0; r < r1; ++r) {
-          float gt = gate[t * GR + r] * w_in[j0 + t], ut = up[t * GR + r] * w_in[j0 + t];
+          float gt = with_bias<L>(gate[t * GR + r], gp[0], r) * w_in[j0 + t];
+          float ut = with_bias<L>(up[t * GR + r], gp[1], r) * w_in[j0 + t];
           if constexpr (RoundGateUp<L>::value) gt = round_bf16(gt), ut = round_bf16(ut);
           sink.put(&g[j0 + t][gi * GR + r], gt, ut);
         }
@@ -150,17 +167,17 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
   }
 }
 
-// acc[token][h - h0] += weight * o for group g's rows inside [h0, h1), tokens t < nt of o's group slot gg (the
-// term rounded to bf16 first when kRound).
-template <bool kRound>
-CPUMOE_INLINE void add_rows(const float* o, int gg, int nt, int32_t g, int32_t h0, int32_t h1,
-                            const cpumoe_route* rts, float* acc, int64_t acc_stride) {
+// acc[token][h - h0] += weight * (o + bias) for group g's rows inside [h0, h1) (gp: its Ref), tokens t < nt of o's
+// group slot gg (the term rounded to bf16 first where the layout rounds route terms).
+template <class L>
+CPUMOE_INLINE void add_rows(const float* o, int gg, int nt, const typename L::Ref& gp, int32_t g, int32_t h0,
+                            int32_t h1, const cpumoe_route* rts, float* acc, int64_t acc_stride) {
   const int32_t base = g * GR, r0 = std::max(h0, base) - base, r1 = std::min(h1, base + GR) - base;
   for (int t = 0; t < nt; ++t) {
     float* dst = acc + rts[t].token * acc_stride;
     for (int32_t r = r0; r < r1; ++r) {
-      float v = o[(gg * nt + t) * GR + r] * rts[t].weight;
-      if constexpr (kRound) v = round_bf16(v);
+      float v = with_bias<L>(o[(gg * nt + t) * GR + r], gp, r) * rts[t].weight;
+      if constexpr (RoundRouteTerm<L>::value) v = round_bf16(v);
       dst[base + r - h0] += v;
     }
   }
@@ -174,7 +191,6 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
   const int32_t g0 = h0 / GR, g1 = (h1 + GR - 1) / GR;  // the groups the rows touch
   const int64_t rs = banks[L::kSlot[1]].row_stride;
   [[maybe_unused]] typename ScopeOf<L>::type scope;
-  constexpr bool kR = RoundRouteTerm<L>::value;
   for (int32_t a = 0; a < n;) {
     int32_t b = a + 1;
     while (b < n && routes[b].expert == routes[a].expert) ++b;
@@ -190,13 +206,13 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       for (int32_t i = 0; i < half; ++i) {
         const typename L::Ref gp[2] = {L::ref(k, banks, 1, e, g0 + i), L::ref(k, banks, 1, e, g0 + half + i)};
         L::template groups<2, 1>(gp, K, &rt->act, o);
-        add_rows<kR>(o, 0, 1, g0 + i, h0, h1, rt, acc, acc_stride);
-        add_rows<kR>(o, 1, 1, g0 + half + i, h0, h1, rt, acc, acc_stride);
+        add_rows<L>(o, 0, 1, gp[0], g0 + i, h0, h1, rt, acc, acc_stride);
+        add_rows<L>(o, 1, 1, gp[1], g0 + half + i, h0, h1, rt, acc, acc_stride);
       }
       if ((g1 - g0) % 2) {
         const typename L::Ref gp = L::ref(k, banks, 1, e, g1 - 1);
         L::template groups<1, 1>(&gp, K, &rt->act, o);
-        add_rows<kR>(o, 0, 1, g1 - 1, h0, h1, rt, acc, acc_stride);
+        add_rows<L>(o, 0, 1, gp, g1 - 1, h0, h1, rt, acc, acc_stride);
       }
     } else {
       for (int32_t g = g0; g < g1; ++g) {
@@ -206,7 +222,7 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
           const void* acts[L::kMaxNT];
           for (int t = 0; t < nt; ++t) acts[t] = routes[q0 + t].act;
           groups_n<L, 1>(&gp, K, nt, acts, o);
-          add_rows<kR>(o, 0, nt, g, h0, h1, routes + q0, acc, acc_stride);
+          add_rows<L>(o, 0, nt, gp, g, h0, h1, routes + q0, acc, acc_stride);
         }
       }
     }

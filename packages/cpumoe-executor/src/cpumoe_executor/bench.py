@@ -60,8 +60,8 @@ MODELS = {
     "qwen3-30b": (Model(2048, 768, 128, 8), ("bf16", "bf16_x16")),
     "qwen3.6": (Model(2048, 512, 256, 8), ("bf16", "fp8_block", "nvfp4", "fp8_block_x16", "nvfp4_x16")),
     "gemma4-26b": (Model(2816, 704, 128, 8, "gelu_tanh"), ("q4_0", "bf16", "nvfp4", "q4_0_x16")),
-    "gpt-oss-120b": (Model(2880, 2880, 128, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel")),
-    "gpt-oss-20b": (Model(2880, 2880, 32, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel")),
+    "gpt-oss-120b": (Model(2880, 2880, 128, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel", "mxfp4_x16")),
+    "gpt-oss-20b": (Model(2880, 2880, 32, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel", "mxfp4_x16")),
     "dsv4-flash": (Model(4096, 2048, 256, 6, "swiglu_clamp", 1.0, 10.0), ("ds_fp4", "ds_fp4_x16")),
     "glm4.7": (Model(5120, 1536, 160, 8), ("nvfp4", "bf16")),
     "minimax-m2.5": (Model(3072, 1536, 256, 8), ("nvfp4",)),
@@ -70,7 +70,7 @@ MODELS = {
 FORMAT_MODEL = {"bf16": "qwen3-30b", "fp8_block": "qwen3.6", "nvfp4": "qwen3.6", "mxfp4": "gpt-oss-120b",
                 "ds_fp4": "dsv4-flash", "q4_0": "gemma4-26b", "mxfp4_panel": "gpt-oss-120b",
                 "q4_0_x16": "gemma4-26b", "fp8_block_x16": "qwen3.6", "nvfp4_x16": "qwen3.6",
-                "ds_fp4_x16": "dsv4-flash", "bf16_x16": "qwen3-30b"}
+                "ds_fp4_x16": "dsv4-flash", "bf16_x16": "qwen3-30b", "mxfp4_x16": "gpt-oss-120b"}
 
 
 def log(msg: str) -> None:
@@ -277,7 +277,8 @@ def parse_args(argv=None):
     p.add_argument("--working-set", choices=("dram", "cache"), default="dram")
     p.add_argument("--repack", choices=tuple(REPACK), default="auto",
                    help="formats with a CPU layout (FormatSpec.cpu_layout: mxfp4, q4_0, fp8_block, bf16; nvfp4 and "
-                        "ds_fp4 in w4a8): auto repacks as the executor does by default (table: mxfp4>mxfp4_panel), "
+                        "ds_fp4 in w4a8; mxfp4 on to mxfp4_x16 in w4a8): auto repacks as the executor does by default "
+                        "(table: mxfp4>mxfp4_panel, or mxfp4>mxfp4_x16), "
                         "on forces it, off runs their own layout")
     p.add_argument("--routing", choices=("random", "shared", "both"), default="both")
     p.add_argument("--repeats", type=int, default=5)

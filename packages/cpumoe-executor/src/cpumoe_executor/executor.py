@@ -47,10 +47,11 @@ class CpuMoeExecutor:
 
     banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
-    mxfp4 -> mxfp4_panel, bit-identical; q4_0 -> q4_0_x16, nvfp4 -> nvfp4_x16 and ds_fp4 -> ds_fp4_x16 (the last
-    two in mode w4a8) from avx512vnni, fp8_block -> fp8_block_x16 from avx512bf16, each the format's math in the
-    layout's own fp32 order; only for shapes the layout takes); the executor then holds that new copy and not the
-    given arrays. False keeps the given arrays, zero-copy; True forces the layout.
+    mxfp4 -> mxfp4_panel, and on to mxfp4_x16 in mode w4a8 from avx512vnni, both bit-identical; q4_0 -> q4_0_x16,
+    nvfp4 -> nvfp4_x16 and ds_fp4 -> ds_fp4_x16 (the last two in mode w4a8) from avx512vnni, fp8_block ->
+    fp8_block_x16 from avx512bf16, each the format's math in the layout's own fp32 order; only for shapes the layout
+    takes); the executor then holds that new copy and not the given arrays. False keeps the given arrays,
+    zero-copy; True forces the (first) layout.
     """
 
     def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,
@@ -113,15 +114,23 @@ class CpuMoeExecutor:
             log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
 
     def _repack_target(self, mode: str, isa: str | None, repack: bool | None):
-        """The CPU layout to run as, or None. Auto (repack=None): when the layout has the mode, takes H and I, and
-        its kernel on this machine (isa / CPUMOE_ISA respected) is at least the given format's tier and the format's
-        cpu_layout_min_tier (q4_0, nvfp4: avx512vnni, so an AVX2-only CPU keeps q4_0 / nvfp4)."""
-        if not self.spec.cpu_layout or repack is False:
+        """The CPU layout to run as, or None: the format's cpu_layout, then that layout's own, as far as each step
+        passes (mxfp4 -> mxfp4_panel -> mxfp4_x16 in w4a8). repack=True forces the first step only."""
+        target, spec = None, self.spec
+        while (step := self._layout_step(spec, mode, isa, repack if target is None else None)) is not None:
+            target = spec = step
+        return target
+
+    def _layout_step(self, spec, mode: str, isa: str | None, repack: bool | None):
+        """spec's CPU layout, or None. Auto (repack=None): when the layout has the mode, takes H and I, and its kernel
+        on this machine (isa / CPUMOE_ISA respected) is at least spec's tier and spec's cpu_layout_min_tier (q4_0,
+        nvfp4: avx512vnni, so an AVX2-only CPU keeps q4_0 / nvfp4)."""
+        if not spec.cpu_layout or repack is False:
             return None
-        target = cf.get_format(self.spec.cpu_layout)
+        target = cf.get_format(spec.cpu_layout)
         if mode not in target.modes:
             if repack:
-                raise ValueError(f"repack=True: format {target.name!r} (the CPU layout of {self.spec.name!r}) has "
+                raise ValueError(f"repack=True: format {target.name!r} (the CPU layout of {spec.name!r}) has "
                                  f"no mode {mode!r}; expected mode in {list(target.modes)} or repack=None")
             return None
         try:  # the layout's own shape rules (fp8_block takes any H and I, fp8_block_x16 multiples of 16)
@@ -133,14 +142,14 @@ class CpuMoeExecutor:
         if repack:
             return target
         tier = lambda fmt: TIERS.index(cf.selected_tier(fmt, mode, isa).split("+")[0])  # noqa: E731
-        floor = TIERS.index(self.spec.cpu_layout_min_tier) if self.spec.cpu_layout_min_tier else 0
-        return target if tier(target.name) >= max(tier(self.spec.name), floor) else None
+        floor = TIERS.index(spec.cpu_layout_min_tier) if spec.cpu_layout_min_tier else 0
+        return target if tier(target.name) >= max(tier(spec.name), floor) else None
 
     def _repack(self, banks, target) -> None:
-        """Every layer into `target` (progress logged), then run as that format."""
+        """Every layer into `target` down the format's layout chain (progress logged), then run as that format."""
         t0, n, every = time.perf_counter(), 0, max(1, len(banks) // 10)
         for layer, b in enumerate(banks):
-            arrays, _ = target.validate(self.spec.to_cpu_layout(b), self.E, self.H, self.I)
+            arrays, _ = target.validate(self.spec.to_layout(b, target.name), self.E, self.H, self.I)
             self._arrays[layer] = arrays
             n += sum(a.nbytes for a in arrays)
             if (layer + 1) % every == 0 or layer + 1 == len(banks):

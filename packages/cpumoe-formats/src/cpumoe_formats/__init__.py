@@ -21,6 +21,8 @@ from .formats.fp8_block_x16 import repack as repack_fp8_block_x16
 from .formats.fp8_block_x16 import unpack as unpack_fp8_block_x16
 from .formats.mxfp4_panel import repack as repack_mxfp4_panels
 from .formats.mxfp4_panel import unpack as unpack_mxfp4_panels
+from .formats.mxfp4_x16 import repack as repack_mxfp4_x16
+from .formats.mxfp4_x16 import unpack as unpack_mxfp4_x16
 from .formats.nvfp4_x16 import repack as repack_nvfp4_x16
 from .formats.nvfp4_x16 import unpack as unpack_nvfp4_x16
 from .formats.q4_0_x16 import repack as repack_q4_0_x16
@@ -74,9 +76,9 @@ def validate_banks(fmt, banks, E: int | None = None, H: int | None = None, I: in
 if os.environ.get("CPUMOE_DEBUG_INFO"):
     print(f"cpumoe_formats {__version__} ABI {ABI_VERSION} {BUILD_INFO} usable tiers {usable_tiers()}")
 
-__all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "Kernel", "TIERS", "aligned_copy",
+__all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "TIERS", "Kernel", "aligned_copy",
            "aligned_empty", "detected_tier", "get_format", "get_include", "moe_forward", "quantize", "reference",
-           "repack_bf16_x16", "repack_ds_fp4_x16", "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_nvfp4_x16",
-           "repack_q4_0_x16", "require_abi", "selected_tier", "unpack_bf16_x16", "unpack_ds_fp4_x16",
-           "unpack_fp8_block_x16", "unpack_mxfp4_panels", "unpack_nvfp4_x16", "unpack_q4_0_x16", "usable_tiers",
-           "validate_banks"]
+           "repack_bf16_x16", "repack_ds_fp4_x16", "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_mxfp4_x16",
+           "repack_nvfp4_x16", "repack_q4_0_x16", "require_abi", "selected_tier", "unpack_bf16_x16",
+           "unpack_ds_fp4_x16", "unpack_fp8_block_x16", "unpack_mxfp4_panels", "unpack_mxfp4_x16", "unpack_nvfp4_x16",
+           "unpack_q4_0_x16", "usable_tiers", "validate_banks"]

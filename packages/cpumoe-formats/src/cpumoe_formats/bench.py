@@ -56,6 +56,7 @@ PRESETS = {
     "nvfp4": Preset("Qwen3.6-35B-A3B-NVFP4", 2048, 512, 8, "silu"),
     "mxfp4": Preset("gpt-oss-120b", 2880, 2880, 4, "swigluoai", 1.702, 7.0),
     "mxfp4_panel": Preset("gpt-oss-120b", 2880, 2880, 4, "swigluoai", 1.702, 7.0),  # mxfp4 repacked for CPUs
+    "mxfp4_x16": Preset("gpt-oss-120b", 2880, 2880, 4, "swigluoai", 1.702, 7.0),  # mxfp4 rows interleaved (w4a8)
     "ds_fp4": Preset("DeepSeek-V4-Flash", 4096, 2048, 6, "swiglu_clamp", 1.0, 10.0),
     "q4_0": Preset("gemma-4-26B-A4B", 2816, 704, 8, "gelu_tanh"),
     "q4_0_x16": Preset("gemma-4-26B-A4B", 2816, 704, 8, "gelu_tanh"),  # q4_0 with rows interleaved for CPUs

@@ -52,7 +52,8 @@ class FormatSpec:
     # advice a consumer logs when it loads banks of this format (e.g. a faster equivalent layout); "" for none
     hint: str = ""
     # a format with the same math from the same bytes in an order a CPU reads faster, reached by to_cpu_layout (a
-    # consumer may repack at load: cpumoe_executor's repack=). mxfp4 -> mxfp4_panel is bit-identical; q4_0 ->
+    # consumer may repack at load: cpumoe_executor's repack=; a layout may name its own, a chain: to_layout).
+    # mxfp4 -> mxfp4_panel -> mxfp4_x16 (w4a8) are bit-identical; q4_0 ->
     # q4_0_x16 and nvfp4 -> nvfp4_x16 / ds_fp4 -> ds_fp4_x16 (w4a8 only), fp8_block -> fp8_block_x16 sum in their
     # own fp32 order (within the format's tolerance). "" for none
     cpu_layout: str = ""
@@ -72,6 +73,19 @@ class FormatSpec:
         from .formats import get_format  # the registry imports this module
 
         return get_format(self.cpu_layout).repack_from(banks)
+
+    def to_layout(self, banks: Mapping, name: str) -> dict:
+        """One layer's banks -> format `name`, a CPU layout down this format's chain of cpu_layout links (mxfp4 ->
+        mxfp4_panel -> mxfp4_x16); `name` == this format returns the banks as given."""
+        from .formats import get_format  # the registry imports this module
+
+        target, spec, chain = get_format(name).name, self, [self.name]
+        while spec.name != target:
+            if not spec.cpu_layout:
+                raise ValueError(f"format {target!r} is not on {self.name!r}'s CPU layout chain {chain}")
+            banks, spec = spec.to_cpu_layout(banks), get_format(spec.cpu_layout)
+            chain.append(spec.name)
+        return banks
 
     def repack_from(self, banks: Mapping) -> dict:
         """A CPU layout's own constructor from the banks of the format that names it (see to_cpu_layout)."""

@@ -12,6 +12,7 @@ from . import (
     fp8_block_x16,
     mxfp4,
     mxfp4_panel,
+    mxfp4_x16,
     nvfp4,
     nvfp4_x16,
     q4_0,
@@ -21,7 +22,7 @@ from . import (
 FORMATS: dict[str, FormatSpec] = {
     m.SPEC.name: m.SPEC
     for m in (bf16, nvfp4, mxfp4, ds_fp4, q4_0, fp8_block, mxfp4_panel, q4_0_x16, fp8_block_x16, nvfp4_x16, ds_fp4_x16,
-              bf16_x16)
+              bf16_x16, mxfp4_x16)
 }
 _ALIASES = {a: s.name for s in FORMATS.values() for a in s.aliases}
 

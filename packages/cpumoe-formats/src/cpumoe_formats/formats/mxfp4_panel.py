@@ -125,4 +125,7 @@ SPEC = Mxfp4PanelFormat(
                 "streaming; mxfp4's math, bit-identical results (native W4A16; w4a8 = int8 activations per 32 K)",
     modes=("native", "w4a8"),
     kernel_tiers=mxfp4.SPEC.kernel_tiers,
+    # w4a8 only (the layout has no native mode): lanes are rows, so a batch sharing experts folds once per 16 rows
+    cpu_layout="mxfp4_x16",
+    cpu_layout_min_tier="avx512vnni",
 )

@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 4
+#define CPUMOE_FORMATS_ABI_MINOR 5
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -37,7 +37,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_NVFP4_X16 = 9,   /* nvfp4 with 16 rows interleaved per 16-block, w4a8 (ABI 1.4) */
   CPUMOE_FMT_DS_FP4_X16 = 10, /* ds_fp4 with 16 rows interleaved per 32-block, w4a8 (ABI 1.4) */
   CPUMOE_FMT_BF16_X16 = 11,   /* bf16 with 16 rows interleaved per K pair, native (ABI 1.4) */
-  CPUMOE_FMT_COUNT = 12
+  CPUMOE_FMT_MXFP4_X16 = 12,  /* mxfp4 with 16 rows interleaved per 32-block, w4a8 (ABI 1.5) */
+  CPUMOE_FMT_COUNT = 13
 };
 
 enum cpumoe_act_id {
