@@ -97,14 +97,23 @@ CPUMOE_INLINE __m512i w2_signed() {  // 2 E2M1[code] as int8, the vpshufb table 
                                                  4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
 }
 
-// One block's tile product on tile set S (A 4S, B 4S + 1, C 4S + 2): C = A . B, stored to cb.
+// One block's tile product on tile set S (A 4S, B 4S + 1, C 4S + 2): C = A . B, stored to cb. (The tile intrinsics
+// paste their operand into the instruction text, so each set is spelled out.)
 template <int S>
 CPUMOE_INLINE void amx_product(const int8_t* a0, int64_t as, const int8_t* bb, int32_t* cb) {
-  _tile_loadd(4 * S + 1, bb, 64);
-  _tile_loadd(4 * S, a0, as);
-  _tile_zero(4 * S + 2);
-  _tile_dpbssd(4 * S + 2, 4 * S, 4 * S + 1);
-  _tile_stored(4 * S + 2, cb, 64);
+  if constexpr (S == 0) {
+    _tile_loadd(1, bb, 64);
+    _tile_loadd(0, a0, as);
+    _tile_zero(2);
+    _tile_dpbssd(2, 0, 1);
+    _tile_stored(2, cb, 64);
+  } else {
+    _tile_loadd(5, bb, 64);
+    _tile_loadd(4, a0, as);
+    _tile_zero(6);
+    _tile_dpbssd(6, 4, 5);
+    _tile_stored(6, cb, 64);
+  }
 }
 
 template <class F, int G, int NT>
