@@ -42,7 +42,7 @@ TIERS = {
     "amx": (6, _AVX512 + ["-mavx512vnni", "-mavx512bf16", "-mavx512vbmi", "-mamx-tile", "-mamx-bf16", "-mamx-int8"]),
 }
 # Tiers only some formats have kernels for (the registry's table holds nullptr for the rest).
-TIER_FORMATS = {"amx": {"bf16", "fp8_block", "q4_0", "fp8_block_x16", "ds_fp4_x16", "mxfp4_x16"}}
+TIER_FORMATS = {"amx": {"bf16", "fp8_block", "q4_0", "fp8_block_x16"}}
 
 
 def _cxx() -> list[str]:

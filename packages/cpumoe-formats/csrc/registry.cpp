@@ -45,17 +45,13 @@ CPUMOE_DECL_ALL(avx512bf16)
 #else
 #define V_avx512bf16(f) nullptr
 #endif
-// amx: only bf16, fp8_block, q4_0, fp8_block_x16, ds_fp4_x16 and mxfp4_x16 have tile kernels (hatch_build.py's TIER_FORMATS compiles
+// amx: only bf16, fp8_block, q4_0 and fp8_block_x16 have tile kernels (hatch_build.py's TIER_FORMATS compiles
 // those alone at this tier); the others run their best tier below it.
 #ifdef CPUMOE_BUILT_amx
 CPUMOE_DECL(bf16, amx)
 CPUMOE_DECL(fp8_block, amx)
 CPUMOE_DECL(q4_0, amx)
 CPUMOE_DECL(fp8_block_x16, amx)
-CPUMOE_DECL(ds_fp4_x16, amx)
-CPUMOE_DECL(mxfp4_x16, amx)
-#define V_amx_ds_fp4_x16 &cpumoe_init_ds_fp4_x16_amx
-#define V_amx_mxfp4_x16 &cpumoe_init_mxfp4_x16_amx
 #define V_amx_bf16 &cpumoe_init_bf16_amx
 #define V_amx_fp8_block &cpumoe_init_fp8_block_amx
 #define V_amx_q4_0 &cpumoe_init_q4_0_amx
@@ -65,8 +61,6 @@ CPUMOE_DECL(mxfp4_x16, amx)
 #define V_amx_fp8_block nullptr
 #define V_amx_q4_0 nullptr
 #define V_amx_fp8_block_x16 nullptr
-#define V_amx_ds_fp4_x16 nullptr
-#define V_amx_mxfp4_x16 nullptr
 #endif
 #define V_amx_nvfp4 nullptr
 #define V_amx_mxfp4 nullptr
@@ -74,7 +68,9 @@ CPUMOE_DECL(mxfp4_x16, amx)
 #define V_amx_mxfp4_panel nullptr
 #define V_amx_q4_0_x16 nullptr
 #define V_amx_nvfp4_x16 nullptr
+#define V_amx_ds_fp4_x16 nullptr
 #define V_amx_bf16_x16 nullptr
+#define V_amx_mxfp4_x16 nullptr
 
 namespace cpumoe {
 namespace {

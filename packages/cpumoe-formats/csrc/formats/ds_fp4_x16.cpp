@@ -57,7 +57,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 // ds_fp4's fold: acc = fma((float)S * hs_b, 2^(s - 127), acc), the e8m0 factor last (hs_b * 2^-127 could be an
 // fp32 subnormal).
 struct Fold {
-#ifdef CPUMOE_E2M1X16_512
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   static CPUMOE_INLINE __m512 scale16(const uint8_t* p) { return e2m1x16::e8m0x16(p); }
   static CPUMOE_INLINE __m512 fold(__m512 acc, __m512i S, __m512 sw, const float* hs) {
     return _mm512_fmadd_ps(x16::mul_bcast(_mm512_cvtepi32_ps(S), hs), sw, acc);
@@ -86,9 +86,6 @@ struct G16 {
   static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
     return {bank_row<uint8_t>(banks[mat], e, g)};
   }
-#if CPUMOE_TIER == CPUMOE_T_AMX
-  using Scope = e2m1x16::AmxScope;  // the tiles of the multi-token calls
-#endif
   template <int G, int NT>
   static CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
     const uint8_t* w[G];
@@ -97,10 +94,6 @@ struct G16 {
   }
 };
 
-#if CPUMOE_TIER == CPUMOE_T_AMX
-static_assert(std::is_same_v<x16::ScopeOf<G16>::type, e2m1x16::AmxScope>, "x16's loops must hold the tile scope");
-#endif
-
 }  // namespace
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
@@ -108,10 +101,10 @@ static_assert(std::is_same_v<x16::ScopeOf<G16>::type, e2m1x16::AmxScope>, "x16's
 bool CPUMOE_INIT_FN(ds_fp4_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
-    CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AMX
+    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
 #else
   (void)k;
-  return false;  // avx512f / avx512bf16: the tier below (avxvnni or avx2) or avx512vnni runs
+  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
 #endif
 }

@@ -18,8 +18,6 @@
 #pragma once
 #include <cmath>
 #include <cstring>
-#include <type_traits>
-#include <vector>
 
 #include "../x16.h"
 #include "fp4_common.h"
@@ -32,18 +30,14 @@ namespace e2m1x16 {
 constexpr int QK = 32, GR = x16::GR, GB = 272, SB = 16;  // SB: the scale bytes that open a group block
 // tokens per group call: 8 in 32 zmm registers; the 16-register tiers take the 16 rows in two halves of 8, with
 // their 8 code vectors and one accumulator per token live
-constexpr int kMaxNT = CPUMOE_TIER >= CPUMOE_T_AVX512VNNI ? 8 : 4;
+constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 // Software prefetch 3 KB ahead in each group stream (q4_0_x16's distance), 5 lines per 272-byte block step.
 #ifndef CPUMOE_E2M1X16_PF
 #define CPUMOE_E2M1X16_PF 3072
 #endif
 constexpr int64_t kPf = CPUMOE_E2M1X16_PF;
 
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AMX
-#define CPUMOE_E2M1X16_512 1
-#endif
-
-#ifdef CPUMOE_E2M1X16_512
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 // the 16 e8m0 bytes at p -> 2^(min(s,254) - 127), s = 0 -> 2^-127 (e8m0_to_f32 lane by lane): s << 23 is at
 // least 2^23 for s >= 1, so the unsigned max with 0x00400000 (2^-127) changes only s = 0
 CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
@@ -53,136 +47,13 @@ CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
 }
 #endif
 
-
-#if CPUMOE_TIER == CPUMOE_T_AMX
-// AMX-INT8 for token blocks of kAmxMinNT or more (fewer run the avx512vnni code below, and so does every token at
-// the avx512vnni tier): per group and block one TDPBSSD takes the block's 16 rows for all NT tokens,
-//   A (tile 0 / 4) = the tokens' q of the block: NT rows x 32 bytes (their records read in place at one stride,
-//                    else copied once per call),
-//   B (tile 1 / 5) = the block's 16 rows decoded to the signed w = 2 E2M1 (vpshufb): 8 rows x 64 bytes, row j < 4
-//                    = elements 4j..4j+3 of each weight row (the low nibbles' vector j), row 4 + j = elements
-//                    16+4j..16+4j+3 (the high nibbles') - the layout's own lanes, so a decoded vector is a B row,
-//   C (tile 2 / 6) = NT x 16 int32: exactly S_b = sum(w q) of every (token, row), the same integer as the
-//                    vpdpbusd path's corr_b + sum(u q); the fold then runs on it as there (F::fold, same fp32 ops),
-// so this path is bit-identical to avx512vnni and a token's result does not depend on its batch. Blocks alternate
-// between two tile sets so one block's tile product runs while the previous block's C is folded.
-constexpr int kAmxMinNT = 4;
-thread_local int tl_amx_nt = 0;  // the NT the loaded tile configuration is for; 0 = none (released)
-
-CPUMOE_INLINE void amx_configure(int nt) {
-  if (tl_amx_nt == nt) return;
-  struct alignas(64) {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  } c;
-  for (int t : {0, 4}) c.rows[t] = (uint8_t)nt, c.colsb[t] = QK;  // A
-  for (int t : {1, 5}) c.rows[t] = 8, c.colsb[t] = 64;            // B
-  for (int t : {2, 6}) c.rows[t] = (uint8_t)nt, c.colsb[t] = 64;  // C
-  _tile_loadconfig(&c);
-  tl_amx_nt = nt;
-}
-
-// A work item's tile scope (x16.h ScopeOf): the configuration is loaded by the first tile call, released at the
-// item's end (another library on this thread may use the tiles).
-struct AmxScope {
-  ~AmxScope() {
-    if (tl_amx_nt) _tile_release();
-    tl_amx_nt = 0;
-  }
-};
-
-CPUMOE_INLINE __m512i w2_signed() {  // 2 E2M1[code] as int8, the vpshufb table (kW2)
-  return _mm512_broadcast_i64x4(_mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3,
-                                                 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
-}
-
-// One block's tile product on tile set S (A 4S, B 4S + 1, C 4S + 2): C = A . B, stored to cb. (The tile intrinsics
-// paste their operand into the instruction text, so each set is spelled out.)
-template <int S>
-CPUMOE_INLINE void amx_product(const int8_t* a0, int64_t as, const int8_t* bb, int32_t* cb) {
-  if constexpr (S == 0) {
-    _tile_loadd(1, bb, 64);
-    _tile_loadd(0, a0, as);
-    _tile_zero(2);
-    _tile_dpbssd(2, 0, 1);
-    _tile_stored(2, cb, 64);
-  } else {
-    _tile_loadd(5, bb, 64);
-    _tile_loadd(4, a0, as);
-    _tile_zero(6);
-    _tile_dpbssd(6, 4, 5);
-    _tile_stored(6, cb, 64);
-  }
-}
-
-template <class F, int G, int NT>
-CPUMOE_INLINE void amx_groups(const uint8_t* const* w, int K, const x16::Int8Toks<NT, QK>& a, float* out) {
-  amx_configure(NT);
-  const int nb = K / QK;
-  // A rows: the tokens' q at one stride (a batch's prepared records are), else copied
-  const int8_t* a0 = a.q[0];
-  int64_t as = NT > 1 ? a.q[1] - a.q[0] : K;
-  bool direct = as >= QK;
-  for (int t = 2; t < NT && direct; ++t) direct = a.q[t] == a0 + t * as;
-  thread_local std::vector<int8_t> copy;
-  if (!direct) {
-    copy.resize((size_t)NT * K);
-    for (int t = 0; t < NT; ++t) std::memcpy(copy.data() + (size_t)t * K, a.q[t], (size_t)K);
-    a0 = copy.data(), as = K;
-  }
-  const __m512i m = _mm512_set1_epi8(0x0F), lut = w2_signed();
-  alignas(64) int8_t bbuf[2][8 * 64];
-  alignas(64) int32_t cbuf[2][NT * GR];
-  for (int g = 0; g < G; ++g) {
-    __m512 acc[NT];
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-    __m512 sw[2];
-    auto decode = [&](int b, int8_t* bb) {  // block b's B rows into bb; its weight factor
-      const uint8_t* p = w[g] + (size_t)b * GB;
-      for (int l = 0; l < 5; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
-      CPUMOE_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        const __m512i v = _mm512_loadu_si512((const void*)(p + SB + 64 * j));
-        _mm512_store_si512((void*)(bb + 64 * j), _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m)));
-        _mm512_store_si512((void*)(bb + 64 * (4 + j)),
-                           _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m)));
-      }
-      return F::scale16(p);
-    };
-    auto fold = [&](int b, const int32_t* cb, __m512 s) {
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t)
-        acc[t] = F::fold(acc[t], _mm512_load_si512((const void*)(cb + GR * t)), s, a.s[t] + b);
-    };
-    // software pipeline over two tile sets: block b's product is issued before block b - 1's C is folded
-    for (int b = 0; b < nb; ++b) {
-      const int k = b & 1;
-      sw[k] = decode(b, bbuf[k]);
-      if (k == 0)
-        amx_product<0>(a0 + (size_t)b * QK, as, bbuf[0], cbuf[0]);
-      else
-        amx_product<1>(a0 + (size_t)b * QK, as, bbuf[1], cbuf[1]);
-      if (b > 0) fold(b - 1, cbuf[k ^ 1], sw[k ^ 1]);
-    }
-    fold(nb - 1, cbuf[(nb - 1) & 1], sw[(nb - 1) & 1]);
-    CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[t]);
-  }
-}
-#endif
-
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (their bank rows w[g]) and NT tokens.
 template <class F, int G, int NT>
 CPUMOE_INLINE void groups(const uint8_t* const* w, int K, const void* const* act, float* out) {
   using namespace fp4;
   const x16::Int8Toks<NT, QK> a(act, K);
   const int nb = K / QK;
-#if CPUMOE_TIER == CPUMOE_T_AMX
-  if constexpr (NT >= kAmxMinNT) return amx_groups<F, G, NT>(w, K, a, out);
-#endif
-#ifdef CPUMOE_E2M1X16_512
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   const __m512i m = _mm512_set1_epi8(0x0F), lut = tbl512(w2_offset());
   __m512 acc[G][NT];
   CPUMOE_UNROLL

@@ -46,7 +46,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 
 // mxfp4's fold: the weight factor e8m0 * 0.5 (exact: >= 2^-128), times s_b, times the integer, added.
 struct Fold {
-#ifdef CPUMOE_E2M1X16_512
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   static CPUMOE_INLINE __m512 scale16(const uint8_t* p) {
     return _mm512_mul_ps(e2m1x16::e8m0x16(p), _mm512_set1_ps(0.5f));
   }
@@ -77,9 +77,6 @@ struct G16 {
     return {bank_row<uint8_t>(banks[2 * mat], e, g),
             (const uint16_t*)((const char*)b.ptr + (int64_t)e * b.expert_stride) + (int64_t)g * x16::GR};
   }
-#if CPUMOE_TIER == CPUMOE_T_AMX
-  using Scope = e2m1x16::AmxScope;  // the tiles of the multi-token calls
-#endif
   template <int G, int NT>
   static CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
     const uint8_t* w[G];
@@ -88,10 +85,6 @@ struct G16 {
   }
 };
 
-#if CPUMOE_TIER == CPUMOE_T_AMX
-static_assert(std::is_same_v<x16::ScopeOf<G16>::type, e2m1x16::AmxScope>, "x16's loops must hold the tile scope");
-#endif
-
 }  // namespace
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
@@ -99,10 +92,10 @@ static_assert(std::is_same_v<x16::ScopeOf<G16>::type, e2m1x16::AmxScope>, "x16's
 bool CPUMOE_INIT_FN(mxfp4_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
-    CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AMX
+    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
 #else
   (void)k;
-  return false;  // avx512f / avx512bf16: the tier below (avxvnni or avx2) or avx512vnni runs
+  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
 #endif
 }
