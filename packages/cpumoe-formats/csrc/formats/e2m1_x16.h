@@ -47,9 +47,10 @@ CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
 }
 #endif
 
-// out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (their bank rows w[g]) and NT tokens.
-template <class F, int G, int NT>
-CPUMOE_INLINE void groups(const uint8_t* const* w, int K, const void* const* act, float* out) {
+// out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (their bank rows gp[g].w: any layout Ref
+// with the group's codes as w) and NT tokens.
+template <class F, int G, int NT, class Ref>
+CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
   using namespace fp4;
   const x16::Int8Toks<NT, QK> a(act, K);
   const int nb = K / QK;
@@ -63,7 +64,7 @@ CPUMOE_INLINE void groups(const uint8_t* const* w, int K, const void* const* act
   for (int b = 0; b < nb; ++b) {
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
-      const uint8_t* p = w[g] + (size_t)b * GB;
+      const uint8_t* p = gp[g].w + (size_t)b * GB;
       for (int l = 0; l < 5; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
       const __m512 sw = F::scale16(p);
       __m512i lo[4], hi[4];
@@ -110,7 +111,7 @@ CPUMOE_INLINE void groups(const uint8_t* const* w, int K, const void* const* act
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
-        const uint8_t* p = w[g] + (size_t)b * GB;
+        const uint8_t* p = gp[g].w + (size_t)b * GB;
         if (h == 0)
           for (int l = 0; l < 5; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
         const __m256 sw = F::scale8(p + 8 * h);
@@ -162,7 +163,7 @@ CPUMOE_INLINE void groups(const uint8_t* const* w, int K, const void* const* act
       for (int r = 0; r < GR; ++r) {
         float acc = 0.f;
         for (int b = 0; b < nb; ++b) {
-          const uint8_t* p = w[g] + (size_t)b * GB;
+          const uint8_t* p = gp[g].w + (size_t)b * GB;
           const int8_t* qb = a.q[t] + (size_t)b * QK;
           int32_t s = 0;
           for (int j = 0; j < 4; ++j)

@@ -79,9 +79,7 @@ struct G16 {
   }
   template <int G, int NT>
   static CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
-    const uint8_t* w[G];
-    for (int g = 0; g < G; ++g) w[g] = gp[g].w;
-    e2m1x16::groups<Fold, G, NT>(w, K, act, out);
+    e2m1x16::groups<Fold, G, NT>(gp, K, act, out);
   }
 };
 
