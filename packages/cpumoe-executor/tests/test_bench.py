@@ -62,7 +62,7 @@ def test_ring_loop_is_bounded():
 def test_mode_option(tmp_path):
     assert bench.parse_modes("w4a8") == {"nvfp4": "w4a8", "mxfp4": "w4a8", "ds_fp4": "w4a8", "q4_0": "w4a8",
                                          "mxfp4_panel": "w4a8", "q4_0_x16": "w4a8", "nvfp4_x16": "w4a8",
-                                         "ds_fp4_x16": "w4a8"}
+                                         "ds_fp4_x16": "w4a8", "mxfp4_x16": "w4a8"}
     assert bench.parse_modes("nvfp4=w4a8,mxfp4_triton=native") == {"nvfp4": "w4a8", "mxfp4": "native"}
     with pytest.raises(ValueError, match="format 'bf16' has modes"):
         bench.parse_modes("bf16=w4a8")
