@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../rowmajor.h"
+#include "fp8_block_decode.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 flags the AVX-512 intrinsics' internal _mm512_undefined_* operands as (maybe-)uninitialized (a known
@@ -182,8 +183,6 @@ CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm256_slli_epi32(a, n); }
 CPUMOE_INLINE WVec set16(uint16_t v) { return _mm256_set1_epi16((short)v); }
 CPUMOE_INLINE WVec set32(uint32_t v) { return _mm256_set1_epi32((int)v); }
 CPUMOE_INLINE Vec as_ps(WVec a) { return _mm256_castsi256_ps(a); }
-CPUMOE_INLINE Vec cvt_lo(WVec a) { return _mm256_cvtph_ps(_mm256_castsi256_si128(a)); }
-CPUMOE_INLINE Vec cvt_hi(WVec a) { return _mm256_cvtph_ps(_mm256_extracti128_si256(a, 1)); }
 #else  // AVX512F (+BW)
 constexpr int kChunk = 64;
 constexpr int VL = 16;
@@ -208,8 +207,6 @@ CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm512_slli_epi32(a, (unsigned
 CPUMOE_INLINE WVec set16(uint16_t v) { return _mm512_set1_epi16((short)v); }
 CPUMOE_INLINE WVec set32(uint32_t v) { return _mm512_set1_epi32((int)v); }
 CPUMOE_INLINE Vec as_ps(WVec a) { return _mm512_castsi512_ps(a); }
-CPUMOE_INLINE Vec cvt_lo(WVec a) { return _mm512_cvtph_ps(_mm512_castsi512_si256(a)); }
-CPUMOE_INLINE Vec cvt_hi(WVec a) { return _mm512_cvtph_ps(_mm512_extracti64x4_epi64(a, 1)); }
 #endif
 
 struct Acc {
@@ -239,13 +236,8 @@ CPUMOE_INLINE float scale_factor(const float*, const uint16_t*, int, float* two_
   return 1.f;
 }
 constexpr int kXStep = kChunk / 2;  // stream entries per chunk
-// kChunk codes -> 4 weight vectors; vector c multiplies x + xoff(c, S) (stream stride S).
-CPUMOE_INLINE void decode4(WVec w, Vec* v) {
-  const WVec m = set16(0xBF80);
-  const WVec od = wand(srai16(w, 1), m);
-  const WVec ev = wand(srai16(slli16(w, 8), 1), m);
-  v[0] = cvt_lo(ev), v[1] = cvt_hi(ev), v[2] = cvt_lo(od), v[3] = cvt_hi(od);
-}
+// kChunk codes -> 4 weight vectors (fp8_block_decode.h); vector c multiplies x + xoff(c, S) (stream stride S).
+CPUMOE_INLINE void decode4(WVec w, Vec* v) { fp8dec::fp16_decode4(w, v); }
 CPUMOE_INLINE size_t xoff(int c, size_t S) { return (c >> 1) * S + (c & 1) * VL; }
 #else
 // Layout: 4 streams of Q = 32 nb(K) floats, zero padded, then max|x| (for the guard).

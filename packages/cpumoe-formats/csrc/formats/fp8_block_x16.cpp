@@ -8,7 +8,8 @@
 // odd ones, each pair as c = fma(w_odd, x_odd, c) then c = fma(w_even, x_even, c) (vdpbf16ps: the products are
 // exact, each step rounds once, subnormal x and results read as zero), then acc = fma(c0 + c1, scale, acc).
 // The scalar tier does the same fp32 operations in the same order, so the tiers are bit-identical and a token's
-// result does not depend on its batch.
+// result does not depend on its batch. The avx2 and avx512f tiers do them with fp32 FMAs on the exact e4m3
+// values (x16_fma.h: the flush to zero by MXCSR, checked, and redone explicitly where it was needed).
 //
 // Why: a decoded 64-byte line is 2 vectors of 16 rows' bf16 pairs, and one vdpbf16ps with the token's pair
 // broadcast (folded into the instruction) takes 32 products, so each extra token sharing an expert costs one
@@ -19,8 +20,12 @@
 #include <vector>
 
 #include "../x16.h"
-#if CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
 #include "fp8_block_decode.h"
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
+#define FP8X16_FMA 1
+#include "x16_fma.h"
+#else
+#define FP8X16_FMA 0
 #endif
 
 // Software prefetch distance in each group stream (bytes, one line per 64-byte step).
@@ -35,7 +40,11 @@ namespace {
 constexpr int GR = x16::GR, kBlk = 128;
 
 struct G16 {
+#if FP8X16_FMA
+  static constexpr int kMaxNT = x16fma::kMaxNT;
+#else
   static constexpr int kMaxNT = 8;
+#endif
   static constexpr int64_t kPf = CPUMOE_FP8X16_PF;
   static constexpr int kSlot[2] = {0, 2};
   struct Ref {
@@ -47,6 +56,26 @@ struct G16 {
   }
   template <int G, int NT>
   static void groups(const Ref* gp, int K, const void* const* act, float* out);
+#if FP8X16_FMA  // x16_fma.h's part: 128-K blocks, 2 K pairs a line
+  static constexpr int kBlk = cpumoe::CPUMOE_NS::kBlk, kStep = 64;
+  static CPUMOE_INLINE float scale(const Ref& r, int b) { return bf16_to_f32(r.s[b]); }
+  // 2 K pairs at p, rows 8h..8h+7 (avx2) or all 16 (avx512f): their even and odd weights, exact (e4m3 * 2^-8 by
+  // the fp16 patterns, times 2^8)
+  static CPUMOE_INLINE void quad(const uint8_t* p, [[maybe_unused]] int h, x16fma::V* w) {
+    const x16fma::V s = x16fma::vset1(256.f);
+    x16fma::V v[4];
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+    for (int i = 0; i < 2; ++i) {  // pair i's 32 bytes: v = rows 0-7 even, 8-15 even, 0-7 odd, 8-15 odd
+      fp8dec::fp16_decode4(_mm256_loadu_si256((const __m256i*)(p + 32 * i)), v);
+      w[2 * i] = x16fma::vmul(v[h], s), w[2 * i + 1] = x16fma::vmul(v[2 + h], s);
+    }
+#else
+    fp8dec::fp16_decode4(_mm512_loadu_si512((const void*)p), v);  // A even, B even, A odd, B odd
+    w[0] = x16fma::vmul(v[0], s), w[1] = x16fma::vmul(v[2], s);
+    w[2] = x16fma::vmul(v[1], s), w[3] = x16fma::vmul(v[3], s);
+#endif
+  }
+#endif
 #if CPUMOE_TIER == CPUMOE_T_AMX
   struct Scope {  // the tiles are configured by the first group call of a work item, released at its end
     ~Scope();
@@ -200,6 +229,11 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (g * NT + t) * GR, acc[g][t]);
 }
+#elif FP8X16_FMA
+template <int G, int NT>
+void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
+  x16fma::groups<G16, G, NT>(gp, K, act, out);
+}
 #else
 template <int G, int NT>
 void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
@@ -233,8 +267,10 @@ bool CPUMOE_INIT_FN(fp8_block_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
   return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &act_bytes_bf16, &prep_act_bf16);
+#elif FP8X16_FMA
+  return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &act_bytes_f32, &x16fma::prep_act_daz);  // fp32 x, daz'd
 #else
   (void)k;
-  return false;  // the tiers without vdpbf16ps run scalar (the executor repacks fp8_block only from avx512bf16)
+  return false;  // avxvnni / avx512vnni: avx2 / avx512f runs
 #endif
 }

@@ -65,5 +65,5 @@ SPEC = Bf16X16Format(
     aliases=("bf16_cpu",),
     description="bf16 weights with 16 rows interleaved per K pair for CPU lanes (bf16's values, moved); "
                 "W16A16 on vdpbf16ps",
-    kernel_tiers={"native": ("scalar", "avx512bf16")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16")},
 )

@@ -85,5 +85,5 @@ SPEC = Fp8BlockX16Format(
                 "moved); W8A16 on vdpbf16ps",
     # amx: the same B layout for tdpbf16ps (a decoded line is two B rows); the tile unit sums each 32-K chunk in its
     # own order, so amx is the one tier not bit-identical to the others (each is batch-invariant)
-    kernel_tiers={"native": ("scalar", "avx512bf16", "amx")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16", "amx")},
 )
