@@ -176,13 +176,6 @@ CPUMOE_INLINE WVec wload_tail(const uint8_t* p, int n) {
   std::memcpy(t, p, (size_t)n);
   return _mm256_load_si256((const __m256i*)t);
 }
-CPUMOE_INLINE WVec wand(WVec a, WVec b) { return _mm256_and_si256(a, b); }
-CPUMOE_INLINE WVec srai16(WVec a, int n) { return _mm256_srai_epi16(a, n); }
-CPUMOE_INLINE WVec slli16(WVec a, int n) { return _mm256_slli_epi16(a, n); }
-CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm256_slli_epi32(a, n); }
-CPUMOE_INLINE WVec set16(uint16_t v) { return _mm256_set1_epi16((short)v); }
-CPUMOE_INLINE WVec set32(uint32_t v) { return _mm256_set1_epi32((int)v); }
-CPUMOE_INLINE Vec as_ps(WVec a) { return _mm256_castsi256_ps(a); }
 #else  // AVX512F (+BW)
 constexpr int kChunk = 64;
 constexpr int VL = 16;
@@ -200,13 +193,6 @@ CPUMOE_INLINE WVec wload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 CPUMOE_INLINE WVec wload_tail(const uint8_t* p, int n) {  // masked-off bytes are not read
   return _mm512_maskz_loadu_epi8(n >= 64 ? ~0ull : ((1ull << n) - 1ull), p);
 }
-CPUMOE_INLINE WVec wand(WVec a, WVec b) { return _mm512_and_si512(a, b); }
-CPUMOE_INLINE WVec srai16(WVec a, int n) { return _mm512_srai_epi16(a, (unsigned)n); }
-CPUMOE_INLINE WVec slli16(WVec a, int n) { return _mm512_slli_epi16(a, (unsigned)n); }
-CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
-CPUMOE_INLINE WVec set16(uint16_t v) { return _mm512_set1_epi16((short)v); }
-CPUMOE_INLINE WVec set32(uint32_t v) { return _mm512_set1_epi32((int)v); }
-CPUMOE_INLINE Vec as_ps(WVec a) { return _mm512_castsi512_ps(a); }
 #endif
 
 struct Acc {
@@ -275,12 +261,7 @@ CPUMOE_INLINE float scale_factor(const float* x, const uint16_t* srow, int K, fl
 }
 constexpr int kXStep = kChunk / 4;  // stream entries per chunk
 // kChunk codes -> 4 weight vectors; vector c multiplies x + xoff(c, S) (stream stride S).
-CPUMOE_INLINE void decode4(WVec w, Vec* v) {
-  const WVec m16 = set16(0x87F0), hi = set32(0xFFFF0000u);
-  const WVec o16 = wand(srai16(w, 4), m16);
-  const WVec e16 = wand(srai16(slli16(w, 8), 4), m16);
-  v[0] = as_ps(slli32(e16, 16)), v[1] = as_ps(slli32(o16, 16)), v[2] = as_ps(wand(e16, hi)), v[3] = as_ps(wand(o16, hi));
-}
+CPUMOE_INLINE void decode4(WVec w, Vec* v) { fp8dec::bf16p_decode4(w, v); }  // fp8_block_decode.h
 CPUMOE_INLINE size_t xoff(int c, size_t S) { return (size_t)c * S; }
 #endif
 

@@ -59,22 +59,30 @@ struct G16 {
 #if FP8X16_FMA  // x16_fma.h's part: 128-K blocks, 2 K pairs a line
   static constexpr int kBlk = cpumoe::CPUMOE_NS::kBlk, kStep = 64;
   static CPUMOE_INLINE float scale(const Ref& r, int b) { return bf16_to_f32(r.s[b]); }
-  // 2 K pairs at p, rows 8h..8h+7 (avx2) or all 16 (avx512f): their even and odd weights, exact (e4m3 * 2^-8 by
-  // the fp16 patterns, times 2^8)
-  static CPUMOE_INLINE void quad(const uint8_t* p, [[maybe_unused]] int h, x16fma::V* w) {
-    const x16fma::V s = x16fma::vset1(256.f);
-    x16fma::V v[4];
+  // 2 K pairs at p (A: bytes 0-31, B: 32-63, each row r's even and odd codes at 2r, 2r + 1): slot h's even and
+  // odd weights, exact. avx2: bf16 patterns (fp8_block_decode.h), times 2^120; a 32-bit lane holds rows 2j and
+  // 2j + 1, so slot h is the rows of parity h (kParity). avx512f: fp16 patterns (no fp32 subnormals, which
+  // cost an FP assist on Intel cores), times 2^8.
 #if CPUMOE_TIER == CPUMOE_T_AVX2
-    for (int i = 0; i < 2; ++i) {  // pair i's 32 bytes: v = rows 0-7 even, 8-15 even, 0-7 odd, 8-15 odd
-      fp8dec::fp16_decode4(_mm256_loadu_si256((const __m256i*)(p + 32 * i)), v);
-      w[2 * i] = x16fma::vmul(v[h], s), w[2 * i + 1] = x16fma::vmul(v[2 + h], s);
+  static constexpr bool kParity = true;
+  static CPUMOE_INLINE void quad(const uint8_t* p, int h, x16fma::V* w) {
+    const x16fma::V s = x16fma::vset1(0x1p120f);
+    for (int i = 0; i < 2; ++i) {
+      x16fma::V v[4];  // rows 2j even, 2j odd, 2j + 1 even, 2j + 1 odd
+      fp8dec::bf16p_decode4(_mm256_loadu_si256((const __m256i*)(p + 32 * i)), v);
+      w[2 * i] = x16fma::vmul(v[2 * h], s), w[2 * i + 1] = x16fma::vmul(v[2 * h + 1], s);
     }
+  }
 #else
-    fp8dec::fp16_decode4(_mm512_loadu_si512((const void*)p), v);  // A even, B even, A odd, B odd
+  static constexpr bool kParity = false;
+  static CPUMOE_INLINE void quad(const uint8_t* p, int, x16fma::V* w) {
+    const x16fma::V s = x16fma::vset1(256.f);
+    x16fma::V v[4];  // A even, B even, A odd, B odd
+    fp8dec::fp16_decode4(_mm512_loadu_si512((const void*)p), v);
     w[0] = x16fma::vmul(v[0], s), w[1] = x16fma::vmul(v[2], s);
     w[2] = x16fma::vmul(v[1], s), w[3] = x16fma::vmul(v[3], s);
-#endif
   }
+#endif
 #endif
 #if CPUMOE_TIER == CPUMOE_T_AMX
   struct Scope {  // the tiles are configured by the first group call of a work item, released at its end

@@ -84,7 +84,9 @@ CPUMOE_INLINE void bf16_pairs(const uint8_t* p, V& even, V& odd) {
 }
 #else
 using V = __m256;
-constexpr int VL = 8, kMaxNT = 4, kAcc = 8;  // 16 ymm: 8 chain accumulators, the rest weights and broadcasts
+// 16 ymm: 8 chain accumulators, the rest weights and broadcasts (measured on Zen 3, docs/formats/bf16.md: 4
+// tokens a pass over one half of 8 rows beat 3 over both halves (12 accumulators) and 5 or 6 over one (spills))
+constexpr int VL = 8, kMaxNT = 4, kAcc = 8;
 CPUMOE_INLINE V vzero() { return _mm256_setzero_ps(); }
 CPUMOE_INLINE V vset1(float f) { return _mm256_set1_ps(f); }
 CPUMOE_INLINE V vload(const float* p) { return _mm256_loadu_ps(p); }
@@ -112,21 +114,31 @@ CPUMOE_INLINE V step(V w, const float* x, V c) {
   return c;
 }
 
+// The most vector slots (a divisor of S) whose 2 NT chains each fit in kAcc registers, at least 1.
+constexpr int slots_per_pass(int S, int NT) {
+  int c = 1;
+  for (int d = 2; d <= S; ++d)
+    if (S % d == 0 && 2 * d * NT <= kAcc) c = d;
+  return c;
+}
+
 // One pass of G groups x NT tokens into out (x16.h's order). L (the layout) gives:
 //   kBlk        K per scaled block (fp8_block_x16: 128), or 0: one unscaled sum (bf16_x16)
 //   kStep       bytes of a group per 4 K (2 K pairs)
 //   kPf         the prefetch distance in a group stream
-//   quad(p, h, w)  the 4 K at p, rows VL h .. VL h + VL - 1: w[0], w[1] pair A's even and odd weights, w[2],
-//                  w[3] pair B's (exact fp32)
+//   quad(p, h, w)  the 4 K at p, slot h's rows: w[0], w[1] pair A's even and odd weights, w[2], w[3] pair B's
+//                  (exact fp32); slot h's rows are VL h .. VL h + VL - 1, or with kParity (avx2) the rows of
+//                  parity h (2j + h in lane j), put in order at the end (unparity)
 //   scale(ref, b)  block b's scale (kBlk only)
 // The 16 rows are kHalves vector slots per group; a pass over K takes C slots at once, 2 C NT accumulators
 // (AVX2: a lone token's gate and up groups, both halves each, in one pass: 8 independent chains for the fma
 // latency; 4 tokens: one half at a time, the second half's pass reading the lines again from L1/L2).
 template <class L, int G, int NT, bool kExact>
 CPUMOE_INLINE void pass(const typename L::Ref* gp, int K, const float* const* x, float* out) {
-  constexpr int S = G * kHalves, C = std::min(S, std::max(1, kAcc / (2 * NT)));
-  static_assert(S % C == 0 && NT <= kMaxNT, "slots per pass");
+  constexpr int S = G * kHalves, C = slots_per_pass(S, NT);
+  static_assert(NT <= kMaxNT, "tokens per pass");
   const int blk = L::kBlk ? L::kBlk : K;
+  CPUMOE_UNROLL  // (a copy per slot chunk: g and h constants in the K loop)
   for (int s0 = 0; s0 < S; s0 += C)
     for (int o = 0; o < K; o += blk) {
       const int n = std::min(blk, K - o);  // a multiple of 16
@@ -139,7 +151,7 @@ CPUMOE_INLINE void pass(const typename L::Ref* gp, int K, const float* const* x,
         CPUMOE_UNROLL
         for (int j = 0; j < C; ++j) {
           const int g = (s0 + j) / kHalves, h = (s0 + j) % kHalves;
-          const uint8_t* p = gp[g].w + (size_t)(k / 4) * L::kStep;
+          const uint8_t* p = gp[g].w + (size_t)k * (L::kStep / 4);
           if (h == 0) {  // the first half's pass brings the lines in
             CPUMOE_UNROLL
             for (int l = 0; l < L::kStep; l += 64) __builtin_prefetch(p + L::kPf + l, 0, 3);
@@ -172,18 +184,34 @@ CPUMOE_INLINE void pass(const typename L::Ref* gp, int K, const float* const* x,
     }
 }
 
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+// 16 results as the even rows then the odd ones -> in row order
+CPUMOE_INLINE void unparity(float* o) {
+  const V a = vload(o), b = vload(o + 8);
+  const V lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);  // rows 0-3 | 8-11, 4-7 | 12-15
+  vstore(o, _mm256_permute2f128_ps(lo, hi, 0x20));
+  vstore(o + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+#endif
+
 // x16.h's groups: the fast pass, and the exact one where the fast one flushed a result.
 template <class L, int G, int NT>
 CPUMOE_INLINE void groups(const typename L::Ref* gp, int K, const void* const* act, float* out) {
   const float* x[NT];
   CPUMOE_UNROLL
   for (int t = 0; t < NT; ++t) x[t] = (const float*)act[t];
-  const Mxcsr scope(kFtz);
-  pass<L, G, NT, false>(gp, K, x, out);
-  if (Mxcsr::get() & kUnderflow) {
-    Mxcsr::set(kIeee);
-    pass<L, G, NT, true>(gp, K, x, out);
+  {
+    const Mxcsr scope(kFtz);
+    pass<L, G, NT, false>(gp, K, x, out);
+    if (Mxcsr::get() & kUnderflow) {
+      Mxcsr::set(kIeee);
+      pass<L, G, NT, true>(gp, K, x, out);
+    }
   }
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+  if constexpr (L::kParity)
+    for (int i = 0; i < G * NT; ++i) unparity(out + i * x16::GR);
+#endif
 }
 
 }  // namespace x16fma
