@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import dot_bound, to_bf16_bits
-from x16_helpers import check_pair_layout_errors, check_pair_round_trip, check_ragged_work_items, down_accumulators
+from x16_helpers import (
+    check_like_scalar,
+    check_pair_layout_errors,
+    check_pair_round_trip,
+    check_ragged_work_items,
+    down_accumulators,
+    down_bits,
+)
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import bf16, bf16_x16
@@ -19,6 +26,7 @@ from cpumoe_formats.numerics import BF16
 FMT = "bf16_x16"
 SPEC = cf.get_format(FMT)
 SIMD = [t for t in SPEC.kernel_tiers["native"] if t != "scalar"]
+FLT_MIN = 2.0**-126
 
 
 def _bits(a):
@@ -98,6 +106,57 @@ def test_edge_values(rng, mode, tier):
     y = run_forced(FMT, xb, x, w, ids, mode, tier)
     ref = cf.reference.moe(FMT, xb, x, w, ids, mode=mode)
     assert rel_err(y, ref) < 6e-3
+
+
+def _down_banks(W):
+    """bf16_x16 banks of one expert whose down matrix is W [H, I] (exact bf16 values), gate_up random."""
+    b = bf16.SPEC.random_banks(1, *W.shape, np.random.default_rng(0))
+    b["down"][0] = W.astype(BF16)
+    assert (b["down"][0].astype(np.float32) == W).all()
+    return cf.repack_bf16_x16(b)
+
+
+def test_flush_to_zero_cases(rng):
+    """The fp32-FMA tiers (x16_fma.h: an MXCSR FTZ pass checked by the underflow flag, then an explicit-flush pass)
+    against scalar's dp_step on constructed rows (rows 0-8: each a chain's few steps, zero weights elsewhere; row
+    r's c0 pair is K 4r, 4r + 1 and its c1 pair 4r + 2, 4r + 3, the odd element first): exact results at FLT_MIN's
+    rounding boundary, where x86's FTZ (tininess after rounding) flushes what dp_step's gradual underflow rounds up
+    to FLT_MIN, tiny products, the sign of a flushed zero, a subnormal c0 + c1, a subnormal weight and a subnormal
+    activation; rows 16-63 dense random. Scalar's values are asserted too, so the cases hit what they are meant to."""
+    H, I = 64, 256  # noqa: E741
+    W = (rng.standard_normal((H, I)) * 0.02).astype(BF16).astype(np.float32)
+    W[:16] = 0
+    x = rng.standard_normal(I).astype(BF16).astype(np.float32)
+    a, b = 2.0**-75, 2.0**-63
+    cases = {  # row: ((K, w, x), ...), scalar's dot
+        0: (((1, b, b), (0, -a, a)), FLT_MIN),  # 2^-126 - 2^-150: the subnormal grid's midpoint, even -> FLT_MIN
+        1: (((5, b, b), (4, -0.75 * a, a)), FLT_MIN),  # FTZ rounds 2^-126 - 0.75 2^-150 to 2^-126 - 2^-150: tiny
+        2: (((9, b, b), (8, -1.25 * a, a)), 0.0),  # under the midpoint: the largest subnormal, flushed
+        3: (((13, 2.0**-70, 2.0**-62),), 0.0),  # a tiny first product, flushed
+        4: (((17, -(2.0**-70), 2.0**-62),), 0.0),  # -0, then + 0 x: +0
+        5: (((21, 2.0**-130, 2.0**20),), 2.0**-110),  # a subnormal weight (kept), a normal product
+        6: (((25, 2.0**20, 2.0**-130),), 0.0),  # a subnormal activation reads as zero
+        7: (((29, 1.5 * b, b), (31, -b, b)), 2.0**-127),  # c0 + c1 subnormal: a plain add, kept
+        8: (((33, -b, b), (32, 0.75 * a, a)), -FLT_MIN),
+        # both chains' last pairs (K 252-255): a tiny negative product -> -0, then 0 x (-1) keeps it: -0 + -0
+        9: (((253, -(2.0**-70), 2.0**-62), (252, 0.0, -1.0), (255, -(2.0**-70), 2.0**-62), (254, 0.0, -1.0)), -0.0),
+    }
+    for r, (steps, _) in cases.items():
+        for k, w, xv in steps:
+            W[r, k], x[k] = w, xv
+    check_like_scalar(FMT, _down_banks(W), to_bf16_bits(x), H, rng, {r: v for r, (_, v) in cases.items()})
+
+
+def test_subnormal_weights(rng):
+    """Even rows of bf16 subnormal weights (m 2^-133), activations of magnitude 2^10 to 2^20: every product and
+    partial sum normal, so the FTZ pass stands, with DAZ off (DAZ would read these weights as zero)."""
+    H, I = 64, 256  # noqa: E741
+    W = (rng.standard_normal((H, I)) * 0.02).astype(BF16).astype(np.float32)
+    W[::2] = rng.integers(1, 128, (H // 2, I)) * 2.0**-133 * rng.choice([-1.0, 1.0], (H // 2, I))
+    x = to_bf16_bits(2.0 ** rng.uniform(10, 20, I) * rng.choice([-1.0, 1.0], I))
+    banks = _down_banks(W)
+    assert (down_bits(FMT, banks, "scalar", [x], H).view(np.float32)[0, ::2] != 0).all()
+    check_like_scalar(FMT, banks, x, H, rng)
 
 
 def test_schema_and_errors(rng):
