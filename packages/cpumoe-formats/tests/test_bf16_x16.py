@@ -116,13 +116,10 @@ def _down_banks(W):
     return cf.repack_bf16_x16(b)
 
 
-def test_flush_to_zero_cases(rng):
-    """The fp32-FMA tiers (x16_fma.h: an MXCSR FTZ pass checked by the underflow flag, then an explicit-flush pass)
-    against scalar's dp_step on constructed rows (rows 0-8: each a chain's few steps, zero weights elsewhere; row
-    r's c0 pair is K 4r, 4r + 1 and its c1 pair 4r + 2, 4r + 3, the odd element first): exact results at FLT_MIN's
-    rounding boundary, where x86's FTZ (tininess after rounding) flushes what dp_step's gradual underflow rounds up
-    to FLT_MIN, tiny products, the sign of a flushed zero, a subnormal c0 + c1, a subnormal weight and a subnormal
-    activation; rows 16-63 dense random. Scalar's values are asserted too, so the cases hit what they are meant to."""
+def _flush_cases(rng):
+    """Down banks (H 64, I 256), an activation and scalar's dot per case row: rows 0-9 each a chain's few steps
+    (zero weights elsewhere; row r's c0 pair at K 4r, 4r + 1 and its c1 pair at 4r + 2, 4r + 3, the odd element
+    first), rows 16-63 dense random."""
     H, I = 64, 256  # noqa: E741
     W = (rng.standard_normal((H, I)) * 0.02).astype(BF16).astype(np.float32)
     W[:16] = 0
@@ -144,7 +141,29 @@ def test_flush_to_zero_cases(rng):
     for r, (steps, _) in cases.items():
         for k, w, xv in steps:
             W[r, k], x[k] = w, xv
-    check_like_scalar(FMT, _down_banks(W), to_bf16_bits(x), H, rng, {r: v for r, (_, v) in cases.items()})
+    return _down_banks(W), to_bf16_bits(x), {r: v for r, (_, v) in cases.items()}
+
+
+def test_flush_to_zero_cases(rng):
+    """The fp32-FMA tiers (x16_fma.h: an MXCSR FTZ pass checked by the underflow flag, then an explicit-flush pass)
+    against scalar's dp_step on constructed rows (_flush_cases): exact results at FLT_MIN's rounding boundary,
+    where x86's FTZ (tininess after rounding) flushes what dp_step's gradual underflow rounds up to FLT_MIN, tiny
+    products, the sign of a flushed zero, a subnormal c0 + c1, a subnormal weight and a subnormal activation.
+    Scalar's values are asserted too, so the cases hit what they are meant to."""
+    banks, x, expect = _flush_cases(rng)
+    check_like_scalar(FMT, banks, x, 64, rng, expect)
+
+
+@pytest.mark.skipif("avx512bf16" not in USABLE, reason="this CPU/OS lacks the avx512bf16 tier")
+def test_vdpbf16ps_edges(rng):
+    """Where avx512bf16 (vdpbf16ps) parts from scalar's dp_step (seen on the H200 host's Xeon, 2026-12-01): it
+    reads subnormal weights as zero (DAZ on both sources: row 5) and flushes by x86's tininess after rounding
+    (rows 0, 1, 8: results just under FLT_MIN that dp_step's gradual underflow rounds up to +-FLT_MIN), so it
+    equals scalar except for subnormal weights and steps within 2^-150 of FLT_MIN; the fp32-FMA tiers equal scalar
+    there too (test_flush_to_zero_cases)."""
+    banks, x, _ = _flush_cases(rng)
+    ref, got = (down_bits(FMT, banks, t, [x], 64)[0] for t in ("scalar", "avx512bf16"))
+    assert np.nonzero(ref != got)[0].tolist() == [0, 1, 5, 8]
 
 
 def test_subnormal_weights(rng):
