@@ -164,6 +164,16 @@ def test_subnormal_codes(rng):
     check_like_scalar(FMT, banks, x, 64, rng)
 
 
+def test_large_activations(rng):
+    """Tokens whose x * 2^120 (avx2) would overflow (|x| >= 2^8) take the decode with its multiply (x16_fma.h
+    prep_act_xs), alone (1 route) and next to tokens that take x * 2^120 (3 and 9 routes); avx512f's 2^8 overflows
+    from 2^120, so x reaches 2^121 (products overflow alike in every tier)."""
+    x = rng.standard_normal(256) * 2.0 ** rng.integers(-20, 12, 256)
+    x[[7, 100, 200]] = [300.0, -(2.0**100), 2.0**121]
+    banks = _down_banks(rng, {})
+    check_like_scalar(FMT, banks, to_bf16_bits(x), 64, rng)
+
+
 def test_schema_and_errors(rng):
     b = SPEC.random_banks(3, 2048, 512, rng)
     assert cf.validate_banks(FMT, b) == (3, 2048, 512)

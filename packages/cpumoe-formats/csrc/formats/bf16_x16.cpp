@@ -36,7 +36,9 @@ struct G16 {
   static constexpr int kMaxNT = x16fma::kMaxNT;
   static constexpr int kBlk = 0, kStep = 128;  // x16_fma.h: one unscaled sum; 2 K pairs are 2 lines
   static constexpr bool kParity = false;
+  static constexpr float kXs = 0;  // the values are exact as they are
   // 2 K pairs at p, rows 8h..8h+7 (avx2) or all 16 (avx512f): their even and odd values, exact in fp32
+  template <bool>
   static CPUMOE_INLINE void quad(const uint8_t* p, [[maybe_unused]] int h, x16fma::V* w) {
     x16fma::bf16_pairs(p + 4 * x16fma::VL * h, w[0], w[1]);
     x16fma::bf16_pairs(p + 64 + 4 * x16fma::VL * h, w[2], w[3]);

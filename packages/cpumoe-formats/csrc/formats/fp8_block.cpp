@@ -107,7 +107,8 @@ void install(cpumoe_kernel* k) {
 // per-block reduction. Each product is exact (4 significant bits x 16) and equals
 // w * x * 2^(c - e) where the decoder yields e4m3 * 2^-e; only the fp32 sums round.
 //
-// Two decoders (CPUMOE_FP8_FP16 picks; avx2 defaults to the first, avx512f to the second):
+// Two decoders (fp8_block_decode.h, shared with fp8_block_x16; CPUMOE_FP8_FP16 picks; avx2 defaults to the
+// first, avx512f to the second):
 //
 // bf16 patterns (e = 120): for a code b, (b & 0x80) << 8 | (b & 0x7F) << 4 is the bf16
 //   encoding of e4m3(b) * 2^-120 for EVERY code: normals get exponent field E, E == 0 gives

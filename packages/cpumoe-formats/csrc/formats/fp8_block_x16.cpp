@@ -60,27 +60,33 @@ struct G16 {
   static constexpr int kBlk = cpumoe::CPUMOE_NS::kBlk, kStep = 64;
   static CPUMOE_INLINE float scale(const Ref& r, int b) { return bf16_to_f32(r.s[b]); }
   // 2 K pairs at p (A: bytes 0-31, B: 32-63, each row r's even and odd codes at 2r, 2r + 1): slot h's even and
-  // odd weights, exact. avx2: bf16 patterns (fp8_block_decode.h), times 2^120; a 32-bit lane holds rows 2j and
+  // odd weights, exact. avx2: bf16 patterns (fp8_block_decode.h), e4m3 / 2^120; a 32-bit lane holds rows 2j and
   // 2j + 1, so slot h is the rows of parity h (kParity). avx512f: fp16 patterns (no fp32 subnormals, which
-  // cost an FP assist on Intel cores), times 2^8.
+  // cost an FP assist on Intel cores), e4m3 / 2^8. Times kXs, or the tokens' x times kXs where none overflows
+  // (x16_fma.h prep_act_xs: 2^120 x overflows from |x| = 2^8, 2^8 x from 2^120).
 #if CPUMOE_TIER == CPUMOE_T_AVX2
   static constexpr bool kParity = true;
+  static constexpr float kXs = 0x1p120f;
+  template <bool kXsOn>
   static CPUMOE_INLINE void quad(const uint8_t* p, int h, x16fma::V* w) {
-    const x16fma::V s = x16fma::vset1(0x1p120f);
     for (int i = 0; i < 2; ++i) {
       x16fma::V v[4];  // rows 2j even, 2j odd, 2j + 1 even, 2j + 1 odd
       fp8dec::bf16p_decode4(_mm256_loadu_si256((const __m256i*)(p + 32 * i)), v);
-      w[2 * i] = x16fma::vmul(v[2 * h], s), w[2 * i + 1] = x16fma::vmul(v[2 * h + 1], s);
+      w[2 * i] = v[2 * h], w[2 * i + 1] = v[2 * h + 1];
     }
+    if constexpr (!kXsOn)
+      for (int i = 0; i < 4; ++i) w[i] = x16fma::vmul(w[i], x16fma::vset1(kXs));
   }
 #else
   static constexpr bool kParity = false;
+  static constexpr float kXs = 256.f;
+  template <bool kXsOn>
   static CPUMOE_INLINE void quad(const uint8_t* p, int, x16fma::V* w) {
-    const x16fma::V s = x16fma::vset1(256.f);
     x16fma::V v[4];  // A even, B even, A odd, B odd
     fp8dec::fp16_decode4(_mm512_loadu_si512((const void*)p), v);
-    w[0] = x16fma::vmul(v[0], s), w[1] = x16fma::vmul(v[2], s);
-    w[2] = x16fma::vmul(v[1], s), w[3] = x16fma::vmul(v[3], s);
+    w[0] = v[0], w[1] = v[2], w[2] = v[1], w[3] = v[3];
+    if constexpr (!kXsOn)
+      for (int i = 0; i < 4; ++i) w[i] = x16fma::vmul(w[i], x16fma::vset1(kXs));
   }
 #endif
 #endif
@@ -276,7 +282,8 @@ bool CPUMOE_INIT_FN(fp8_block_x16)(cpumoe_kernel* k) {
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
   return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &act_bytes_bf16, &prep_act_bf16);
 #elif FP8X16_FMA
-  return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &act_bytes_f32, &x16fma::prep_act_daz);  // fp32 x, daz'd
+  // fp32 x, daz'd, and x times 2^120 (avx2) / 2^8 (avx512f) for the weights' decode without its multiply
+  return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &x16fma::act_bytes_xs, &x16fma::prep_act_xs<G16>);
 #else
   (void)k;
   return false;  // avxvnni / avx512vnni: avx2 / avx512f runs

@@ -60,6 +60,21 @@ inline void prep_act_daz(const cpumoe_kernel*, const uint16_t* src, int32_t K, v
   float* d = (float*)dst;
   for (int32_t i = 0; i < K; ++i) d[i] = x16::daz(bf16_to_f32(src[i]));
 }
+// ... for a layout whose weights decode to w / s (s = L::kXs, a power of two: fp8_block_x16), then x * s (K floats)
+// and a flag: 1 when no finite x * s overflowed. Then w / s times x * s is w x exactly (the same real number, so
+// every fma rounds and flushes alike) and the decode's multiply by s goes.
+inline size_t act_bytes_xs(const cpumoe_kernel*, int32_t K) { return (size_t)K * 8 + 64; }
+template <class L>
+void prep_act_xs(const cpumoe_kernel* k, const uint16_t* src, int32_t K, void* dst) {
+  prep_act_daz(k, src, K, dst);
+  float* d = (float*)dst;
+  bool ok = true;
+  for (int32_t i = 0; i < K; ++i) {
+    d[K + i] = d[i] * L::kXs;
+    ok &= !(std::isinf(d[K + i]) && std::isfinite(d[i]));
+  }
+  d[2 * K] = ok ? 1.f : 0.f;
+}
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512F
 using V = __m512;
@@ -126,14 +141,15 @@ constexpr int slots_per_pass(int S, int NT) {
 //   kBlk        K per scaled block (fp8_block_x16: 128), or 0: one unscaled sum (bf16_x16)
 //   kStep       bytes of a group per 4 K (2 K pairs)
 //   kPf         the prefetch distance in a group stream
-//   quad(p, h, w)  the 4 K at p, slot h's rows: w[0], w[1] pair A's even and odd weights, w[2], w[3] pair B's
-//                  (exact fp32); slot h's rows are VL h .. VL h + VL - 1, or with kParity (avx2) the rows of
-//                  parity h (2j + h in lane j), put in order at the end (unparity)
+//   quad<kXs>(p, h, w)  the 4 K at p, slot h's rows: w[0], w[1] pair A's even and odd weights, w[2], w[3] pair
+//                  B's, exact in fp32 (kXs: divided by kXs, x is times kXs); slot h's rows are VL h .. VL h + VL -
+//                  1, or with kParity (avx2) the rows of parity h (2j + h in lane j), put in order at the end
+//   kXs         0, or the power of two of prep_act_xs
 //   scale(ref, b)  block b's scale (kBlk only)
 // The 16 rows are kHalves vector slots per group; a pass over K takes C slots at once, 2 C NT accumulators
 // (AVX2: a lone token's gate and up groups, both halves each, in one pass: 8 independent chains for the fma
 // latency; 4 tokens: one half at a time, the second half's pass reading the lines again from L1/L2).
-template <class L, int G, int NT, bool kExact>
+template <class L, int G, int NT, bool kExact, bool kXs>
 CPUMOE_INLINE void pass(const typename L::Ref* gp, int K, const float* const* x, float* out) {
   constexpr int S = G * kHalves, C = slots_per_pass(S, NT);
   static_assert(NT <= kMaxNT, "tokens per pass");
@@ -157,7 +173,7 @@ CPUMOE_INLINE void pass(const typename L::Ref* gp, int K, const float* const* x,
             for (int l = 0; l < L::kStep; l += 64) __builtin_prefetch(p + L::kPf + l, 0, 3);
           }
           V w[4];
-          L::quad(p, h, w);
+          L::template quad<kXs>(p, h, w);
           CPUMOE_UNROLL
           for (int t = 0; t < NT; ++t) {
             const float* xk = x[t] + k;
@@ -198,14 +214,19 @@ CPUMOE_INLINE void unparity(float* o) {
 template <class L, int G, int NT>
 CPUMOE_INLINE void groups(const typename L::Ref* gp, int K, const void* const* act, float* out) {
   const float* x[NT];
+  bool xs = L::kXs > 0;  // every token's x * kXs in range: those, and the weights' decode without its multiply
   CPUMOE_UNROLL
-  for (int t = 0; t < NT; ++t) x[t] = (const float*)act[t];
+  for (int t = 0; t < NT; ++t) xs &= L::kXs > 0 && ((const float*)act[t])[2 * K] != 0.f;
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) x[t] = (const float*)act[t] + (xs ? K : 0);
   {
     const Mxcsr scope(kFtz);
-    pass<L, G, NT, false>(gp, K, x, out);
+    if (xs) pass<L, G, NT, false, true>(gp, K, x, out);
+    else pass<L, G, NT, false, false>(gp, K, x, out);
     if (Mxcsr::get() & kUnderflow) {
       Mxcsr::set(kIeee);
-      pass<L, G, NT, true>(gp, K, x, out);
+      if (xs) pass<L, G, NT, true, true>(gp, K, x, out);
+      else pass<L, G, NT, true, false>(gp, K, x, out);
     }
   }
 #if CPUMOE_TIER == CPUMOE_T_AVX2
