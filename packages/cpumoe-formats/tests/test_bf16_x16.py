@@ -157,10 +157,11 @@ def test_flush_to_zero_cases(rng):
 @pytest.mark.skipif("avx512bf16" not in USABLE, reason="this CPU/OS lacks the avx512bf16 tier")
 def test_vdpbf16ps_edges(rng):
     """Where avx512bf16 (vdpbf16ps) parts from scalar's dp_step (seen on the H200 host's Xeon, 2026-12-01): it
-    reads subnormal weights as zero (DAZ on both sources: row 5) and flushes by x86's tininess after rounding
-    (rows 0, 1, 8: results just under FLT_MIN that dp_step's gradual underflow rounds up to +-FLT_MIN), so it
-    equals scalar except for subnormal weights and steps within 2^-150 of FLT_MIN; the fp32-FMA tiers equal scalar
-    there too (test_flush_to_zero_cases)."""
+    reads subnormal weights as zero (DAZ on both sources: row 5) and flushes the exact results FLT_MIN - 2^-150
+    and FLT_MIN - 0.75 2^-150 (rows 0, 1, 8), which dp_step's gradual underflow rounds up to +-FLT_MIN (whether
+    its tininess is decided before or after rounding is not pinned here). So it equals scalar except for
+    subnormal weights and steps within 2^-150 of FLT_MIN; the fp32-FMA tiers equal scalar there too
+    (test_flush_to_zero_cases)."""
     banks, x, _ = _flush_cases(rng)
     ref, got = (down_bits(FMT, banks, t, [x], 64)[0] for t in ("scalar", "avx512bf16"))
     assert np.nonzero(ref != got)[0].tolist() == [0, 1, 5, 8]

@@ -178,7 +178,7 @@ def test_schema_and_errors(rng):
     b = SPEC.random_banks(3, 2048, 512, rng)
     assert cf.validate_banks(FMT, b) == (3, 2048, 512)
     assert SPEC.id == 8 and cf.get_format("fp8_block_cpu") is SPEC and SPEC.modes == ("native",)
-    assert fp8_block.SPEC.cpu_layout == FMT and fp8_block.SPEC.cpu_layout_min_tier == "avx512bf16"
+    assert fp8_block.SPEC.cpu_layout == FMT and fp8_block.SPEC.cpu_layout_min_tier == "avx2"
     check_pair_layout_errors(FMT, fp8_block.SPEC, rng)
     g = fp8_block_x16.to_groups(_codes(fp8_block.SPEC.random_banks(1, 32, 32, rng)["down"]))
     np.testing.assert_array_equal(fp8_block_x16.to_groups(fp8_block_x16.from_groups(g)), g)

@@ -7,7 +7,10 @@
 // c = fma(w_even, x_even, c) (vdpbf16ps: exact products, one rounding per step, subnormal x and results read as
 // zero), then c0 + c1. The scalar tier does the same steps (x16.h dp_step), so the tiers are bit-identical and a
 // token's result does not depend on its batch. The avx2 and avx512f tiers do them with fp32 FMAs (x16_fma.h: the
-// flush to zero by MXCSR, checked, and redone explicitly where it was needed), also bit-identical.
+// flush to zero by MXCSR, checked, and redone explicitly where it was needed), bit-identical for every input.
+// vdpbf16ps parts from dp_step at two edges (seen on the H200 host's Xeon, test_vdpbf16ps_edges): it reads
+// subnormal weights as zero too, and it flushes exact results just under FLT_MIN (from FLT_MIN - 2^-150) that
+// dp_step's gradual underflow rounds up to FLT_MIN.
 //
 // Why: a 64-byte load is a vector of 16 rows' bf16 pairs, and one vdpbf16ps with the token's pair broadcast
 // (folded into the instruction) takes 32 products, so each token sharing an expert costs one instruction per 32
