@@ -1,6 +1,6 @@
 // fp32-FMA group dots of the pair-interleaved x16 layouts (bf16_x16, fp8_block_x16) for the tiers without
 // vdpbf16ps: avx2 (__m256: a group's 16 rows as two halves of 8 lanes) and avx512f (__m512: a group a vector).
-// docs/formats/bf16.md "bf16_x16" has the measurements.
+// docs/formats/bf16.md and fp8_block.md "avx2 and avx512f" have the measurements.
 //
 // The math is the scalar tier's, bit for bit (x16.h dp_step): per (row, token) two chains, c0 over the even K
 // pairs and c1 over the odd ones, each pair as c = dp_step(w_odd, x_odd, c) then c = dp_step(w_even, x_even, c),
@@ -12,7 +12,7 @@
 // Fast pass: MXCSR = FTZ, every exception masked, round to nearest, DAZ off. An operation whose result is not
 // tiny returns the IEEE result, normal or zero, which daz keeps: so where no operation of the call has a tiny
 // result, the fast pass gives scalar's bits. FTZ sets the underflow flag (UE) on every result it flushes (Intel
-// SDM vol. 1 10.2.3.3, AMD APM vol. 1 6.4.2), and a flushed result is the only one that can differ from scalar:
+// SDM vol. 1 "Flush-To-Zero"; AMD likewise, both seen in the tests), and only a flushed result can differ:
 //   - x86 decides tininess after rounding (to 24 bits, exponent unbounded), so an exact result in
 //     [FLT_MIN - 2^-150, FLT_MIN - 2^-151) (magnitude) is tiny and flushed to 0 while IEEE gradual underflow
 //     rounds it up to FLT_MIN (the subnormal grid's spacing is 2^-149), which daz keeps: dp_step gives +-FLT_MIN
@@ -61,18 +61,18 @@ inline void prep_act_daz(const cpumoe_kernel*, const uint16_t* src, int32_t K, v
   for (int32_t i = 0; i < K; ++i) d[i] = x16::daz(bf16_to_f32(src[i]));
 }
 // ... for a layout whose weights decode to w / s (s = L::kXs, a power of two: fp8_block_x16), then x * s (K floats)
-// and a flag: 1 when no finite x * s overflowed. Then w / s times x * s is w x exactly (the same real number, so
-// every fma rounds and flushes alike) and the decode's multiply by s goes.
+// and a flag: 1 when every |x| < 2^128 / s (a bf16 x under it times s is finite, and exact). Then w / s times x * s
+// is w x exactly (the same real number, so every fma rounds and flushes alike) and the decode's multiply by s goes.
+// (x * s only where the flag is set: no overflow to trap under a caller's unmasked exceptions.)
 inline size_t act_bytes_xs(const cpumoe_kernel*, int32_t K) { return (size_t)K * 8 + 64; }
 template <class L>
 void prep_act_xs(const cpumoe_kernel* k, const uint16_t* src, int32_t K, void* dst) {
   prep_act_daz(k, src, K, dst);
   float* d = (float*)dst;
+  const float lim = 0x1p127f / L::kXs * 2.f;
   bool ok = true;
-  for (int32_t i = 0; i < K; ++i) {
-    d[K + i] = d[i] * L::kXs;
-    ok &= !(std::isinf(d[K + i]) && std::isfinite(d[i]));
-  }
+  for (int32_t i = 0; i < K; ++i) ok &= !(std::fabs(d[i]) >= lim);  // NaN stays NaN, in range
+  for (int32_t i = 0; i < K && ok; ++i) d[K + i] = d[i] * L::kXs;
   d[2 * K] = ok ? 1.f : 0.f;
 }
 
