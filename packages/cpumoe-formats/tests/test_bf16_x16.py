@@ -167,6 +167,18 @@ def test_vdpbf16ps_edges(rng):
     assert np.nonzero(ref != got)[0].tolist() == [0, 1, 5, 8]
 
 
+@pytest.mark.parametrize("tier", ["avx2", "avx512f"])
+def test_mxcsr_restored(rng, tier):
+    """A call runs under its own MXCSR (FTZ) and gives the caller's back, after the fast pass and after the exact
+    one: this thread's fp32 arithmetic still underflows gradually (numpy's float32 multiply is an SSE mulss)."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    fast = cf.repack_bf16_x16(bf16.SPEC.random_banks(1, 64, 256, rng)), to_bf16_bits(rng.standard_normal(256))
+    for banks, g in (fast, _flush_cases(rng)[:2]):  # the flush cases take the exact pass too
+        down_bits(FMT, banks, tier, [g], 64)
+        assert (np.float32(FLT_MIN) * np.float32(0.5)).view(np.uint32) == 0x00400000  # 2^-127, not flushed
+
+
 def test_subnormal_weights(rng):
     """Even rows of bf16 subnormal weights (m 2^-133), activations of magnitude 2^10 to 2^20: every product and
     partial sum normal, so the FTZ pass stands, with DAZ off (DAZ would read these weights as zero)."""
