@@ -210,16 +210,16 @@ def test_auto_repack_needs_the_layouts_kernel(rng):
 
 def test_auto_repack_needs_the_layouts_shapes(rng):
     """fp8_block takes any H and I, its CPU layout (fp8_block_x16) multiples of 16: ragged banks stay as given (and
-    repack=True says why); at a multiple of 16 auto repacks where the layout's avx512bf16 kernel runs, and the
-    result is the layout's, bit for bit."""
+    repack=True says why); at a multiple of 16 auto repacks where the layout's kernel is at least fp8_block's own
+    and avx2 (cpu_layout_min_tier), and the result is the layout's, bit for bit."""
     banks, (E, H, I) = make_banks("fp8_block", rng, layers=1)
     assert H % 16 and ce.CpuMoeExecutor("fp8_block", banks, top_k=2, threads=1).spec.name == "fp8_block"
     with pytest.raises(ValueError, match="repack=True: fp8_block_x16: H and I must be multiples of 16"):
         ce.CpuMoeExecutor("fp8_block", banks, top_k=2, threads=1, repack=True)
     banks = [cf.get_format("fp8_block").random_banks(4, 272, 144, rng)]
     ex = ce.CpuMoeExecutor("fp8_block", banks, top_k=2, threads=2)
-    bf16 = cf.TIERS.index(cf.selected_tier("fp8_block_x16").split("+")[0]) >= cf.TIERS.index("avx512bf16")
-    assert ex.spec.name == ("fp8_block_x16" if bf16 else "fp8_block")
+    x16, own = (cf.TIERS.index(cf.selected_tier(f).split("+")[0]) for f in ("fp8_block_x16", "fp8_block"))
+    assert ex.spec.name == ("fp8_block_x16" if x16 >= max(own, cf.TIERS.index("avx2")) else "fp8_block")
     x = rng.standard_normal((3, 272)).astype(np.float32)
     w, ids = routing(rng, 3, 2, 4)
     want = cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[0], x, w, ids)

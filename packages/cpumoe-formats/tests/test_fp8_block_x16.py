@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import dot_bound, to_bf16_bits
-from x16_helpers import check_pair_layout_errors, check_pair_round_trip, check_ragged_work_items, down_accumulators
+from x16_helpers import (
+    check_like_scalar,
+    check_pair_layout_errors,
+    check_pair_round_trip,
+    check_ragged_work_items,
+    down_accumulators,
+    down_bits,
+)
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import fp8_block, fp8_block_x16
@@ -109,11 +116,69 @@ def test_edge_codes(rng, mode, tier):
     assert np.abs(e4m3_decode(np.array([0x7F, 0xFF, 0x01], np.uint8))).tolist() == [480.0, 480.0, 2.0 ** -9]
 
 
+def _down_banks(rng, rows):
+    """fp8_block_x16 banks of one expert (H 64, I 256: down K is two 128-blocks, scales 1 and 2^-30) whose down
+    codes are random with rows[r] = {K: code} (zero elsewhere) replacing row r."""
+    b = fp8_block.SPEC.random_banks(1, 64, 256, rng)
+    c = _codes(b["down"])[0]
+    for r, ks in rows.items():
+        c[r] = 0
+        for k, code in ks.items():
+            c[r, k] = code
+    b["down_scale"][0, 0, :2] = np.array([1.0, 2.0**-30]).astype(BF16)
+    return cf.repack_fp8_block_x16(b)
+
+
+def test_flush_to_zero_cases(rng):
+    """The fp32-FMA tiers (x16_fma.h: an MXCSR FTZ pass checked by the underflow flag, then an explicit-flush pass)
+    against scalar on constructed rows (row r's c0 pair at K 4r, 4r + 1, its c1 pair at 4r + 2, 4r + 3): a
+    subnormal c0 + c1 and a subnormal scale product (plain operations: scalar keeps them, FTZ flushes them), a tiny
+    first product (dp_step flushes it), a subnormal code, a subnormal activation; the other rows random. e4m3
+    products cannot reach FLT_MIN's rounding boundary (their bits stop at 2^-142). Scalar's values are asserted."""
+    t = 2.0**-120
+    cases = {  # row: ({K: (code, x)}, scalar's dot)
+        0: ({1: (0x0C, t), 3: (0x88, t)}, 2.0**-127),  # 1.5 2^-126 - 2^-126
+        1: ({5: (0x01, t)}, 0.0),  # 2^-9 2^-120: tiny, flushed
+        2: ({129: (0x38, 2.0**-100)}, 2.0**-130),  # K block 1: 2^-100 times its scale 2^-30
+        3: ({13: (0x03, 1.0)}, 3 * 2.0**-9),
+        4: ({17: (0x78, 2.0**-130)}, 0.0),  # a subnormal activation reads as zero (times 2^8 it would be normal)
+        5: ({21: (0x8C, t), 23: (0x08, t)}, -(2.0**-127)),
+    }
+    assert e4m3_decode(np.array([0x0C, 0x88, 0x01, 0x38, 0x03, 0x78], np.uint8)).tolist() == [
+        1.5 * 2.0**-6, -(2.0**-6), 2.0**-9, 1.0, 3 * 2.0**-9, 256.0]
+    x = rng.standard_normal(256).astype(np.float32)
+    for ks, _ in cases.values():
+        for k, (_, xv) in ks.items():
+            x[k] = xv
+    banks = _down_banks(rng, {r: {k: c for k, (c, _) in ks.items()} for r, (ks, _) in cases.items()})
+    check_like_scalar(FMT, banks, to_bf16_bits(x), 64, rng, {r: v for r, (_, v) in cases.items()})
+
+
+def test_subnormal_codes(rng):
+    """Even rows of subnormal codes only (m 2^-9; avx2's bf16-pattern decode makes them fp32 subnormals before
+    its 2^120), activations of magnitude 2^10 to 2^20: every product normal, so the FTZ pass stands, with DAZ off."""
+    sub = rng.integers(1, 8, (32, 256)) | rng.choice([0, 0x80], (32, 256))
+    banks = _down_banks(rng, {r: dict(enumerate(sub[r // 2])) for r in range(0, 64, 2)})
+    x = to_bf16_bits(2.0 ** rng.uniform(10, 20, 256) * rng.choice([-1.0, 1.0], 256))
+    assert (down_bits(FMT, banks, "scalar", [x], 64).view(np.float32)[0, ::2] != 0).all()
+    check_like_scalar(FMT, banks, x, 64, rng)
+
+
+def test_large_activations(rng):
+    """Tokens whose x * 2^120 (avx2) would overflow (|x| >= 2^8) take the decode with its multiply (x16_fma.h
+    prep_act_xs), alone (1 route) and next to tokens that take x * 2^120 (3 and 9 routes); avx512f's 2^8 overflows
+    from 2^120, so x reaches 2^121 (products overflow alike in every tier)."""
+    x = rng.standard_normal(256) * 2.0 ** rng.integers(-20, 12, 256)
+    x[[7, 100, 200]] = [300.0, -(2.0**100), 2.0**121]
+    banks = _down_banks(rng, {})
+    check_like_scalar(FMT, banks, to_bf16_bits(x), 64, rng)
+
+
 def test_schema_and_errors(rng):
     b = SPEC.random_banks(3, 2048, 512, rng)
     assert cf.validate_banks(FMT, b) == (3, 2048, 512)
     assert SPEC.id == 8 and cf.get_format("fp8_block_cpu") is SPEC and SPEC.modes == ("native",)
-    assert fp8_block.SPEC.cpu_layout == FMT and fp8_block.SPEC.cpu_layout_min_tier == "avx512bf16"
+    assert fp8_block.SPEC.cpu_layout == FMT and fp8_block.SPEC.cpu_layout_min_tier == "avx2"
     check_pair_layout_errors(FMT, fp8_block.SPEC, rng)
     g = fp8_block_x16.to_groups(_codes(fp8_block.SPEC.random_banks(1, 32, 32, rng)["down"]))
     np.testing.assert_array_equal(fp8_block_x16.to_groups(fp8_block_x16.from_groups(g)), g)

@@ -1,7 +1,9 @@
-"""Checks shared by the _x16 layouts' tests (q4_0_x16, nvfp4_x16, ds_fp4_x16, fp8_block_x16): work items over
-ragged row ranges with poisoned outputs and sentinels, and the fp32 down accumulators of a work item per tier."""
+"""Checks shared by the _x16 layouts' tests (q4_0_x16, nvfp4_x16, ds_fp4_x16, fp8_block_x16, bf16_x16): work items
+over ragged row ranges with poisoned outputs and sentinels, the fp32 down accumulators of a work item per tier, and
+the pair layouts' fp32-FMA tiers (x16_fma.h) against scalar on constructed flush-to-zero cases."""
 import numpy as np
 import pytest
+from conftest import USABLE
 from fp4_helpers import prep, to_bf16_bits, views
 
 import cpumoe_formats as cf
@@ -108,3 +110,39 @@ def check_pair_layout_errors(fmt, source, rng):
         cf.Kernel(fmt, 2, 96, 64, mode="w4a8")
     with pytest.raises(ValueError, match="multiples of 16"):
         cf.Kernel(fmt, 2, 88, 64)
+
+
+def down_bits(fmt, banks, tier, gs, H):  # noqa: N803
+    """The fp32 down accumulators [n, H] of one work item over all rows as uint32 bits: routes j of expert 0, the
+    bf16 bits gs[j], weight 1, accumulators from -0.0, so each is the dot itself with its sign of zero and its
+    subnormals (-0.0 + d = d)."""
+    E, _, I = cf.validate_banks(fmt, banks)  # noqa: E741
+    k = cf.Kernel(fmt, E, H, I, isa=tier)
+    bufs = [prep(k, g) for g in gs]
+    acc = cf.aligned_empty((len(gs), H), np.float32)
+    acc[...] = -0.0
+    k._k.down(views(fmt, banks), 0, H, [(j, 0, 1.0, bufs[j].ctypes.data) for j in range(len(gs))], acc.ctypes.data, H)
+    return acc.view(np.uint32).copy()
+
+
+def fma_tiers(fmt):
+    """The pair layout's fp32-FMA tiers (x16_fma.h) that this CPU runs. Not avx512bf16: vdpbf16ps reads subnormal
+    weights as zero (DAZ on both sources), which scalar's dp_step does not (test_bf16_x16.test_vdpbf16ps_daz)."""
+    return [t for t in ("avx2", "avx512f") if t in cf.get_format(fmt).kernel_tiers["native"] and t in USABLE]
+
+
+def check_like_scalar(fmt, banks, g, H, rng, expect=None):  # noqa: N803
+    """Every fp32-FMA tier gives scalar's down bits for 1 route of g (the lone-route path, two groups a call), and
+    3 and 9 routes alternating g with a random vector (the token-block paths). expect {row: value}: scalar's dot
+    of g at those rows (the cases' intended values)."""
+    other = to_bf16_bits(rng.standard_normal(g.size))
+    tiers = fma_tiers(fmt)
+    if not tiers:
+        pytest.skip(f"this CPU runs none of {fmt}'s fp32-FMA tiers")
+    for n in (1, 3, 9):
+        gs = [g if j % 2 == 0 else other for j in range(n)]
+        ref = down_bits(fmt, banks, "scalar", gs, H)
+        for r, v in (expect or {}).items():
+            assert ref[0, r] == np.float32(v).view(np.uint32), (r, ref[0, r].view(np.float32), v)
+        for t in tiers:
+            np.testing.assert_array_equal(down_bits(fmt, banks, t, gs, H), ref, err_msg=f"{t}, {n} routes")

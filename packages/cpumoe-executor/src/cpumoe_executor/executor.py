@@ -49,7 +49,7 @@ class CpuMoeExecutor:
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
     mxfp4 -> mxfp4_panel, and on to mxfp4_x16 in mode w4a8 from avx512vnni, both bit-identical; q4_0 -> q4_0_x16,
     nvfp4 -> nvfp4_x16 and ds_fp4 -> ds_fp4_x16 (the last two in mode w4a8) from avx512vnni, fp8_block ->
-    fp8_block_x16 from avx512bf16, each the format's math in the layout's own fp32 order; only for shapes the layout
+    fp8_block_x16 from avx2, each the format's math in the layout's own fp32 order; only for shapes the layout
     takes); the executor then holds that new copy and not the given arrays. False keeps the given arrays,
     zero-copy; True forces the (first) layout.
     """

@@ -6,12 +6,22 @@
 // chains from 0: c0 over the even K pairs and c1 over the odd ones, each pair as c = fma(w_odd, x_odd, c) then
 // c = fma(w_even, x_even, c) (vdpbf16ps: exact products, one rounding per step, subnormal x and results read as
 // zero), then c0 + c1. The scalar tier does the same steps (x16.h dp_step), so the tiers are bit-identical and a
-// token's result does not depend on its batch.
+// token's result does not depend on its batch. The avx2 and avx512f tiers do them with fp32 FMAs (x16_fma.h: the
+// flush to zero by MXCSR, checked, and redone explicitly where it was needed), bit-identical for every input.
+// vdpbf16ps parts from dp_step at two edges (seen on the H200 host's Xeon, test_vdpbf16ps_edges): it reads
+// subnormal weights as zero too, and it flushes exact results just under FLT_MIN (from FLT_MIN - 2^-150) that
+// dp_step's gradual underflow rounds up to FLT_MIN.
 //
 // Why: a 64-byte load is a vector of 16 rows' bf16 pairs, and one vdpbf16ps with the token's pair broadcast
 // (folded into the instruction) takes 32 products, so each token sharing an expert costs one instruction per 32
 // weights and no activation stream per row (bf16's row-major kernels' cost for batches that share experts).
 #include "../x16.h"
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
+#define BF16X16_FMA 1
+#include "x16_fma.h"
+#else
+#define BF16X16_FMA 0
+#endif
 
 // Software prefetch distance in each group stream (bytes, one line per 64-byte step).
 #ifndef CPUMOE_BF16X16_PF
@@ -25,7 +35,20 @@ namespace {
 constexpr int GR = x16::GR;
 
 struct G16 {
+#if BF16X16_FMA
+  static constexpr int kMaxNT = x16fma::kMaxNT;
+  static constexpr int kBlk = 0, kStep = 128;  // x16_fma.h: one unscaled sum; 2 K pairs are 2 lines
+  static constexpr bool kParity = false;
+  static constexpr float kXs = 0;  // the values are exact as they are
+  // 2 K pairs at p, rows 8h..8h+7 (avx2) or all 16 (avx512f): their even and odd values, exact in fp32
+  template <bool>
+  static CPUMOE_INLINE void quad(const uint8_t* p, [[maybe_unused]] int h, x16fma::V* w) {
+    x16fma::bf16_pairs(p + 4 * x16fma::VL * h, w[0], w[1]);
+    x16fma::bf16_pairs(p + 64 + 4 * x16fma::VL * h, w[2], w[3]);
+  }
+#else
   static constexpr int kMaxNT = 8;
+#endif
   static constexpr int64_t kPf = CPUMOE_BF16X16_PF;
   static constexpr int kSlot[2] = {0, 1};
   struct Ref {
@@ -69,6 +92,11 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (g * NT + t) * GR, _mm512_add_ps(c0[g][t], c1[g][t]));
 }
+#elif BF16X16_FMA
+template <int G, int NT>
+void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
+  x16fma::groups<G16, G, NT>(gp, K, act, out);
+}
 #else
 template <int G, int NT>
 void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
@@ -98,8 +126,10 @@ bool CPUMOE_INIT_FN(bf16_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512BF16
   return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &act_bytes_bf16, &prep_act_bf16);
+#elif BF16X16_FMA
+  return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &act_bytes_f32, &x16fma::prep_act_daz);  // fp32 x, daz'd
 #else
   (void)k;
-  return false;  // the tiers without vdpbf16ps run scalar (the executor repacks bf16 only from avx512bf16)
+  return false;  // avxvnni / avx512vnni: avx2 / avx512f runs
 #endif
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../rowmajor.h"
+#include "fp8_block_decode.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 flags the AVX-512 intrinsics' internal _mm512_undefined_* operands as (maybe-)uninitialized (a known
@@ -106,7 +107,8 @@ void install(cpumoe_kernel* k) {
 // per-block reduction. Each product is exact (4 significant bits x 16) and equals
 // w * x * 2^(c - e) where the decoder yields e4m3 * 2^-e; only the fp32 sums round.
 //
-// Two decoders (CPUMOE_FP8_FP16 picks; avx2 defaults to the first, avx512f to the second):
+// Two decoders (fp8_block_decode.h, shared with fp8_block_x16; CPUMOE_FP8_FP16 picks; avx2 defaults to the
+// first, avx512f to the second):
 //
 // bf16 patterns (e = 120): for a code b, (b & 0x80) << 8 | (b & 0x7F) << 4 is the bf16
 //   encoding of e4m3(b) * 2^-120 for EVERY code: normals get exponent field E, E == 0 gives
@@ -175,15 +177,6 @@ CPUMOE_INLINE WVec wload_tail(const uint8_t* p, int n) {
   std::memcpy(t, p, (size_t)n);
   return _mm256_load_si256((const __m256i*)t);
 }
-CPUMOE_INLINE WVec wand(WVec a, WVec b) { return _mm256_and_si256(a, b); }
-CPUMOE_INLINE WVec srai16(WVec a, int n) { return _mm256_srai_epi16(a, n); }
-CPUMOE_INLINE WVec slli16(WVec a, int n) { return _mm256_slli_epi16(a, n); }
-CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm256_slli_epi32(a, n); }
-CPUMOE_INLINE WVec set16(uint16_t v) { return _mm256_set1_epi16((short)v); }
-CPUMOE_INLINE WVec set32(uint32_t v) { return _mm256_set1_epi32((int)v); }
-CPUMOE_INLINE Vec as_ps(WVec a) { return _mm256_castsi256_ps(a); }
-CPUMOE_INLINE Vec cvt_lo(WVec a) { return _mm256_cvtph_ps(_mm256_castsi256_si128(a)); }
-CPUMOE_INLINE Vec cvt_hi(WVec a) { return _mm256_cvtph_ps(_mm256_extracti128_si256(a, 1)); }
 #else  // AVX512F (+BW)
 constexpr int kChunk = 64;
 constexpr int VL = 16;
@@ -201,15 +194,6 @@ CPUMOE_INLINE WVec wload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 CPUMOE_INLINE WVec wload_tail(const uint8_t* p, int n) {  // masked-off bytes are not read
   return _mm512_maskz_loadu_epi8(n >= 64 ? ~0ull : ((1ull << n) - 1ull), p);
 }
-CPUMOE_INLINE WVec wand(WVec a, WVec b) { return _mm512_and_si512(a, b); }
-CPUMOE_INLINE WVec srai16(WVec a, int n) { return _mm512_srai_epi16(a, (unsigned)n); }
-CPUMOE_INLINE WVec slli16(WVec a, int n) { return _mm512_slli_epi16(a, (unsigned)n); }
-CPUMOE_INLINE WVec slli32(WVec a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
-CPUMOE_INLINE WVec set16(uint16_t v) { return _mm512_set1_epi16((short)v); }
-CPUMOE_INLINE WVec set32(uint32_t v) { return _mm512_set1_epi32((int)v); }
-CPUMOE_INLINE Vec as_ps(WVec a) { return _mm512_castsi512_ps(a); }
-CPUMOE_INLINE Vec cvt_lo(WVec a) { return _mm512_cvtph_ps(_mm512_castsi512_si256(a)); }
-CPUMOE_INLINE Vec cvt_hi(WVec a) { return _mm512_cvtph_ps(_mm512_extracti64x4_epi64(a, 1)); }
 #endif
 
 struct Acc {
@@ -239,13 +223,8 @@ CPUMOE_INLINE float scale_factor(const float*, const uint16_t*, int, float* two_
   return 1.f;
 }
 constexpr int kXStep = kChunk / 2;  // stream entries per chunk
-// kChunk codes -> 4 weight vectors; vector c multiplies x + xoff(c, S) (stream stride S).
-CPUMOE_INLINE void decode4(WVec w, Vec* v) {
-  const WVec m = set16(0xBF80);
-  const WVec od = wand(srai16(w, 1), m);
-  const WVec ev = wand(srai16(slli16(w, 8), 1), m);
-  v[0] = cvt_lo(ev), v[1] = cvt_hi(ev), v[2] = cvt_lo(od), v[3] = cvt_hi(od);
-}
+// kChunk codes -> 4 weight vectors (fp8_block_decode.h); vector c multiplies x + xoff(c, S) (stream stride S).
+CPUMOE_INLINE void decode4(WVec w, Vec* v) { fp8dec::fp16_decode4(w, v); }
 CPUMOE_INLINE size_t xoff(int c, size_t S) { return (c >> 1) * S + (c & 1) * VL; }
 #else
 // Layout: 4 streams of Q = 32 nb(K) floats, zero padded, then max|x| (for the guard).
@@ -283,12 +262,7 @@ CPUMOE_INLINE float scale_factor(const float* x, const uint16_t* srow, int K, fl
 }
 constexpr int kXStep = kChunk / 4;  // stream entries per chunk
 // kChunk codes -> 4 weight vectors; vector c multiplies x + xoff(c, S) (stream stride S).
-CPUMOE_INLINE void decode4(WVec w, Vec* v) {
-  const WVec m16 = set16(0x87F0), hi = set32(0xFFFF0000u);
-  const WVec o16 = wand(srai16(w, 4), m16);
-  const WVec e16 = wand(srai16(slli16(w, 8), 4), m16);
-  v[0] = as_ps(slli32(e16, 16)), v[1] = as_ps(slli32(o16, 16)), v[2] = as_ps(wand(e16, hi)), v[3] = as_ps(wand(o16, hi));
-}
+CPUMOE_INLINE void decode4(WVec w, Vec* v) { fp8dec::bf16p_decode4(w, v); }  // fp8_block_decode.h
 CPUMOE_INLINE size_t xoff(int c, size_t S) { return (size_t)c * S; }
 #endif
 

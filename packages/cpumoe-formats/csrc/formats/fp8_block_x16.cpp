@@ -8,7 +8,8 @@
 // odd ones, each pair as c = fma(w_odd, x_odd, c) then c = fma(w_even, x_even, c) (vdpbf16ps: the products are
 // exact, each step rounds once, subnormal x and results read as zero), then acc = fma(c0 + c1, scale, acc).
 // The scalar tier does the same fp32 operations in the same order, so the tiers are bit-identical and a token's
-// result does not depend on its batch.
+// result does not depend on its batch. The avx2 and avx512f tiers do them with fp32 FMAs on the exact e4m3
+// values (x16_fma.h: the flush to zero by MXCSR, checked, and redone explicitly where it was needed).
 //
 // Why: a decoded 64-byte line is 2 vectors of 16 rows' bf16 pairs, and one vdpbf16ps with the token's pair
 // broadcast (folded into the instruction) takes 32 products, so each extra token sharing an expert costs one
@@ -19,8 +20,12 @@
 #include <vector>
 
 #include "../x16.h"
-#if CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
 #include "fp8_block_decode.h"
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
+#define FP8X16_FMA 1
+#include "x16_fma.h"
+#else
+#define FP8X16_FMA 0
 #endif
 
 // Software prefetch distance in each group stream (bytes, one line per 64-byte step).
@@ -35,7 +40,11 @@ namespace {
 constexpr int GR = x16::GR, kBlk = 128;
 
 struct G16 {
+#if FP8X16_FMA
+  static constexpr int kMaxNT = x16fma::kMaxNT;
+#else
   static constexpr int kMaxNT = 8;
+#endif
   static constexpr int64_t kPf = CPUMOE_FP8X16_PF;
   static constexpr int kSlot[2] = {0, 2};
   struct Ref {
@@ -47,6 +56,40 @@ struct G16 {
   }
   template <int G, int NT>
   static void groups(const Ref* gp, int K, const void* const* act, float* out);
+#if FP8X16_FMA  // x16_fma.h's part: 128-K blocks, 2 K pairs a line
+  static constexpr int kBlk = cpumoe::CPUMOE_NS::kBlk, kStep = 64;
+  static CPUMOE_INLINE float scale(const Ref& r, int b) { return bf16_to_f32(r.s[b]); }
+  // 2 K pairs at p (A: bytes 0-31, B: 32-63, each row r's even and odd codes at 2r, 2r + 1): slot h's even and
+  // odd weights, exact. avx2: bf16 patterns (fp8_block_decode.h), e4m3 / 2^120; a 32-bit lane holds rows 2j and
+  // 2j + 1, so slot h is the rows of parity h (kParity). avx512f: fp16 patterns (no fp32 subnormals, which
+  // cost an FP assist on Intel cores), e4m3 / 2^8. Times kXs, or the tokens' x times kXs where none overflows
+  // (x16_fma.h prep_act_xs: 2^120 x overflows from |x| = 2^8, 2^8 x from 2^120).
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+  static constexpr bool kParity = true;
+  static constexpr float kXs = 0x1p120f;
+  template <bool kXsOn>
+  static CPUMOE_INLINE void quad(const uint8_t* p, int h, x16fma::V* w) {
+    for (int i = 0; i < 2; ++i) {
+      x16fma::V v[4];  // rows 2j even, 2j odd, 2j + 1 even, 2j + 1 odd
+      fp8dec::bf16p_decode4(_mm256_loadu_si256((const __m256i*)(p + 32 * i)), v);
+      w[2 * i] = v[2 * h], w[2 * i + 1] = v[2 * h + 1];
+    }
+    if constexpr (!kXsOn)
+      for (int i = 0; i < 4; ++i) w[i] = x16fma::vmul(w[i], x16fma::vset1(kXs));
+  }
+#else
+  static constexpr bool kParity = false;
+  static constexpr float kXs = 256.f;
+  template <bool kXsOn>
+  static CPUMOE_INLINE void quad(const uint8_t* p, int, x16fma::V* w) {
+    x16fma::V v[4];  // A even, B even, A odd, B odd
+    fp8dec::fp16_decode4(_mm512_loadu_si512((const void*)p), v);
+    w[0] = v[0], w[1] = v[2], w[2] = v[1], w[3] = v[3];
+    if constexpr (!kXsOn)
+      for (int i = 0; i < 4; ++i) w[i] = x16fma::vmul(w[i], x16fma::vset1(kXs));
+  }
+#endif
+#endif
 #if CPUMOE_TIER == CPUMOE_T_AMX
   struct Scope {  // the tiles are configured by the first group call of a work item, released at its end
     ~Scope();
@@ -200,6 +243,11 @@ void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (g * NT + t) * GR, acc[g][t]);
 }
+#elif FP8X16_FMA
+template <int G, int NT>
+void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
+  x16fma::groups<G16, G, NT>(gp, K, act, out);
+}
 #else
 template <int G, int NT>
 void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
@@ -233,8 +281,11 @@ bool CPUMOE_INIT_FN(fp8_block_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX512BF16 || CPUMOE_TIER == CPUMOE_T_AMX
   return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &act_bytes_bf16, &prep_act_bf16);
+#elif FP8X16_FMA
+  // fp32 x, daz'd, and x times 2^120 (avx2) / 2^8 (avx512f) for the weights' decode without its multiply
+  return x16::install<G16>(k, CPUMOE_MODE_NATIVE, &x16fma::act_bytes_xs, &x16fma::prep_act_xs<G16>);
 #else
   (void)k;
-  return false;  // the tiers without vdpbf16ps run scalar (the executor repacks fp8_block only from avx512bf16)
+  return false;  // avxvnni / avx512vnni: avx2 / avx512f runs
 #endif
 }

@@ -1,4 +1,4 @@
-"""bf16_x16: bf16 experts with 16 rows interleaved per pair of K elements, for CPUs with AVX512-BF16.
+"""bf16_x16: bf16 experts with 16 rows interleaved per pair of K elements, for CPUs (vdpbf16ps or fp32 FMAs).
 
 The same bf16 weights as ``bf16``, moved: a bank row is a group of 16 weight rows, and per K pair p (elements
 2p, 2p+1) it holds 32 values, row r's two at 2r, 2r+1 (64 bytes). One load is then a vector of 16 rows' bf16
@@ -15,9 +15,11 @@ Banks (slot order; H and I multiples of 16):
 
 Math (W16A16, x as its exact bf16): per (row, token), two chains from 0, c0 over the even K pairs and c1 over
 the odd ones, each pair as ``c = fma(w_odd, x_odd, c)`` then ``c = fma(w_even, x_even, c)`` (vdpbf16ps' order;
-products exact, subnormal x and partial sums read as zero), then ``c0 + c1``. The scalar and avx512bf16 tiers
-do exactly that, so they are bit-identical and a token's result does not depend on its batch; the results equal
-bf16's within its tolerance (its kernels group the sums otherwise).
+products exact, subnormal x and partial sums read as zero), then ``c0 + c1``. The scalar tier defines it
+(``x16.h`` ``dp_step``); avx2 and avx512f (fp32 FMAs, ``x16_fma.h``) are bit-identical to it for every input;
+avx512bf16 too except that ``vdpbf16ps`` also reads subnormal weights as zero and flushes sums just under
+FLT_MIN (from FLT_MIN - 2^-150) that scalar rounds up to it (test_vdpbf16ps_edges). A token's result does not
+depend on its batch; the results equal bf16's within its tolerance (its kernels group the sums otherwise).
 """
 from __future__ import annotations
 
@@ -64,6 +66,6 @@ SPEC = Bf16X16Format(
     k_multiple=GROUP,
     aliases=("bf16_cpu",),
     description="bf16 weights with 16 rows interleaved per K pair for CPU lanes (bf16's values, moved); "
-                "W16A16 on vdpbf16ps",
-    kernel_tiers={"native": ("scalar", "avx512bf16")},
+                "W16A16 on vdpbf16ps or fp32 FMAs",
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16")},
 )

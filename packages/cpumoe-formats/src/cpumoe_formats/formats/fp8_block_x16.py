@@ -20,8 +20,9 @@ Banks (slot order; H and I multiples of 16):
 Math (W8A16, x as its exact bf16): per (row, token), from acc = 0, per 128-K block (the last one partial) two
 chains c0 (even K pairs of the block) and c1 (odd ones), each pair as ``c = fma(w_odd, x_odd, c)`` then
 ``c = fma(w_even, x_even, c)`` (vdpbf16ps' order; products are exact), then ``acc = fma(c0 + c1, scale, acc)``.
-Every tier does these fp32 operations in this order, so a token's result does not depend on its batch, and the
-results equal fp8_block's within its tolerance (its kernels group the sums otherwise).
+Every tier but amx does these fp32 operations in this order (avx2 and avx512f with fp32 FMAs, ``x16_fma.h``),
+bit-identical to scalar, so a token's result does not depend on its batch, and the results equal fp8_block's
+within its tolerance (its kernels group the sums otherwise).
 """
 from __future__ import annotations
 
@@ -82,8 +83,8 @@ SPEC = Fp8BlockX16Format(
     k_multiple=GROUP,
     aliases=("fp8_block_cpu",),
     description="128x128 block FP8 e4m3 with 16 rows interleaved per K pair for CPU lanes (fp8_block's bytes, "
-                "moved); W8A16 on vdpbf16ps",
+                "moved); W8A16 on vdpbf16ps or fp32 FMAs",
     # amx: the same B layout for tdpbf16ps (a decoded line is two B rows); the tile unit sums each 32-K chunk in its
     # own order, so amx is the one tier not bit-identical to the others (each is batch-invariant)
-    kernel_tiers={"native": ("scalar", "avx512bf16", "amx")},
+    kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16", "amx")},
 )
