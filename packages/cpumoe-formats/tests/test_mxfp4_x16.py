@@ -78,6 +78,13 @@ def test_repack_chain_and_float64_model(rng):
     r = cf.repack_mxfp4_x16(b)
     for n, a in PANEL.to_cpu_layout(cf.repack_mxfp4_panels(b)).items():
         np.testing.assert_array_equal(a, r[n])
+    for given, banks in ((MX, b), (PANEL, cf.repack_mxfp4_panels(b))):  # the chain from either end, same bytes
+        x = given.to_layout(banks, FMT)
+        assert x.keys() == r.keys() and all(np.array_equal(x[n], r[n]) for n in r)
+    assert MX.to_layout(b, "mxfp4_panel").keys() == cf.repack_mxfp4_panels(b).keys()
+    assert MX.to_layout(b, "mxfp4") is b
+    with pytest.raises(ValueError, match="not on 'mxfp4_panel'"):
+        PANEL.to_layout(cf.repack_mxfp4_panels(b), "q4_0_x16")
     with pytest.raises(ValueError, match="no CPU layout"):
         SPEC.to_cpu_layout(r)
     for a, c in zip(SPEC.dequantize(r) + SPEC.biases(r), MX.dequantize(b) + MX.biases(b)):

@@ -79,7 +79,13 @@ class FormatSpec:
         mxfp4_panel -> mxfp4_x16); `name` == this format returns the banks as given."""
         from .formats import get_format  # the registry imports this module
 
-        target, spec, chain = get_format(name).name, self, [self.name]
+        layout = get_format(name)
+        target, spec, chain = layout.name, self, [self.name]
+        # a layout built from this format's banks directly (mxfp4_x16 from mxfp4) skips the steps between: each
+        # step is a full copy of the layer (mxfp4 -> panels -> mxfp4 -> mxfp4_x16 would be three)
+        source = getattr(layout, "source", None)
+        if source is not None and source.name == self.name and target != self.name:
+            return layout.from_source(banks)
         while spec.name != target:
             if not spec.cpu_layout:
                 raise ValueError(f"format {target!r} is not on {self.name!r}'s CPU layout chain {chain}")

@@ -42,8 +42,11 @@ class CpuLayout:
     def _module(self):
         return sys.modules[type(self).__module__]
 
-    def repack_from(self, banks):  # from the format whose cpu_layout this is
+    def from_source(self, banks):  # from the source format's banks (its module's repack)
         return self._module().repack(banks)
+
+    def repack_from(self, banks):  # from the format whose cpu_layout this is (the source, unless overridden)
+        return self.from_source(banks)
 
     def quantize(self, gate_up, down, **opts):
         """As the source format's quantize (the same codes and scales), then the repack."""
