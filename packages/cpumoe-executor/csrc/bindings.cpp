@@ -130,6 +130,11 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release nogil;
              return s.ex->read_bandwidth((const void*)(uintptr_t)p, n, reps);
            })
+      .def("compute_peak",
+           [](PyExecutor& s, int kind, int tier, uint64_t iters, int reps) {
+             py::gil_scoped_release nogil;
+             return s.ex->compute_peak(kind, tier, iters, reps);
+           })
       .def_property_readonly("coordinator_running", [](PyExecutor& s) { return s.ex->coordinator_running(); })
       .def("hostfn_arg", [](PyExecutor& s, uint32_t layer, uint32_t T) { return (uint64_t)(uintptr_t)s.ex->hostfn_arg(layer, T); })
       .def_property_readonly("served", [](PyExecutor& s) { return s.ex->served(); })

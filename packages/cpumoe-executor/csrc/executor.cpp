@@ -339,6 +339,30 @@ std::vector<double> Executor::read_bandwidth(const void* p, size_t n, int reps) 
   return out;
 }
 
+std::vector<double> Executor::compute_peak(int kind, int tier, uint64_t iters, int reps) {
+  struct Ctx {
+    const cpumoe_formats_api* api;
+    int kind, tier;
+    uint64_t iters;
+    std::atomic<uint64_t> macs{0};
+  } ctx{api_, kind, tier, iters};
+  auto fn = [](void* c, int) {
+    auto* x = static_cast<Ctx*>(c);
+    x->macs.fetch_add(x->api->peak_loop(x->kind, x->tier, x->iters), std::memory_order_relaxed);
+  };
+  std::lock_guard<std::mutex> g(run_mu_);
+  std::vector<double> out;
+  for (int r = 0; r < reps; ++r) {
+    ctx.macs.store(0);
+    const int64_t t0 = mono_ns();
+    pool_.run(fn, &ctx);
+    const int64_t dt = mono_ns() - t0;
+    if (!ctx.macs.load()) return {};
+    out.push_back(ctx.macs.load() / (dt * 1e-9) / 1e9);
+  }
+  return out;
+}
+
 int64_t Executor::busy_ns() const {
   const int64_t s = busy_since_.load(std::memory_order_acquire);
   return s ? mono_ns() - s : 0;

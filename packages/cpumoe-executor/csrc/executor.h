@@ -58,6 +58,9 @@ class Executor {
   // Multi-thread read bandwidth of [p, p+n) with this executor's threads: one
   // GB/s sample per repeat (the bench's ceiling, measured like the decode runs).
   std::vector<double> read_bandwidth(const void* p, size_t n, int reps);
+  // The compute roof: every pool thread runs the formats library's peak_loop(kind, tier, iters) at once; returns
+  // multiply-adds per second (G) per rep, or an empty vector where the tier has no such loop here.
+  std::vector<double> compute_peak(int kind, int tier, uint64_t iters, int reps);
 
   // Team sizing: a step runs on 1 + (its work in bytes) / unit threads, at most threads();
   // unit <= 0: always every thread. Work = weight bytes of the routed experts + kDotBytes per

@@ -17,6 +17,31 @@ def test_quick_bench_writes_the_report(tmp_path):
     assert r["shared_batch2_over_batch1"] > 0
     tr = r["results"]["shared/2"]["trace"]
     assert tr["threads"] >= 1 and tr["step_us"] > 0 and tr["gate_up_us"] > 0 and tr["down_us"] > 0
+    roof = r["compute_roof"]  # bf16 runs a SIMD tier on every CI machine: its roof is measured
+    assert roof["kind"] == "bf16" and roof["tier"] == r["isa"].partition("+")[0] and roof["gmacs"] > 0
+    for x in r["results"].values():
+        assert x["macs_per_step"] == x["batch"] * 4 * 3 * 256 * 256  # --quick: H = I = 256, top_k 4
+        assert 0 < x["compute_floor_us"] and 0 < x["memory_floor_us"] <= x["roofline_us"]
+    assert r["shared_batch2_floor_over_batch1"] > 0
+
+
+def test_roofline_arithmetic():
+    """Floors from known numbers: 1e9 multiply-adds at 100 G/s is 10 ms; 1 GB at 50 GB/s is 20 ms."""
+    m = bench.Model(H=1000, I=1000, E=8, top_k=2)
+    res = {f"shared/{b}": {"routing": "shared", "batch": b, "bytes_per_step": 1e9,
+                           "step_us": {"median": us}} for b, us in ((1, 25_000.0), (500, 200_000.0))}
+    e = {"ceiling_gbps": 50.0, "compute_roof": {"gmacs": 100.0}, "results": res}
+    bench.add_roofline(e, m)
+    one, big = res["shared/1"], res["shared/500"]
+    assert one["macs_per_step"] == 6e6 and big["macs_per_step"] == 3e9
+    assert one["memory_floor_us"] == pytest.approx(20_000) and one["compute_floor_us"] == pytest.approx(60)
+    assert big["compute_floor_us"] == pytest.approx(30_000) and big["roofline_us"] == pytest.approx(30_000)
+    assert one["roofline_pct"] == pytest.approx(80) and big["roofline_pct"] == pytest.approx(15)
+    assert e["shared_batch500_floor_over_batch1"] == pytest.approx(30_000 / 25_000)
+    e = {"ceiling_gbps": 50.0, "compute_roof": None, "results": {"shared/1": dict(res["shared/1"])}}
+    bench.add_roofline(e, m)  # no roof (scalar): the memory floor alone
+    assert e["results"]["shared/1"]["compute_floor_us"] is None
+    assert e["results"]["shared/1"]["roofline_us"] == pytest.approx(20_000)
 
 
 def test_quick_bench_every_format(tmp_path):

@@ -130,6 +130,10 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release nogil;
     return read_bandwidth_gbps((const void*)(uintptr_t)p, n, reps);
   });
+  m.def("peak_loop", [](int32_t kind, int32_t tier, uint64_t iters) {
+    py::gil_scoped_release nogil;
+    return peak_loop(kind, tier, iters);
+  });
   m.def("activate_bf16_both", [](int act, float alpha, float limit, uint64_t gate, uint64_t up, size_t n, uint64_t fast,
                                  uint64_t ref) {
     py::gil_scoped_release nogil;

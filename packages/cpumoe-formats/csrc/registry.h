@@ -27,6 +27,7 @@ int32_t moe_step(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t T, in
 const cpumoe_formats_api* api_table();
 double read_bandwidth_gbps(const void* p, size_t n, int reps);
 uint64_t read_sum(const void* p, size_t n);
+uint64_t peak_loop(int32_t kind, int32_t tier, uint64_t iters);  // peak.cpp
 // activation_check.cpp: bf16(activate()) and bf16(activate_f64()) per element (test hook).
 void activate_bf16_both(int32_t act, float alpha, float limit, const float* gate, const float* up, size_t n,
                         uint16_t* fast, uint16_t* ref);

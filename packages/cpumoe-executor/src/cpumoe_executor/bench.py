@@ -123,6 +123,41 @@ def read_window(ex, ws, passes: int) -> float:
     return len(bw) / sum(1.0 / b for b in bw)
 
 
+def compute_roof(ex, seconds: float = 0.02, reps: int = 5) -> dict | None:
+    """The compute roof of the kernel that runs: every pool thread runs the tier's widest multiply-add instruction
+    for its precision (cf.peak_loop: int8 for w4a8, bf16 otherwise) for ~`seconds`; the best of `reps` in
+    G multiply-adds per second, or None where that tier has no such loop (scalar)."""
+    tier, _, mode = ex.isa.partition("+")
+    kind = "int8" if mode == "w4a8" else "bf16"
+    if tier not in cf.TIERS:
+        return None
+    k, t = cf.PEAK_KINDS.index(kind), cf.TIERS.index(tier)
+    t0 = time.perf_counter()
+    if not ex._x.compute_peak(k, t, 20000, 1):
+        return None
+    iters = max(20000, int(20000 * seconds / max(time.perf_counter() - t0, 1e-6)))
+    samples = ex._x.compute_peak(k, t, iters, reps)
+    return {"kind": kind, "tier": tier, "gmacs": max(samples), "samples": samples}
+
+
+def add_roofline(entry: dict, m: Model) -> None:
+    """Per result: the step's multiply-adds, its memory floor (bytes at the ceiling), its compute floor (multiply-adds
+    at the compute roof) and the roofline time (the larger), as % of the measured step; per routing, the roofline
+    of the largest batch over the measured batch 1 (no kernel can bring that batch's ratio below it)."""
+    roof = entry.get("compute_roof")
+    for r in entry["results"].values():
+        r["macs_per_step"] = r["batch"] * m.top_k * 3 * m.H * m.I
+        r["memory_floor_us"] = r["bytes_per_step"] / (entry["ceiling_gbps"] * 1e3)
+        r["compute_floor_us"] = r["macs_per_step"] / (roof["gmacs"] * 1e3) if roof else None
+        r["roofline_us"] = max(r["memory_floor_us"], r["compute_floor_us"] or 0)
+        r["roofline_pct"] = 100 * r["roofline_us"] / r["step_us"]["median"]
+    for routing in ("random", "shared"):
+        rs = sorted((r for r in entry["results"].values() if r["routing"] == routing), key=lambda r: r["batch"])
+        if len(rs) > 1 and rs[0]["batch"] == 1:
+            entry[f"{routing}_batch{rs[-1]['batch']}_floor_over_batch1"] = \
+                rs[-1]["roofline_us"] / rs[0]["step_us"]["median"]
+
+
 def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
     spec = cf.get_format(fmt)
     bpe = spec.bytes_per_expert(m.H, m.I)
@@ -142,6 +177,10 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
                         repack=REPACK[opts.repack] if has_layout else None)
     if ex.spec.name != spec.name:
         log(f"{fmt}: running as {ex.spec.name} (the executor's repack; --repack off keeps {fmt}'s own layout)")
+    roof = compute_roof(ex)
+    if roof:
+        log(f"{fmt}: compute roof {roof['gmacs']:.0f} G multiply-adds/s ({roof['kind']} at {roof['tier']}, "
+            f"{ex.threads} threads)")
     ws = cf.aligned_empty((max(4 * llc, 64 * MiB),), np.uint8)
     ws[:] = 1
     ceiling = []
@@ -177,6 +216,7 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
                 samples.append(nbytes / dt / 1e9)
                 times.append(dt / opts.steps * 1e6)
             results[f"{routing}/{T}"] = {"routing": routing, "batch": T, "gbps": stats(samples),
+                                         "bytes_per_step": sum(bytes_read) / len(bytes_read),
                                          "step_us": stats(times), "steps_per_s": 1e6 / statistics.median(times)}
             if opts.trace:  # extra steps after the timed ones, so the clock reads do not touch the figures
                 ex._x.set_trace(True)
@@ -194,7 +234,9 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
     entry = {"gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"],
              "ratio": base["gbps"]["median"] / ceil["median"], "batch": base["batch"], "threads": ex.threads,
              "step_us": base["step_us"]["median"], "isa": ex.isa, "layout": ex.spec.name,
-             "shape": asdict(m), "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "results": results}
+             "shape": asdict(m), "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "compute_roof": roof,
+             "results": results}
+    add_roofline(entry, m)
     for routing in opts.routings:
         b1, b8 = results.get(f"{routing}/1"), results.get(f"{routing}/{max(opts.batch)}")
         if b1 and b8 and b8 is not b1:
@@ -221,13 +263,24 @@ def table(report: dict) -> str:
     name = {f: f if e.get("layout", f) == f else f"{f}>{e['layout']}" for f, e in report["formats"].items()}
     w = max([10, *map(len, name.values())])
     lines = [f"{'format':<{w}} {'isa':<16} {'thr':>3} {'batch':>5} {'routing':<7} {'us/step':>8} {'GB/s':>7} "
-             f"{'ceiling':>8} {'%':>5}"]
+             f"{'ceiling':>8} {'%':>5} {'mem us':>7} {'mac us':>7} {'%roof':>6}"]
     for fmt, e in report["formats"].items():
         for r in e["results"].values():
-            g = r["gbps"]["median"]
+            g, cu = r["gbps"]["median"], r.get("compute_floor_us")
             lines.append(f"{name[fmt]:<{w}} {e['isa']:<16} {e['threads']:>3} {r['batch']:>5} {r['routing']:<7} "
                          f"{r['step_us']['median']:>8.0f} {g:>7.1f} {e['ceiling_gbps']:>8.1f} "
-                         f"{100 * g / e['ceiling_gbps']:>4.0f}%")
+                         f"{100 * g / e['ceiling_gbps']:>4.0f}% {r['memory_floor_us']:>7.0f} "
+                         f"{'-' if cu is None else f'{cu:.0f}':>7} {r['roofline_pct']:>5.0f}%")
+    notes = []
+    for fmt, e in report["formats"].items():
+        for k, v in e.items():
+            if k.endswith("_floor_over_batch1"):
+                measured = e.get(k.replace("_floor_", "_"))
+                routing, batch = k.split("_")[:2]
+                notes.append(f"{name[fmt]}: {routing} batch {batch[5:]} / batch 1 measured {measured:.2f}x, "
+                             f"roofline {v:.2f}x")
+    lines += ["", "mem us: bytes at the read ceiling; mac us: multiply-adds at the compute roof (compute_roof); "
+                  "%roof: the larger over the step", *notes] if notes else []
     return "\n".join(lines)
 
 
@@ -252,11 +305,15 @@ def plot(report: dict, path: str) -> None:
     for f in fmts:
         e = report["formats"][f]
         for routing, style in (("random", "-o"), ("shared", "--s")):
-            pts = sorted((r["batch"], r["step_us"]["median"]) for r in e["results"].values() if r["routing"] == routing)
+            pts = sorted((r["batch"], r["step_us"]["median"], r["roofline_us"]) for r in e["results"].values()
+                         if r["routing"] == routing)
             if pts:
-                b.plot([p[0] for p in pts], [p[1] / pts[0][1] for p in pts], style, label=f"{f} {routing}")
+                line, = b.plot([p[0] for p in pts], [p[1] / pts[0][1] for p in pts], style, label=f"{f} {routing}")
+                if routing == "shared" and e.get("compute_roof"):  # the least any kernel could cost, same batch 1
+                    b.plot([p[0] for p in pts], [p[2] / pts[0][1] for p in pts], ":", color=line.get_color(), lw=1)
+    b.axhline(1.6, color="#999", lw=0.8, ls="--")
     b.set_xlabel("batch")
-    b.set_ylabel("step time / batch-1 step time")
+    b.set_ylabel("step time / batch-1 step time (dotted: shared roofline)")
     b.legend(fontsize=7)
     fig.suptitle(f"cpumoe-executor decode, {report['machine'].get('cpu', '')}, {report['threads']} threads")
     fig.tight_layout()

@@ -27,7 +27,7 @@ from .formats.nvfp4_x16 import repack as repack_nvfp4_x16
 from .formats.nvfp4_x16 import unpack as unpack_nvfp4_x16
 from .formats.q4_0_x16 import repack as repack_q4_0_x16
 from .formats.q4_0_x16 import unpack as unpack_q4_0_x16
-from .kernels import TIERS, Kernel, detected_tier, moe_forward, selected_tier, usable_tiers
+from .kernels import PEAK_KINDS, TIERS, Kernel, detected_tier, moe_forward, peak_loop, selected_tier, usable_tiers
 
 __version__ = "0.1.0"
 ABI_VERSION = (_native.ABI_MAJOR, _native.ABI_MINOR)

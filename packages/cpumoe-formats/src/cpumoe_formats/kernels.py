@@ -28,6 +28,23 @@ def detected_tier() -> str:
     return TIERS[_native.detected_tier()]
 
 
+PEAK_KINDS = ("int8", "bf16", "fp32")  # cpumoe_peak_kind, in enum order
+
+
+def peak_loop(kind: str, tier: str, iters: int) -> int:
+    """Multiply-adds done by `iters` rounds of `tier`'s widest multiply-add instruction for `kind` on this thread
+    (abi.h peak_loop: int8 = vpmaddubsw / vpdpbusd / tdpbssd, bf16 = vdpbf16ps / tdpbf16ps or fp32 FMA below
+    avx512bf16, fp32 = vfmadd231ps); 0 where this machine or build cannot run the tier or it has no such
+    instruction (scalar). Timed on every core it is the compute roof of that tier (cpumoe_executor.bench)."""
+    if kind not in PEAK_KINDS:
+        raise ValueError(f"kind={kind!r}; expected one of {list(PEAK_KINDS)}")
+    if tier not in TIERS:
+        raise ValueError(f"tier={tier!r} is not a tier; expected one of {list(TIERS)}")
+    if not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters={iters!r}; expected a positive int")
+    return _native.peak_loop(PEAK_KINDS.index(kind), TIERS.index(tier), iters)
+
+
 def _tier_cap(isa) -> int:
     if isa is None:
         return -1  # CPUMOE_ISA or the best

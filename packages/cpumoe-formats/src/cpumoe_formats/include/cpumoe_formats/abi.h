@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 5
+#define CPUMOE_FORMATS_ABI_MINOR 6
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -141,6 +141,13 @@ struct cpumoe_kernel {
   char name_buf[48];
 };
 
+/* Multiply-add kinds of peak_loop (ABI 1.6), and the instruction each tier runs for them:
+ *   INT8 (u8 x s8 products, the w4a8 kernels): vpmaddubsw at avx2 / avx512f, vpdpbusd at avxvnni and the
+ *        avx512 VNNI tiers, tdpbssd at amx;
+ *   BF16 (bf16 weights): vdpbf16ps at avx512bf16, tdpbf16ps at amx, fp32 FMA below;
+ *   FP32: vfmadd231ps (ymm at avx2 / avxvnni, zmm from avx512f). */
+enum cpumoe_peak_kind { CPUMOE_PEAK_INT8 = 0, CPUMOE_PEAK_BF16 = 1, CPUMOE_PEAK_FP32 = 2, CPUMOE_PEAK_COUNT = 3 };
+
 typedef struct cpumoe_formats_api {
   uint32_t abi_major;
   uint32_t abi_minor;
@@ -166,6 +173,11 @@ typedef struct cpumoe_formats_api {
   /* Read [p, p + n) at the widest usable load width as four streams (its quarters, advanced together),
    * returning a checksum: the memory-read loop the benches' bandwidth ceilings are measured with. */
   uint64_t (*read_sum)(const void *p, size_t n);
+  /* ABI 1.6. The compute roof beside read_sum's memory roof: `iters` rounds of 12 independent chains of `tier`'s
+   * widest multiply-add instruction for `kind` (cpumoe_peak_kind), on the calling thread; returns the multiply-adds
+   * done, or 0 where this CPU, OS or build cannot run that tier, or the tier has no such instruction (scalar).
+   * Time it on every core for the machine's multiply-adds per second: an upper bound for any kernel of the tier. */
+  uint64_t (*peak_loop)(int32_t kind, int32_t tier, uint64_t iters);
 } cpumoe_formats_api;
 
 /* fp32 -> bf16, round to nearest even; NaN stays a quiet NaN of the same sign.
