@@ -92,6 +92,16 @@ size_t int8_record_bytes(const cpumoe_kernel*, int32_t K) {
   return (size_t)K + (size_t)(K / QB) * (sizeof(float) + sizeof(int32_t));
 }
 
+#if defined(__AVX2__)
+// The 4 bytes at p in every dword lane, by a broadcast load (vpbroadcastd m32: a load uop, no vector ALU uop).
+// _mm256_set1_epi32 of the value copied out of a token's record compiled (GCC 12) to a 64-bit GPR load, shifts,
+// vmovd and a register vpbroadcastd: two vector ALU uops per broadcast, 8 broadcasts per block and token.
+CPUMOE_INLINE __m256i bcast4(const void* p) {
+  __m256i r;
+  __asm__("vpbroadcastd %1, %0" : "=x"(r) : "m"(*(const int32_t*)p));
+  return r;
+}
+#endif
 #if defined(__AVX512VNNI__)
 // acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction
 // ({1to16}): one uop where the intrinsic pair (a broadcast load, then vpdpbusd) is two; GCC 12 does not fold it.

@@ -88,12 +88,12 @@ struct G16 {
   // Blocks [4c, 4c + cb) of chunk c into acc[g * NT + t] (CB_: cb as a compile-time constant, 0 = run time;
   // the 16-register tiers: G == 1 and rows 8h..8h+7).
   template <int G, int NT, int CB_>
-  static void chunk(const Ref* gp, int c, int cb, const x16::Int8Toks<NT, QB>& a, Vec* acc, int h);
+  static void chunk(const Ref* gp, int c, int cb, const x16::Int8Toks<NT, QB>& a, Vec* acc, int h, size_t row = 0);
 };
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, int) {
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, int, size_t) {
   const int cb = CB_ ? CB_ : cb_rt;
   const __m512i m = _mm512_set1_epi8(0x0F), tu = fp4::tbl512(fp4::w2_offset());
   CPUMOE_UNROLL
@@ -139,13 +139,16 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
 }
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
 template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, int h) {
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, int h,
+                              size_t row) {
   static_assert(G == 1, "the 16-register tiers take one group (and one half of it) at a time");
   const int cb = CB_ ? CB_ : cb_rt;
   const __m256i m = _mm256_set1_epi8(0x0F), tu = fp4::w2_offset();
   const uint8_t* p = gp[0].w + (size_t)c * CB;
   if (h == 0)  // the first half's pass brings the lines in, the second reads them from L1/L2
     for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(p + CPUMOE_NVX16_PF + 64 * l, 0, 3);
+  else  // and keeps DRAM busy meanwhile: the next group's chunk (the bank's next row) into L2 (e2m1_x16.h)
+    for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(p + row + 64 * l, 0, 2);
   CPUMOE_UNROLL
   for (int i = 0; i < cb; ++i) {
     const int b = CH * c + i;
@@ -158,22 +161,21 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
     const __m256i u3 = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(w1, 4), m));
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) {
-      int32_t qa[4];
-      std::memcpy(qa, a.q[t] + (size_t)b * QB, 16);
+      const int8_t* qa = a.q[t] + (size_t)b * QB;
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
       __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
-      s0 = _mm256_dpbusd_avx_epi32(s0, u0, _mm256_set1_epi32(qa[0]));
-      s1 = _mm256_dpbusd_avx_epi32(s1, u2, _mm256_set1_epi32(qa[2]));
-      s0 = _mm256_dpbusd_avx_epi32(s0, u1, _mm256_set1_epi32(qa[1]));
-      s1 = _mm256_dpbusd_avx_epi32(s1, u3, _mm256_set1_epi32(qa[3]));
+      s0 = _mm256_dpbusd_avx_epi32(s0, u0, x16::bcast4(qa));
+      s1 = _mm256_dpbusd_avx_epi32(s1, u2, x16::bcast4(qa + 8));
+      s0 = _mm256_dpbusd_avx_epi32(s0, u1, x16::bcast4(qa + 4));
+      s1 = _mm256_dpbusd_avx_epi32(s1, u3, x16::bcast4(qa + 12));
       const __m256i S = _mm256_add_epi32(s0, s1);
 #else
       // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 24 * 127 = 6096, 4 of them <= 24384 (exact in int16), then
       // vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
-      __m256i s16 = _mm256_maddubs_epi16(u0, _mm256_set1_epi32(qa[0]));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u2, _mm256_set1_epi32(qa[2])));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u1, _mm256_set1_epi32(qa[1])));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u3, _mm256_set1_epi32(qa[3])));
+      __m256i s16 = _mm256_maddubs_epi16(u0, x16::bcast4(qa));
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u2, x16::bcast4(qa + 8)));
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u1, x16::bcast4(qa + 4)));
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u3, x16::bcast4(qa + 12)));
       const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
                                          _mm256_set1_epi32(a.corr[t][b]));
 #endif
@@ -184,7 +186,7 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
 }
 #else
 template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::Int8Toks<NT, QB>&, Vec*, int) {}  // scalar: groups() below
+CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::Int8Toks<NT, QB>&, Vec*, int, size_t) {}  // scalar: groups()
 #endif
 
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (gp[g]) and NT tokens.
@@ -211,8 +213,8 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
       __m256 acc[NT];
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-      for (int c = 0; c < nc; ++c) chunk<1, NT, CH>(gp + g, c, CH, a, acc, h);
-      if (rem) chunk<1, NT, 0>(gp + g, nc, rem, a, acc, h);
+      for (int c = 0; c < nc; ++c) chunk<1, NT, CH>(gp + g, c, CH, a, acc, h, (size_t)nb * GB);
+      if (rem) chunk<1, NT, 0>(gp + g, nc, rem, a, acc, h, (size_t)nb * GB);
       const __m256 gl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(gp[g].gl + 8 * h))),
                                       _mm256_set1_ps(0.5f));
       CPUMOE_UNROLL
