@@ -38,6 +38,11 @@ def test_roofline_arithmetic():
     assert big["compute_floor_us"] == pytest.approx(30_000) and big["roofline_us"] == pytest.approx(30_000)
     assert one["roofline_pct"] == pytest.approx(80) and big["roofline_pct"] == pytest.approx(15)
     assert e["shared_batch500_floor_over_batch1"] == pytest.approx(30_000 / 25_000)
+    res["shared/500"]["step_us"]["median"] = 20_000.0  # memory-bound batch: the floor ratio is the compute one
+    res["shared/500"]["bytes_per_step"] = 1e10
+    bench.add_roofline(e, m)
+    assert res["shared/500"]["roofline_us"] == pytest.approx(200_000)
+    assert e["shared_batch500_floor_over_batch1"] == pytest.approx(30_000 / 25_000)
     e = {"ceiling_gbps": 50.0, "compute_roof": None, "results": {"shared/1": dict(res["shared/1"])}}
     bench.add_roofline(e, m)  # no roof (scalar): the memory floor alone
     assert e["results"]["shared/1"]["compute_floor_us"] is None

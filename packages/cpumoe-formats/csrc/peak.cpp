@@ -1,11 +1,12 @@
 // Arithmetic peak loops (ABI 1.6): the compute roof next to read_sum's memory roof. Each loop runs `iters` rounds
-// of 12 independent chains of one tier's widest multiply-add instruction and returns the multiply-adds done, so a
+// of 12 (ymm) or 24 (zmm) independent chains of one tier's widest multiply-add instruction and returns the multiply-adds done, so a
 // caller timing it on every core gets the machine's multiply-adds per second for that instruction alone. That is
 // an upper bound for any kernel of the tier (no decode, no fold, no loads): a step that needs more multiply-adds per
 // second than it cannot run at that speed on this machine, whatever the layout (docs/bench-executor.md, "compute
 // floor").
 //
-// Twelve chains cover latency x ports of every instruction here (vpdpbusd: 5 cycles x 2 ports = 10). The integer
+// The chains cover latency x ports of every instruction here (vpdpbusd: 5 cycles x 2 ports = 10): 12 of the 16
+// ymm registers, 24 of the 32 zmm ones (vdpbf16ps read 31.6 G/s on one Sapphire Rapids core with 12). The integer
 // loops without an accumulating instruction (vpmaddubsw) feed each result back as the next u8 operand, so no
 // compiler can hoist the product out of the loop; the others accumulate. The fp32 and bf16 operands keep the
 // accumulators far from subnormals and infinities (no microcode assists).
@@ -22,6 +23,7 @@
 namespace cpumoe {
 namespace {
 #define CPUMOE_REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define CPUMOE_REP24(X) CPUMOE_REP12(X) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
 
 // The loop's accumulators are summed into a sink the optimizer cannot drop.
 volatile uint64_t g_peak_sink;
@@ -93,70 +95,70 @@ __attribute__((target("avx2,avxvnni"))) uint64_t dpbusd256(uint64_t iters) {
 __attribute__((target("avx512f"))) uint64_t fma512(uint64_t iters) {
   const __m512 a = _mm512_set1_ps(1e-3f), b = _mm512_set1_ps(1e-3f);
 #define D(i) __m512 c##i = _mm512_set1_ps(1.f + i);
-  CPUMOE_REP12(D)
+  CPUMOE_REP24(D)
 #undef D
   for (uint64_t n = 0; n < iters; ++n) {
 #define D(i) c##i = _mm512_fmadd_ps(a, b, c##i);
-    CPUMOE_REP12(D)
+    CPUMOE_REP24(D)
 #undef D
   }
 #define D(i) c##i,
-  const __m512 all[12] = {CPUMOE_REP12(D)};
+  const __m512 all[24] = {CPUMOE_REP24(D)};
 #undef D
-  sink(all, 12);
-  return iters * 12 * 16;
+  sink(all, 24);
+  return iters * 24 * 16;
 }
 __attribute__((target("avx512f,avx512bw"))) uint64_t maddubs512(uint64_t iters) {
   const __m512i b = _mm512_set1_epi8(3);
 #define D(i) __m512i c##i = _mm512_set1_epi8((char)(1 + i));
-  CPUMOE_REP12(D)
+  CPUMOE_REP24(D)
 #undef D
   for (uint64_t n = 0; n < iters; ++n) {
 #define D(i) c##i = _mm512_maddubs_epi16(c##i, b);
-    CPUMOE_REP12(D)
+    CPUMOE_REP24(D)
 #undef D
   }
 #define D(i) c##i,
-  const __m512i all[12] = {CPUMOE_REP12(D)};
+  const __m512i all[24] = {CPUMOE_REP24(D)};
 #undef D
-  sink(all, 12);
-  return iters * 12 * 64;
+  sink(all, 24);
+  return iters * 24 * 64;
 }
 #endif
 #if defined(CPUMOE_BUILT_avx512vnni)
 __attribute__((target("avx512f,avx512vnni"))) uint64_t dpbusd512(uint64_t iters) {
   const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
 #define D(i) __m512i c##i = _mm512_set1_epi32(i);
-  CPUMOE_REP12(D)
+  CPUMOE_REP24(D)
 #undef D
   for (uint64_t n = 0; n < iters; ++n) {
 #define D(i) c##i = _mm512_dpbusd_epi32(c##i, a, b);
-    CPUMOE_REP12(D)
+    CPUMOE_REP24(D)
 #undef D
   }
 #define D(i) c##i,
-  const __m512i all[12] = {CPUMOE_REP12(D)};
+  const __m512i all[24] = {CPUMOE_REP24(D)};
 #undef D
-  sink(all, 12);
-  return iters * 12 * 64;
+  sink(all, 24);
+  return iters * 24 * 64;
 }
 #endif
 #if defined(CPUMOE_BUILT_avx512bf16)
 __attribute__((target("avx512f,avx512bf16"))) uint64_t dpbf16512(uint64_t iters) {
   const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3A83), b = a;  // bf16 1e-3
 #define D(i) __m512 c##i = _mm512_set1_ps(1.f + i);
-  CPUMOE_REP12(D)
+  CPUMOE_REP24(D)
 #undef D
   for (uint64_t n = 0; n < iters; ++n) {
 #define D(i) c##i = _mm512_dpbf16_ps(c##i, a, b);
-    CPUMOE_REP12(D)
+    CPUMOE_REP24(D)
 #undef D
   }
 #define D(i) c##i,
-  const __m512 all[12] = {CPUMOE_REP12(D)};
+  const __m512 all[24] = {CPUMOE_REP24(D)};
 #undef D
-  sink(all, 12);
-  return iters * 12 * 32;
+  sink(all, 24);
+  return iters * 24 * 32;
 }
 #endif
 #if defined(CPUMOE_BUILT_amx)

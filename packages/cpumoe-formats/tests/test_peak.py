@@ -3,15 +3,15 @@ import pytest
 
 import cpumoe_formats as cf
 
-# multiply-adds per round: 12 chains x the instruction's products (ymm 32 int8 / 8 fp32, zmm 64 / 16, vdpbf16ps 32,
-# tdpbssd 4 x 16 x 16 x 64, tdpbf16ps 4 x 16 x 16 x 32)
+# multiply-adds per round: 12 ymm or 24 zmm chains x the instruction's products (ymm 32 int8 / 8 fp32, zmm 64 / 16,
+# vdpbf16ps 32, tdpbssd 4 x 16 x 16 x 64, tdpbf16ps 4 x 16 x 16 x 32)
 PER_ROUND = {
     "avx2": {"int8": 12 * 32, "bf16": 12 * 8, "fp32": 12 * 8},
     "avxvnni": {"int8": 12 * 32, "bf16": 12 * 8, "fp32": 12 * 8},
-    "avx512f": {"int8": 12 * 64, "bf16": 12 * 16, "fp32": 12 * 16},
-    "avx512vnni": {"int8": 12 * 64, "bf16": 12 * 16, "fp32": 12 * 16},
-    "avx512bf16": {"int8": 12 * 64, "bf16": 12 * 32, "fp32": 12 * 16},
-    "amx": {"int8": 4 * 16 * 16 * 64, "bf16": 4 * 16 * 16 * 32, "fp32": 12 * 16},
+    "avx512f": {"int8": 24 * 64, "bf16": 24 * 16, "fp32": 24 * 16},
+    "avx512vnni": {"int8": 24 * 64, "bf16": 24 * 16, "fp32": 24 * 16},
+    "avx512bf16": {"int8": 24 * 64, "bf16": 24 * 32, "fp32": 24 * 16},
+    "amx": {"int8": 4 * 16 * 16 * 64, "bf16": 4 * 16 * 16 * 32, "fp32": 24 * 16},
 }
 
 

@@ -76,7 +76,8 @@ def validate_banks(fmt, banks, E: int | None = None, H: int | None = None, I: in
 if os.environ.get("CPUMOE_DEBUG_INFO"):
     print(f"cpumoe_formats {__version__} ABI {ABI_VERSION} {BUILD_INFO} usable tiers {usable_tiers()}")
 
-__all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "TIERS", "Kernel", "aligned_copy",
+__all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "PEAK_KINDS", "TIERS", "Kernel",
+           "aligned_copy", "peak_loop",
            "aligned_empty", "detected_tier", "get_format", "get_include", "moe_forward", "quantize", "reference",
            "repack_bf16_x16", "repack_ds_fp4_x16", "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_mxfp4_x16",
            "repack_nvfp4_x16", "repack_q4_0_x16", "require_abi", "selected_tier", "unpack_bf16_x16",

@@ -173,7 +173,7 @@ typedef struct cpumoe_formats_api {
   /* Read [p, p + n) at the widest usable load width as four streams (its quarters, advanced together),
    * returning a checksum: the memory-read loop the benches' bandwidth ceilings are measured with. */
   uint64_t (*read_sum)(const void *p, size_t n);
-  /* ABI 1.6. The compute roof beside read_sum's memory roof: `iters` rounds of 12 independent chains of `tier`'s
+  /* ABI 1.6. The compute roof beside read_sum's memory roof: `iters` rounds of 12 (ymm) or 24 (zmm) chains of `tier`'s
    * widest multiply-add instruction for `kind` (cpumoe_peak_kind), on the calling thread; returns the multiply-adds
    * done, or 0 where this CPU, OS or build cannot run that tier, or the tier has no such instruction (scalar).
    * Time it on every core for the machine's multiply-adds per second: an upper bound for any kernel of the tier. */
