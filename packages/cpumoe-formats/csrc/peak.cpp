@@ -22,8 +22,6 @@
 
 namespace cpumoe {
 namespace {
-#define CPUMOE_REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-#define CPUMOE_REP24(X) CPUMOE_REP12(X) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
 
 // The loop's accumulators are summed into a sink the optimizer cannot drop.
 volatile uint64_t g_peak_sink;
@@ -39,127 +37,80 @@ void sink(const V* v, int n) {
   g_peak_sink += s;
 }
 
+// One loop per (tier, kind): N accumulators cI of type V, cI = INIT(I) and then cI = STEP(cI) each round (PRE: the
+// loop-invariant operands; INIT and STEP name function-like macros), MACS multiply-adds per instruction. Named
+// variables, not an array: GCC 12 kept an array of __m512i on the stack, storing it every round.
+#define CPUMOE_R12(X, ...) \
+  X(0, __VA_ARGS__) X(1, __VA_ARGS__) X(2, __VA_ARGS__) X(3, __VA_ARGS__) X(4, __VA_ARGS__) X(5, __VA_ARGS__) \
+  X(6, __VA_ARGS__) X(7, __VA_ARGS__) X(8, __VA_ARGS__) X(9, __VA_ARGS__) X(10, __VA_ARGS__) X(11, __VA_ARGS__)
+#define CPUMOE_R24(X, ...) \
+  CPUMOE_R12(X, __VA_ARGS__) X(12, __VA_ARGS__) X(13, __VA_ARGS__) X(14, __VA_ARGS__) X(15, __VA_ARGS__) \
+  X(16, __VA_ARGS__) X(17, __VA_ARGS__) X(18, __VA_ARGS__) X(19, __VA_ARGS__) X(20, __VA_ARGS__) X(21, __VA_ARGS__) \
+  X(22, __VA_ARGS__) X(23, __VA_ARGS__)
+#define CPUMOE_PK_DECL(i, V, INIT, STEP) V c##i = INIT(i);
+#define CPUMOE_PK_STEP(i, V, INIT, STEP) c##i = STEP(c##i);
+#define CPUMOE_PK_LIST(i, V, INIT, STEP) c##i,
+#define CPUMOE_PEAK_LOOP(NAME, TARGET, R, N, V, PRE, INIT, STEP, MACS)   \
+  __attribute__((target(TARGET))) uint64_t NAME(uint64_t iters) {        \
+    PRE;                                                                \
+    R(CPUMOE_PK_DECL, V, INIT, STEP)                                    \
+    for (uint64_t n = 0; n < iters; ++n) {                              \
+      R(CPUMOE_PK_STEP, V, INIT, STEP)                                  \
+    }                                                                   \
+    const V all[N] = {R(CPUMOE_PK_LIST, V, INIT, STEP)};                \
+    sink(all, N);                                                       \
+    return iters * N * MACS;                                            \
+  }
+
 #if defined(CPUMOE_BUILT_avx2)
-__attribute__((target("avx2,fma"))) uint64_t fma256(uint64_t iters) {
-  const __m256 a = _mm256_set1_ps(1e-3f), b = _mm256_set1_ps(1e-3f);
-#define D(i) __m256 c##i = _mm256_set1_ps(1.f + i);
-  CPUMOE_REP12(D)
-#undef D
-  for (uint64_t n = 0; n < iters; ++n) {
-#define D(i) c##i = _mm256_fmadd_ps(a, b, c##i);
-    CPUMOE_REP12(D)
-#undef D
-  }
-#define D(i) c##i,
-  const __m256 all[12] = {CPUMOE_REP12(D)};
-#undef D
-  sink(all, 12);
-  return iters * 12 * 8;
-}
-__attribute__((target("avx2"))) uint64_t maddubs256(uint64_t iters) {
-  const __m256i b = _mm256_set1_epi8(3);
-#define D(i) __m256i c##i = _mm256_set1_epi8((char)(1 + i));
-  CPUMOE_REP12(D)
-#undef D
-  for (uint64_t n = 0; n < iters; ++n) {
-#define D(i) c##i = _mm256_maddubs_epi16(c##i, b);
-    CPUMOE_REP12(D)
-#undef D
-  }
-#define D(i) c##i,
-  const __m256i all[12] = {CPUMOE_REP12(D)};
-#undef D
-  sink(all, 12);
-  return iters * 12 * 32;
-}
+#define CPUMOE_I(i) _mm256_set1_ps(1.f + i)
+#define CPUMOE_S(c) _mm256_fmadd_ps(a, a, c)
+CPUMOE_PEAK_LOOP(fma256, "avx2,fma", CPUMOE_R12, 12, __m256, const __m256 a = _mm256_set1_ps(1e-3f), CPUMOE_I, CPUMOE_S, 8)
+#undef CPUMOE_I
+#undef CPUMOE_S
+// vpmaddubsw does not accumulate: each result is the next round's u8 operand
+#define CPUMOE_I(i) _mm256_set1_epi8((char)(1 + i))
+#define CPUMOE_S(c) _mm256_maddubs_epi16(c, a)
+CPUMOE_PEAK_LOOP(maddubs256, "avx2", CPUMOE_R12, 12, __m256i, const __m256i a = _mm256_set1_epi8(3), CPUMOE_I, CPUMOE_S, 32)
+#undef CPUMOE_I
+#undef CPUMOE_S
 #endif
 #if defined(CPUMOE_BUILT_avxvnni)
-__attribute__((target("avx2,avxvnni"))) uint64_t dpbusd256(uint64_t iters) {
-  const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(5);
-#define D(i) __m256i c##i = _mm256_set1_epi32(i);
-  CPUMOE_REP12(D)
-#undef D
-  for (uint64_t n = 0; n < iters; ++n) {
-#define D(i) c##i = _mm256_dpbusd_avx_epi32(c##i, a, b);
-    CPUMOE_REP12(D)
-#undef D
-  }
-#define D(i) c##i,
-  const __m256i all[12] = {CPUMOE_REP12(D)};
-#undef D
-  sink(all, 12);
-  return iters * 12 * 32;
-}
+#define CPUMOE_I(i) _mm256_set1_epi32(i)
+#define CPUMOE_S(c) _mm256_dpbusd_avx_epi32(c, a, a)
+CPUMOE_PEAK_LOOP(dpbusd256, "avx2,avxvnni", CPUMOE_R12, 12, __m256i, const __m256i a = _mm256_set1_epi8(3), CPUMOE_I,
+                 CPUMOE_S, 32)
+#undef CPUMOE_I
+#undef CPUMOE_S
 #endif
 #if defined(CPUMOE_BUILT_avx512f)
-__attribute__((target("avx512f"))) uint64_t fma512(uint64_t iters) {
-  const __m512 a = _mm512_set1_ps(1e-3f), b = _mm512_set1_ps(1e-3f);
-#define D(i) __m512 c##i = _mm512_set1_ps(1.f + i);
-  CPUMOE_REP24(D)
-#undef D
-  for (uint64_t n = 0; n < iters; ++n) {
-#define D(i) c##i = _mm512_fmadd_ps(a, b, c##i);
-    CPUMOE_REP24(D)
-#undef D
-  }
-#define D(i) c##i,
-  const __m512 all[24] = {CPUMOE_REP24(D)};
-#undef D
-  sink(all, 24);
-  return iters * 24 * 16;
-}
-__attribute__((target("avx512f,avx512bw"))) uint64_t maddubs512(uint64_t iters) {
-  const __m512i b = _mm512_set1_epi8(3);
-#define D(i) __m512i c##i = _mm512_set1_epi8((char)(1 + i));
-  CPUMOE_REP24(D)
-#undef D
-  for (uint64_t n = 0; n < iters; ++n) {
-#define D(i) c##i = _mm512_maddubs_epi16(c##i, b);
-    CPUMOE_REP24(D)
-#undef D
-  }
-#define D(i) c##i,
-  const __m512i all[24] = {CPUMOE_REP24(D)};
-#undef D
-  sink(all, 24);
-  return iters * 24 * 64;
-}
+#define CPUMOE_I(i) _mm512_set1_ps(1.f + i)
+#define CPUMOE_S(c) _mm512_fmadd_ps(a, a, c)
+CPUMOE_PEAK_LOOP(fma512, "avx512f", CPUMOE_R24, 24, __m512, const __m512 a = _mm512_set1_ps(1e-3f), CPUMOE_I, CPUMOE_S, 16)
+#undef CPUMOE_I
+#undef CPUMOE_S
+#define CPUMOE_I(i) _mm512_set1_epi8((char)(1 + i))
+#define CPUMOE_S(c) _mm512_maddubs_epi16(c, a)
+CPUMOE_PEAK_LOOP(maddubs512, "avx512f,avx512bw", CPUMOE_R24, 24, __m512i, const __m512i a = _mm512_set1_epi8(3), CPUMOE_I,
+                 CPUMOE_S, 64)
+#undef CPUMOE_I
+#undef CPUMOE_S
 #endif
 #if defined(CPUMOE_BUILT_avx512vnni)
-__attribute__((target("avx512f,avx512vnni"))) uint64_t dpbusd512(uint64_t iters) {
-  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
-#define D(i) __m512i c##i = _mm512_set1_epi32(i);
-  CPUMOE_REP24(D)
-#undef D
-  for (uint64_t n = 0; n < iters; ++n) {
-#define D(i) c##i = _mm512_dpbusd_epi32(c##i, a, b);
-    CPUMOE_REP24(D)
-#undef D
-  }
-#define D(i) c##i,
-  const __m512i all[24] = {CPUMOE_REP24(D)};
-#undef D
-  sink(all, 24);
-  return iters * 24 * 64;
-}
+#define CPUMOE_I(i) _mm512_set1_epi32(i)
+#define CPUMOE_S(c) _mm512_dpbusd_epi32(c, a, a)
+CPUMOE_PEAK_LOOP(dpbusd512, "avx512f,avx512vnni", CPUMOE_R24, 24, __m512i, const __m512i a = _mm512_set1_epi8(3),
+                 CPUMOE_I, CPUMOE_S, 64)
+#undef CPUMOE_I
+#undef CPUMOE_S
 #endif
 #if defined(CPUMOE_BUILT_avx512bf16)
-__attribute__((target("avx512f,avx512bf16"))) uint64_t dpbf16512(uint64_t iters) {
-  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3A83), b = a;  // bf16 1e-3
-#define D(i) __m512 c##i = _mm512_set1_ps(1.f + i);
-  CPUMOE_REP24(D)
-#undef D
-  for (uint64_t n = 0; n < iters; ++n) {
-#define D(i) c##i = _mm512_dpbf16_ps(c##i, a, b);
-    CPUMOE_REP24(D)
-#undef D
-  }
-#define D(i) c##i,
-  const __m512 all[24] = {CPUMOE_REP24(D)};
-#undef D
-  sink(all, 24);
-  return iters * 24 * 32;
-}
+#define CPUMOE_I(i) _mm512_set1_ps(1.f + i)
+#define CPUMOE_S(c) _mm512_dpbf16_ps(c, a, a)
+CPUMOE_PEAK_LOOP(dpbf16512, "avx512f,avx512bf16", CPUMOE_R24, 24, __m512,
+                 const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3A83) /* bf16 1e-3 */, CPUMOE_I, CPUMOE_S, 32)
+#undef CPUMOE_I
+#undef CPUMOE_S
 #endif
 #if defined(CPUMOE_BUILT_amx)
 // Four independent tile products per round (C tiles 0-3, A tiles 4-5, B tiles 6-7, all 16 rows x 64 bytes), on

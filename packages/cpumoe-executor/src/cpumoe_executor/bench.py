@@ -299,8 +299,8 @@ def plot(report: dict, path: str) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     g = [report["formats"][f]["gbps"] for f in fmts]
     c = [report["formats"][f]["ceiling_gbps"] for f in fmts]
-    a.bar(range(len(fmts)), c, color="#ddd", label="read ceiling (same threads)")
     a.bar(range(len(fmts)), g, color="#3a7", label="decode, batch 1")
+    a.scatter(range(len(fmts)), c, marker="_", s=900, linewidths=2, color="k", label="read ceiling (same threads)")
     a.set_xticks(range(len(fmts)), fmts)
     a.set_ylabel("GB/s of expert weights")
     a.legend()
