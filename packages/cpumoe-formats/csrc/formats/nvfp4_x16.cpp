@@ -86,14 +86,14 @@ struct G16 {
   template <int G, int NT>
   static void groups(const Ref* gp, int K, const void* const* act, float* out);
   // Blocks [4c, 4c + cb) of chunk c into acc[g * NT + t] (CB_: cb as a compile-time constant, 0 = run time;
-  // the 16-register tiers: G == 1 and rows 8h..8h+7).
-  template <int G, int NT, int CB_>
-  static void chunk(const Ref* gp, int c, int cb, const x16::Int8Toks<NT, QB>& a, Vec* acc, int h, size_t row = 0);
+  // the 16-register tiers: G == 1 and rows 8 HS..8 HS + 7, or with HS == 2 both halves into acc[h * NT + t]).
+  template <int G, int NT, int CB_, int HS = 0>
+  static void chunk(const Ref* gp, int c, int cb, const x16::Int8Toks<NT, QB>& a, Vec* acc, size_t row = 0);
 };
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, int, size_t) {
+template <int G, int NT, int CB_, int>
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, size_t) {
   const int cb = CB_ ? CB_ : cb_rt;
   const __m512i m = _mm512_set1_epi8(0x0F), tu = fp4::tbl512(fp4::w2_offset());
   CPUMOE_UNROLL
@@ -138,55 +138,63 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
   }
 }
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, int h,
-                              size_t row) {
-  static_assert(G == 1, "the 16-register tiers take one group (and one half of it) at a time");
+// The exact block sum of 8 rows (u: the block's 4 decoded code vectors) and a token's codes qa, plus corr
+CPUMOE_INLINE __m256i block_sum(const __m256i* u, const int8_t* qa, int32_t corr) {
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  __m256i s0 = _mm256_set1_epi32(corr), s1 = _mm256_setzero_si256();
+  s0 = _mm256_dpbusd_avx_epi32(s0, u[0], x16::bcast4(qa));
+  s1 = _mm256_dpbusd_avx_epi32(s1, u[2], x16::bcast4(qa + 8));
+  s0 = _mm256_dpbusd_avx_epi32(s0, u[1], x16::bcast4(qa + 4));
+  s1 = _mm256_dpbusd_avx_epi32(s1, u[3], x16::bcast4(qa + 12));
+  return _mm256_add_epi32(s0, s1);
+#else
+  // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 24 * 127 = 6096, 4 of them <= 24384 (exact in int16), then
+  // vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
+  __m256i s16 = _mm256_maddubs_epi16(u[0], x16::bcast4(qa));
+  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[2], x16::bcast4(qa + 8)));
+  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[1], x16::bcast4(qa + 4)));
+  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[3], x16::bcast4(qa + 12)));
+  return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), _mm256_set1_epi32(corr));
+#endif
+}
+
+template <int G, int NT, int CB_, int HS>
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, size_t row) {
+  static_assert(G == 1, "the 16-register tiers take one group (one half of it, or both for few tokens) at a time");
+  constexpr int h0 = HS == 2 ? 0 : HS, h1 = HS == 2 ? 2 : HS + 1;
   const int cb = CB_ ? CB_ : cb_rt;
   const __m256i m = _mm256_set1_epi8(0x0F), tu = fp4::w2_offset();
   const uint8_t* p = gp[0].w + (size_t)c * CB;
-  if (h == 0)  // the first half's pass brings the lines in, the second reads them from L1/L2
+  if (HS != 1)  // the first half's pass brings the lines in, the second reads them from L1/L2
     for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(p + CPUMOE_NVX16_PF + 64 * l, 0, 3);
   else  // and keeps DRAM busy meanwhile: the next group's chunk (the bank's next row) into L2 (e2m1_x16.h)
     for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(p + row + 64 * l, 0, 2);
   CPUMOE_UNROLL
   for (int i = 0; i < cb; ++i) {
     const int b = CH * c + i;
-    const __m256 d = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * h));
-    const uint8_t* w = p + QB * cb + 128 * i + 32 * h;
-    const __m256i w0 = _mm256_loadu_si256((const __m256i*)w), w1 = _mm256_loadu_si256((const __m256i*)(w + 64));
-    const __m256i u0 = _mm256_shuffle_epi8(tu, _mm256_and_si256(w0, m));
-    const __m256i u1 = _mm256_shuffle_epi8(tu, _mm256_and_si256(w1, m));
-    const __m256i u2 = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(w0, 4), m));
-    const __m256i u3 = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(w1, 4), m));
     CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* qa = a.q[t] + (size_t)b * QB;
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-      __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
-      s0 = _mm256_dpbusd_avx_epi32(s0, u0, x16::bcast4(qa));
-      s1 = _mm256_dpbusd_avx_epi32(s1, u2, x16::bcast4(qa + 8));
-      s0 = _mm256_dpbusd_avx_epi32(s0, u1, x16::bcast4(qa + 4));
-      s1 = _mm256_dpbusd_avx_epi32(s1, u3, x16::bcast4(qa + 12));
-      const __m256i S = _mm256_add_epi32(s0, s1);
-#else
-      // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 24 * 127 = 6096, 4 of them <= 24384 (exact in int16), then
-      // vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
-      __m256i s16 = _mm256_maddubs_epi16(u0, x16::bcast4(qa));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u2, x16::bcast4(qa + 8)));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u1, x16::bcast4(qa + 4)));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u3, x16::bcast4(qa + 12)));
-      const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
-                                         _mm256_set1_epi32(a.corr[t][b]));
-#endif
-      const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, acc[t]);
+    for (int h = h0; h < h1; ++h) {
+      const __m256 d = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * h));
+      const uint8_t* w = p + QB * cb + 128 * i + 32 * h;
+      const __m256i w0 = _mm256_loadu_si256((const __m256i*)w), w1 = _mm256_loadu_si256((const __m256i*)(w + 64));
+      // u[j]: the token's code dword j of the block (even elements 0-3, 4-7, odd 0-3, 4-7)
+      const __m256i u[4] = {_mm256_shuffle_epi8(tu, _mm256_and_si256(w0, m)),
+                            _mm256_shuffle_epi8(tu, _mm256_and_si256(w1, m)),
+                            _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(w0, 4), m)),
+                            _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(w1, 4), m))};
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const __m256i S = block_sum(u, a.q[t] + (size_t)b * QB, a.corr[t][b]);
+        const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
+        Vec& A = acc[(h - h0) * NT + t];
+        A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
+      }
     }
   }
 }
 #else
-template <int G, int NT, int CB_>
-CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::Int8Toks<NT, QB>&, Vec*, int, size_t) {}  // scalar: groups()
+template <int G, int NT, int CB_, int>
+CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::Int8Toks<NT, QB>&, Vec*, size_t) {}  // scalar: groups()
 #endif
 
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (gp[g]) and NT tokens.
@@ -198,8 +206,8 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
   __m512 acc[G * NT];
   CPUMOE_UNROLL
   for (int i = 0; i < G * NT; ++i) acc[i] = _mm512_setzero_ps();
-  for (int c = 0; c < nc; ++c) chunk<G, NT, CH>(gp, c, CH, a, acc, 0);
-  if (rem) chunk<G, NT, 0>(gp, nc, rem, a, acc, 0);
+  for (int c = 0; c < nc; ++c) chunk<G, NT, CH>(gp, c, CH, a, acc);
+  if (rem) chunk<G, NT, 0>(gp, nc, rem, a, acc);
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g) {
     const __m512 gl = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)gp[g].gl)),
@@ -208,17 +216,29 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, _mm512_mul_ps(acc[g * NT + t], gl));
   }
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  // One token: both halves per block in one pass (the token's broadcasts serve 16 rows, and the group streams from
+  // DRAM without a pass that reads nothing new); more tokens: one half per pass, 4 tokens' accumulators each.
+  constexpr int HS = NT == 1 ? 2 : 0, NH = HS == 2 ? 2 : 1;
+  const size_t row = (size_t)nb * GB;
   for (int g = 0; g < G; ++g)
-    for (int h = 0; h < 2; ++h) {
-      __m256 acc[NT];
+    for (int h = 0; h < 2; h += NH) {
+      __m256 acc[NH * NT];
       CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-      for (int c = 0; c < nc; ++c) chunk<1, NT, CH>(gp + g, c, CH, a, acc, h, (size_t)nb * GB);
-      if (rem) chunk<1, NT, 0>(gp + g, nc, rem, a, acc, h, (size_t)nb * GB);
-      const __m256 gl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(gp[g].gl + 8 * h))),
-                                      _mm256_set1_ps(0.5f));
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, _mm256_mul_ps(acc[t], gl));
+      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      if (HS == 2 || h == 0) {
+        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, HS>(gp + g, c, CH, a, acc, row);
+        if (rem) chunk<1, NT, 0, HS>(gp + g, nc, rem, a, acc, row);
+      } else {
+        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, 1>(gp + g, c, CH, a, acc, row);
+        if (rem) chunk<1, NT, 0, 1>(gp + g, nc, rem, a, acc, row);
+      }
+      for (int hh = h; hh < h + NH; ++hh) {
+        const __m256 gl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(gp[g].gl + 8 * hh))),
+                                        _mm256_set1_ps(0.5f));
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t)
+          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * hh, _mm256_mul_ps(acc[(hh - h) * NT + t], gl));
+      }
     }
 #else  // scalar: the same integers and fp32 operations, row by row
   for (int g = 0; g < G; ++g)
