@@ -92,11 +92,11 @@ class CpuMoeExecutor:
                              f"expected one of {list(self.spec.modes)}")
         if isa is not None and isa not in TIERS:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
+        self.core_ids, why = resolve_cores(threads, core_ids)
         target = self._repack_target(mode, isa, repack)
         if target is not None:
             self._repack(banks, target)  # the executor then holds the repacked copies (self._arrays), not the given
         self.mode, self.top_k, self.max_tokens, self.num_layers = mode, top_k, max_tokens, len(banks)
-        self.core_ids, why = resolve_cores(threads, core_ids)
         # the arrays must outlive the executor (repacked ones are self._arrays)
         self._banks_ref = banks if self.given_format == self.spec.name else None
         lim = self.act.limit if math.isfinite(self.act.limit) else float("inf")
@@ -149,7 +149,9 @@ class CpuMoeExecutor:
         """Every layer into `target` down the format's layout chain (progress logged), then run as that format."""
         t0, n, every = time.perf_counter(), 0, max(1, len(banks) // 10)
         for layer, b in enumerate(banks):
-            arrays, _ = target.validate(self.spec.to_layout(b, target.name), self.E, self.H, self.I)
+            # the experts in as many slices at once as the executor has threads
+            arrays, _ = target.validate(self.spec.to_layout(b, target.name, threads=len(self.core_ids)), self.E,
+                                        self.H, self.I)
             self._arrays[layer] = arrays
             n += sum(a.nbytes for a in arrays)
             if (layer + 1) % every == 0 or layer + 1 == len(banks):

@@ -58,3 +58,38 @@ def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:
     return out
 
 
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity), at least 1."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def split_experts(fn, banks, threads: int | None = None) -> dict:
+    """fn(banks) -> dict of arrays, run on `threads` slices of the experts at once (default: usable_cpus()) and
+    joined along the first axis into 64-byte aligned arrays. Every bank's and every result's first axis must be
+    the expert (banks that do not share one run fn whole). fn's numpy copies release the GIL, so threads scale."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    arrays = {k: as_array(v, k) for k, v in banks.items()}
+    E = {a.shape[0] if a.ndim else -1 for a in arrays.values()}
+    n = min(threads or usable_cpus(), next(iter(E)) if len(E) == 1 else 1)
+    if n <= 1:
+        return fn(banks)
+    E = E.pop()
+    cut = [E * i // n for i in range(n + 1)]
+    with ThreadPoolExecutor(n, thread_name_prefix="cpumoe-repack") as ex:
+        parts = list(ex.map(lambda i: fn({k: a[cut[i]:cut[i + 1]] for k, a in arrays.items()}), range(n)))
+        out = {k: aligned_empty((E, *v.shape[1:]), v.dtype) for k, v in parts[0].items()}
+
+        def put(i):
+            for k, v in out.items():
+                v[cut[i]:cut[i + 1]] = parts[i][k]
+
+        list(ex.map(put, range(n)))
+    return out

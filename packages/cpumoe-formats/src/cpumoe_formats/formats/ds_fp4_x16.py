@@ -40,16 +40,21 @@ GB = GROUP * (QK // 2 + 1)  # bytes per group and block: 16 scales + 16 x 16 cod
 def to_groups(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """ds_fp4 rows packed [E, R, K/2], scale [E, R, K/32] (R % 16 == 0) -> groups [E, R/16, (K/32)*272],
     64-byte aligned."""
-    c = ds_fp4._unpack(np.asarray(packed))  # [E, R, K] codes in element order
+    p = codes(np.asarray(packed))
     sc = codes(np.asarray(scale))
-    E, R, K = c.shape
-    G, nb = R // GROUP, K // QK
+    E, R, K2 = p.shape
+    G, nb = R // GROUP, 2 * K2 // QK
     out = aligned_empty((E, G, nb * GB), np.uint8)
     v = out.reshape(E, G, nb, GB)
     v[..., :GROUP] = sc.reshape(E, G, GROUP, nb).transpose(0, 1, 3, 2)
-    c = c.reshape(E, G, GROUP, nb, 2, 4, 4)  # [.., row, block, half (elements 0-15 / 16-31), j, i]
-    b = c[..., 0, :, :] | (c[..., 1, :, :] << 4)  # [.., row, block, j, i]
-    v[..., GROUP:] = b.transpose(0, 1, 3, 4, 2, 5).reshape(E, G, nb, GROUP * 16)  # [.., block, j, row, i]
+    # Group byte (j, i) of a row's block = element 4j + i (low nibble) | element 16 + 4j + i (high). The block's
+    # packed bytes A = 0-7 and B = 8-15 hold elements 2m, 2m + 1 and 16 + 2m, 17 + 2m (m < 8), so byte m of
+    # A and B gives i = 2 (m % 2) (the low nibbles) and i + 1 (the high ones) of j = m // 2: nibble moves on the
+    # packed bytes, no unpacking to one code per byte.
+    p = p.reshape(E, G, GROUP, nb, 2, 8)
+    a, b = p[..., 0, :], p[..., 1, :]
+    pair = np.stack([(a & 0x0F) | (b << 4), (a >> 4) | (b & 0xF0)], axis=-1)  # [.., row, block, m, low/high]
+    v[..., GROUP:] = pair.reshape(E, G, GROUP, nb, 4, 4).transpose(0, 1, 3, 4, 2, 5).reshape(E, G, nb, GROUP * 16)
     return out
 
 
