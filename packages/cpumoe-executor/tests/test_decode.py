@@ -226,20 +226,16 @@ def test_auto_repack_needs_the_layouts_shapes(rng):
     np.testing.assert_array_equal(bits(ex.decode(0, x, w, ids)), bits(want))
 
 
-def test_bf16_repacks_from_avx512f(rng):
-    """bf16's CPU layout (bf16_x16): auto repacks wherever the layout's kernel is at least avx512f
-    (cpu_layout_min_tier), also above it (cpu_layout_any_tier: an AMX CPU runs bf16_x16 at avx512f, not bf16's
-    tiles); an AVX2 CPU keeps bf16. On Intel bf16_x16 auto-picks avx512f over its vdpbf16ps kernel."""
+def test_bf16_repacks_only_below_its_tile_kernel(rng):
+    """bf16's CPU layout (bf16_x16): auto repacks where bf16 itself runs at avx512f or avx512bf16 (Skylake-SP to
+    Ice Lake, Zen 4), not where bf16 has its amx tile kernel (a higher tier) nor at avx2 (cpu_layout_min_tier)."""
     banks = [cf.get_format("bf16").random_banks(4, 96, 48, rng)]
     tier = cf.TIERS.index(cf.selected_tier("bf16").split("+")[0])
     ex = ce.CpuMoeExecutor("bf16", banks, top_k=2, threads=1)
-    f = cf.TIERS.index("avx512f")
-    assert ex.spec.name == ("bf16_x16" if tier >= f else "bf16")
-    if tier >= f:
-        assert ex.isa == ("avx512bf16" if cf._native.cpu_is_amd() and tier >= cf.TIERS.index("avx512bf16")
-                          else "avx512f")
+    assert ex.spec.name == ("bf16_x16" if tier in (cf.TIERS.index("avx512f"), cf.TIERS.index("avx512bf16"))
+                            else "bf16")
     under_f = ce.CpuMoeExecutor("bf16", banks, top_k=2, threads=1, isa="avx512f")
-    assert under_f.spec.name == ("bf16_x16" if tier >= f else "bf16")
+    assert under_f.spec.name == ("bf16_x16" if tier >= cf.TIERS.index("avx512f") else "bf16")
     assert ce.CpuMoeExecutor("bf16", banks, top_k=2, threads=1, isa="avx2").spec.name == "bf16"
     x = rng.standard_normal((3, 96)).astype(np.float32)
     w, ids = routing(rng, 3, 2, 4)

@@ -98,8 +98,6 @@ unsigned variant_tier_mask(int32_t format) {
 // reads a lone token's weights at about half the avx512f kernel's rate (docs/formats/fp8_block.md), and a
 // format's kernel may not switch with the batch (a token's result must not depend on its batch).
 // q4_0's amx kernel (w4a8) is opt-in for the same reason (docs/formats/q4_0.md).
-// bf16_x16's avx512bf16 kernel too: on the H200 host's Xeon vdpbf16ps retires at half the FMA rate (peak_loop 41
-// against 82 G/s a core) and its 16-lane FMA avx512f kernel took 342-358 us at 8 tokens against 551-580.
 // fp8_block's avx512bf16 kernel is auto on AMD only: on Zen 4 it takes ~25-30% less time per step than avx512f
 // (2 threads, from DRAM), on the H200 host's Xeon ~10-15% more at batch 1 (docs/formats/fp8_block.md).
 const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
@@ -114,7 +112,7 @@ const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"fp8_block_x16", 4, 16, true, 1u << CPUMOE_MODE_NATIVE, 0u, 0u},
     {"nvfp4_x16", 4, 16, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
     {"ds_fp4_x16", 2, 128, false, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
-    {"bf16_x16", 2, 16, true, 1u << CPUMOE_MODE_NATIVE, 0u, 1u << CPUMOE_TIER_AVX512BF16},
+    {"bf16_x16", 2, 16, true, 1u << CPUMOE_MODE_NATIVE, 0u, 0u},
     {"mxfp4_x16", 4, 32, false, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
 };
 

@@ -123,8 +123,8 @@ class CpuMoeExecutor:
 
     def _layout_step(self, spec, mode: str, isa: str | None, repack: bool | None):
         """spec's CPU layout, or None. Auto (repack=None): when the layout has the mode, takes H and I, and its kernel
-        on this machine (isa / CPUMOE_ISA respected) is at least spec's tier (unless spec.cpu_layout_any_tier: bf16)
-        and spec's cpu_layout_min_tier (q4_0, nvfp4: avx512vnni, so an AVX2-only CPU keeps q4_0 / nvfp4)."""
+        on this machine (isa / CPUMOE_ISA respected) is at least spec's tier and spec's cpu_layout_min_tier (q4_0,
+        nvfp4: avx512vnni, so an AVX2-only CPU keeps q4_0 / nvfp4)."""
         if not spec.cpu_layout or repack is False:
             return None
         target = cf.get_format(spec.cpu_layout)
@@ -143,8 +143,6 @@ class CpuMoeExecutor:
             return target
         tier = lambda fmt: TIERS.index(cf.selected_tier(fmt, mode, isa).split("+")[0])  # noqa: E731
         floor = TIERS.index(spec.cpu_layout_min_tier) if spec.cpu_layout_min_tier else 0
-        if spec.cpu_layout_any_tier:  # measured faster than spec's own kernels whatever their tier (bf16 on AMX)
-            return target if tier(target.name) >= floor else None
         return target if tier(target.name) >= max(tier(spec.name), floor) else None
 
     def _repack(self, banks, target) -> None:

@@ -61,9 +61,6 @@ class FormatSpec:
     # this format's tier): q4_0_x16's AVX2 kernel is faster for batches that share experts but slower for one token
     # (nvfp4: avx512vnni too, where nvfp4_x16 was measured)
     cpu_layout_min_tier: str = ""
-    # the layout runs whatever tier this format itself reaches (from cpu_layout_min_tier up), even a higher one:
-    # bf16_x16's 16-lane FMAs beat bf16's AMX tiles at one token (docs/formats/bf16.md)
-    cpu_layout_any_tier: bool = False
     bank_names: tuple = field(init=False)
 
     def __post_init__(self):

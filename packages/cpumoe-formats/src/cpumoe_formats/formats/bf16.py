@@ -43,9 +43,7 @@ SPEC = Bf16Format(
     kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16", "amx")},
     cpu_layout="bf16_x16",  # 16 rows per K pair: a token sharing an expert costs one vdpbf16ps per 32 weights
     # from avx512f (Skylake-SP to Ice Lake; the H200 host capped there, 2 rounds: batch 1 575-611 against 767-807
-    # us, shared batch 8 751-844 against 1457-1532); AVX2 keeps bf16 (Zen 3: batch 1 ~5% slower)
+    # us, shared batch 8 751-844 against 1457-1532); AVX2 keeps bf16 (Zen 3: batch 1 ~5% slower); AMX CPUs keep
+    # bf16's tile kernel (a higher tier)
     cpu_layout_min_tier="avx512f",
-    # and on AMX CPUs too: bf16_x16 at avx512f against bf16's tiles, 3 rounds on the H200 host: batch 1 599-611
-    # against 653-697 us, shared batch 8 804-857 against 744-851 (level)
-    cpu_layout_any_tier=True,
 )

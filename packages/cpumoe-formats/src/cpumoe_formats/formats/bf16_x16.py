@@ -68,7 +68,4 @@ SPEC = Bf16X16Format(
     description="bf16 weights with 16 rows interleaved per K pair for CPU lanes (bf16's values, moved); "
                 "W16A16 on vdpbf16ps or fp32 FMAs",
     kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16")},
-    # vdpbf16ps retires at half the FMA rate on the H200 host's Xeon: the avx512f kernel took 342-358 us at 8 tokens
-    # against 551-580 (docs/formats/bf16.md); Zen 4 keeps the vdpbf16ps kernel
-    amd_auto_tiers=("avx512bf16",),
 )
