@@ -245,16 +245,16 @@ def test_bf16_repacks_only_below_its_tile_kernel(rng):
 
 def test_nvfp4_auto_repack_is_w4a8_only(rng):
     """nvfp4's CPU layout (nvfp4_x16) has the w4a8 mode only: nvfp4's default (native) keeps nvfp4; w4a8 repacks
-    from avx512vnni (cpu_layout_min_tier), keeps nvfp4 under an AVX2 cap; the repacked executor matches
-    nvfp4_x16's kernel on the repacked banks bit for bit, and nvfp4 w4a8 within nvfp4's tolerance."""
+    from avx2 (cpu_layout_min_tier), keeps nvfp4 under a scalar cap; the repacked executor matches nvfp4_x16's
+    kernel on the repacked banks bit for bit, and nvfp4 w4a8 within nvfp4's tolerance."""
     banks, (E, H, I) = make_banks("nvfp4", rng, layers=1)
     assert ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=1).spec.name == "nvfp4"  # native
-    assert ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=1, mode="w4a8", isa="avx2").spec.name == "nvfp4"
+    assert ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=1, mode="w4a8", isa="scalar").spec.name == "nvfp4"
     with pytest.raises(ValueError, match="repack=True: format 'nvfp4_x16'.*no mode 'native'"):
         ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=1, repack=True)
     ex = ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=2, mode="w4a8")
-    vnni = cf.selected_tier("nvfp4_x16", "w4a8").startswith("avx512vnni")
-    assert ex.spec.name == ("nvfp4_x16" if vnni else "nvfp4") and ex.given_format == "nvfp4"
+    simd = cf.selected_tier("nvfp4_x16", "w4a8") != "scalar+w4a8"
+    assert ex.spec.name == ("nvfp4_x16" if simd else "nvfp4") and ex.given_format == "nvfp4"
     ex = ce.CpuMoeExecutor("nvfp4", banks, top_k=2, threads=2, mode="w4a8", repack=True)
     assert ex.spec.name == "nvfp4_x16"
     x = rng.standard_normal((5, H)).astype(np.float32)
@@ -295,17 +295,19 @@ def test_mxfp4_repack_chain(rng, caplog):
 
 def test_ds_fp4_auto_repack_is_w4a8_only(rng):
     """ds_fp4's CPU layout (ds_fp4_x16) has only mode w4a8: ds_fp4's default (native) stays ds_fp4; w4a8 runs
-    repacked where ds_fp4_x16's avx512vnni kernel runs (cpu_layout_min_tier), not under an AVX2 cap; the repacked
-    executor gives the layout's own kernel's bits."""
+    repacked from avx2 (cpu_layout_min_tier) where ds_fp4_x16's tier is at least ds_fp4's own (an AVX512-F CPU
+    without VNNI keeps ds_fp4's avx512f kernel), not under a scalar cap; the repacked executor gives the layout's
+    own kernel's bits."""
     banks, (E, H, I) = make_banks("ds_fp4", rng, layers=1)
     act = ACT["ds_fp4"]
     assert ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=1, **act).spec.name == "ds_fp4"
     with pytest.raises(ValueError, match="repack=True: format 'ds_fp4_x16'.*no mode 'native'"):
         ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=1, repack=True, **act)
-    ex = ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=1, mode="w4a8", isa="avx2", **act)
+    ex = ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=1, mode="w4a8", isa="scalar", **act)
     assert ex.spec.name == "ds_fp4"
     ex = ce.CpuMoeExecutor("ds_fp4", banks, top_k=2, threads=2, mode="w4a8", **act)
-    vnni = cf.selected_tier("ds_fp4_x16", "w4a8").startswith("avx512vnni")
+    tier = lambda f: cf.TIERS.index(cf.selected_tier(f, "w4a8").split("+")[0])  # noqa: E731
+    vnni = tier("ds_fp4_x16") >= max(tier("ds_fp4"), cf.TIERS.index("avx2"))
     assert ex.spec.name == ("ds_fp4_x16" if vnni else "ds_fp4") and ex.given_format == "ds_fp4"
     x = rng.standard_normal((3, H)).astype(np.float32)
     w, ids = routing(rng, 3, 2, E)

@@ -106,18 +106,22 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
   // rows 8h..8h+7 of each group in turn: the first half's pass brings the lines in, the second reads them from L1/L2
   // while it prefetches the next group (a second pass without memory traffic left DRAM idle: batch 1 ran 10-15%
   // slower than the row-major kernels on Zen 3)
+  // One token: both halves per block in one pass (its broadcasts serve 16 rows; no pass without memory traffic).
   const __m256i m = _mm256_set1_epi8(0x0F), lut = w2_offset();
+  constexpr int NH = NT == 1 ? 2 : 1;
   for (int g = 0; g < G; ++g)
-    for (int h = 0; h < 2; ++h) {
-      __m256 acc[NT];
+    for (int h0 = 0; h0 < 2; h0 += NH) {
+      __m256 acc[NH * NT];
       CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
         const uint8_t* p = gp[g].w + (size_t)b * GB;
-        if (h == 0)
+        if (h0 == 0)
           for (int l = 0; l < 5; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
         else  // and keeps DRAM busy meanwhile: the next group (the bank's next row) into L2
           for (int l = 0; l < 5; ++l) __builtin_prefetch(p + (size_t)nb * GB + 64 * l, 0, 2);
+        CPUMOE_UNROLL
+        for (int h = h0; h < h0 + NH; ++h) {
         const __m256 sw = F::scale8(p + 8 * h);
         __m256i lo[4], hi[4];
         CPUMOE_UNROLL
@@ -154,11 +158,16 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
               _mm256_add_epi32(_mm256_madd_epi16(s16a, one), _mm256_madd_epi16(s16b, one)),
               _mm256_set1_epi32(a.corr[t][b]));
 #endif
-          acc[t] = F::fold(acc[t], S, sw, a.s[t] + b);
+          __m256& A = acc[(h - h0) * NT + t];
+          A = F::fold(A, S, sw, a.s[t] + b);
+        }
         }
       }
       CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[t]);
+      for (int h = h0; h < h0 + NH; ++h)
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t)
+          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[(h - h0) * NT + t]);
     }
 #else  // scalar: the same integers and fp32 operations, row by row
   for (int g = 0; g < G; ++g)

@@ -116,18 +116,22 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
   // rows 8h..8h+7 of each group in turn: the first half's pass brings the lines in, the second reads them from L1/L2
+  // (one token: both halves per block in one pass, as nvfp4_x16; e2m1_x16.h)
   const __m256i m = _mm256_set1_epi8(0x0F);
+  constexpr int NH = NT == 1 ? 2 : 1;
   for (int g = 0; g < G; ++g)
-    for (int h = 0; h < 2; ++h) {
-      __m256 acc[NT];
+    for (int h0 = 0; h0 < 2; h0 += NH) {
+      __m256 acc[NH * NT];
       CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
         const uint8_t* p = gp[g].w + (size_t)b * GB;
-        if (h == 0)
+        if (h0 == 0)
           for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
         else  // and keeps DRAM busy meanwhile: the next group (the bank's next row) into L2 (e2m1_x16.h)
           for (int l = 0; l < 5; ++l) __builtin_prefetch(p + (size_t)nb * GB + 64 * l, 0, 2);
+        CPUMOE_UNROLL
+        for (int h = h0; h < h0 + NH; ++h) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
         __m256i lo[4], hi[4];
         CPUMOE_UNROLL
@@ -161,11 +165,16 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
                                              _mm256_set1_epi32(a.corr[t][b]));
 #endif
           const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
-          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, acc[t]);
+          __m256& A = acc[(h - h0) * NT + t];
+          A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
+        }
         }
       }
       CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[t]);
+      for (int h = h0; h < h0 + NH; ++h)
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t)
+          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[(h - h0) * NT + t]);
     }
 #else  // scalar: the same integers and fp32 operations, row by row
   for (int g = 0; g < G; ++g)
