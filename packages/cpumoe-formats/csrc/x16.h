@@ -92,6 +92,18 @@ size_t int8_record_bytes(const cpumoe_kernel*, int32_t K) {
   return (size_t)K + (size_t)(K / QB) * (sizeof(float) + sizeof(int32_t));
 }
 
+// The 16-register tiers' group passes (one half of the rows at a time): n lines of a block step at p. The first
+// half's pass prefetches `ahead` bytes on into L1; the second half's, whose lines are in L1/L2 already, the same
+// lines of the next group (`next` bytes on: the bank's next row) into L2, so DRAM is not idle during it.
+CPUMOE_INLINE void prefetch_half_pass(const uint8_t* p, int n, bool first_half, int64_t ahead, size_t next) {
+  for (int l = 0; l < n; ++l) {
+    if (first_half)
+      __builtin_prefetch(p + ahead + 64 * l, 0, 3);
+    else
+      __builtin_prefetch(p + next + 64 * l, 0, 2);
+  }
+}
+
 #if defined(__AVX2__)
 // The 4 bytes at p in every dword lane, by a broadcast load (vpbroadcastd m32: a load uop, no vector ALU uop).
 // _mm256_set1_epi32 of the value copied out of a token's record compiled (GCC 12) to a 64-bit GPR load, shifts,

@@ -116,51 +116,48 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
       for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
         const uint8_t* p = gp[g].w + (size_t)b * GB;
-        if (h0 == 0)
-          for (int l = 0; l < 5; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
-        else  // and keeps DRAM busy meanwhile: the next group (the bank's next row) into L2
-          for (int l = 0; l < 5; ++l) __builtin_prefetch(p + (size_t)nb * GB + 64 * l, 0, 2);
+        x16::prefetch_half_pass(p, 5, h0 == 0, kPf, (size_t)nb * GB);
         CPUMOE_UNROLL
         for (int h = h0; h < h0 + NH; ++h) {
-        const __m256 sw = F::scale8(p + 8 * h);
-        __m256i lo[4], hi[4];
-        CPUMOE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const __m256i v = _mm256_loadu_si256((const __m256i*)(p + SB + 64 * j + 32 * h));
-          lo[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m));
-          hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
-        }
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) {
-          const int8_t* qa = a.q[t] + (size_t)b * QK;
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-          __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
+          const __m256 sw = F::scale8(p + 8 * h);
+          __m256i lo[4], hi[4];
           CPUMOE_UNROLL
           for (int j = 0; j < 4; ++j) {
-            s0 = _mm256_dpbusd_avx_epi32(s0, lo[j], x16::bcast4(qa + 4 * j));
-            s1 = _mm256_dpbusd_avx_epi32(s1, hi[j], x16::bcast4(qa + 16 + 4 * j));
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + SB + 64 * j + 32 * h));
+            lo[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m));
+            hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
           }
-          const __m256i S = _mm256_add_epi32(s0, s1);
+          CPUMOE_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            const int8_t* qa = a.q[t] + (size_t)b * QK;
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+            __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
+            CPUMOE_UNROLL
+            for (int j = 0; j < 4; ++j) {
+              s0 = _mm256_dpbusd_avx_epi32(s0, lo[j], x16::bcast4(qa + 4 * j));
+              s1 = _mm256_dpbusd_avx_epi32(s1, hi[j], x16::bcast4(qa + 16 + 4 * j));
+            }
+            const __m256i S = _mm256_add_epi32(s0, s1);
 #else
-          // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 24 * 127 = 6096, so four of them <= 24384 (exact in
-          // int16; eight could wrap): two int16 sums, each widened by vpmaddwd by 1, give the exact int32 of the
-          // other tiers
-          __m256i s16a = _mm256_maddubs_epi16(lo[0], x16::bcast4(qa));
-          s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(hi[0], x16::bcast4(qa + 16)));
-          s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(lo[1], x16::bcast4(qa + 4)));
-          s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(hi[1], x16::bcast4(qa + 20)));
-          __m256i s16b = _mm256_maddubs_epi16(lo[2], x16::bcast4(qa + 8));
-          s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(hi[2], x16::bcast4(qa + 24)));
-          s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(lo[3], x16::bcast4(qa + 12)));
-          s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(hi[3], x16::bcast4(qa + 28)));
-          const __m256i one = _mm256_set1_epi16(1);
-          const __m256i S = _mm256_add_epi32(
-              _mm256_add_epi32(_mm256_madd_epi16(s16a, one), _mm256_madd_epi16(s16b, one)),
-              _mm256_set1_epi32(a.corr[t][b]));
+            // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 24 * 127 = 6096, so four of them <= 24384 (exact in
+            // int16; eight could wrap): two int16 sums, each widened by vpmaddwd by 1, give the exact int32 of the
+            // other tiers
+            __m256i s16a = _mm256_maddubs_epi16(lo[0], x16::bcast4(qa));
+            s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(hi[0], x16::bcast4(qa + 16)));
+            s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(lo[1], x16::bcast4(qa + 4)));
+            s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(hi[1], x16::bcast4(qa + 20)));
+            __m256i s16b = _mm256_maddubs_epi16(lo[2], x16::bcast4(qa + 8));
+            s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(hi[2], x16::bcast4(qa + 24)));
+            s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(lo[3], x16::bcast4(qa + 12)));
+            s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(hi[3], x16::bcast4(qa + 28)));
+            const __m256i one = _mm256_set1_epi16(1);
+            const __m256i S = _mm256_add_epi32(
+                _mm256_add_epi32(_mm256_madd_epi16(s16a, one), _mm256_madd_epi16(s16b, one)),
+                _mm256_set1_epi32(a.corr[t][b]));
 #endif
-          __m256& A = acc[(h - h0) * NT + t];
-          A = F::fold(A, S, sw, a.s[t] + b);
-        }
+            __m256& A = acc[(h - h0) * NT + t];
+            A = F::fold(A, S, sw, a.s[t] + b);
+          }
         }
       }
       CPUMOE_UNROLL

@@ -165,10 +165,7 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
   const int cb = CB_ ? CB_ : cb_rt;
   const __m256i m = _mm256_set1_epi8(0x0F), tu = fp4::w2_offset();
   const uint8_t* p = gp[0].w + (size_t)c * CB;
-  if (HS != 1)  // the first half's pass brings the lines in, the second reads them from L1/L2
-    for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(p + CPUMOE_NVX16_PF + 64 * l, 0, 3);
-  else  // and keeps DRAM busy meanwhile: the next group's chunk (the bank's next row) into L2 (e2m1_x16.h)
-    for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(p + row + 64 * l, 0, 2);
+  x16::prefetch_half_pass(p, CB / 64, HS != 1, CPUMOE_NVX16_PF, row);
   CPUMOE_UNROLL
   for (int i = 0; i < cb; ++i) {
     const int b = CH * c + i;

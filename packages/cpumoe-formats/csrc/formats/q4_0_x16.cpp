@@ -126,48 +126,45 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
       for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
         const uint8_t* p = gp[g].w + (size_t)b * GB;
-        if (h0 == 0)
-          for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
-        else  // and keeps DRAM busy meanwhile: the next group (the bank's next row) into L2 (e2m1_x16.h)
-          for (int l = 0; l < 5; ++l) __builtin_prefetch(p + (size_t)nb * GB + 64 * l, 0, 2);
+        x16::prefetch_half_pass(p, 5, h0 == 0, CPUMOE_Q4X16_PF, (size_t)nb * GB);
         CPUMOE_UNROLL
         for (int h = h0; h < h0 + NH; ++h) {
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
-        __m256i lo[4], hi[4];
-        CPUMOE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
-          lo[j] = _mm256_and_si256(w, m);
-          hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
-        }
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) {
-          const int8_t* qa = a.q[t] + (size_t)b * QK;
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-          __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+          __m256i lo[4], hi[4];
           CPUMOE_UNROLL
           for (int j = 0; j < 4; ++j) {
-            s0 = _mm256_dpbusd_avx_epi32(s0, lo[j], x16::bcast4(qa + 4 * j));
-            s1 = _mm256_dpbusd_avx_epi32(s1, hi[j], x16::bcast4(qa + 16 + 4 * j));
+            const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
+            lo[j] = _mm256_and_si256(w, m);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
           }
-          const __m256i S = _mm256_add_epi32(s0, s1);
-#else
-          // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 15 * 127 = 3810, 8 of them <= 30480 (exact in int16),
-          // then vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
-          __m256i s16 = _mm256_maddubs_epi16(lo[0], x16::bcast4(qa));
-          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[0], x16::bcast4(qa + 16)));
           CPUMOE_UNROLL
-          for (int j = 1; j < 4; ++j) {
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[j], x16::bcast4(qa + 4 * j)));
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[j], x16::bcast4(qa + 16 + 4 * j)));
-          }
-          const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
-                                             _mm256_set1_epi32(a.corr[t][b]));
+          for (int t = 0; t < NT; ++t) {
+            const int8_t* qa = a.q[t] + (size_t)b * QK;
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+            __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
+            CPUMOE_UNROLL
+            for (int j = 0; j < 4; ++j) {
+              s0 = _mm256_dpbusd_avx_epi32(s0, lo[j], x16::bcast4(qa + 4 * j));
+              s1 = _mm256_dpbusd_avx_epi32(s1, hi[j], x16::bcast4(qa + 16 + 4 * j));
+            }
+            const __m256i S = _mm256_add_epi32(s0, s1);
+#else
+            // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 15 * 127 = 3810, 8 of them <= 30480 (exact in int16),
+            // then vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
+            __m256i s16 = _mm256_maddubs_epi16(lo[0], x16::bcast4(qa));
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[0], x16::bcast4(qa + 16)));
+            CPUMOE_UNROLL
+            for (int j = 1; j < 4; ++j) {
+              s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[j], x16::bcast4(qa + 4 * j)));
+              s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[j], x16::bcast4(qa + 16 + 4 * j)));
+            }
+            const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
+                                               _mm256_set1_epi32(a.corr[t][b]));
 #endif
-          const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
-          __m256& A = acc[(h - h0) * NT + t];
-          A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
-        }
+            const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
+            __m256& A = acc[(h - h0) * NT + t];
+            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
+          }
         }
       }
       CPUMOE_UNROLL

@@ -64,11 +64,10 @@ def to_bf16(a) -> np.ndarray:
 
 def round_bf16(a) -> np.ndarray:
     """float64 -> fp32 -> bf16, each to nearest even, as float64: the kernels' rounding (they compute in fp32, or in
-    double rounded to fp32 once, then round to bf16). Spelled out because ml_dtypes changed its float64 -> bf16
-    cast: 0.6 went through fp32 (this), 0.7 rounds once, which differs where the fp32 value is a bf16 tie."""
-    a = np.asarray(a, np.float64)
+    double rounded to fp32 once, then round to bf16): to_bf16's, not ml_dtypes' float64 -> bf16 cast, which went
+    through fp32 in 0.6 and rounds once in 0.7 (they differ where the fp32 value is a bf16 tie)."""
     with np.errstate(over="ignore"):  # beyond FLT_MAX: inf, as the kernels' (float) cast
-        return a.astype(np.float32).astype(BF16).astype(np.float64)
+        return to_bf16(np.asarray(a, np.float64)).astype(np.float64)
 
 
 def to_e4m3(a) -> np.ndarray:
