@@ -38,6 +38,7 @@ def test_roofline_arithmetic():
     assert big["compute_floor_us"] == pytest.approx(30_000) and big["roofline_us"] == pytest.approx(30_000)
     assert one["roofline_pct"] == pytest.approx(80) and big["roofline_pct"] == pytest.approx(15)
     assert e["shared_batch500_floor_over_batch1"] == pytest.approx(30_000 / 25_000)
+    assert e["shared_batch500_over_batch1"] == pytest.approx(200_000 / 25_000)
     res["shared/500"]["step_us"]["median"] = 20_000.0  # memory-bound batch: the floor ratio is the compute one
     res["shared/500"]["bytes_per_step"] = 1e10
     bench.add_roofline(e, m)

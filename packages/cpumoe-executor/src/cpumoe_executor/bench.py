@@ -142,10 +142,10 @@ def compute_roof(ex, seconds: float = 0.05, reps: int = 5) -> dict | None:
 
 def add_roofline(entry: dict, m: Model) -> None:
     """Per result: the step's multiply-adds, its memory floor (bytes at the ceiling), its compute floor (multiply-adds
-    at the compute roof) and the roofline time (the larger), as % of the measured step; per routing, the compute
-    floor of the largest batch over the measured batch 1: with batch 1 as fast as measured, no kernel of this tier
-    brings that batch's ratio below it. (The memory floor is no such bound: batch 1 reads above the read loop's
-    ceiling on some hosts.)"""
+    at the compute roof) and the roofline time (the larger), as % of the measured step; per routing, the largest
+    batch's measured step over batch 1's (`<routing>_batch<N>_over_batch1`) and its compute floor over batch 1's
+    step (`..._floor_over_batch1`): with batch 1 as fast as measured, no kernel of this tier brings that batch's
+    ratio below it. (The memory floor is no such bound: batch 1 reads above the read loop's ceiling on some hosts.)"""
     roof = entry.get("compute_roof")
     for r in entry["results"].values():
         r["macs_per_step"] = r["batch"] * m.top_k * 3 * m.H * m.I
@@ -156,8 +156,9 @@ def add_roofline(entry: dict, m: Model) -> None:
     for routing in ("random", "shared"):
         rs = sorted((r for r in entry["results"].values() if r["routing"] == routing), key=lambda r: r["batch"])
         if len(rs) > 1 and rs[0]["batch"] == 1:
-            entry[f"{routing}_batch{rs[-1]['batch']}_floor_over_batch1"] = \
-                (rs[-1]["compute_floor_us"] or 0) / rs[0]["step_us"]["median"]
+            key, b1 = f"{routing}_batch{rs[-1]['batch']}", rs[0]["step_us"]["median"]
+            entry[f"{key}_over_batch1"] = rs[-1]["step_us"]["median"] / b1
+            entry[f"{key}_floor_over_batch1"] = (rs[-1]["compute_floor_us"] or 0) / b1
 
 
 def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
@@ -239,10 +240,6 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
              "shape": asdict(m), "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "compute_roof": roof,
              "results": results}
     add_roofline(entry, m)
-    for routing in opts.routings:
-        b1, b8 = results.get(f"{routing}/1"), results.get(f"{routing}/{max(opts.batch)}")
-        if b1 and b8 and b8 is not b1:
-            entry[f"{routing}_batch{b8['batch']}_over_batch1"] = b8["step_us"]["median"] / b1["step_us"]["median"]
     return entry
 
 
@@ -311,7 +308,7 @@ def plot(report: dict, path: str) -> None:
                          if r["routing"] == routing)
             if pts:
                 line, = b.plot([p[0] for p in pts], [p[1] / pts[0][1] for p in pts], style, label=f"{f} {routing}")
-                if routing == "shared" and e.get("compute_roof"):  # the least any kernel could cost, same batch 1
+                if routing == "shared" and e.get("compute_roof"):  # the roofline (the larger floor) over batch 1
                     b.plot([p[0] for p in pts], [p[2] / pts[0][1] for p in pts], ":", color=line.get_color(), lw=1)
     b.axhline(1.6, color="#999", lw=0.8, ls="--")
     b.set_xlabel("batch")
