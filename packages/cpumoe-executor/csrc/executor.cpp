@@ -316,27 +316,34 @@ int Executor::run_task(uint64_t task) {
   return rc;
 }
 
+template <class Ctx>
+std::vector<double> Executor::timed_rates(Pool::Fn fn, Ctx* ctx, int reps) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  std::vector<double> out;
+  for (int r = 0; r < reps; ++r) {
+    ctx->done.store(0);
+    const int64_t t0 = mono_ns();
+    pool_.run(fn, ctx);
+    out.push_back(ctx->done.load() / ((mono_ns() - t0) * 1e-9) / 1e9);
+  }
+  return out;
+}
+
 std::vector<double> Executor::read_bandwidth(const void* p, size_t n, int reps) {
   struct Ctx {
     const cpumoe_formats_api* api;
     const char* p;
     size_t n;
     int nt;
-    std::atomic<uint64_t> sink{0};
+    std::atomic<uint64_t> sink{0}, done{0};
   } ctx{api_, (const char*)p, n & ~(size_t)127, pool_.size()};
   auto fn = [](void* c, int tid) {
     auto* x = static_cast<Ctx*>(c);
     const size_t a = x->n / x->nt * tid / 128 * 128, b = tid == x->nt - 1 ? x->n : x->n / x->nt * (tid + 1) / 128 * 128;
     x->sink.fetch_add(x->api->read_sum(x->p + a, b - a), std::memory_order_relaxed);
+    x->done.fetch_add(b - a, std::memory_order_relaxed);
   };
-  std::lock_guard<std::mutex> g(run_mu_);
-  std::vector<double> out;
-  for (int r = 0; r < reps; ++r) {
-    const int64_t t0 = mono_ns();
-    pool_.run(fn, &ctx);
-    out.push_back(ctx.n / ((mono_ns() - t0) * 1e-9) / 1e9);
-  }
-  return out;
+  return timed_rates(fn, &ctx, reps);
 }
 
 std::vector<double> Executor::compute_peak(int kind, int tier, uint64_t iters, int reps) {
@@ -344,22 +351,14 @@ std::vector<double> Executor::compute_peak(int kind, int tier, uint64_t iters, i
     const cpumoe_formats_api* api;
     int kind, tier;
     uint64_t iters;
-    std::atomic<uint64_t> macs{0};
+    std::atomic<uint64_t> done{0};
   } ctx{api_, kind, tier, iters};
   auto fn = [](void* c, int) {
     auto* x = static_cast<Ctx*>(c);
-    x->macs.fetch_add(x->api->peak_loop(x->kind, x->tier, x->iters), std::memory_order_relaxed);
+    x->done.fetch_add(x->api->peak_loop(x->kind, x->tier, x->iters), std::memory_order_relaxed);
   };
-  std::lock_guard<std::mutex> g(run_mu_);
-  std::vector<double> out;
-  for (int r = 0; r < reps; ++r) {
-    ctx.macs.store(0);
-    const int64_t t0 = mono_ns();
-    pool_.run(fn, &ctx);
-    const int64_t dt = mono_ns() - t0;
-    if (!ctx.macs.load()) return {};
-    out.push_back(ctx.macs.load() / (dt * 1e-9) / 1e9);
-  }
+  std::vector<double> out = timed_rates(fn, &ctx, reps);
+  if (!out.empty() && out[0] == 0) out.clear();  // the tier has no such loop here
   return out;
 }
 

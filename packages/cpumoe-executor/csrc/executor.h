@@ -93,6 +93,10 @@ class Executor {
   Trace trace();
 
  private:
+  // reps runs of fn(ctx) on every pool thread, timed: per run ctx->done (zeroed before it; the threads add what
+  // they did: bytes read, multiply-adds) per second, in G. read_bandwidth and compute_peak.
+  template <class Ctx>
+  std::vector<double> timed_rates(Pool::Fn fn, Ctx* ctx, int reps);
   static void body_tramp(void* self, int tid) { static_cast<Executor*>(self)->body(tid); }
   void body(int tid);
   void coordinator_loop(int core);
