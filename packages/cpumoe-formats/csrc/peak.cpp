@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common.h"
+#include "formats/amx_common.h"
 #include "registry.h"
 #include "tiers.h"
 
@@ -114,16 +116,11 @@ CPUMOE_PEAK_LOOP(dpbf16512, "avx512f,avx512bf16", CPUMOE_R24, 24, __m512,
 #endif
 #if defined(CPUMOE_BUILT_amx)
 // Four independent tile products per round (C tiles 0-3, A tiles 4-5, B tiles 6-7, all 16 rows x 64 bytes), on
-// zeroed tiles: AMX's timing does not depend on the values.
-struct alignas(64) PeakTileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+// zeroed tiles: AMX's timing does not depend on the values. The tile kernels' palette-1 configuration.
 template <bool kInt8>
 __attribute__((target("amx-tile,amx-int8,amx-bf16"))) uint64_t amx_loop(uint64_t iters) {
-  PeakTileConfig c;
-  for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
+  CPUMOE_NS::amx::TileConfig c;
+  for (int t = 0; t < 8; ++t) c.set(t, 16, 64);
   _tile_loadconfig(&c);  // also zeroes every tile
   for (uint64_t n = 0; n < iters; ++n) {
     if constexpr (kInt8) {
