@@ -95,10 +95,13 @@ size_t int8_record_bytes(const cpumoe_kernel*, int32_t K) {
 // The 16-register tiers' group passes (one half of the rows at a time): n lines of a block step at p. The first
 // half's pass prefetches `ahead` bytes on into L1; the second half's, whose lines are in L1/L2 already, the same
 // lines of the next group (`next` bytes on: the bank's next row) into L2, so DRAM is not idle during it.
+#ifndef CPUMOE_X16_PF_LOC
+#define CPUMOE_X16_PF_LOC 3
+#endif
 CPUMOE_INLINE void prefetch_half_pass(const uint8_t* p, int n, bool first_half, int64_t ahead, size_t next) {
   for (int l = 0; l < n; ++l) {
     if (first_half)
-      __builtin_prefetch(p + ahead + 64 * l, 0, 3);
+      __builtin_prefetch(p + ahead + 64 * l, 0, CPUMOE_X16_PF_LOC);
     else
       __builtin_prefetch(p + next + 64 * l, 0, 2);
   }
@@ -189,12 +192,44 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
   }
 }
 
+#if defined(__AVX2__)
+// 8 floats rounded to bf16 (as floats): cpumoe_f32_to_bf16 lane by lane, NaN kept quiet with its sign
+CPUMOE_INLINE __m256 round_bf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v), hi = _mm256_set1_epi32((int)0xFFFF0000u);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rne = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), hi);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
+                                         _mm256_set1_epi32(0x7F800000));
+  const __m256i qnan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), hi);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(rne, qnan, nan));
+}
+#endif
+
 // acc[token][h - h0] += weight * (o + bias) for group g's rows inside [h0, h1) (gp: its Ref), tokens t < nt of o's
-// group slot gg (the term rounded to bf16 first where the layout rounds route terms).
+// group slot gg (the term rounded to bf16 first where the layout rounds route terms). A group wholly inside the
+// range (all but an item's ragged ends) goes 8 rows at a time: the same fp32 operations lane by lane (at 8 tokens
+// the scalar loop was ~1/5 of a down item's instructions on AVX-512).
 template <class L>
 CPUMOE_INLINE void add_rows(const float* o, int gg, int nt, const typename L::Ref& gp, int32_t g, int32_t h0,
                             int32_t h1, const cpumoe_route* rts, float* acc, int64_t acc_stride) {
   const int32_t base = g * GR, r0 = std::max(h0, base) - base, r1 = std::min(h1, base + GR) - base;
+#if defined(__AVX2__)
+  if (r0 == 0 && r1 == GR) {
+    for (int t = 0; t < nt; ++t) {
+      float* dst = acc + rts[t].token * acc_stride + base - h0;
+      const __m256 w = _mm256_set1_ps(rts[t].weight);
+      CPUMOE_UNROLL
+      for (int h = 0; h < GR; h += 8) {
+        __m256 v = _mm256_loadu_ps(o + (gg * nt + t) * GR + h);
+        if constexpr (HasBias<L>::value) v = _mm256_add_ps(v, bf16x8_f32(gp.bias + h));
+        v = _mm256_mul_ps(v, w);
+        if constexpr (RoundRouteTerm<L>::value) v = round_bf16x8(v);
+        _mm256_storeu_ps(dst + h, _mm256_add_ps(_mm256_loadu_ps(dst + h), v));
+      }
+    }
+    return;
+  }
+#endif
   for (int t = 0; t < nt; ++t) {
     float* dst = acc + rts[t].token * acc_stride;
     for (int32_t r = r0; r < r1; ++r) {
