@@ -163,7 +163,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
   const int32_t I = p.inter;
   [[maybe_unused]] typename ScopeOf<L>::type scope;
   ActSink sink(p);
-  if (n == 1) {  // the first bytes of the gate and up streams (their in-stream prefetch starts further in)
+  {  // the first bytes of the gate and up streams (their in-stream prefetch starts further in)
     const int64_t w = std::min<int64_t>(L::kPf, (int64_t)((i1 - 1) / GR - i0 / GR + 1) * banks[L::kSlot[0]].row_stride);
     prefetch_span(L::ref(k, banks, 0, e, i0 / GR).w, w);
     prefetch_span(L::ref(k, banks, 0, e, I / GR + i0 / GR).w, w);
@@ -271,7 +271,8 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
         L::template groups<1, 1>(&gp, K, &rt->act, o);
         add_rows<L>(o, 0, 1, gp, g1 - 1, h0, h1, rt, acc, acc_stride);
       }
-    } else {
+    } else {  // the expert's rows as one stream, its start fetched first as for a lone route
+      prefetch_span(L::ref(k, banks, 1, e, g0).w, std::min<int64_t>(L::kPf, (g1 - g0) * rs));
       for (int32_t g = g0; g < g1; ++g) {
         const typename L::Ref gp = L::ref(k, banks, 1, e, g);
         for (int32_t q0 = a; q0 < b; q0 += L::kMaxNT) {
