@@ -18,6 +18,7 @@ unsigned usable_tier_mask() { return 3; }
 int detected_tier() { return 1; }
 int env_tier_cap() { return 1; }
 const char* tier_name(int) { return "simde"; }
+uint64_t peak_loop(int32_t, int32_t, uint64_t) { return 0; }  // step.cpp's API table (ABI 1.6): "no such loop here"
 int32_t kernel_create(const cpumoe_params*, int32_t, cpumoe_kernel**, char*, size_t) { return -1; }
 void kernel_destroy(cpumoe_kernel*) {}
 int32_t format_bank_count(int32_t) { return 0; }

@@ -39,26 +39,9 @@ static inline uint32_t bk_testn_epi16_mask(simde__m512i a, simde__m512i b) {
 }
 #undef _mm512_testn_epi16_mask
 #define _mm512_testn_epi16_mask(a, b) bk_testn_epi16_mask((a), (b))
-static inline simde__m512i bk_cvtepu16_epi32(simde__m256i a) { return lanes_cvt<uint16_t, uint32_t, 16, simde__m512i>(a); }
-#undef _mm512_cvtepu16_epi32
-#define _mm512_cvtepu16_epi32(a) bk_cvtepu16_epi32(a)
 static inline simde__m512i bk_cvtepu8_epi32(simde__m128i a) { return lanes_cvt<uint8_t, uint32_t, 16, simde__m512i>(a); }
 #undef _mm512_cvtepu8_epi32
 #define _mm512_cvtepu8_epi32(a) bk_cvtepu8_epi32(a)
-#ifndef _MM_FROUND_NO_EXC
-#define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
-#define _MM_FROUND_TO_NEAREST_INT SIMDE_MM_FROUND_TO_NEAREST_INT
-#endif
-// SIMDe 0.7's round-to-nearest rounds halves away from zero; the hardware (and q4_0's quantizer) rounds to even.
-static inline simde__m256 bk_round_ps(simde__m256 a, int mode) {
-  if ((mode & 3) != 0) abort();  // only round-to-nearest is used by the kernels
-  float v[8];
-  simde_mm256_storeu_ps(v, a);
-  for (int i = 0; i < 8; ++i) v[i] = nearbyintf(v[i]);
-  return simde_mm256_loadu_ps(v);
-}
-#undef _mm256_round_ps
-#define _mm256_round_ps(a, mode) bk_round_ps((a), (mode))
 #undef _mm512_maskz_loadu_epi16
 #undef _mm512_maskz_loadu_epi8
 #undef _mm256_maskz_loadu_epi8
