@@ -129,32 +129,8 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
           }
           CPUMOE_UNROLL
           for (int t = 0; t < NT; ++t) {
-            const int8_t* qa = a.q[t] + (size_t)b * QK;
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-            __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
-            CPUMOE_UNROLL
-            for (int j = 0; j < 4; ++j) {
-              s0 = _mm256_dpbusd_avx_epi32(s0, lo[j], x16::bcast4(qa + 4 * j));
-              s1 = _mm256_dpbusd_avx_epi32(s1, hi[j], x16::bcast4(qa + 16 + 4 * j));
-            }
-            const __m256i S = _mm256_add_epi32(s0, s1);
-#else
-            // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 24 * 127 = 6096, so four of them <= 24384 (exact in
-            // int16; eight could wrap): two int16 sums, each widened by vpmaddwd by 1, give the exact int32 of the
-            // other tiers
-            __m256i s16a = _mm256_maddubs_epi16(lo[0], x16::bcast4(qa));
-            s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(hi[0], x16::bcast4(qa + 16)));
-            s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(lo[1], x16::bcast4(qa + 4)));
-            s16a = _mm256_add_epi16(s16a, _mm256_maddubs_epi16(hi[1], x16::bcast4(qa + 20)));
-            __m256i s16b = _mm256_maddubs_epi16(lo[2], x16::bcast4(qa + 8));
-            s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(hi[2], x16::bcast4(qa + 24)));
-            s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(lo[3], x16::bcast4(qa + 12)));
-            s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(hi[3], x16::bcast4(qa + 28)));
-            const __m256i one = _mm256_set1_epi16(1);
-            const __m256i S = _mm256_add_epi32(
-                _mm256_add_epi32(_mm256_madd_epi16(s16a, one), _mm256_madd_epi16(s16b, one)),
-                _mm256_set1_epi32(a.corr[t][b]));
-#endif
+            // u <= 24: 4 vpmaddubsw sums per int16 run at avx2 (<= 4 * 2 * 24 * 127 = 24384; 8 could wrap)
+            const __m256i S = x16::block32_sum<4>(lo, hi, a.q[t] + (size_t)b * QK, a.corr[t][b]);
             __m256& A = acc[(h - h0) * NT + t];
             A = F::fold(A, S, sw, a.s[t] + b);
           }

@@ -139,28 +139,8 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
           }
           CPUMOE_UNROLL
           for (int t = 0; t < NT; ++t) {
-            const int8_t* qa = a.q[t] + (size_t)b * QK;
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-            __m256i s0 = _mm256_set1_epi32(a.corr[t][b]), s1 = _mm256_setzero_si256();
-            CPUMOE_UNROLL
-            for (int j = 0; j < 4; ++j) {
-              s0 = _mm256_dpbusd_avx_epi32(s0, lo[j], x16::bcast4(qa + 4 * j));
-              s1 = _mm256_dpbusd_avx_epi32(s1, hi[j], x16::bcast4(qa + 16 + 4 * j));
-            }
-            const __m256i S = _mm256_add_epi32(s0, s1);
-#else
-            // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 15 * 127 = 3810, 8 of them <= 30480 (exact in int16),
-            // then vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
-            __m256i s16 = _mm256_maddubs_epi16(lo[0], x16::bcast4(qa));
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[0], x16::bcast4(qa + 16)));
-            CPUMOE_UNROLL
-            for (int j = 1; j < 4; ++j) {
-              s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[j], x16::bcast4(qa + 4 * j)));
-              s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[j], x16::bcast4(qa + 16 + 4 * j)));
-            }
-            const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
-                                               _mm256_set1_epi32(a.corr[t][b]));
-#endif
+            // codes <= 15: 8 vpmaddubsw sums per int16 run at avx2 (<= 8 * 2 * 15 * 127 = 30480)
+            const __m256i S = x16::block32_sum<8>(lo, hi, a.q[t] + (size_t)b * QK, a.corr[t][b]);
             const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
             __m256& A = acc[(h - h0) * NT + t];
             A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
