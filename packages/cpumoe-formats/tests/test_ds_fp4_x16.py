@@ -26,7 +26,7 @@ from fp4_helpers import (
     to_bf16_bits,
     views,
 )
-from x16_helpers import check_ragged_work_items
+from x16_helpers import check_ragged_work_items, split_record
 
 import cpumoe_formats as cf
 from cpumoe_formats import activations
@@ -74,11 +74,9 @@ def check_down_terms(acc, W, acts, weights, K):
 
 
 def parse_prep(buf, K):
-    """The prepared record: int8 q[K], fp32 hs[K/32] (0.5 s_b), int32 corr[K/32] (-12 sum q_b)."""
-    q = buf[:K].view(np.int8).astype(np.int64)
-    hs = buf[K:K + 4 * (K // 32)].view(np.float32)
-    corr = buf[K + 4 * (K // 32):K + 8 * (K // 32)].view(np.int32)
-    return q, hs, corr
+    """The prepared record per 32-block: int8 q[32], fp32 hs (0.5 s_b), int32 corr (-12 sum q_b)."""
+    q, hs, corr = split_record(buf, K, 32)
+    return q.astype(np.int64), hs, corr
 
 
 # ---------------------------------------------------------------- layout

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import kernel, prep, run_down, run_gate_up, to_bf16_bits
-from x16_helpers import check_ragged_work_items
+from x16_helpers import check_ragged_work_items, split_record
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import mxfp4_x16
@@ -178,7 +178,7 @@ def test_ragged_work_items(rng, mode, tier, n):
 
 @pytest.mark.parametrize("tier", [t for _, t in (p.values for p in W8)])
 def test_prepared_record(rng, tier):
-    """int8 q[K] and fp32 s_b[K/32] as mxfp4's w4a8 record, then corr = -12 sum(q_b) (mxfp4 keeps +12 sum)."""
+    """int8 q[K] and fp32 s_b[K/32] as mxfp4's w4a8 record, corr = -12 sum(q_b) (mxfp4 keeps +12 sum), per block."""
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
     K = 2880
@@ -187,9 +187,11 @@ def test_prepared_record(rng, tier):
         bits = to_bf16_bits(v)
         px, pm = prep(kx, bits), prep(km, bits)
         assert kx._k.act_bytes(K) == km._k.act_bytes(K) == K + K // 32 * 8
-        np.testing.assert_array_equal(px[:K + 4 * (K // 32)], pm[:K + 4 * (K // 32)])
-        q = px[:K].view(np.int8).astype(np.int64).reshape(-1, 32)
-        np.testing.assert_array_equal(px[K + 4 * (K // 32):K + 8 * (K // 32)].view(np.int32), -12 * q.sum(-1))
+        qx, sx, cx = split_record(px, K, 32)
+        np.testing.assert_array_equal(qx, pm[:K].view(np.int8))
+        np.testing.assert_array_equal(sx.view(np.uint32), pm[K:K + 4 * (K // 32)].view(np.uint32))
+        q = qx.astype(np.int64).reshape(-1, 32)
+        np.testing.assert_array_equal(cx, -12 * q.sum(-1))
         np.testing.assert_array_equal(pm[K + 4 * (K // 32):K + 8 * (K // 32)].view(np.int32), 12 * q.sum(-1))
 
 

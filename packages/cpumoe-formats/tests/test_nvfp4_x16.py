@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import check_down, check_g, dot_bound, prep, run_down, run_gate_up, to_bf16_bits
-from x16_helpers import check_ragged_work_items, down_accumulators
+from x16_helpers import check_ragged_work_items, down_accumulators, split_record
 
 import cpumoe_formats as cf
 from cpumoe_formats import activations
@@ -158,8 +158,8 @@ def test_edge_codes(rng, mode, tier):
 
 @pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT)])
 def test_prepared_activation_is_nvfp4s(rng, tier):
-    """The prepared record: per block the even then the odd elements' int8 codes, s_a, -12 * sum(q): nvfp4 w4a8's
-    quantization (act_in's float32 model) bit for bit."""
+    """The prepared record, 24 bytes per block: the even then the odd elements' int8 codes, s_a, -12 * sum(q):
+    nvfp4 w4a8's quantization (act_in's float32 model) bit for bit."""
     if tier not in USABLE:
         pytest.skip(f"this CPU lacks {tier}")
     K = 400
@@ -171,9 +171,8 @@ def test_prepared_activation_is_nvfp4s(rng, tier):
     bits = to_bf16_bits(v)
     buf = prep(k, bits)
     nb = K // 16
-    q = buf[:K].view(np.int8).reshape(nb, 2, 8).transpose(0, 2, 1).reshape(K).astype(np.float32)  # even, odd
-    s = buf[K:K + 4 * nb].view(np.float32)
-    corr = buf[K + 4 * nb:K + 8 * nb].view(np.int32)
+    q, s, corr = split_record(buf, K, 16)
+    q = q.reshape(nb, 2, 8).transpose(0, 2, 1).reshape(K).astype(np.float32)  # even, odd
     q_ref, s_ref = quantize_w4a8_act(bits_f64(bits))
     np.testing.assert_array_equal(s.view(np.uint32), s_ref.view(np.uint32))
     np.testing.assert_array_equal(q, q_ref)

@@ -9,8 +9,8 @@ items (fp32, before any bf16 rounding): |y - ref| <= (K + 8) u sum|w a| (fp4_hel
 import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
-from fp4_helpers import dot_bound, to_bf16_bits
-from x16_helpers import check_ragged_work_items, down_accumulators
+from fp4_helpers import dot_bound, prep, to_bf16_bits
+from x16_helpers import check_ragged_work_items, down_accumulators, split_record
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q4_0, q4_0_x16
@@ -106,6 +106,24 @@ def test_edge_codes(rng, mode, tier):
     y = run_forced(FMT, xb, x, w, ids, mode, tier)
     ref = cf.reference.moe(FMT, xb, x, w, ids, mode=mode)
     assert rel_err(y, ref) < 5e-3
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+def test_prepared_record(rng, mode, tier):
+    """Per 32-block: the Q8_0 codes and d_a of q4_0's w4a8 (q8_0_quantize) bit for bit, then corr = -8 sum(q_b)."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    K = 2816
+    k = cf.Kernel(FMT, 1, K, K, mode=mode, isa=tier)
+    assert k._k.act_bytes(K) == K + 8 * (K // 32)
+    v = rng.standard_normal(K) * np.repeat(10.0 ** rng.uniform(-6, 6, K // 32), 32)
+    v[:32] = 0  # an all-zero block: d = 0, codes 0
+    bits = to_bf16_bits(v)
+    q, d, corr = split_record(prep(k, bits), K, 32)
+    q_ref, d_ref = q4_0.q8_0_quantize((bits.astype(np.uint32) << 16).view(np.float32))
+    np.testing.assert_array_equal(q, np.asarray(q_ref).reshape(K))
+    np.testing.assert_array_equal(d.view(np.uint32), np.asarray(d_ref, np.float32).reshape(-1).view(np.uint32))
+    np.testing.assert_array_equal(corr, -8 * q.astype(np.int64).reshape(-1, 32).sum(-1))
 
 
 def test_schema_and_errors(rng):

@@ -11,6 +11,15 @@ import cpumoe_formats as cf
 POISON = 0x7FC1  # a bf16 NaN no kernel writes
 
 
+def split_record(buf, K, qb):  # noqa: N803
+    """An int8 layout's prepared record (x16.h BlockToks): per qb-element block its qb int8 codes, a float32
+    scale and an int32 correction. Returns (q [K] int8, s [K/qb] float32, corr [K/qb] int32)."""
+    nb = K // qb
+    rec = np.asarray(buf[:(qb + 8) * nb]).reshape(nb, qb + 8)
+    q = rec[:, :qb].copy().view(np.int8).reshape(K)
+    return q, rec[:, qb:qb + 4].copy().view(np.float32).ravel(), rec[:, qb + 4:].copy().view(np.int32).ravel()
+
+
 def down_accumulators(fmt, banks, tiers, gs, H):  # noqa: N803
     """The fp32 accumulators [T, H] of one down work item over all rows, per tier (routes of expert 1, weights
     0.5 + j): bf16 outputs would hide a reordered fp32 sum. Asserts most elements are non-zero."""

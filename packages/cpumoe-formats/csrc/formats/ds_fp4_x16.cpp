@@ -6,8 +6,8 @@
 // packed bytes, 1 scale), moved (cpumoe_formats.repack_ds_fp4_x16; ds_fp4 pairs elements 2i, 2i+1 in a byte).
 //
 // Mode w4a8 only: the activation goes through ds_fp4's prep (ds_fp4_act.h: the FP8 round trip per 128, then the
-// Q8_0 rule per 32: the same codes q and 0.5 s_b as ds_fp4's w4a8). Record: int8 q[K] (element order), fp32
-// hs[K/32] = 0.5 s_b, int32 corr[K/32] = -12 sum(q_b). Weights enter the integer dots as u = 2 E2M1 + 12 in
+// Q8_0 rule per 32: the same codes q and 0.5 s_b as ds_fp4's w4a8). Record (x16::BlockToks): per block 40
+// bytes, int8 q[32] (element order), fp32 hs = 0.5 s_b, int32 corr = -12 sum(q_b). Weights enter the integer dots as u = 2 E2M1 + 12 in
 // [0, 24] (vpshufb of the nibble), so per (row, block) the exact
 //   S_b = corr_b + sum(u q) = sum(2 E2M1 q)      (|S_b| <= 32 * 12 * 127)
 // and per (row, token), from acc = 0, block by block in K order:
@@ -32,23 +32,25 @@ using namespace dsfp4;
 using e2m1x16::QK;
 
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  int8_t* q = (int8_t*)dst;
-  float* hs = (float*)(q + K);
-  int32_t* corr = (int32_t*)(hs + K / QK);
+  constexpr int RS = x16::BlockToks<1, QK>::kStride;
   for (int32_t b0 = 0; b0 < K; b0 += 128) {
+    int8_t* rec = (int8_t*)dst + (size_t)(b0 / QK) * RS;  // the 128 elements' 4 block records
+    float hs[4];
 #if defined(__AVX2__)
     __m256i v[4];
-    quant_w8_128_simd(src + b0, v, hs + b0 / QK);  // quant_w8_128's codes and 0.5 s_b, bit for bit
+    quant_w8_128_simd(src + b0, v, hs);  // quant_w8_128's codes and 0.5 s_b, bit for bit
     for (int j = 0; j < 4; ++j) {
-      _mm256_storeu_si256((__m256i*)(q + b0 + QK * j), v[j]);
-      corr[b0 / QK + j] = -kW2Offset * hsum8_i32(sum4_i8(v[j]));
+      _mm256_storeu_si256((__m256i*)(rec + RS * j), v[j]);
+      x16::put_block_tail(rec + RS * j + QK, hs[j], -kW2Offset * hsum8_i32(sum4_i8(v[j])));
     }
 #else
-    quant_w8_128(src + b0, q + b0, hs + b0 / QK);
+    int8_t q[128];
+    quant_w8_128(src + b0, q, hs);
     for (int j = 0; j < 4; ++j) {
       int32_t s = 0;
-      for (int i = 0; i < QK; ++i) s += q[b0 + QK * j + i];
-      corr[b0 / QK + j] = -kW2Offset * s;
+      for (int i = 0; i < QK; ++i) s += q[QK * j + i];
+      std::memcpy(rec + RS * j, q + QK * j, QK);
+      x16::put_block_tail(rec + RS * j + QK, hs[j], -kW2Offset * s);
     }
 #endif
   }

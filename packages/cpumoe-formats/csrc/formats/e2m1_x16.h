@@ -7,8 +7,9 @@
 // byte r), then 4 x 64 code bytes, vector j's int32 lane r = row r's codes of elements 4j..4j+3 in the low
 // nibbles and 16+4j..16+4j+3 in the high ones (byte i of the lane: elements 4j+i and 16+4j+i). Weights enter the
 // integer dots as u = 2 E2M1 + 12 in [0, 24] (vpshufb of the nibble); the token record's corr_b = -12 sum(q_b)
-// makes S_b = corr_b + sum(u q) = sum(2 E2M1 q) exact (|S_b| <= 32 * 12 * 127). The record is x16::Int8Toks<NT,
-// 32>: int8 q[K] (element order), fp32 s[K/32] (the fold's per-block activation factor), int32 corr[K/32].
+// makes S_b = corr_b + sum(u q) = sum(2 E2M1 q) exact (|S_b| <= 32 * 12 * 127). The record is x16::BlockToks<NT,
+// 32>: per block 40 bytes, its int8 q[32] (element order), fp32 s (the fold's per-block activation factor), int32
+// corr (put_record below).
 //
 // Fold policy F (per (row, token), from acc = 0, block by block in K order; every tier does the same fp32
 // operations, so the tiers are bit-identical and a token's result does not depend on its batch):
@@ -52,9 +53,9 @@ CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
 template <class F, int G, int NT, class Ref>
 CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
   using namespace fp4;
-  const x16::Int8Toks<NT, QK> a(act, K);
   const int nb = K / QK;
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  x16::BlockToks<NT, QK> a(act);
   const __m512i m = _mm512_set1_epi8(0x0F), lut = tbl512(w2_offset());
   __m512 acc[G][NT];
   CPUMOE_UNROLL
@@ -77,8 +78,8 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
         // the token's 4-code groups: elements 4j.. (low nibbles) and 16+4j.. (high)
-        const int32_t* qa = (const int32_t*)(a.q[t] + (size_t)b * QK);
-        __m512i s0 = _mm512_set1_epi32(a.corr[t][b]);
+        const int32_t* qa = (const int32_t*)a.q(t, 0);
+        __m512i s0 = _mm512_set1_epi32(*a.corr(t, 0));
         if constexpr (G * NT >= 4) {  // enough independent chains (one per group and token): one add fewer
           CPUMOE_UNROLL
           for (int j = 0; j < 4; ++j) {
@@ -94,9 +95,10 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
           }
           s0 = _mm512_add_epi32(s0, s1);
         }
-        acc[g][t] = F::fold(acc[g][t], s0, sw, a.s[t] + b);
+        acc[g][t] = F::fold(acc[g][t], s0, sw, a.s(t, 0));
       }
     }
+    a.advance(1);
   }
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g)
@@ -114,6 +116,7 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
       __m256 acc[NH * NT];
       CPUMOE_UNROLL
       for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      const x16::BlockToks<NT, QK> a(act);
       for (int b = 0; b < nb; ++b) {
         const uint8_t* p = gp[g].w + (size_t)b * GB;
         x16::prefetch_half_pass(p, 5, h0 == 0, kPf, (size_t)nb * GB);
@@ -130,9 +133,9 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
           CPUMOE_UNROLL
           for (int t = 0; t < NT; ++t) {
             // u <= 24: 4 vpmaddubsw sums per int16 run at avx2 (<= 4 * 2 * 24 * 127 = 24384; 8 could wrap)
-            const __m256i S = x16::block32_sum<4>(lo, hi, a.q[t] + (size_t)b * QK, a.corr[t][b]);
+            const __m256i S = x16::block32_sum<4>(lo, hi, a.q(t, b), *a.corr(t, b));
             __m256& A = acc[(h - h0) * NT + t];
-            A = F::fold(A, S, sw, a.s[t] + b);
+            A = F::fold(A, S, sw, a.s(t, b));
           }
         }
       }
@@ -143,20 +146,21 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
           _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[(h - h0) * NT + t]);
     }
 #else  // scalar: the same integers and fp32 operations, row by row
+  const x16::BlockToks<NT, QK> a(act);
   for (int g = 0; g < G; ++g)
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < GR; ++r) {
         float acc = 0.f;
         for (int b = 0; b < nb; ++b) {
           const uint8_t* p = gp[g].w + (size_t)b * GB;
-          const int8_t* qb = a.q[t] + (size_t)b * QK;
+          const int8_t* qb = a.q(t, b);
           int32_t s = 0;
           for (int j = 0; j < 4; ++j)
             for (int i = 0; i < 4; ++i) {
               const uint8_t byte = p[SB + 64 * j + 4 * r + i];
               s += kW2[byte & 15] * qb[4 * j + i] + kW2[byte >> 4] * qb[16 + 4 * j + i];
             }
-          acc = F::fold(acc, s, F::scale1(p[r]), a.s[t] + b);
+          acc = F::fold(acc, s, F::scale1(p[r]), a.s(t, b));
         }
         out[(size_t)(g * NT + t) * GR + r] = acc;
       }

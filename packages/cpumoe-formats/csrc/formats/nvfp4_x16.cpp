@@ -9,8 +9,8 @@
 // nvfp4, moved (cpumoe_formats.repack_nvfp4_x16).
 //
 // Mode w4a8 only: each activation 16-block is quantized as nvfp4's w4a8 (fp4_common.h quant16: the same codes and
-// s_a). Record: per block the 8 even elements' codes then the 8 odd ones' (16 bytes), then float s_a[K/16], then
-// int32 corr[K/16] = -12 * sum(q_b). Weights enter as u = 2 * E2M1 + 12 (0..24, vpshufb table w2_offset), so
+// s_a). Record (x16::BlockToks): per block 24 bytes, the 8 even elements' codes then the 8 odd ones', float s_a,
+// int32 corr = -12 * sum(q_b). Weights enter as u = 2 * E2M1 + 12 (0..24, vpshufb table w2_offset), so
 //   isum_b = sum(2 E2M1 * q) = corr_b + sum(u * q)           (exact; |isum_b| <= 16 * 12 * 127)
 // Per (row, token), from acc = 0, block by block in K order:
 //   acc = fma(float(isum_b), e4m3(scale_b) * s_a_b, acc);   out = acc * (0.5 * fp16(global))
@@ -43,13 +43,12 @@ constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 #endif
 
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  int8_t* q = (int8_t*)dst;
-  const int nb = K / QB;
-  float* sa = (float*)(q + K);
-  int32_t* corr = (int32_t*)(sa + nb);
-  for (int b = 0; b < nb; ++b) {
-    int8_t* qb = q + (size_t)b * QB;
-    corr[b] = -kW2Offset * fp4::quant16(src + (size_t)b * QB, qb, qb + 8, &sa[b]);  // nvfp4's codes and s_a
+  using R = x16::BlockToks<1, QB>;
+  for (int b = 0; b < K / QB; ++b) {
+    int8_t* qb = (int8_t*)dst + (size_t)b * R::kStride;
+    float s;
+    const int32_t corr = -kW2Offset * fp4::quant16(src + (size_t)b * QB, qb, qb + 8, &s);  // nvfp4's codes and s_a
+    x16::put_block_tail(qb + QB, s, corr);
   }
 }
 
@@ -85,15 +84,16 @@ struct G16 {
   }
   template <int G, int NT>
   static void groups(const Ref* gp, int K, const void* const* act, float* out);
-  // Blocks [4c, 4c + cb) of chunk c into acc[g * NT + t] (CB_: cb as a compile-time constant, 0 = run time;
-  // the 16-register tiers: G == 1 and rows 8 HS..8 HS + 7, or with HS == 2 both halves into acc[h * NT + t]).
+  // Blocks [4c, 4c + cb) of chunk c into acc[g * NT + t], a's pointers at block 4c (CB_: cb as a compile-time
+  // constant, 0 = run time; the 16-register tiers: G == 1 and rows 8 HS..8 HS + 7, or with HS == 2 both halves
+  // into acc[h * NT + t]).
   template <int G, int NT, int CB_, int HS = 0>
-  static void chunk(const Ref* gp, int c, int cb, const x16::Int8Toks<NT, QB>& a, Vec* acc, size_t row = 0);
+  static void chunk(const Ref* gp, int c, int cb, const x16::BlockToks<NT, QB>& a, Vec* acc, size_t row = 0);
 };
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 template <int G, int NT, int CB_, int>
-CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, size_t) {
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockToks<NT, QB>& a, Vec* acc, size_t) {
   const int cb = CB_ ? CB_ : cb_rt;
   const __m512i m = _mm512_set1_epi8(0x0F), tu = fp4::tbl512(fp4::w2_offset());
   CPUMOE_UNROLL
@@ -101,7 +101,6 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
     for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(gp[g].w + (size_t)c * CB + CPUMOE_NVX16_PF + 64 * l, 0, 3);
   CPUMOE_UNROLL
   for (int i = 0; i < cb; ++i) {
-    const int b = CH * c + i;
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
       const uint8_t* p = gp[g].w + (size_t)c * CB;
@@ -115,8 +114,8 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
       const __m512i u3 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(w1, 4), m));
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
-        const int32_t* qa = (const int32_t*)(a.q[t] + (size_t)b * QB);
-        __m512i S = _mm512_set1_epi32(a.corr[t][b]);
+        const int32_t* qa = (const int32_t*)a.q(t, i);
+        __m512i S = _mm512_set1_epi32(*a.corr(t, i));
         if constexpr (NT * G >= 4) {  // enough independent chains: one per token
           S = x16::dpbusd_bcast(S, u0, qa);
           S = x16::dpbusd_bcast(S, u1, qa + 1);
@@ -130,7 +129,7 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
           s1 = x16::dpbusd_bcast(s1, u3, qa + 3);
           S = _mm512_add_epi32(S, s1);
         }
-        const __m512 sc = x16::mul_bcast(d, a.s[t] + b);
+        const __m512 sc = x16::mul_bcast(d, a.s(t, i));
         Vec& A = acc[g * NT + t];
         A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc, A);
       }
@@ -159,7 +158,7 @@ CPUMOE_INLINE __m256i block_sum(const __m256i* u, const int8_t* qa, int32_t corr
 }
 
 template <int G, int NT, int CB_, int HS>
-CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8Toks<NT, QB>& a, Vec* acc, size_t row) {
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockToks<NT, QB>& a, Vec* acc, size_t row) {
   static_assert(G == 1, "the 16-register tiers take one group (one half of it, or both for few tokens) at a time");
   constexpr int h0 = HS == 2 ? 0 : HS, h1 = HS == 2 ? 2 : HS + 1;
   const int cb = CB_ ? CB_ : cb_rt;
@@ -168,7 +167,6 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
   x16::prefetch_half_pass(p, CB / 64, HS != 1, CPUMOE_NVX16_PF, row);
   CPUMOE_UNROLL
   for (int i = 0; i < cb; ++i) {
-    const int b = CH * c + i;
     CPUMOE_UNROLL
     for (int h = h0; h < h1; ++h) {
       const __m256 d = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * h));
@@ -181,8 +179,8 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
                             _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(w1, 4), m))};
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
-        const __m256i S = block_sum(u, a.q[t] + (size_t)b * QB, a.corr[t][b]);
-        const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
+        const __m256i S = block_sum(u, a.q(t, i), *a.corr(t, i));
+        const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(*a.s(t, i)));
         Vec& A = acc[(h - h0) * NT + t];
         A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
       }
@@ -191,19 +189,19 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::Int8To
 }
 #else
 template <int G, int NT, int CB_, int>
-CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::Int8Toks<NT, QB>&, Vec*, size_t) {}  // scalar: groups()
+CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::BlockToks<NT, QB>&, Vec*, size_t) {}  // scalar: groups()
 #endif
 
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (gp[g]) and NT tokens.
 template <int G, int NT>
 CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
-  const x16::Int8Toks<NT, QB> a(act, K);
   const int nb = K / QB, nc = nb / CH, rem = nb % CH;
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   __m512 acc[G * NT];
   CPUMOE_UNROLL
   for (int i = 0; i < G * NT; ++i) acc[i] = _mm512_setzero_ps();
-  for (int c = 0; c < nc; ++c) chunk<G, NT, CH>(gp, c, CH, a, acc);
+  x16::BlockToks<NT, QB> a(act);
+  for (int c = 0; c < nc; ++c) chunk<G, NT, CH>(gp, c, CH, a, acc), a.advance(CH);
   if (rem) chunk<G, NT, 0>(gp, nc, rem, a, acc);
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g) {
@@ -222,11 +220,12 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
       __m256 acc[NH * NT];
       CPUMOE_UNROLL
       for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      x16::BlockToks<NT, QB> a(act);
       if (HS == 2 || h == 0) {
-        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, HS>(gp + g, c, CH, a, acc, row);
+        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, HS>(gp + g, c, CH, a, acc, row), a.advance(CH);
         if (rem) chunk<1, NT, 0, HS>(gp + g, nc, rem, a, acc, row);
       } else {
-        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, 1>(gp + g, c, CH, a, acc, row);
+        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, 1>(gp + g, c, CH, a, acc, row), a.advance(CH);
         if (rem) chunk<1, NT, 0, 1>(gp + g, nc, rem, a, acc, row);
       }
       for (int hh = h; hh < h + NH; ++hh) {
@@ -238,6 +237,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
       }
     }
 #else  // scalar: the same integers and fp32 operations, row by row
+  const x16::BlockToks<NT, QB> a(act);
   for (int g = 0; g < G; ++g)
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < GR; ++r) {
@@ -246,13 +246,13 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
           const int c = b / CH, i = b % CH, cb = c < nc ? CH : rem;
           const uint8_t* p = gp[g].w + (size_t)c * CB;
           const uint8_t* w = p + QB * cb + 128 * i;
-          const int8_t* qb = a.q[t] + (size_t)b * QB;
+          const int8_t* qb = a.q(t, b);
           int32_t s = 0;
           for (int mm = 0; mm < 8; ++mm) {
             const uint8_t byte = w[64 * (mm / 4) + 4 * r + mm % 4];
             s += kW2[byte & 15] * qb[mm] + kW2[byte >> 4] * qb[8 + mm];
           }
-          acc = std::fma((float)s, e4m3_to_f32(p[QB * i + r]) * a.s[t][b], acc);
+          acc = std::fma((float)s, e4m3_to_f32(p[QB * i + r]) * *a.s(t, b), acc);
         }
         out[(size_t)(g * NT + t) * GR + r] = acc * (0.5f * fp16_to_f32(gp[g].gl[r]));
       }

@@ -5,7 +5,8 @@
 // ones). The same 18 bytes per row and block as q4_0, moved (cpumoe_formats.repack_q4_0_x16).
 //
 // Mode w4a8 only (q4_0's default): each activation 32-block is quantized by the Q8_0 rule (common.h q8_block; the
-// same codes and d_a as q4_0's prep). Record: int8 q[K], float d_a[K/32], int32 corr[K/32] = -8 * sum(q_b).
+// same codes and d_a as q4_0's prep). Record (x16::BlockToks): per block 40 bytes, its int8 q[32], float d_a,
+// int32 corr = -8 * sum(q_b).
 // Per (row, token), from acc = 0, block by block in K order:
 //   acc = fma(float(corr_b + sum(nib * q)), fp32(fp16(d)) * d_a, acc)
 // The integer is exact and every tier does these fp32 operations in this order (std::fma in scalar), so the tiers
@@ -32,26 +33,23 @@ constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 #endif
 
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  int8_t* q = (int8_t*)dst;
-  const int nb = K / QK;
-  float* da = (float*)(q + K);
-  int32_t* corr = (int32_t*)(da + nb);
-  for (int b = 0; b < nb; ++b) {
+  for (int b = 0; b < K / QK; ++b) {
     const uint16_t* s = src + (size_t)b * QK;
+    int8_t* qb = (int8_t*)dst + (size_t)b * x16::BlockToks<1, QK>::kStride;
+    float da;
+    int32_t sum = 0;
 #if defined(__AVX2__)
     const __m256 x[4] = {bf16x8_f32(s), bf16x8_f32(s + 8), bf16x8_f32(s + 16), bf16x8_f32(s + 24)};
-    const __m256i v = q8_block32(x, &da[b]);  // q8_block's codes and d, bit for bit
-    _mm256_storeu_si256((__m256i*)(q + (size_t)b * QK), v);
-    corr[b] = -8 * hsum8_i32(sum4_i8(v));
+    const __m256i v = q8_block32(x, &da);  // q8_block's codes and d, bit for bit
+    _mm256_storeu_si256((__m256i*)qb, v);
+    sum = hsum8_i32(sum4_i8(v));
 #else
     float x[QK];
     for (int j = 0; j < QK; ++j) x[j] = bf16_to_f32(s[j]);
-    int8_t* qb = q + (size_t)b * QK;
-    da[b] = q8_block(x, QK, qb);
-    int32_t sum = 0;
+    da = q8_block(x, QK, qb);
     for (int j = 0; j < QK; ++j) sum += qb[j];
-    corr[b] = -8 * sum;
 #endif
+    x16::put_block_tail(qb + QK, da, -8 * sum);
   }
 }
 
@@ -73,9 +71,9 @@ struct G16 {
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
 template <int G, int NT>
 CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
-  const x16::Int8Toks<NT, QK> a(act, K);
   const int nb = K / QK;
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  x16::BlockToks<NT, QK> a(act);
   const __m512i m = _mm512_set1_epi8(0x0F);
   __m512 acc[G][NT];
   CPUMOE_UNROLL
@@ -98,17 +96,18 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
         // the token's 4-code groups: elements 4j.. (low nibbles) and 16+4j.. (high)
-        const int32_t* qa = (const int32_t*)(a.q[t] + (size_t)b * QK);
-        __m512i s0 = _mm512_set1_epi32(a.corr[t][b]), s1 = _mm512_setzero_si512();  // two chains
+        const int32_t* qa = (const int32_t*)a.q(t, 0);
+        __m512i s0 = _mm512_set1_epi32(*a.corr(t, 0)), s1 = _mm512_setzero_si512();  // two chains
         CPUMOE_UNROLL
         for (int j = 0; j < 4; ++j) {
           s0 = x16::dpbusd_bcast(s0, lo[j], qa + j);
           s1 = x16::dpbusd_bcast(s1, hi[j], qa + 4 + j);
         }
-        const __m512 sc = x16::mul_bcast(d, a.s[t] + b);
+        const __m512 sc = x16::mul_bcast(d, a.s(t, 0));
         acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[g][t]);
       }
     }
+    a.advance(1);
   }
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g)
@@ -124,6 +123,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
       __m256 acc[NH * NT];
       CPUMOE_UNROLL
       for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      const x16::BlockToks<NT, QK> a(act);
       for (int b = 0; b < nb; ++b) {
         const uint8_t* p = gp[g].w + (size_t)b * GB;
         x16::prefetch_half_pass(p, 5, h0 == 0, CPUMOE_Q4X16_PF, (size_t)nb * GB);
@@ -140,8 +140,8 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
           CPUMOE_UNROLL
           for (int t = 0; t < NT; ++t) {
             // codes <= 15: 8 vpmaddubsw sums per int16 run at avx2 (<= 8 * 2 * 15 * 127 = 30480)
-            const __m256i S = x16::block32_sum<8>(lo, hi, a.q[t] + (size_t)b * QK, a.corr[t][b]);
-            const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(a.s[t][b]));
+            const __m256i S = x16::block32_sum<8>(lo, hi, a.q(t, b), *a.corr(t, b));
+            const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(*a.s(t, b)));
             __m256& A = acc[(h - h0) * NT + t];
             A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
           }
@@ -154,6 +154,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
           _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[(h - h0) * NT + t]);
     }
 #else  // scalar: the same integers and fp32 operations, row by row
+  const x16::BlockToks<NT, QK> a(act);
   for (int g = 0; g < G; ++g)
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < GR; ++r) {
@@ -162,14 +163,14 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
           const uint8_t* p = gp[g].w + (size_t)b * GB;
           uint16_t dh;
           std::memcpy(&dh, p + 2 * r, 2);
-          const int8_t* qb = a.q[t] + (size_t)b * QK;
-          int32_t s = a.corr[t][b];
+          const int8_t* qb = a.q(t, b);
+          int32_t s = *a.corr(t, b);
           for (int j = 0; j < 4; ++j)
             for (int i = 0; i < 4; ++i) {
               const uint8_t byte = p[32 + 64 * j + 4 * r + i];
               s += (byte & 15) * qb[4 * j + i] + (byte >> 4) * qb[16 + 4 * j + i];
             }
-          acc = std::fma((float)s, fp16_to_f32(dh) * a.s[t][b], acc);
+          acc = std::fma((float)s, fp16_to_f32(dh) * *a.s(t, b), acc);
         }
         out[(size_t)(g * NT + t) * GR + r] = acc;
       }

@@ -1,0 +1,169 @@
+// The e2m1 "_x16" group layout and its group dot, shared by ds_fp4_x16 and mxfp4_x16 (private header): both store
+// e2m1 codes with one e8m0 scale per 32-block and quantize activations to int8 per 32 (w4a8); they differ only in
+// how a block's exact integer sum is folded into the fp32 result (their source formats' definitions), which each
+// supplies as a Fold policy.
+//
+// A bank row is a group of 16 weight rows; per 32-block it holds 272 bytes: the 16 rows' e8m0 scales (row r at
+// byte r), then 4 x 64 code bytes, vector j's int32 lane r = row r's codes of elements 4j..4j+3 in the low
+// nibbles and 16+4j..16+4j+3 in the high ones (byte i of the lane: elements 4j+i and 16+4j+i). Weights enter the
+// integer dots as u = 2 E2M1 + 12 in [0, 24] (vpshufb of the nibble); the token record's corr_b = -12 sum(q_b)
+// makes S_b = corr_b + sum(u q) = sum(2 E2M1 q) exact (|S_b| <= 32 * 12 * 127). The record is x16::Int8Toks<NT,
+// 32>: int8 q[K] (element order), fp32 s[K/32] (the fold's per-block activation factor), int32 corr[K/32].
+//
+// Fold policy F (per (row, token), from acc = 0, block by block in K order; every tier does the same fp32
+// operations, so the tiers are bit-identical and a token's result does not depend on its batch):
+//   F::scale16(p) / F::scale8(p) / F::scale1(code): the block's per-row weight factor from its e8m0 bytes
+//   F::fold(acc, S, sw, s_b): acc updated with the integer S (as int vector or int32), the weight factor and the
+//   token's per-block factor s_b (a pointer in the vector tiers, folded into a broadcast)
+#pragma once
+#include <cmath>
+#include <cstring>
+
+#include "../x16.h"
+#include "fp4_common.h"
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+namespace e2m1x16 {
+
+constexpr int QK = 32, GR = x16::GR, GB = 272, SB = 16;  // SB: the scale bytes that open a group block
+// tokens per group call: 8 in 32 zmm registers; the 16-register tiers take the 16 rows in two halves of 8, with
+// their 8 code vectors and one accumulator per token live
+constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
+// Software prefetch 3 KB ahead in each group stream (q4_0_x16's distance), 5 lines per 272-byte block step.
+#ifndef CPUMOE_E2M1X16_PF
+#define CPUMOE_E2M1X16_PF 3072
+#endif
+constexpr int64_t kPf = CPUMOE_E2M1X16_PF;
+
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+// the 16 e8m0 bytes at p -> 2^(min(s,254) - 127), s = 0 -> 2^-127 (e8m0_to_f32 lane by lane): s << 23 is at
+// least 2^23 for s >= 1, so the unsigned max with 0x00400000 (2^-127) changes only s = 0
+CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+  const __m512i v = _mm512_slli_epi32(_mm512_min_epu32(b, _mm512_set1_epi32(254)), 23);
+  return _mm512_castsi512_ps(_mm512_max_epu32(v, _mm512_set1_epi32(0x00400000)));
+}
+#endif
+
+// out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (their bank rows gp[g].w: any layout Ref
+// with the group's codes as w) and NT tokens.
+template <class F, int G, int NT, class Ref>
+CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
+  using namespace fp4;
+  const x16::Int8Toks<NT, QK> a(act, K);
+  const int nb = K / QK;
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  const __m512i m = _mm512_set1_epi8(0x0F), lut = tbl512(w2_offset());
+  __m512 acc[G][NT];
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* p = gp[g].w + (size_t)b * GB;
+      for (int l = 0; l < 5; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
+      const __m512 sw = F::scale16(p);
+      __m512i lo[4], hi[4];
+      CPUMOE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const __m512i v = _mm512_loadu_si512((const void*)(p + SB + 64 * j));
+        lo[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m));
+        hi[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m));
+      }
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        // the token's 4-code groups: elements 4j.. (low nibbles) and 16+4j.. (high)
+        const int32_t* qa = (const int32_t*)(a.q[t] + (size_t)b * QK);
+        __m512i s0 = _mm512_set1_epi32(a.corr[t][b]);
+        if constexpr (G * NT >= 4) {  // enough independent chains (one per group and token): one add fewer
+          CPUMOE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            s0 = x16::dpbusd_bcast(s0, lo[j], qa + j);
+            s0 = x16::dpbusd_bcast(s0, hi[j], qa + 4 + j);
+          }
+        } else {  // two chains (the same exact integer)
+          __m512i s1 = _mm512_setzero_si512();
+          CPUMOE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            s0 = x16::dpbusd_bcast(s0, lo[j], qa + j);
+            s1 = x16::dpbusd_bcast(s1, hi[j], qa + 4 + j);
+          }
+          s0 = _mm512_add_epi32(s0, s1);
+        }
+        acc[g][t] = F::fold(acc[g][t], s0, sw, a.s[t] + b);
+      }
+    }
+  }
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  // rows 8h..8h+7 of each group in turn: the first half's pass brings the lines in, the second reads them from L1/L2
+  // while it prefetches the next group (a second pass without memory traffic left DRAM idle: batch 1 ran 10-15%
+  // slower than the row-major kernels on Zen 3)
+  // One token: both halves per block in one pass (its broadcasts serve 16 rows; no pass without memory traffic).
+  const __m256i m = _mm256_set1_epi8(0x0F), lut = w2_offset();
+  constexpr int NH = NT == 1 ? 2 : 1;
+  for (int g = 0; g < G; ++g)
+    for (int h0 = 0; h0 < 2; h0 += NH) {
+      __m256 acc[NH * NT];
+      CPUMOE_UNROLL
+      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      for (int b = 0; b < nb; ++b) {
+        const uint8_t* p = gp[g].w + (size_t)b * GB;
+        x16::prefetch_half_pass(p, 5, h0 == 0, kPf, (size_t)nb * GB);
+        CPUMOE_UNROLL
+        for (int h = h0; h < h0 + NH; ++h) {
+          const __m256 sw = F::scale8(p + 8 * h);
+          __m256i lo[4], hi[4];
+          CPUMOE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + SB + 64 * j + 32 * h));
+            lo[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m));
+            hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+          }
+          CPUMOE_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            // u <= 24: 4 vpmaddubsw sums per int16 run at avx2 (<= 4 * 2 * 24 * 127 = 24384; 8 could wrap)
+            const __m256i S = x16::block32_sum<4>(lo, hi, a.q[t] + (size_t)b * QK, a.corr[t][b]);
+            __m256& A = acc[(h - h0) * NT + t];
+            A = F::fold(A, S, sw, a.s[t] + b);
+          }
+        }
+      }
+      CPUMOE_UNROLL
+      for (int h = h0; h < h0 + NH; ++h)
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t)
+          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[(h - h0) * NT + t]);
+    }
+#else  // scalar: the same integers and fp32 operations, row by row
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < GR; ++r) {
+        float acc = 0.f;
+        for (int b = 0; b < nb; ++b) {
+          const uint8_t* p = gp[g].w + (size_t)b * GB;
+          const int8_t* qb = a.q[t] + (size_t)b * QK;
+          int32_t s = 0;
+          for (int j = 0; j < 4; ++j)
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = p[SB + 64 * j + 4 * r + i];
+              s += kW2[byte & 15] * qb[4 * j + i] + kW2[byte >> 4] * qb[16 + 4 * j + i];
+            }
+          acc = F::fold(acc, s, F::scale1(p[r]), a.s[t] + b);
+        }
+        out[(size_t)(g * NT + t) * GR + r] = acc;
+      }
+#endif
+}
+
+}  // namespace e2m1x16
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe

@@ -1,0 +1,275 @@
+// nvfp4_x16: nvfp4 experts with 16 rows interleaved per 16-block, for CPUs (docs/formats/nvfp4.md "nvfp4_x16").
+// Banks (slots): 0 gate_up [E, 2I/16, (H/16)*144] u8, 1 gate_up_global [E, 2I/16, 16] fp16, 2 down [E, H/16,
+// (I/16)*144] u8, 3 down_global [E, H/16, 16] fp16. A bank row is a group of 16 weight rows. Its 16-blocks come
+// in chunks of 4 (the last chunk holds nb % 4 when that is not 0): a chunk of cb blocks is cb x 16 e4m3 scales
+// (block i's row r at 16 i + r), then cb x 128 code bytes: block i's two 64-byte vectors at 16 cb + 128 i + 64 j,
+// whose int32 lane r is row r's nvfp4 packed bytes 4j..4j+3 (elements 8j + 2m in the low nibbles, 8j + 2m + 1 in
+// the high ones). A full chunk is 576 bytes = 9 cache lines, so with K % 64 == 0 every vector load is line-aligned.
+// The global bank holds the 16 rows' fp16 globals per group. The same 9 bytes per row and block and 2 per row as
+// nvfp4, moved (cpumoe_formats.repack_nvfp4_x16).
+//
+// Mode w4a8 only: each activation 16-block is quantized as nvfp4's w4a8 (fp4_common.h quant16: the same codes and
+// s_a). Record (x16::BlockToks): per block 24 bytes, the 8 even elements' codes then the 8 odd ones', float s_a,
+// int32 corr = -12 * sum(q_b). Weights enter as u = 2 * E2M1 + 12 (0..24, vpshufb table w2_offset), so
+//   isum_b = sum(2 E2M1 * q) = corr_b + sum(u * q)           (exact; |isum_b| <= 16 * 12 * 127)
+// Per (row, token), from acc = 0, block by block in K order:
+//   acc = fma(float(isum_b), e4m3(scale_b) * s_a_b, acc);   out = acc * (0.5 * fp16(global))
+// The integer is exact and every tier does these fp32 operations in this order (std::fma in scalar), so the tiers
+// are bit-identical and a token's result does not depend on its batch. Lanes are rows: one vpdpbusd serves 16
+// rows and the per-block fold (cvt, scale, fma) is paid once per 16 rows and token, not once per (row, token) as
+// in nvfp4's row-major kernels. Results equal nvfp4 w4a8's up to fp32 rounding (nvfp4 groups its sums otherwise).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../x16.h"
+#include "fp4_common.h"
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+using fp4::kW2;
+using fp4::kW2Offset;
+
+constexpr int QB = 16, GR = x16::GR;
+constexpr int CH = 4;                 // blocks per chunk
+constexpr int GB = GR * (QB / 2 + 1);  // bytes per group and block: 16 scales + 128 code bytes = 144
+constexpr int CB = CH * GB;            // bytes per full chunk: 576
+// tokens per group call: 8 in 32 zmm registers; the 16-register tiers take the 16 rows in two halves of 8
+constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
+// Software prefetch 3 KB ahead in each group stream (nvfp4's and q4_0_x16's distance), 9 lines per chunk step.
+#ifndef CPUMOE_NVX16_PF
+#define CPUMOE_NVX16_PF 3072
+#endif
+
+void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  using R = x16::BlockToks<1, QB>;
+  for (int b = 0; b < K / QB; ++b) {
+    int8_t* qb = (int8_t*)dst + (size_t)b * R::kStride;
+    float s;
+    const int32_t corr = -kW2Offset * fp4::quant16(src + (size_t)b * QB, qb, qb + 8, &s);  // nvfp4's codes and s_a
+    x16::put_block_tail(qb + QB, s, corr);
+  }
+}
+
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+// 16 e4m3 codes -> their exact values (fp4_common.h e4m3x8's trick, sign-extended: (c << 7) & 0xBFFF is the fp16
+// with the code's sign, exponent and mantissa, the value / 256)
+CPUMOE_INLINE __m512 e4m3x16(const uint8_t* p) {
+  const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+  const __m256i f = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+  return _mm512_mul_ps(_mm512_cvtph_ps(f), _mm512_set1_ps(256.f));
+}
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+using Vec = __m512;
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+using Vec = __m256;
+#else
+using Vec = float;
+#endif
+
+// The layout for x16.h's loops: a group is one bank row of the code bank and one of the global bank.
+struct G16 {
+  static constexpr int kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
+  static constexpr int64_t kPf = CPUMOE_NVX16_PF;
+  static constexpr int kSlot[2] = {0, 2};
+  struct Ref {
+    const uint8_t* w;    // the group's chunks
+    const uint16_t* gl;  // its 16 fp16 globals
+  };
+  static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
+    return {bank_row<uint8_t>(banks[2 * mat], e, g), bank_row<uint16_t>(banks[2 * mat + 1], e, g)};
+  }
+  template <int G, int NT>
+  static void groups(const Ref* gp, int K, const void* const* act, float* out);
+  // Blocks [4c, 4c + cb) of chunk c into acc[g * NT + t], a's pointers at block 4c (CB_: cb as a compile-time
+  // constant, 0 = run time; the 16-register tiers: G == 1 and rows 8 HS..8 HS + 7, or with HS == 2 both halves
+  // into acc[h * NT + t]).
+  template <int G, int NT, int CB_, int HS = 0>
+  static void chunk(const Ref* gp, int c, int cb, const x16::BlockToks<NT, QB>& a, Vec* acc, size_t row = 0);
+};
+
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+template <int G, int NT, int CB_, int>
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockToks<NT, QB>& a, Vec* acc, size_t) {
+  const int cb = CB_ ? CB_ : cb_rt;
+  const __m512i m = _mm512_set1_epi8(0x0F), tu = fp4::tbl512(fp4::w2_offset());
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(gp[g].w + (size_t)c * CB + CPUMOE_NVX16_PF + 64 * l, 0, 3);
+  CPUMOE_UNROLL
+  for (int i = 0; i < cb; ++i) {
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* p = gp[g].w + (size_t)c * CB;
+      const __m512 d = e4m3x16(p + QB * i);
+      const uint8_t* w = p + QB * cb + 128 * i;
+      const __m512i w0 = _mm512_loadu_si512((const void*)w), w1 = _mm512_loadu_si512((const void*)(w + 64));
+      // u[j]: the token's code dword j of the block (even elements 0-3, 4-7, odd 0-3, 4-7)
+      const __m512i u0 = _mm512_shuffle_epi8(tu, _mm512_and_si512(w0, m));
+      const __m512i u1 = _mm512_shuffle_epi8(tu, _mm512_and_si512(w1, m));
+      const __m512i u2 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(w0, 4), m));
+      const __m512i u3 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(w1, 4), m));
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const int32_t* qa = (const int32_t*)a.q(t, i);
+        __m512i S = _mm512_set1_epi32(*a.corr(t, i));
+        if constexpr (NT * G >= 4) {  // enough independent chains: one per token
+          S = x16::dpbusd_bcast(S, u0, qa);
+          S = x16::dpbusd_bcast(S, u1, qa + 1);
+          S = x16::dpbusd_bcast(S, u2, qa + 2);
+          S = x16::dpbusd_bcast(S, u3, qa + 3);
+        } else {  // two chains (the same exact integer)
+          __m512i s1 = _mm512_setzero_si512();
+          S = x16::dpbusd_bcast(S, u0, qa);
+          s1 = x16::dpbusd_bcast(s1, u2, qa + 2);
+          S = x16::dpbusd_bcast(S, u1, qa + 1);
+          s1 = x16::dpbusd_bcast(s1, u3, qa + 3);
+          S = _mm512_add_epi32(S, s1);
+        }
+        const __m512 sc = x16::mul_bcast(d, a.s(t, i));
+        Vec& A = acc[g * NT + t];
+        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc, A);
+      }
+    }
+  }
+}
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// The exact block sum of 8 rows (u: the block's 4 decoded code vectors) and a token's codes qa, plus corr
+CPUMOE_INLINE __m256i block_sum(const __m256i* u, const int8_t* qa, int32_t corr) {
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  __m256i s0 = _mm256_set1_epi32(corr), s1 = _mm256_setzero_si256();
+  s0 = _mm256_dpbusd_avx_epi32(s0, u[0], x16::bcast4(qa));
+  s1 = _mm256_dpbusd_avx_epi32(s1, u[2], x16::bcast4(qa + 8));
+  s0 = _mm256_dpbusd_avx_epi32(s0, u[1], x16::bcast4(qa + 4));
+  s1 = _mm256_dpbusd_avx_epi32(s1, u[3], x16::bcast4(qa + 12));
+  return _mm256_add_epi32(s0, s1);
+#else
+  // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 24 * 127 = 6096, 4 of them <= 24384 (exact in int16), then
+  // vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
+  __m256i s16 = _mm256_maddubs_epi16(u[0], x16::bcast4(qa));
+  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[2], x16::bcast4(qa + 8)));
+  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[1], x16::bcast4(qa + 4)));
+  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[3], x16::bcast4(qa + 12)));
+  return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), _mm256_set1_epi32(corr));
+#endif
+}
+
+template <int G, int NT, int CB_, int HS>
+CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockToks<NT, QB>& a, Vec* acc, size_t row) {
+  static_assert(G == 1, "the 16-register tiers take one group (one half of it, or both for few tokens) at a time");
+  constexpr int h0 = HS == 2 ? 0 : HS, h1 = HS == 2 ? 2 : HS + 1;
+  const int cb = CB_ ? CB_ : cb_rt;
+  const __m256i m = _mm256_set1_epi8(0x0F), tu = fp4::w2_offset();
+  const uint8_t* p = gp[0].w + (size_t)c * CB;
+  x16::prefetch_half_pass(p, CB / 64, HS != 1, CPUMOE_NVX16_PF, row);
+  CPUMOE_UNROLL
+  for (int i = 0; i < cb; ++i) {
+    CPUMOE_UNROLL
+    for (int h = h0; h < h1; ++h) {
+      const __m256 d = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * h));
+      const uint8_t* w = p + QB * cb + 128 * i + 32 * h;
+      const __m256i w0 = _mm256_loadu_si256((const __m256i*)w), w1 = _mm256_loadu_si256((const __m256i*)(w + 64));
+      // u[j]: the token's code dword j of the block (even elements 0-3, 4-7, odd 0-3, 4-7)
+      const __m256i u[4] = {_mm256_shuffle_epi8(tu, _mm256_and_si256(w0, m)),
+                            _mm256_shuffle_epi8(tu, _mm256_and_si256(w1, m)),
+                            _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(w0, 4), m)),
+                            _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(w1, 4), m))};
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const __m256i S = block_sum(u, a.q(t, i), *a.corr(t, i));
+        const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(*a.s(t, i)));
+        Vec& A = acc[(h - h0) * NT + t];
+        A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
+      }
+    }
+  }
+}
+#else
+template <int G, int NT, int CB_, int>
+CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::BlockToks<NT, QB>&, Vec*, size_t) {}  // scalar: groups()
+#endif
+
+// out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (gp[g]) and NT tokens.
+template <int G, int NT>
+CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
+  const int nb = K / QB, nc = nb / CH, rem = nb % CH;
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  __m512 acc[G * NT];
+  CPUMOE_UNROLL
+  for (int i = 0; i < G * NT; ++i) acc[i] = _mm512_setzero_ps();
+  x16::BlockToks<NT, QB> a(act);
+  for (int c = 0; c < nc; ++c) chunk<G, NT, CH>(gp, c, CH, a, acc), a.advance(CH);
+  if (rem) chunk<G, NT, 0>(gp, nc, rem, a, acc);
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g) {
+    const __m512 gl = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)gp[g].gl)),
+                                    _mm512_set1_ps(0.5f));
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, _mm512_mul_ps(acc[g * NT + t], gl));
+  }
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  // One token: both halves per block in one pass (the token's broadcasts serve 16 rows, and the group streams from
+  // DRAM without a pass that reads nothing new); more tokens: one half per pass, 4 tokens' accumulators each.
+  constexpr int HS = NT == 1 ? 2 : 0, NH = HS == 2 ? 2 : 1;
+  const size_t row = (size_t)nb * GB;
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; h += NH) {
+      __m256 acc[NH * NT];
+      CPUMOE_UNROLL
+      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      x16::BlockToks<NT, QB> a(act);
+      if (HS == 2 || h == 0) {
+        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, HS>(gp + g, c, CH, a, acc, row), a.advance(CH);
+        if (rem) chunk<1, NT, 0, HS>(gp + g, nc, rem, a, acc, row);
+      } else {
+        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, 1>(gp + g, c, CH, a, acc, row), a.advance(CH);
+        if (rem) chunk<1, NT, 0, 1>(gp + g, nc, rem, a, acc, row);
+      }
+      for (int hh = h; hh < h + NH; ++hh) {
+        const __m256 gl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(gp[g].gl + 8 * hh))),
+                                        _mm256_set1_ps(0.5f));
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t)
+          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * hh, _mm256_mul_ps(acc[(hh - h) * NT + t], gl));
+      }
+    }
+#else  // scalar: the same integers and fp32 operations, row by row
+  const x16::BlockToks<NT, QB> a(act);
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < GR; ++r) {
+        float acc = 0.f;
+        for (int b = 0; b < nb; ++b) {
+          const int c = b / CH, i = b % CH, cb = c < nc ? CH : rem;
+          const uint8_t* p = gp[g].w + (size_t)c * CB;
+          const uint8_t* w = p + QB * cb + 128 * i;
+          const int8_t* qb = a.q(t, b);
+          int32_t s = 0;
+          for (int mm = 0; mm < 8; ++mm) {
+            const uint8_t byte = w[64 * (mm / 4) + 4 * r + mm % 4];
+            s += kW2[byte & 15] * qb[mm] + kW2[byte >> 4] * qb[8 + mm];
+          }
+          acc = std::fma((float)s, e4m3_to_f32(p[QB * i + r]) * *a.s(t, b), acc);
+        }
+        out[(size_t)(g * NT + t) * GR + r] = acc * (0.5f * fp16_to_f32(gp[g].gl[r]));
+      }
+#endif
+}
+
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
+
+bool CPUMOE_INIT_FN(nvfp4_x16)(cpumoe_kernel* k) {
+  using namespace cpumoe::CPUMOE_NS;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
+    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QB>, &prep_x16);
+#else
+  (void)k;
+  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
+#endif
+}

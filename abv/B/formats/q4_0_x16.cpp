@@ -1,0 +1,193 @@
+// q4_0_x16: q4_0 experts with 16 rows interleaved per 32-block, for CPUs (docs/formats/q4_0.md "q4_0_x16").
+// Banks (slots): 0 gate_up [E, 2I/16, (H/32)*288], 1 down [E, H/16, (I/32)*288], uint8. A bank row is a group of
+// 16 weight rows; per 32-block it holds 288 bytes: the 16 rows' fp16 d (row r at bytes 2r), then 4 x 64 bytes,
+// vector j's int32 lane r = row r's q4_0 qs bytes 4j..4j+3 (elements 4j.. in the low nibbles, 16+4j.. in the high
+// ones). The same 18 bytes per row and block as q4_0, moved (cpumoe_formats.repack_q4_0_x16).
+//
+// Mode w4a8 only (q4_0's default): each activation 32-block is quantized by the Q8_0 rule (common.h q8_block; the
+// same codes and d_a as q4_0's prep). Record (x16::BlockToks): per block 40 bytes, its int8 q[32], float d_a,
+// int32 corr = -8 * sum(q_b).
+// Per (row, token), from acc = 0, block by block in K order:
+//   acc = fma(float(corr_b + sum(nib * q)), fp32(fp16(d)) * d_a, acc)
+// The integer is exact and every tier does these fp32 operations in this order (std::fma in scalar), so the tiers
+// are bit-identical and a token's result does not depend on its batch. Lanes are rows: one vpdpbusd serves 16
+// rows and the per-block fold (cvt, scale, fma) is paid once per 16 rows and token, not once per (row, token) as
+// in q4_0's row-major kernels (that fold bounds their batches that share experts).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../x16.h"
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+
+constexpr int QK = 32, GR = x16::GR, GB = 288;
+// tokens per group call: 8 in 32 zmm registers; the 16-register tiers take the 16 rows in two halves of 8, with
+// their 8 nibble vectors and one accumulator per token live
+constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
+// Software prefetch 3 KB ahead in each group stream (q4_0's distance), 5 lines per 288-byte block step.
+#ifndef CPUMOE_Q4X16_PF
+#define CPUMOE_Q4X16_PF 3072
+#endif
+
+void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
+  for (int b = 0; b < K / QK; ++b) {
+    const uint16_t* s = src + (size_t)b * QK;
+    int8_t* qb = (int8_t*)dst + (size_t)b * x16::BlockToks<1, QK>::kStride;
+    float da;
+    int32_t sum = 0;
+#if defined(__AVX2__)
+    const __m256 x[4] = {bf16x8_f32(s), bf16x8_f32(s + 8), bf16x8_f32(s + 16), bf16x8_f32(s + 24)};
+    const __m256i v = q8_block32(x, &da);  // q8_block's codes and d, bit for bit
+    _mm256_storeu_si256((__m256i*)qb, v);
+    sum = hsum8_i32(sum4_i8(v));
+#else
+    float x[QK];
+    for (int j = 0; j < QK; ++j) x[j] = bf16_to_f32(s[j]);
+    da = q8_block(x, QK, qb);
+    for (int j = 0; j < QK; ++j) sum += qb[j];
+#endif
+    x16::put_block_tail(qb + QK, da, -8 * sum);
+  }
+}
+
+// The layout for x16.h's loops: a group is one bank row.
+struct G16 {
+  static constexpr int kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
+  static constexpr int64_t kPf = CPUMOE_Q4X16_PF;
+  static constexpr int kSlot[2] = {0, 1};
+  struct Ref {
+    const uint8_t* w;
+  };
+  static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
+    return {bank_row<uint8_t>(banks[mat], e, g)};
+  }
+  template <int G, int NT>
+  static void groups(const Ref* gp, int K, const void* const* act, float* out);
+};
+
+// out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
+template <int G, int NT>
+CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
+  const int nb = K / QK;
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  x16::BlockToks<NT, QK> a(act);
+  const __m512i m = _mm512_set1_epi8(0x0F);
+  __m512 acc[G][NT];
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* p = gp[g].w + (size_t)b * GB;
+      for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+      __m512i lo[4], hi[4];
+      CPUMOE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const __m512i w = _mm512_loadu_si512((const void*)(p + 32 + 64 * j));
+        lo[j] = _mm512_and_si512(w, m);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m);
+      }
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        // the token's 4-code groups: elements 4j.. (low nibbles) and 16+4j.. (high)
+        const int32_t* qa = (const int32_t*)a.q(t, 0);
+        __m512i s0 = _mm512_set1_epi32(*a.corr(t, 0)), s1 = _mm512_setzero_si512();  // two chains
+        CPUMOE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          s0 = x16::dpbusd_bcast(s0, lo[j], qa + j);
+          s1 = x16::dpbusd_bcast(s1, hi[j], qa + 4 + j);
+        }
+        const __m512 sc = x16::mul_bcast(d, a.s(t, 0));
+        acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[g][t]);
+      }
+    }
+    a.advance(1);
+  }
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  // rows 8h..8h+7 of each group in turn: the first half's pass brings the lines in, the second reads them from L1/L2
+  // (one token: both halves per block in one pass, as nvfp4_x16; e2m1_x16.h)
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  constexpr int NH = NT == 1 ? 2 : 1;
+  for (int g = 0; g < G; ++g)
+    for (int h0 = 0; h0 < 2; h0 += NH) {
+      __m256 acc[NH * NT];
+      CPUMOE_UNROLL
+      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      x16::BlockToks<NT, QK> a(act);
+      for (int b = 0; b < nb; ++b, a.advance(1)) {
+        const uint8_t* p = gp[g].w + (size_t)b * GB;
+        x16::prefetch_half_pass(p, 5, h0 == 0, CPUMOE_Q4X16_PF, (size_t)nb * GB);
+        CPUMOE_UNROLL
+        for (int h = h0; h < h0 + NH; ++h) {
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+          __m256i lo[4], hi[4];
+          CPUMOE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
+            lo[j] = _mm256_and_si256(w, m);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
+          }
+          CPUMOE_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            // codes <= 15: 8 vpmaddubsw sums per int16 run at avx2 (<= 8 * 2 * 15 * 127 = 30480)
+            const __m256i S = x16::block32_sum<8>(lo, hi, a.q(t, 0), *a.corr(t, 0));
+            const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(*a.s(t, 0)));
+            __m256& A = acc[(h - h0) * NT + t];
+            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
+          }
+        }
+      }
+      CPUMOE_UNROLL
+      for (int h = h0; h < h0 + NH; ++h)
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t)
+          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[(h - h0) * NT + t]);
+    }
+#else  // scalar: the same integers and fp32 operations, row by row
+  const x16::BlockToks<NT, QK> a(act);
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < GR; ++r) {
+        float acc = 0.f;
+        for (int b = 0; b < nb; ++b) {
+          const uint8_t* p = gp[g].w + (size_t)b * GB;
+          uint16_t dh;
+          std::memcpy(&dh, p + 2 * r, 2);
+          const int8_t* qb = a.q(t, b);
+          int32_t s = *a.corr(t, b);
+          for (int j = 0; j < 4; ++j)
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = p[32 + 64 * j + 4 * r + i];
+              s += (byte & 15) * qb[4 * j + i] + (byte >> 4) * qb[16 + 4 * j + i];
+            }
+          acc = std::fma((float)s, fp16_to_f32(dh) * *a.s(t, b), acc);
+        }
+        out[(size_t)(g * NT + t) * GR + r] = acc;
+      }
+#endif
+}
+
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
+
+bool CPUMOE_INIT_FN(q4_0_x16)(cpumoe_kernel* k) {
+  using namespace cpumoe::CPUMOE_NS;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
+    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
+#else
+  (void)k;
+  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
+#endif
+}
