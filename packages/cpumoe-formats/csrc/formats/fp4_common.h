@@ -233,6 +233,15 @@ CPUMOE_INLINE __m256 e4m3x8(__m128i codes) {
   return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
 }
 
+// 16 e4m3fn codes at p -> e4m3x8 of the first 8 (d[0]) and of the last 8 (d[1]), the same operations lane by lane:
+// one widening and one shift-mask for 16 codes (nvfp4_x16's one-token pass reads both halves' scales of a block).
+CPUMOE_INLINE void e4m3x16_halves(const uint8_t* p, __m256* d) {
+  __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p));
+  h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(h, 8), 1), _mm256_set1_epi16((short)0xBFFF));
+  d[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_set1_ps(256.f));
+  d[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_set1_ps(256.f));
+}
+
 // 8 e8m0 codes (low 8 bytes) -> 8 floats: 2^(min(s, 254) - 127), s = 0 -> 2^-127 (subnormal), exactly.
 CPUMOE_INLINE __m256 e8m0x8(__m128i codes) {
   const __m256i b = _mm256_cvtepu8_epi32(codes);

@@ -167,9 +167,14 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
   x16::prefetch_half_pass(p, CB / 64, HS != 1, CPUMOE_NVX16_PF, row);
   CPUMOE_UNROLL
   for (int i = 0; i < cb; ++i) {
+    __m256 ds[2];  // the block's scales of rows 8 h.. (both halves: decoded together)
+    if constexpr (HS == 2)
+      fp4::e4m3x16_halves(p + QB * i, ds);
+    else
+      ds[HS] = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * HS));
     CPUMOE_UNROLL
     for (int h = h0; h < h1; ++h) {
-      const __m256 d = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * h));
+      const __m256 d = ds[h];
       const uint8_t* w = p + QB * cb + 128 * i + 32 * h;
       const __m256i w0 = _mm256_loadu_si256((const __m256i*)w), w1 = _mm256_loadu_si256((const __m256i*)(w + 64));
       // u[j]: the token's code dword j of the block (even elements 0-3, 4-7, odd 0-3, 4-7)
