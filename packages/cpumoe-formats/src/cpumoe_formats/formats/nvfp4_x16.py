@@ -146,5 +146,5 @@ SPEC = Nvfp4X16Format(
     default_mode="w4a8",
     description="nvfp4 with 16 rows interleaved per 16-block for CPU lanes (nvfp4's bytes, moved); "
                 "w4a8 = e2m1 x int8 per 16",
-    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni")},
+    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni", "avx512bf16")},
 )
