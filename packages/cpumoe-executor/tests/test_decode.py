@@ -268,14 +268,14 @@ def test_nvfp4_auto_repack_is_w4a8_only(rng):
 
 def test_mxfp4_repack_chain(rng, caplog):
     """mxfp4 -> mxfp4_panel (both modes) -> mxfp4_x16 (w4a8 only, auto from avx512vnni): native stops at the panels,
-    w4a8 goes on where mxfp4_x16's avx512vnni kernel runs; repack=True forces the first step only (an AVX2 cap
+    w4a8 goes on where mxfp4_x16's avx512vnni or avx512bf16 kernel runs; repack=True forces the first step only (an AVX2 cap
     keeps the panels). Every variant gives mxfp4's own w4a8 bits."""
     import logging
 
     banks, (E, H, I) = make_banks("mxfp4", rng, layers=2)
     act = ACT["mxfp4"]
     assert ce.CpuMoeExecutor("mxfp4", banks, top_k=2, threads=1, **act).spec.name == "mxfp4_panel"
-    vnni = cf.selected_tier("mxfp4_x16", "w4a8").startswith("avx512vnni")
+    vnni = cf.selected_tier("mxfp4_x16", "w4a8").startswith(("avx512vnni", "avx512bf16"))
     x = rng.standard_normal((5, H)).astype(np.float32)
     w, ids = routing(rng, 5, 2, E)
     want = cf.moe_forward("mxfp4", banks[1], x, w, ids, mode="w4a8", **act)

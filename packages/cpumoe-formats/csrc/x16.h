@@ -31,6 +31,10 @@
 
 #include "rowmajor.h"
 
+// The tiers whose group dots use 32 zmm registers (8 tokens per call): avx512vnni, and avx512bf16 where a layout
+// installs it for that tier's VBMI (fp4_common.h nib_lo512: nvfp4_x16, ds_fp4_x16, mxfp4_x16).
+#define CPUMOE_X16_ZMM (CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AVX512BF16)
+
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace x16 {

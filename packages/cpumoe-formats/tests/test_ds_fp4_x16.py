@@ -374,7 +374,7 @@ def test_schema_and_errors(rng):
     assert cf.validate_banks(FMT, b) == (3, 512, 384)
     assert SPEC.id == 10 and cf.get_format("ds_fp4_cpu") is SPEC and SPEC.modes == ("w4a8",)
     assert SPEC.default_mode == "w4a8" and SPEC.k_multiple == 128
-    assert SPEC.kernel_tiers == {"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni")}
+    assert SPEC.kernel_tiers == {"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni", "avx512bf16")}
     small = SPEC.random_banks(2, 128, 128, rng)
     with pytest.raises(ValueError, match="down.*expected shape"):
         cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :272]))

@@ -59,7 +59,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 // ds_fp4's fold: acc = fma((float)S * hs_b, 2^(s - 127), acc), the e8m0 factor last (hs_b * 2^-127 could be an
 // fp32 subnormal).
 struct Fold {
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+#if CPUMOE_X16_ZMM
   static CPUMOE_INLINE __m512 scale16(const uint8_t* p) { return e2m1x16::e8m0x16(p); }
   static CPUMOE_INLINE __m512 fold(__m512 acc, __m512i S, __m512 sw, const float* hs) {
     return _mm512_fmadd_ps(x16::mul_bcast(_mm512_cvtepi32_ps(S), hs), sw, acc);
@@ -101,10 +101,10 @@ struct G16 {
 bool CPUMOE_INIT_FN(ds_fp4_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
-    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+    CPUMOE_X16_ZMM
   return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
 #else
   (void)k;
-  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
+  return false;  // avx512f: the tier below (avxvnni or avx2) runs; amx: not built for this format
 #endif
 }

@@ -31,14 +31,14 @@ namespace e2m1x16 {
 constexpr int QK = 32, GR = x16::GR, GB = 272, SB = 16;  // SB: the scale bytes that open a group block
 // tokens per group call: 8 in 32 zmm registers; the 16-register tiers take the 16 rows in two halves of 8, with
 // their 8 code vectors and one accumulator per token live
-constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
+constexpr int kMaxNT = CPUMOE_X16_ZMM ? 8 : 4;
 // Software prefetch 3 KB ahead in each group stream (q4_0_x16's distance), 5 lines per 272-byte block step.
 #ifndef CPUMOE_E2M1X16_PF
 #define CPUMOE_E2M1X16_PF 3072
 #endif
 constexpr int64_t kPf = CPUMOE_E2M1X16_PF;
 
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+#if CPUMOE_X16_ZMM
 // the 16 e8m0 bytes at p -> 2^(min(s,254) - 127), s = 0 -> 2^-127 (e8m0_to_f32 lane by lane): s << 23 is at
 // least 2^23 for s >= 1, so the unsigned max with 0x00400000 (2^-127) changes only s = 0
 CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
@@ -54,9 +54,9 @@ template <class F, int G, int NT, class Ref>
 CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
   using namespace fp4;
   const int nb = K / QK;
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+#if CPUMOE_X16_ZMM
   x16::BlockToks<NT, QK> a(act);
-  const __m512i m = _mm512_set1_epi8(0x0F), lut = tbl512(w2_offset());
+  const __m512i lut = tbl512(w2_offset());
   __m512 acc[G][NT];
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g)
@@ -72,8 +72,8 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
       CPUMOE_UNROLL
       for (int j = 0; j < 4; ++j) {
         const __m512i v = _mm512_loadu_si512((const void*)(p + SB + 64 * j));
-        lo[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m));
-        hi[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m));
+        lo[j] = nib_lo512(v, lut);
+        hi[j] = nib_hi512(v, lut);
       }
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {

@@ -266,6 +266,19 @@ CPUMOE_INLINE __m256 bcast2x4(__m256 a, int i0, int i1) {
 #if defined(__AVX512F__)
 CPUMOE_INLINE __m512i tbl512(__m256i t) { return _mm512_broadcast_i64x4(t); }
 
+// tbl[nibble] of the low / the high nibble of each of 64 code bytes (tbl: tbl512 of a 16-entry table, so its 4
+// copies fill the 64 bytes). With VBMI (the avx512bf16 tier) vpermb takes 6 index bits, and the copies answer
+// whatever the 2 bits above the nibble hold: no mask. H200 host, nvfp4_x16 at 8 tokens, one thread in cache:
+// gate_up 197-216 -> 144-195 us, down 90-99 -> 67-88 us (docs/results/ab-nvfp4x16-vbmi-h200host-2026-12-01).
+CPUMOE_INLINE __m512i nib_lo512(__m512i v, __m512i tbl) {
+#if defined(__AVX512VBMI__)
+  return _mm512_permutexvar_epi8(v, tbl);
+#else
+  return _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, _mm512_set1_epi8(0x0F)));
+#endif
+}
+CPUMOE_INLINE __m512i nib_hi512(__m512i v, __m512i tbl) { return nib_lo512(_mm512_srli_epi16(v, 4), tbl); }
+
 // 64 codes (one per byte) -> 4 fp32 vectors: v[q] lane L sub d = byte
 // 16 L + 8 (q >> 1) + 2 d + (q & 1), as decode_e2m1.
 CPUMOE_INLINE void decode_e2m1_512(__m512i c, __m512i t2, __m512i t3, __m512& v0, __m512& v1, __m512& v2, __m512& v3) {

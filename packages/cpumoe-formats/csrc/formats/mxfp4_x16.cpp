@@ -45,7 +45,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 
 // mxfp4's fold: the weight factor e8m0 * 0.5 (exact: >= 2^-128), times s_b, times the integer, added.
 struct Fold {
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+#if CPUMOE_X16_ZMM
   static CPUMOE_INLINE __m512 scale16(const uint8_t* p) {
     return _mm512_mul_ps(e2m1x16::e8m0x16(p), _mm512_set1_ps(0.5f));
   }
@@ -89,10 +89,10 @@ struct G16 {
 bool CPUMOE_INIT_FN(mxfp4_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
-    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+    CPUMOE_X16_ZMM
   return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
 #else
   (void)k;
-  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
+  return false;  // avx512f: the tier below (avxvnni or avx2) runs; amx: not built for this format
 #endif
 }

@@ -31,16 +31,12 @@ namespace {
 using fp4::kW2;
 using fp4::kW2Offset;
 
-// The 32-register tiers: avx512vnni, and avx512bf16 for its VBMI (vpermb takes 6 index bits, so a table of 4
-// copies decodes a nibble with the bits above it still set: no vpand per code vector, 4 per block fewer)
-#define NVX16_ZMM (CPUMOE_TIER == CPUMOE_T_AVX512VNNI || CPUMOE_TIER == CPUMOE_T_AVX512BF16)
-
 constexpr int QB = 16, GR = x16::GR;
 constexpr int CH = 4;                 // blocks per chunk
 constexpr int GB = GR * (QB / 2 + 1);  // bytes per group and block: 16 scales + 128 code bytes = 144
 constexpr int CB = CH * GB;            // bytes per full chunk: 576
 // tokens per group call: 8 in 32 zmm registers; the 16-register tiers take the 16 rows in two halves of 8
-constexpr int kMaxNT = NVX16_ZMM ? 8 : 4;
+constexpr int kMaxNT = CPUMOE_X16_ZMM ? 8 : 4;
 // Software prefetch 3 KB ahead in each group stream (nvfp4's and q4_0_x16's distance), 9 lines per chunk step.
 #ifndef CPUMOE_NVX16_PF
 #define CPUMOE_NVX16_PF 3072
@@ -56,7 +52,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
   }
 }
 
-#if NVX16_ZMM
+#if CPUMOE_X16_ZMM
 // 16 e4m3 codes -> their exact values (fp4_common.h e4m3x8's trick, sign-extended: (c << 7) & 0xBFFF is the fp16
 // with the code's sign, exponent and mantissa, the value / 256)
 CPUMOE_INLINE __m512 e4m3x16(const uint8_t* p) {
@@ -66,7 +62,7 @@ CPUMOE_INLINE __m512 e4m3x16(const uint8_t* p) {
 }
 #endif
 
-#if NVX16_ZMM
+#if CPUMOE_X16_ZMM
 using Vec = __m512;
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
 using Vec = __m256;
@@ -95,11 +91,11 @@ struct G16 {
   static void chunk(const Ref* gp, int c, int cb, const x16::BlockToks<NT, QB>& a, Vec* acc, size_t row = 0);
 };
 
-#if NVX16_ZMM
+#if CPUMOE_X16_ZMM
 template <int G, int NT, int CB_, int>
 CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockToks<NT, QB>& a, Vec* acc, size_t) {
   const int cb = CB_ ? CB_ : cb_rt;
-  const __m512i m = _mm512_set1_epi8(0x0F), tu = fp4::tbl512(fp4::w2_offset());
+  const __m512i tu = fp4::tbl512(fp4::w2_offset());
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g)
     for (int l = 0; l < CB / 64; ++l) __builtin_prefetch(gp[g].w + (size_t)c * CB + CPUMOE_NVX16_PF + 64 * l, 0, 3);
@@ -112,17 +108,8 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
       const uint8_t* w = p + QB * cb + 128 * i;
       const __m512i w0 = _mm512_loadu_si512((const void*)w), w1 = _mm512_loadu_si512((const void*)(w + 64));
       // u[j]: the token's code dword j of the block (even elements 0-3, 4-7, odd 0-3, 4-7)
-#if defined(__AVX512VBMI__)
-      (void)m;
-      const __m512i u0 = _mm512_permutexvar_epi8(w0, tu), u1 = _mm512_permutexvar_epi8(w1, tu);
-      const __m512i u2 = _mm512_permutexvar_epi8(_mm512_srli_epi16(w0, 4), tu);
-      const __m512i u3 = _mm512_permutexvar_epi8(_mm512_srli_epi16(w1, 4), tu);
-#else
-      const __m512i u0 = _mm512_shuffle_epi8(tu, _mm512_and_si512(w0, m));
-      const __m512i u1 = _mm512_shuffle_epi8(tu, _mm512_and_si512(w1, m));
-      const __m512i u2 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(w0, 4), m));
-      const __m512i u3 = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(w1, 4), m));
-#endif
+      const __m512i u0 = fp4::nib_lo512(w0, tu), u1 = fp4::nib_lo512(w1, tu);
+      const __m512i u2 = fp4::nib_hi512(w0, tu), u3 = fp4::nib_hi512(w1, tu);
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
         const int32_t* qa = (const int32_t*)a.q(t, i);
@@ -212,7 +199,7 @@ CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::BlockToks<NT, QB>
 template <int G, int NT>
 CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
   const int nb = K / QB, nc = nb / CH, rem = nb % CH;
-#if NVX16_ZMM
+#if CPUMOE_X16_ZMM
   __m512 acc[G * NT];
   CPUMOE_UNROLL
   for (int i = 0; i < G * NT; ++i) acc[i] = _mm512_setzero_ps();
@@ -281,7 +268,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
 
 bool CPUMOE_INIT_FN(nvfp4_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || NVX16_ZMM
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_X16_ZMM
   return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QB>, &prep_x16);
 #else
   (void)k;

@@ -115,5 +115,5 @@ SPEC = DsFp4X16Format(
     round_route_term=True,
     description="ds_fp4 (DeepSeek-V4-Flash e2m1, e8m0 per 32) with 16 rows interleaved per 32-block for CPU "
                 "lanes (ds_fp4's bytes, moved); w4a8 = ds_fp4's w4a8",
-    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni")},
+    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni", "avx512bf16")},
 )

@@ -101,5 +101,5 @@ SPEC = Mxfp4X16Format(
     default_mode="w4a8",
     description="gpt-oss mxfp4 (e2m1 + e8m0 per 32 K, biases) with 16 rows interleaved per 32-block for CPU lanes "
                 "(mxfp4's bytes, moved; gate rows then up rows); w4a8 = mxfp4's w4a8, bit for bit",
-    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni")},
+    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni", "avx512bf16")},
 )
