@@ -268,8 +268,8 @@ def test_nvfp4_auto_repack_is_w4a8_only(rng):
 
 def test_mxfp4_repack_chain(rng, caplog):
     """mxfp4 -> mxfp4_panel (both modes) -> mxfp4_x16 (w4a8 only, auto from avx512vnni): native stops at the panels,
-    w4a8 goes on where mxfp4_x16's avx512vnni or avx512bf16 kernel runs; repack=True forces the first step only (an AVX2 cap
-    keeps the panels). Every variant gives mxfp4's own w4a8 bits."""
+    w4a8 goes on where mxfp4_x16's avx512vnni or avx512bf16 kernel runs; repack=True forces the first step only
+    (an AVX2 cap keeps the panels). Every variant gives mxfp4's own w4a8 bits."""
     import logging
 
     banks, (E, H, I) = make_banks("mxfp4", rng, layers=2)

@@ -211,7 +211,8 @@ def test_schema_and_errors(rng):
     b = SPEC.random_banks(3, 512, 384, rng)
     assert cf.validate_banks(FMT, b) == (3, 512, 384)
     assert SPEC.id == 12 and SPEC.modes == ("w4a8",) and SPEC.default_mode == "w4a8" and SPEC.k_multiple == 32
-    assert SPEC.kernel_tiers == {"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni", "avx512bf16")} and not SPEC.input_weight
+    assert SPEC.kernel_tiers == {"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni", "avx512bf16")}
+    assert not SPEC.input_weight
     small = SPEC.random_banks(2, 64, 64, rng)
     with pytest.raises(ValueError, match="down.*expected shape"):
         cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :272]))

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Our executor's MoE decode step against llama.cpp's ggml CPU backend, same shapes, batches, routing, threads
+# and working-set rule, interleaved round by round so both see the same minutes of a noisy machine.
+#
+#   OUT=dir THREADS=n ROUNDS=3 bench/llamacpp/compare.sh
+#
+# env (defaults):
+#   OUT        (required) results folder: ours-<fmt>[-w4a8]-r<R>.json, ggml-<fmt>-r<R>.json, logs/, env.txt,
+#              summary.md, summary.json
+#   THREADS    (nproc) worker threads for both sides
+#   ROUNDS     (3)     interleaved rounds (odd rounds run ours first, even rounds ggml first)
+#   REPEATS    (5)     timed repeats per (format, batch, routing), each of STEPS steps
+#   STEPS      (20)
+#   BATCH      (1,8)
+#   FORMATS    ("q4_0 mxfp4 bf16") at gemma4-26b, gpt-oss-120b, qwen3-30b
+#   BUDGET_S   (510)   a round starts only if the time so far plus the longest round so far stays within
+#                      this many seconds (the build and round 1 always run); the summary uses the rounds that ran
+#   GGML_BIND  (0)     1: OMP_PROC_BIND=close OMP_PLACES=cores for ggml (llama.cpp sets neither by default;
+#                      ours pins its workers to cores)
+#   GGML_ARGS  ()      extra moe_ggml_bench arguments (e.g. --no-extra-bufts = llama.cpp --no-repack)
+#   QUIET_PCT  (15)    before each run wait until the machine's CPUs were at most this % busy over 1 s
+#   QUIET_MAX_WAIT (20) ... but no longer than this many seconds (0: do not wait); every run's busy % and wait
+#                      go to OUT/logs/quiet.csv (the machine's noise, for the record)
+#   PYTHON     (python3)
+# ggml is built (bench/llamacpp/build.sh) if needed, from the sources in .ggml/ (bench/llamacpp/fetch_ggml.sh);
+# ours must already be built in place (this script never rebuilds packages/).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+: "${OUT:?set OUT=results folder}"
+THREADS=${THREADS:-$(nproc)}
+ROUNDS=${ROUNDS:-3}
+REPEATS=${REPEATS:-5}
+STEPS=${STEPS:-20}
+BATCH=${BATCH:-1,8}
+FORMATS=${FORMATS:-"q4_0 mxfp4 bf16"}
+BUDGET_S=${BUDGET_S:-510}
+GGML_BIND=${GGML_BIND:-0}
+GGML_ARGS=${GGML_ARGS:-}
+PY=${PYTHON:-python3}
+QUIET_PCT=${QUIET_PCT:-15}
+QUIET_MAX_WAIT=${QUIET_MAX_WAIT:-20}
+mkdir -p "$OUT/logs"
+T0=$(date +%s)
+elapsed() { echo $(( $(date +%s) - T0 )); }
+say() { echo "[compare $(printf '%4d' "$(elapsed)")s] $*" >&2; }
+
+busy_pct() {  # % of all CPUs busy (not idle/iowait) over 1 s, from /proc/stat
+    local c u n s i w q sq st t1 i1 t2 i2
+    read -r c u n s i w q sq st _ < /proc/stat
+    t1=$((u + n + s + i + w + q + sq + st)); i1=$((i + w))
+    sleep 1
+    read -r c u n s i w q sq st _ < /proc/stat
+    t2=$((u + n + s + i + w + q + sq + st)); i2=$((i + w))
+    echo $(( 100 * ((t2 - t1) - (i2 - i1)) / ((t2 - t1) > 0 ? (t2 - t1) : 1) ))
+}
+
+wait_quiet() {  # label
+    local waited=0 b
+    [[ -f $OUT/logs/quiet.csv ]] || echo "run,busy_pct_before,waited_s,elapsed_s" > "$OUT/logs/quiet.csv"
+    while :; do
+        b=$(busy_pct)
+        if (( b <= QUIET_PCT || waited >= QUIET_MAX_WAIT )); then break; fi
+        if (( waited == 0 )); then say "$1: machine ${b}% busy, waiting (up to ${QUIET_MAX_WAIT}s)"; fi
+        sleep 4
+        waited=$((waited + 5))
+    done
+    echo "$1,$b,$waited,$(elapsed)" >> "$OUT/logs/quiet.csv"
+}
+
+model_of() {
+    case $1 in
+        q4_0) echo gemma4-26b ;;
+        mxfp4) echo gpt-oss-120b ;;
+        bf16) echo qwen3-30b ;;
+        *) echo "compare.sh: no model for format $1" >&2; exit 2 ;;
+    esac
+}
+
+say "building ggml + bench (log: $OUT/logs/build.log)"
+bench/llamacpp/build.sh > "$OUT/logs/build.log" 2>&1 || { cat "$OUT/logs/build.log" >&2; exit 1; }
+GGML_BENCH=$ROOT/.ggml/build/moe_ggml_bench
+
+export PYTHONPATH=packages/cpumoe-formats/src:packages/cpumoe-executor/src${PYTHONPATH:+:$PYTHONPATH}
+if ! "$PY" -c "import cpumoe_executor, cpumoe_formats" 2> "$OUT/logs/import.log"; then
+    cat "$OUT/logs/import.log" >&2
+    echo "compare.sh: our packages do not import from packages/*/src (build them in place first)" >&2
+    exit 1
+fi
+
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "repo: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- packages 2>/dev/null || echo ' (packages/ modified)')"
+    echo "threads: $THREADS rounds: $ROUNDS repeats: $REPEATS steps: $STEPS batch: $BATCH formats: $FORMATS"
+    echo "ggml_bind: $GGML_BIND ggml_args: $GGML_ARGS"
+    echo "nproc: $(nproc)"
+    echo "llc: $(cat /sys/devices/system/cpu/cpu0/cache/index3/size 2>/dev/null || echo unknown)"
+    echo "gcc: $(gcc --version | head -1)"
+    echo "python: $("$PY" --version 2>&1) numpy $("$PY" -c 'import numpy; print(numpy.__version__)')"
+    sed 's/^/ggml: /' .ggml/VERSION 2>/dev/null || true
+    echo "ggml build flags: $(cat .ggml/build/flags 2>/dev/null)"
+    echo "--- lscpu"
+    lscpu 2>/dev/null || true
+} > "$OUT/env.txt"
+
+run_ours() {  # fmt round [mode]
+    local fmt=$1 r=$2 mode=${3:-} tag=$1
+    local args=(--format "$fmt" --model "$(model_of "$fmt")" --batch "$BATCH" --routing both --threads "$THREADS"
+                --repeats "$REPEATS" --steps "$STEPS")
+    if [[ -n $mode ]]; then args+=(--mode "$mode"); tag=$fmt-$mode; fi
+    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ours-$tag-r$r"
+    say "round $r: ours $tag"
+    "$PY" -m cpumoe_executor.bench "${args[@]}" --json "$OUT/ours-$tag-r$r.json" \
+        > "$OUT/logs/ours-$tag-r$r.txt" 2> "$OUT/logs/ours-$tag-r$r.err" \
+        || { tail -20 "$OUT/logs/ours-$tag-r$r.err" >&2; echo "compare.sh: ours $tag failed" >&2; exit 1; }
+}
+
+run_ours_all() {  # fmt round: the default mode, then w4a8 where the default is not w4a8 (ggml's q4_0 and mxfp4
+                  # multiply q8_0 activations: vec_dot_type Q8_0)
+    local fmt=$1 r=$2
+    run_ours "$fmt" "$r"
+    local isa
+    isa=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['formats'][sys.argv[2]]['isa'])" \
+          "$OUT/ours-$fmt-r$r.json" "$fmt")
+    if [[ $fmt != bf16 && $isa != *w4a8* ]]; then
+        run_ours "$fmt" "$r" w4a8
+    fi
+}
+
+run_ggml() {  # fmt round
+    local fmt=$1 r=$2
+    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ggml-$fmt-r$r"
+    say "round $r: ggml $fmt"
+    local envs=()
+    if [[ $GGML_BIND == 1 ]]; then envs=(OMP_PROC_BIND=close OMP_PLACES=cores); fi
+    # shellcheck disable=SC2086
+    env ${envs[@]+"${envs[@]}"} "$GGML_BENCH" --format "$fmt" --batch "$BATCH" --routing both --threads "$THREADS" \
+        --repeats "$REPEATS" --steps "$STEPS" $GGML_ARGS --json "$OUT/ggml-$fmt-r$r.json" \
+        > "$OUT/logs/ggml-$fmt-r$r.txt" 2> "$OUT/logs/ggml-$fmt-r$r.err" || {
+        local rc=$?
+        tail -20 "$OUT/logs/ggml-$fmt-r$r.err" >&2
+        echo "compare.sh: ggml $fmt failed (rc $rc; 3 = output check failed)" >&2
+        exit 1
+    }
+}
+
+longest=0
+for ((r = 1; r <= ROUNDS; r++)); do
+    if (( r > 1 && $(elapsed) + longest > BUDGET_S )); then
+        say "budget: $(elapsed)s so far + ${longest}s for a round > BUDGET_S=${BUDGET_S}s: stopping after $((r - 1)) rounds"
+        break
+    fi
+    t_round=$(elapsed)
+    for fmt in $FORMATS; do
+        if (( r % 2 )); then run_ours_all "$fmt" "$r"; run_ggml "$fmt" "$r"
+        else run_ggml "$fmt" "$r"; run_ours_all "$fmt" "$r"; fi
+    done
+    t_round=$(( $(elapsed) - t_round ))
+    (( t_round > longest )) && longest=$t_round
+    say "round $r took ${t_round}s"
+done
+
+"$PY" bench/llamacpp/summarize.py "$OUT"
+say "done: $OUT/summary.md"

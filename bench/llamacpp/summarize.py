@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Summarize a compare.sh folder: ours-<fmt>[-<mode>]-r<R>.json (python -m cpumoe_executor.bench) against
+ggml-<fmt>-r<R>.json (moe_ggml_bench), one row per (format, our mode, batch, routing).
+
+    python3 bench/llamacpp/summarize.py OUT        # prints the table, writes OUT/summary.md and OUT/summary.json
+
+Per round each side reports the median step time of its repeats; a row gives the median over rounds of those
+medians and their range (min-max over rounds), the ratio ggml/ours of the medians (> 1: ours faster) and the
+range of the per-round ratios (each round's pair ran minutes apart at most), the GB/s of expert weights each
+side read (unique experts a step touches x bytes per expert, over the step time), the experts a step touched
+on each side (the routes are drawn by each side's own RNG under the same rule), and the read ceiling our bench
+measured with the same threads (median over rounds).
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+GGML_SCHEME = {"q4_0": "q4_0 x q8_0", "mxfp4": "mxfp4 x q8_0", "bf16": "bf16 x bf16"}
+MATCHED = {"q4_0": "w4a8", "mxfp4": "w4a8", "bf16": "native"}  # our mode with ggml's precision scheme
+
+
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+
+def load(out: Path):
+    ours = defaultdict(dict)  # (fmt, tag) -> round -> report entry
+    ggml = defaultdict(dict)  # fmt -> round -> format entry
+    meta = {"ours_machine": None, "ggml_machine": None, "ggml": None, "threads": set(), "settings": None}
+    for p in sorted(out.glob("ours-*-r*.json")):
+        m = re.fullmatch(r"ours-(.+?)(?:-(w4a8|native))?-r(\d+)\.json", p.name)
+        if not m:
+            continue
+        fmt, mode, r = m.group(1), m.group(2) or "default", int(m.group(3))
+        rep = json.loads(p.read_text())
+        ours[(fmt, mode)][r] = rep["formats"][fmt]
+        meta["ours_machine"] = rep["machine"]
+        meta["threads"].add(rep["threads"])
+        meta["settings"] = {k: rep["settings"].get(k) for k in ("repeats", "steps", "batch", "working_set")}
+    for p in sorted(out.glob("ggml-*-r*.json")):
+        m = re.fullmatch(r"ggml-(.+?)-r(\d+)\.json", p.name)
+        if not m:
+            continue
+        fmt, r = m.group(1), int(m.group(2))
+        rep = json.loads(p.read_text())
+        ggml[fmt][r] = rep["formats"][fmt]
+        meta["ggml_machine"] = rep["machine"]
+        meta["ggml"] = rep["ggml"]
+        meta["threads"].add(rep["threads"])
+    meta["threads"] = sorted(meta["threads"])
+    return ours, ggml, meta
+
+
+def rows(ours, ggml):
+    out = []
+    order = {f: i for i, f in enumerate(MATCHED)}
+    for (fmt, _tag), by_round in sorted(ours.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1])):
+        g_rounds = ggml.get(fmt, {})
+        any_entry = next(iter(by_round.values()))
+        isa = any_entry["isa"]
+        mode_ran = isa.partition("+")[2] or "native"
+        keys = list(any_entry["results"])
+        for key in keys:
+            o_us, g_us, o_gb, g_gb, ratios, ceil, o_exp, g_exp = [], [], [], [], [], [], [], []
+            for r, e in sorted(by_round.items()):
+                res = e["results"].get(key)
+                if not res:
+                    continue
+                o_us.append(res["step_us"]["median"])
+                o_gb.append(res["gbps"]["median"])
+                ceil.append(e["ceiling_gbps"])
+                o_exp.append(res["bytes_per_step"] / e["bytes_per_expert"])
+                g = g_rounds.get(r, {}).get("results", {}).get(key)
+                if g:
+                    ratios.append(g["step_us"]["median"] / res["step_us"]["median"])
+            for _r, e in sorted(g_rounds.items()):
+                g = e["results"].get(key)
+                if g:
+                    g_us.append(g["step_us"]["median"])
+                    g_gb.append(g["gbps"]["median"])
+                    g_exp.append(g["unique_experts_per_step"])
+            routing, batch = key.split("/")
+            gm = med(g_us)
+            om = med(o_us)
+            out.append({
+                "format": fmt, "ours_mode": mode_ran, "ours_isa": isa, "ours_layout": any_entry.get("layout", fmt),
+                "matched_precision": mode_ran == MATCHED.get(fmt), "ggml_scheme": GGML_SCHEME.get(fmt, "?"),
+                "batch": int(batch), "routing": routing, "rounds_ours": len(o_us), "rounds_ggml": len(g_us),
+                "ours_us": om, "ours_us_range": [min(o_us), max(o_us)] if o_us else None,
+                "ggml_us": gm, "ggml_us_range": [min(g_us), max(g_us)] if g_us else None,
+                "ratio_ggml_over_ours": gm / om if g_us and o_us else None,
+                "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+                "ours_gbps": med(o_gb), "ggml_gbps": med(g_gb), "ceiling_gbps": med(ceil),
+                "ours_experts_per_step": med(o_exp), "ggml_experts_per_step": med(g_exp),
+            })
+    out.sort(key=lambda x: (list(MATCHED).index(x["format"]) if x["format"] in MATCHED else 9,
+                            not x["matched_precision"], x["ours_mode"], x["routing"], x["batch"]))
+    return out
+
+
+def fmt_range(r, nd=0):
+    return "-" if not r else f"{r[0]:.{nd}f}-{r[1]:.{nd}f}"
+
+
+def table(rs) -> str:
+    head = ("| format | ours (isa) | batch | routing | ours us (range) | ggml us (range) | ggml/ours (per-round range) "
+            "| ours GB/s | ggml GB/s | ceiling GB/s | experts/step ours, ggml |")
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for x in rs:
+        r = x["ratio_ggml_over_ours"]
+        ratio = "-" if r is None else f"**{r:.2f}x** ({fmt_range(x['ratio_range'], 2)})"
+        isa = x["ours_isa"] + ("" if x["matched_precision"] else " (not ggml's scheme)")
+        lines.append(
+            f"| {x['format']} | {isa} | {x['batch']} | {x['routing']} "
+            f"| {x['ours_us']:.0f} ({fmt_range(x['ours_us_range'])}) "
+            f"| {x['ggml_us']:.0f} ({fmt_range(x['ggml_us_range'])}) "
+            f"| {ratio} | {x['ours_gbps']:.1f} | {x['ggml_gbps']:.1f} | {x['ceiling_gbps']:.1f} "
+            f"| {x['ours_experts_per_step']:.1f}, {x['ggml_experts_per_step']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    ours, ggml, meta = load(out)
+    if not ours or not ggml:
+        print(f"summarize: no ours-*.json or ggml-*.json in {out}", file=sys.stderr)
+        return 1
+    rs = rows(ours, ggml)
+    om, gm, g = meta["ours_machine"] or {}, meta["ggml_machine"] or {}, meta["ggml"] or {}
+    rounds = max(max(len(v) for v in ours.values()), max(len(v) for v in ggml.values()))
+    hdr = [
+        "# ours vs llama.cpp ggml CPU backend: MoE decode step",
+        "",
+        f"- machine: {gm.get('cpu') or om.get('cpu')}, {om.get('logical_cpus')} logical CPUs, LLC "
+        f"{(om.get('llc_bytes') or 0) / 2**20:.0f} MiB; threads {', '.join(map(str, meta['threads']))}",
+        f"- ggml {g.get('version')} (llama.cpp {g.get('commit')}), built {g.get('build')}, OpenMP {g.get('openmp')}, "
+        f"extra buffer types (repack) {g.get('extra_bufts')}; features: {gm.get('ggml_features')}",
+        f"- ours: cpumoe-formats {om.get('cpumoe_formats')}, usable tiers {om.get('usable_tiers')}",
+        f"- {rounds} interleaved rounds; per round and side {meta['settings'] and meta['settings'].get('repeats')} "
+        f"repeats x {meta['settings'] and meta['settings'].get('steps')} steps, median step of the repeats; "
+        "working set: bank >= 4 x LLC, windows rotated per step (DRAM)",
+        "- ggml/ours > 1: ours faster. Ranges are min-max over rounds. GB/s: unique experts per step x bytes per "
+        "expert / step time. ceiling: our bench's all-thread read loop, same threads.",
+        "",
+    ]
+    text = "\n".join(hdr) + "\n" + table(rs) + "\n"
+    print(text)
+    (out / "summary.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps({"meta": meta, "rows": rs}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
