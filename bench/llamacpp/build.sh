@@ -101,11 +101,15 @@ if [[ ! -f $B/libggml.a ]]; then
     ar rcs "$B/libggml.a" "${objs[@]}"
 fi
 
-bench=$ROOT/bench/llamacpp/moe_ggml_bench.cpp
-if [[ ! -x $B/moe_ggml_bench || $bench -nt $B/moe_ggml_bench || $B/libggml.a -nt $B/moe_ggml_bench ]]; then
+bench=("$ROOT"/bench/llamacpp/*.cpp)  # moe_ggml_bench.cpp (main), util.cpp, bank.cpp, graph.cpp; moe_ggml.h
+stale=0
+for f in "${bench[@]}" "$ROOT/bench/llamacpp/moe_ggml.h" "$B/libggml.a"; do
+    [[ $f -nt $B/moe_ggml_bench ]] && stale=1
+done
+if [[ ! -x $B/moe_ggml_bench || $stale == 1 ]]; then
     $CXX -std=gnu++17 $OPT $ARCH $OMPFLAG -pthread -I"$G/ggml/include" -DBENCH_GGML_OPENMP=$GGML_OPENMP \
         -DBENCH_BUILD_FLAGS="\"$OPT $ARCH${OMPFLAG:+ $OMPFLAG} ($($CXX -dumpfullversion 2>/dev/null || $CXX -dumpversion))\"" \
-        "$bench" "$B/libggml.a" -o "$B/moe_ggml_bench.tmp" -ldl -lm
+        "${bench[@]}" "$B/libggml.a" -o "$B/moe_ggml_bench.tmp" -ldl -lm
     mv "$B/moe_ggml_bench.tmp" "$B/moe_ggml_bench"
 fi
 echo "build.sh: $B/moe_ggml_bench ready ($(( $(date +%s) - t0 )) s)" >&2
