@@ -158,6 +158,12 @@ CPUMOE_INLINE int32_t hsum8_i32(__m256i v) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
+// fp32 bits b plus bf16 round-to-nearest-even's bias (0x7FFF + the kept part's lowest bit): its high 16 bits are
+// b rounded to bf16 for finite b (ActSink's bf16 store shifts them down, x16.h round_bf16x8 masks them).
+CPUMOE_INLINE __m256i bf16_rne_biased(__m256i b) {
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  return _mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+}
 #endif
 
 // e2m1 magnitudes; bit 3 is the sign.
@@ -331,9 +337,7 @@ class ActSink {
     return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(d, _mm256_set1_epi32(act32::kMargin))));
   }
   static void bf16_store(V r, uint32_t* out) {
-    const __m256i b = _mm256_castps_si256(r);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    _mm256_store_si256((__m256i*)out, _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16));
+    _mm256_store_si256((__m256i*)out, _mm256_srli_epi32(bf16_rne_biased(_mm256_castps_si256(r)), 16));
   }
 #endif
 #if defined(__AVX2__)

@@ -107,10 +107,36 @@ CPUMOE_INLINE void put_block_tail(int8_t* tail, float s, int32_t corr) {
   std::memcpy(tail + 4, &corr, 4);
 }
 
-// The size of one token's record (the layouts' act_bytes): K int8 codes and 8 bytes per QB-block.
+// The size of one token's record (the layouts' act_bytes): K / QB block records.
 template <int QB>
 size_t int8_record_bytes(const cpumoe_kernel*, int32_t K) {
-  return (size_t)K + (size_t)(K / QB) * (sizeof(float) + sizeof(int32_t));
+  return (size_t)(K / QB) * BlockToks<1, QB>::kStride;
+}
+
+// One token's records by the Q8_0 rule per 32 (common.h q8_block32 / q8_block: q4_0's and mxfp4's w4a8 codes and
+// scale, bit for bit) with corr = kCorr * sum(q_b): q4_0_x16 (-8, its raw nibbles' offset) and mxfp4_x16 (-12,
+// u's offset). ds_fp4_x16 and nvfp4_x16 quantize by their own formats' rules.
+template <int kCorr>
+void q8_records(const uint16_t* src, int32_t K, void* dst) {
+  constexpr int QK = 32;
+  for (int32_t b = 0; b < K / QK; ++b) {
+    const uint16_t* s = src + (size_t)b * QK;
+    int8_t* qb = (int8_t*)dst + (size_t)b * BlockToks<1, QK>::kStride;
+    float d;
+    int32_t sum = 0;
+#if defined(__AVX2__)
+    const __m256 x[4] = {bf16x8_f32(s), bf16x8_f32(s + 8), bf16x8_f32(s + 16), bf16x8_f32(s + 24)};
+    const __m256i v = q8_block32(x, &d);  // q8_block's codes and d, bit for bit
+    _mm256_storeu_si256((__m256i*)qb, v);
+    sum = hsum8_i32(sum4_i8(v));
+#else
+    float x[QK];
+    for (int j = 0; j < QK; ++j) x[j] = bf16_to_f32(s[j]);
+    d = q8_block(x, QK, qb);
+    for (int j = 0; j < QK; ++j) sum += qb[j];
+#endif
+    put_block_tail(qb + QK, d, kCorr * sum);
+  }
 }
 
 // The 16-register tiers' group passes (one half of the rows at a time): n lines of a block step at p. The first
@@ -248,8 +274,7 @@ void gate_up(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t e, int32_
 // 8 floats rounded to bf16 (as floats): cpumoe_f32_to_bf16 lane by lane, NaN kept quiet with its sign
 CPUMOE_INLINE __m256 round_bf16x8(__m256 v) {
   const __m256i u = _mm256_castps_si256(v), hi = _mm256_set1_epi32((int)0xFFFF0000u);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rne = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), hi);
+  const __m256i rne = _mm256_and_si256(bf16_rne_biased(u), hi);
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
                                          _mm256_set1_epi32(0x7F800000));
   const __m256i qnan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), hi);

@@ -251,6 +251,50 @@ def test_accumulation_order_exact(rng, mode, tier):
     np.testing.assert_array_equal(acc, want)
 
 
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+def test_route_term_rounding_ties(rng, mode, tier):
+    """ds_fp4 rounds each route's down term (dot * weight) to bf16 before the sum over routes: ties go to even,
+    also in the SIMD tiers' 8-row path (x16.h round_bf16x8). Every row's dot is one exact value here (one code per
+    row; a row's e8m0 scale only shifts it), so the route weights can put dot * weight exactly on a bf16 tie whose
+    kept bit is odd (rounds up), on one whose kept bit is even (rounds down), and off the ties."""
+    E, H, I = 1, 128, 128  # noqa: E741 - 8 groups of 16 rows: the 8-row path
+    b = DS.random_banks(E, H, I, rng)
+    c = np.zeros((H, I), np.uint8)
+    c[:, 1] = 1  # E2M1 0.5 at element 1 of block 0, nothing else: S = 2 E2M1 * q[1] = q[1]
+    b["down_packed"][0] = c[:, 0::2] | (c[:, 1::2] << 4)
+    sc = np.full((H, I // 32), 127, np.uint8)
+    sc[:, 0] = rng.integers(120, 135, H)
+    b["down_scale"][0] = sc.view(E8M0)
+    xb = cf.repack_ds_fp4_x16(b)
+    k = kernel(FMT, E, H, I, mode, tier)
+    v = rng.standard_normal(I)
+    v[1] = 0.7
+    gbits = to_bf16_bits(v)
+    q, hs, _ = parse_prep(prep(k, gbits), I)
+    dot = np.float32(q[1]) * hs[0]  # float32: f32(S) * hs, rounded once; row r's dot is dot * 2^(s_r - 127)
+    f32 = np.float32
+
+    def weight_for(target):  # a float32 w with f32(dot * w) == target exactly
+        w = f32(target / dot)
+        for _ in range(16):
+            p = f32(dot * w)
+            if p == target:
+                return w
+            w = np.nextafter(w, f32(np.inf) if p < target else f32(-np.inf), dtype=f32)
+        raise AssertionError(f"no float32 weight puts {dot!r} on {target!r}")
+
+    e = np.floor(np.log2(abs(float(dot))))
+    odd_tie = f32(np.ldexp(1 + 2.0**-7 + 2.0**-8, int(e)))  # kept bits ...1, dropped 0x8000: rounds up
+    even_tie = f32(np.ldexp(1 + 2.0**-6 + 2.0**-8, int(e)))  # kept bits ...0, dropped 0x8000: rounds down
+    wts = [weight_for(odd_tie), weight_for(even_tie), f32(0.75)]
+    acc = run_down(k, FMT, xb, 0, [gbits] * 3, wts)
+    scale = np.ldexp(1.0, sc[:, 0].astype(np.int64) - 127)
+    for j, w in enumerate(wts):
+        want = round_bf16((f32(dot * w) * scale).astype(np.float32).astype(np.float64))
+        np.testing.assert_array_equal(acc[j], want, err_msg=f"route {j} (weight {w!r})")
+    assert (acc[0] > f32(dot * wts[0]) * scale).all() and (acc[1] < f32(dot * wts[1]) * scale).all()
+
+
 # ---------------------------------------------------------------- work items
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
 @pytest.mark.parametrize("n", [1, 2, 9])

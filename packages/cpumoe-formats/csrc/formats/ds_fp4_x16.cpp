@@ -7,8 +7,8 @@
 //
 // Mode w4a8 only: the activation goes through ds_fp4's prep (ds_fp4_act.h: the FP8 round trip per 128, then the
 // Q8_0 rule per 32: the same codes q and 0.5 s_b as ds_fp4's w4a8). Record (x16::BlockToks): per block 40
-// bytes, int8 q[32] (element order), fp32 hs = 0.5 s_b, int32 corr = -12 sum(q_b). Weights enter the integer dots as u = 2 E2M1 + 12 in
-// [0, 24] (vpshufb of the nibble), so per (row, block) the exact
+// bytes, int8 q[32] (element order), fp32 hs = 0.5 s_b, int32 corr = -12 sum(q_b). Weights enter the integer
+// dots as u = 2 E2M1 + 12 in [0, 24] (vpshufb of the nibble), so per (row, block) the exact
 //   S_b = corr_b + sum(u q) = sum(2 E2M1 q)      (|S_b| <= 32 * 12 * 127)
 // and per (row, token), from acc = 0, block by block in K order:
 //   acc = fma((float)S_b * hs_b, 2^(min(s,254) - 127), acc)      (s = 0: 2^-127, exact)

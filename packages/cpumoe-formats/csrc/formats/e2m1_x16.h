@@ -9,7 +9,7 @@
 // integer dots as u = 2 E2M1 + 12 in [0, 24] (vpshufb of the nibble); the token record's corr_b = -12 sum(q_b)
 // makes S_b = corr_b + sum(u q) = sum(2 E2M1 q) exact (|S_b| <= 32 * 12 * 127). The record is x16::BlockToks<NT,
 // 32>: per block 40 bytes, its int8 q[32] (element order), fp32 s (the fold's per-block activation factor), int32
-// corr (put_record below).
+// corr (x16::put_block_tail).
 //
 // Fold policy F (per (row, token), from acc = 0, block by block in K order; every tier does the same fp32
 // operations, so the tiers are bit-identical and a token's result does not depend on its batch):

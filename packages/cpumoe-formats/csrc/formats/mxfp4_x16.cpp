@@ -6,10 +6,10 @@
 // mxfp4, moved (cpumoe_formats.repack_mxfp4_x16).
 //
 // Mode w4a8 only, and bit-identical to mxfp4's w4a8 in every tier: the activation record has mxfp4's int8 codes
-// q and scales s_b per 32 (the Q8_0 rule) and corr_b = -12 sum(q_b), per block (x16::BlockToks, 40 bytes); per (row, token), from acc = 0, block by
-// block in K order, acc = acc + (float)S_b * ((e8m0 * 0.5f) * s_b) (mul, mul, add: mxfp4_w8.h's operations), then
-// gate/up = (acc + bias) * w_in and a route's down term (acc + bias) * weight (x16.h with Ref::bias, mxfp4's
-// order). Lanes are rows: the per-block fold is paid once per 16 rows and token, and the decode of a block is two
+// q and scales s_b per 32 (the Q8_0 rule) and corr_b = -12 sum(q_b), per block (x16::BlockToks, 40 bytes); per
+// (row, token), from acc = 0, block by block in K order, acc = acc + (float)S_b * ((e8m0 * 0.5f) * s_b) (mul,
+// mul, add: mxfp4_w8.h's operations), then gate/up = (acc + bias) * w_in and a route's down term (acc + bias) *
+// weight (x16.h with Ref::bias, mxfp4's order). Lanes are rows: the per-block fold is paid once per 16 rows and token, and the decode of a block is two
 // instructions per 64 weights (mxfp4_panel's w4a8 interleaves each row pair into dwords first).
 #include <cstring>
 
@@ -23,24 +23,7 @@ using e2m1x16::QK;
 
 // mxfp4's w4a8 codes and scales (mxfp4_w8.h prep_act's rule: q8_block32 / q8_block), corr = -12 sum(q).
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  for (int32_t b = 0; b < K / QK; ++b) {
-    int8_t* qb = (int8_t*)dst + (size_t)b * x16::BlockToks<1, QK>::kStride;
-    float sb;
-    int32_t s = 0;
-#if defined(__AVX2__)
-    const uint16_t* p = src + QK * b;
-    const __m256 xv[4] = {bf16x8_f32(p), bf16x8_f32(p + 8), bf16x8_f32(p + 16), bf16x8_f32(p + 24)};
-    const __m256i v = q8_block32(xv, &sb);
-    _mm256_storeu_si256((__m256i*)qb, v);
-    s = hsum8_i32(sum4_i8(v));
-#else
-    float x[QK];
-    for (int j = 0; j < QK; ++j) x[j] = bf16_to_f32(src[QK * b + j]);
-    sb = q8_block(x, QK, qb);
-    for (int j = 0; j < QK; ++j) s += qb[j];
-#endif
-    x16::put_block_tail(qb + QK, sb, -kW2Offset * s);
-  }
+  x16::q8_records<-kW2Offset>(src, K, dst);
 }
 
 // mxfp4's fold: the weight factor e8m0 * 0.5 (exact: >= 2^-128), times s_b, times the integer, added.

@@ -32,26 +32,8 @@ constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 #define CPUMOE_Q4X16_PF 3072
 #endif
 
-void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
-  for (int b = 0; b < K / QK; ++b) {
-    const uint16_t* s = src + (size_t)b * QK;
-    int8_t* qb = (int8_t*)dst + (size_t)b * x16::BlockToks<1, QK>::kStride;
-    float da;
-    int32_t sum = 0;
-#if defined(__AVX2__)
-    const __m256 x[4] = {bf16x8_f32(s), bf16x8_f32(s + 8), bf16x8_f32(s + 16), bf16x8_f32(s + 24)};
-    const __m256i v = q8_block32(x, &da);  // q8_block's codes and d, bit for bit
-    _mm256_storeu_si256((__m256i*)qb, v);
-    sum = hsum8_i32(sum4_i8(v));
-#else
-    float x[QK];
-    for (int j = 0; j < QK; ++j) x[j] = bf16_to_f32(s[j]);
-    da = q8_block(x, QK, qb);
-    for (int j = 0; j < QK; ++j) sum += qb[j];
-#endif
-    x16::put_block_tail(qb + QK, da, -8 * sum);
-  }
-}
+// q4_0's w4a8 codes and d_a per 32, corr = -8 sum(q) (the raw nibbles' offset 8)
+void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) { x16::q8_records<-8>(src, K, dst); }
 
 // The layout for x16.h's loops: a group is one bank row.
 struct G16 {
