@@ -145,6 +145,15 @@ void q8_records(const uint16_t* src, int32_t K, void* dst) {
 #ifndef CPUMOE_X16_PF_LOC
 #define CPUMOE_X16_PF_LOC 3
 #endif
+// The 16-register tiers' one-token passes (both halves, G groups side by side): n lines of a block step at p,
+// CPUMOE_X16_PF_ONE bytes ahead. Zen 3 VM, 2 threads, q4_0_x16 batch 1 (5 interleaved rounds): 1-1.5 KB 672-689 us,
+// 2 KB 700-722, 3 KB 816-843, none 882-972; an L2 prefetch further on (4-8 KB) was slower.
+#ifndef CPUMOE_X16_PF_ONE
+#define CPUMOE_X16_PF_ONE 1536
+#endif
+CPUMOE_INLINE void prefetch_one_token(const uint8_t* p, int n) {
+  for (int l = 0; l < n; ++l) __builtin_prefetch(p + CPUMOE_X16_PF_ONE + 64 * l, 0, 3);
+}
 CPUMOE_INLINE void prefetch_half_pass(const uint8_t* p, int n, bool first_half, int64_t ahead, size_t next) {
   for (int l = 0; l < n; ++l) {
     if (first_half)

@@ -110,6 +110,36 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
   // slower than the row-major kernels on Zen 3)
   // One token: both halves per block in one pass (its broadcasts serve 16 rows; no pass without memory traffic).
   const __m256i m = _mm256_set1_epi8(0x0F), lut = w2_offset();
+  if constexpr (NT == 1) {  // the G groups side by side per block: G streams in flight (q4_0_x16.cpp)
+    __m256 acc[G][2];
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+    x16::BlockToks<1, QK> a(act);
+    for (int b = 0; b < nb; ++b, a.advance(1)) {
+      CPUMOE_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* p = gp[g].w + (size_t)b * GB;
+        x16::prefetch_one_token(p, 5);
+        CPUMOE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const __m256 sw = F::scale8(p + 8 * h);
+          __m256i lo[4], hi[4];
+          CPUMOE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + SB + 64 * j + 32 * h));
+            lo[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m));
+            hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+          }
+          acc[g][h] = F::fold(acc[g][h], x16::block32_sum<4>(lo, hi, a.q(0, 0), *a.corr(0, 0)), sw, a.s(0, 0));
+        }
+      }
+    }
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g)
+      CPUMOE_UNROLL
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, acc[g][h]);
+    return;
+  }
   constexpr int NH = NT == 1 ? 2 : 1;
   for (int g = 0; g < G; ++g)
     for (int h0 = 0; h0 < 2; h0 += NH) {

@@ -162,7 +162,10 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
   const int cb = CB_ ? CB_ : cb_rt;
   const __m256i m = _mm256_set1_epi8(0x0F), tu = fp4::w2_offset();
   const uint8_t* p = gp[0].w + (size_t)c * CB;
-  x16::prefetch_half_pass(p, CB / 64, HS != 1, CPUMOE_NVX16_PF, row);
+  if constexpr (HS == 2)
+    x16::prefetch_one_token(p, CB / 64);
+  else
+    x16::prefetch_half_pass(p, CB / 64, HS != 1, CPUMOE_NVX16_PF, row);
   CPUMOE_UNROLL
   for (int i = 0; i < cb; ++i) {
     __m256 ds[2];  // the block's scales of rows 8 h.. (both halves: decoded together)
@@ -218,6 +221,27 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
   // DRAM without a pass that reads nothing new); more tokens: one half per pass, 4 tokens' accumulators each.
   constexpr int HS = NT == 1 ? 2 : 0, NH = HS == 2 ? 2 : 1;
   const size_t row = (size_t)nb * GB;
+  if constexpr (NT == 1) {  // the G groups side by side, chunk by chunk: G streams in flight (q4_0_x16.cpp)
+    __m256 acc[G * 2];
+    CPUMOE_UNROLL
+    for (int t = 0; t < G * 2; ++t) acc[t] = _mm256_setzero_ps();
+    x16::BlockToks<1, QB> a(act);
+    for (int c = 0; c < nc; ++c, a.advance(CH))
+      CPUMOE_UNROLL
+      for (int g = 0; g < G; ++g) chunk<1, 1, CH, 2>(gp + g, c, CH, a, acc + 2 * g, row);
+    if (rem)
+      CPUMOE_UNROLL
+      for (int g = 0; g < G; ++g) chunk<1, 1, 0, 2>(gp + g, nc, rem, a, acc + 2 * g, row);
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g)
+      CPUMOE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const __m256 gl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(gp[g].gl + 8 * h))),
+                                        _mm256_set1_ps(0.5f));
+        _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, _mm256_mul_ps(acc[2 * g + h], gl));
+      }
+    return;
+  }
   for (int g = 0; g < G; ++g)
     for (int h = 0; h < 2; h += NH) {
       __m256 acc[NH * NT];
