@@ -192,10 +192,10 @@ def test_repack_holds_its_own_copy(rng):
 
 
 def test_auto_repack_needs_the_layouts_kernel(rng):
-    """q4_0's CPU layout (q4_0_x16) is auto only from avx512vnni (cpu_layout_min_tier): below (an AVX2 cap) and for
-    the native mode (which the layout lacks) q4_0 stays; repack=True forces it, and raises for a mode it lacks."""
+    """q4_0's CPU layout (q4_0_x16) is auto only from avx2 (cpu_layout_min_tier): below (a scalar cap) and for the
+    native mode (which the layout lacks) q4_0 stays; repack=True forces it, and raises for a mode it lacks."""
     banks, (E, H, I) = make_banks("q4_0", rng, layers=1)
-    ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, isa="avx2")
+    ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, isa="scalar")
     assert ex.spec.name == "q4_0"
     ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, mode="native")
     assert ex.spec.name == "q4_0"
@@ -204,8 +204,9 @@ def test_auto_repack_needs_the_layouts_kernel(rng):
     ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1, repack=True, isa="scalar")  # forced
     assert ex.spec.name == "q4_0_x16" and ex.isa == "scalar+w4a8"
     ex = ce.CpuMoeExecutor("q4_0", banks, top_k=2, threads=1)
-    vnni = cf.selected_tier("q4_0_x16").startswith("avx512vnni")  # this CPU, under CPUMOE_ISA's cap
-    assert ex.spec.name == ("q4_0_x16" if vnni else "q4_0") and ex.given_format == "q4_0"
+    tier = lambda f: cf.TIERS.index(cf.selected_tier(f).split("+")[0])  # noqa: E731  (this CPU, CPUMOE_ISA's cap)
+    auto = tier("q4_0_x16") >= max(tier("q4_0"), cf.TIERS.index("avx2"))
+    assert ex.spec.name == ("q4_0_x16" if auto else "q4_0") and ex.given_format == "q4_0"
 
 
 def test_auto_repack_needs_the_layouts_shapes(rng):
@@ -267,20 +268,21 @@ def test_nvfp4_auto_repack_is_w4a8_only(rng):
 
 
 def test_mxfp4_repack_chain(rng, caplog):
-    """mxfp4 -> mxfp4_panel (both modes) -> mxfp4_x16 (w4a8 only, auto from avx512vnni): native stops at the panels,
-    w4a8 goes on where mxfp4_x16's avx512vnni or avx512bf16 kernel runs; repack=True forces the first step only
-    (an AVX2 cap keeps the panels). Every variant gives mxfp4's own w4a8 bits."""
+    """mxfp4 -> mxfp4_panel (both modes) -> mxfp4_x16 (w4a8 only, auto from avx2): native stops at the panels, w4a8
+    goes on where mxfp4_x16's kernel is at least avx2 and the panels' tier; repack=True forces the first step only
+    (a scalar cap keeps the panels). Every variant gives mxfp4's own w4a8 bits."""
     import logging
 
     banks, (E, H, I) = make_banks("mxfp4", rng, layers=2)
     act = ACT["mxfp4"]
     assert ce.CpuMoeExecutor("mxfp4", banks, top_k=2, threads=1, **act).spec.name == "mxfp4_panel"
-    vnni = cf.selected_tier("mxfp4_x16", "w4a8").startswith(("avx512vnni", "avx512bf16"))
+    tier = lambda f: cf.TIERS.index(cf.selected_tier(f, "w4a8").split("+")[0])  # noqa: E731
+    vnni = tier("mxfp4_x16") >= max(tier("mxfp4_panel"), cf.TIERS.index("avx2"))
     x = rng.standard_normal((5, H)).astype(np.float32)
     w, ids = routing(rng, 5, 2, E)
     want = cf.moe_forward("mxfp4", banks[1], x, w, ids, mode="w4a8", **act)
     for fmt, kw, ran in (("mxfp4", {}, "mxfp4_x16" if vnni else "mxfp4_panel"),
-                         ("mxfp4", dict(repack=True, isa="avx2"), "mxfp4_panel"),
+                         ("mxfp4", dict(repack=True, isa="scalar"), "mxfp4_panel"),
                          ("mxfp4_panel", dict(repack=True, isa="scalar"), "mxfp4_x16"),
                          ("mxfp4", dict(repack=False), "mxfp4")):
         given = banks if fmt == "mxfp4" else [cf.repack_mxfp4_panels(b) for b in banks]

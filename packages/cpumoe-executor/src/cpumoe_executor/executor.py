@@ -47,9 +47,8 @@ class CpuMoeExecutor:
 
     banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
-    mxfp4 -> mxfp4_panel, and on to mxfp4_x16 in mode w4a8 from avx512vnni, both bit-identical; q4_0 -> q4_0_x16
-    from avx512vnni; nvfp4 -> nvfp4_x16 and ds_fp4 -> ds_fp4_x16 in mode w4a8 and fp8_block -> fp8_block_x16 from
-    avx2; bf16 -> bf16_x16 from avx512f below AMX; each the format's math in the layout's own fp32 order; only for
+    mxfp4 -> mxfp4_panel, and on to mxfp4_x16 in mode w4a8, both bit-identical; q4_0 -> q4_0_x16, nvfp4 ->
+    nvfp4_x16 and ds_fp4 -> ds_fp4_x16 in mode w4a8 and fp8_block -> fp8_block_x16, each from avx2; bf16 -> bf16_x16 from avx512f below AMX; each the format's math in the layout's own fp32 order; only for
     shapes the layout takes); the layers are repacked on the executor's threads, and the executor then holds that
     new copy and not the given arrays. False keeps the given arrays, zero-copy; True forces the (first) layout.
     """
@@ -123,8 +122,8 @@ class CpuMoeExecutor:
 
     def _layout_step(self, spec, mode: str, isa: str | None, repack: bool | None):
         """spec's CPU layout, or None. Auto (repack=None): when the layout has the mode, takes H and I, and its kernel
-        on this machine (isa / CPUMOE_ISA respected) is at least spec's tier and spec's cpu_layout_min_tier (q4_0,
-        nvfp4: avx512vnni, so an AVX2-only CPU keeps q4_0 / nvfp4)."""
+        on this machine (isa / CPUMOE_ISA respected) is at least spec's tier and spec's cpu_layout_min_tier (avx2
+        for every layout but bf16's, avx512f: a scalar cap keeps the given format)."""
         if not spec.cpu_layout or repack is False:
             return None
         target = cf.get_format(spec.cpu_layout)
