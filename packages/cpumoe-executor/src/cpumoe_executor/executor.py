@@ -48,9 +48,10 @@ class CpuMoeExecutor:
     banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
     mxfp4 -> mxfp4_panel, and on to mxfp4_x16 in mode w4a8, both bit-identical; q4_0 -> q4_0_x16, nvfp4 ->
-    nvfp4_x16 and ds_fp4 -> ds_fp4_x16 in mode w4a8 and fp8_block -> fp8_block_x16, each from avx2; bf16 -> bf16_x16 from avx512f below AMX; each the format's math in the layout's own fp32 order; only for
-    shapes the layout takes); the layers are repacked on the executor's threads, and the executor then holds that
-    new copy and not the given arrays. False keeps the given arrays, zero-copy; True forces the (first) layout.
+    nvfp4_x16 and ds_fp4 -> ds_fp4_x16 in mode w4a8 and fp8_block -> fp8_block_x16, each from avx2; bf16 -> bf16_x16
+    from avx512f below AMX; each the format's math in the layout's own fp32 order; only for shapes the layout
+    takes); the layers are repacked on the executor's threads, and the executor then holds that new copy and not
+    the given arrays. False keeps the given arrays, zero-copy; True forces the (first) layout.
     """
 
     def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,

@@ -105,12 +105,18 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  // rows 8h..8h+7 of each group in turn: the first half's pass brings the lines in, the second reads them from L1/L2
-  // while it prefetches the next group (a second pass without memory traffic left DRAM idle: batch 1 ran 10-15%
-  // slower than the row-major kernels on Zen 3)
-  // One token: both halves per block in one pass (its broadcasts serve 16 rows; no pass without memory traffic).
   const __m256i m = _mm256_set1_epi8(0x0F), lut = w2_offset();
-  if constexpr (NT == 1) {  // the G groups side by side per block: G streams in flight (q4_0_x16.cpp)
+  // the block's u vectors of rows 8h..8h+7 (block32_sum's lo / hi)
+  const auto codes = [&](const uint8_t* p, int h, __m256i* lo, __m256i* hi) {
+    CPUMOE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(p + SB + 64 * j + 32 * h));
+      lo[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m));
+      hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+    }
+  };
+  // u <= 24: 4 vpmaddubsw sums per int16 run at avx2 (<= 4 * 2 * 24 * 127 = 24384; 8 could wrap)
+  if constexpr (NT == 1) {  // one token: both halves of the G groups per block, the G streams side by side
     __m256 acc[G][2];
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
@@ -122,15 +128,10 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
         x16::prefetch_one_token(p, 5);
         CPUMOE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          const __m256 sw = F::scale8(p + 8 * h);
           __m256i lo[4], hi[4];
-          CPUMOE_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + SB + 64 * j + 32 * h));
-            lo[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m));
-            hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
-          }
-          acc[g][h] = F::fold(acc[g][h], x16::block32_sum<4>(lo, hi, a.q(0, 0), *a.corr(0, 0)), sw, a.s(0, 0));
+          codes(p, h, lo, hi);
+          acc[g][h] = F::fold(acc[g][h], x16::block32_sum<4>(lo, hi, a.q(0, 0), *a.corr(0, 0)), F::scale8(p + 8 * h),
+                              a.s(0, 0));
         }
       }
     }
@@ -140,40 +141,27 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
       for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, acc[g][h]);
     return;
   }
-  constexpr int NH = NT == 1 ? 2 : 1;
+  // more tokens: rows 8h..8h+7 of each group in turn, NT tokens' accumulators each; the first half's pass brings
+  // the lines in, the second reads them from L1/L2 while it prefetches the next group (a second pass without
+  // memory traffic left DRAM idle: batch 1 ran 10-15% slower than the row-major kernels on Zen 3)
   for (int g = 0; g < G; ++g)
-    for (int h0 = 0; h0 < 2; h0 += NH) {
-      __m256 acc[NH * NT];
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[NT];
       CPUMOE_UNROLL
-      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
       const x16::BlockToks<NT, QK> a(act);
       for (int b = 0; b < nb; ++b) {
         const uint8_t* p = gp[g].w + (size_t)b * GB;
-        x16::prefetch_half_pass(p, 5, h0 == 0, kPf, (size_t)nb * GB);
+        x16::prefetch_half_pass(p, 5, h == 0, kPf, (size_t)nb * GB);
+        const __m256 sw = F::scale8(p + 8 * h);
+        __m256i lo[4], hi[4];
+        codes(p, h, lo, hi);
         CPUMOE_UNROLL
-        for (int h = h0; h < h0 + NH; ++h) {
-          const __m256 sw = F::scale8(p + 8 * h);
-          __m256i lo[4], hi[4];
-          CPUMOE_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + SB + 64 * j + 32 * h));
-            lo[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m));
-            hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
-          }
-          CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            // u <= 24: 4 vpmaddubsw sums per int16 run at avx2 (<= 4 * 2 * 24 * 127 = 24384; 8 could wrap)
-            const __m256i S = x16::block32_sum<4>(lo, hi, a.q(t, b), *a.corr(t, b));
-            __m256& A = acc[(h - h0) * NT + t];
-            A = F::fold(A, S, sw, a.s(t, b));
-          }
-        }
+        for (int t = 0; t < NT; ++t) acc[t] = F::fold(acc[t], x16::block32_sum<4>(lo, hi, a.q(t, b), *a.corr(t, b)), sw,
+                                                      a.s(t, b));
       }
       CPUMOE_UNROLL
-      for (int h = h0; h < h0 + NH; ++h)
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t)
-          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[(h - h0) * NT + t]);
+      for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[t]);
     }
 #else  // scalar: the same integers and fp32 operations, row by row
   const x16::BlockToks<NT, QK> a(act);

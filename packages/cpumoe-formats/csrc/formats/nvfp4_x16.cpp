@@ -198,6 +198,14 @@ template <int G, int NT, int CB_, int>
 CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::BlockToks<NT, QB>&, Vec*, size_t) {}  // scalar: groups()
 #endif
 
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// 8 rows' sums times 0.5 * their fp16 globals
+CPUMOE_INLINE void store_scaled(float* out, __m256 acc, const uint16_t* gl) {
+  const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)gl)), _mm256_set1_ps(0.5f));
+  _mm256_storeu_ps(out, _mm256_mul_ps(acc, s));
+}
+#endif
+
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (gp[g]) and NT tokens.
 template <int G, int NT>
 CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
@@ -217,11 +225,8 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, _mm512_mul_ps(acc[g * NT + t], gl));
   }
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  // One token: both halves per block in one pass (the token's broadcasts serve 16 rows, and the group streams from
-  // DRAM without a pass that reads nothing new); more tokens: one half per pass, 4 tokens' accumulators each.
-  constexpr int HS = NT == 1 ? 2 : 0, NH = HS == 2 ? 2 : 1;
   const size_t row = (size_t)nb * GB;
-  if constexpr (NT == 1) {  // the G groups side by side, chunk by chunk: G streams in flight (q4_0_x16.cpp)
+  if constexpr (NT == 1) {  // one token: both halves of the G groups per chunk, the G streams side by side
     __m256 acc[G * 2];
     CPUMOE_UNROLL
     for (int t = 0; t < G * 2; ++t) acc[t] = _mm256_setzero_ps();
@@ -235,33 +240,26 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g)
       CPUMOE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const __m256 gl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(gp[g].gl + 8 * h))),
-                                        _mm256_set1_ps(0.5f));
-        _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, _mm256_mul_ps(acc[2 * g + h], gl));
-      }
+      for (int h = 0; h < 2; ++h) store_scaled(out + (size_t)g * GR + 8 * h, acc[2 * g + h], gp[g].gl + 8 * h);
     return;
   }
+  // more tokens: rows 8h..8h+7 of each group in turn, NT tokens' accumulators each (the second half's pass
+  // prefetches the next group)
   for (int g = 0; g < G; ++g)
-    for (int h = 0; h < 2; h += NH) {
-      __m256 acc[NH * NT];
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[NT];
       CPUMOE_UNROLL
-      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
       x16::BlockToks<NT, QB> a(act);
-      if (HS == 2 || h == 0) {
-        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, HS>(gp + g, c, CH, a, acc, row), a.advance(CH);
-        if (rem) chunk<1, NT, 0, HS>(gp + g, nc, rem, a, acc, row);
+      if (h == 0) {
+        for (int c = 0; c < nc; ++c) chunk<1, NT, CH, 0>(gp + g, c, CH, a, acc, row), a.advance(CH);
+        if (rem) chunk<1, NT, 0, 0>(gp + g, nc, rem, a, acc, row);
       } else {
         for (int c = 0; c < nc; ++c) chunk<1, NT, CH, 1>(gp + g, c, CH, a, acc, row), a.advance(CH);
         if (rem) chunk<1, NT, 0, 1>(gp + g, nc, rem, a, acc, row);
       }
-      for (int hh = h; hh < h + NH; ++hh) {
-        const __m256 gl = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(gp[g].gl + 8 * hh))),
-                                        _mm256_set1_ps(0.5f));
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t)
-          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * hh, _mm256_mul_ps(acc[(hh - h) * NT + t], gl));
-      }
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) store_scaled(out + (size_t)(g * NT + t) * GR + 8 * h, acc[t], gp[g].gl + 8 * h);
     }
 #else  // scalar: the same integers and fp32 operations, row by row
   const x16::BlockToks<NT, QB> a(act);

@@ -88,6 +88,28 @@ CPUMOE_INLINE void block16_one_token(const uint8_t* p, const int8_t* rec, __m256
 #undef CPUMOE_Q4X16_FIRST
 #undef CPUMOE_Q4X16_NEXT
 }
+#elif CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// The same for AVX-VNNI, by intrinsics (vpdpbusd needs neither the int16 runs nor the ones).
+CPUMOE_INLINE void block16_one_token(const uint8_t* p, const int8_t* rec, __m256i m, __m256& acc0, __m256& acc1) {
+  float s;
+  int32_t corr;
+  std::memcpy(&s, rec + QK, 4);
+  std::memcpy(&corr, rec + QK + 4, 4);
+  CPUMOE_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+    __m256i lo[4], hi[4];
+    CPUMOE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
+      lo[j] = _mm256_and_si256(w, m);
+      hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
+    }
+    __m256& A = h ? acc1 : acc0;
+    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(x16::block32_sum<8>(lo, hi, rec, corr)), _mm256_mul_ps(d, _mm256_set1_ps(s)),
+                        A);
+  }
+}
 #endif
 
 // The layout for x16.h's loops: a group is one bank row.
@@ -151,10 +173,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  // rows 8h..8h+7 of each group in turn: the first half's pass brings the lines in, the second reads them from L1/L2
-  // (one token: both halves per block in one pass, as nvfp4_x16; e2m1_x16.h)
   const __m256i m = _mm256_set1_epi8(0x0F);
-#if CPUMOE_TIER == CPUMOE_T_AVX2
   if constexpr (NT == 1) {  // one token: all 16 rows of the G groups per block, the G streams side by side
     __m256 acc[G][2];
     CPUMOE_UNROLL
@@ -174,42 +193,34 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
       for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, acc[g][h]);
     return;
   }
-#endif
-  constexpr int NH = NT == 1 ? 2 : 1;
+  // more tokens: rows 8h..8h+7 of each group in turn, NT tokens' accumulators each; the first half's pass brings
+  // the lines in, the second reads them from L1/L2 while it prefetches the next group
   for (int g = 0; g < G; ++g)
-    for (int h0 = 0; h0 < 2; h0 += NH) {
-      __m256 acc[NH * NT];
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[NT];
       CPUMOE_UNROLL
-      for (int t = 0; t < NH * NT; ++t) acc[t] = _mm256_setzero_ps();
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
       const x16::BlockToks<NT, QK> a(act);
       for (int b = 0; b < nb; ++b) {
         const uint8_t* p = gp[g].w + (size_t)b * GB;
-        x16::prefetch_half_pass(p, 5, h0 == 0, CPUMOE_Q4X16_PF, (size_t)nb * GB);
+        x16::prefetch_half_pass(p, 5, h == 0, CPUMOE_Q4X16_PF, (size_t)nb * GB);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+        __m256i lo[4], hi[4];
         CPUMOE_UNROLL
-        for (int h = h0; h < h0 + NH; ++h) {
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
-          __m256i lo[4], hi[4];
-          CPUMOE_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
-            lo[j] = _mm256_and_si256(w, m);
-            hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
-          }
-          CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            // codes <= 15: 8 vpmaddubsw sums per int16 run at avx2 (<= 8 * 2 * 15 * 127 = 30480)
-            const __m256i S = x16::block32_sum<8>(lo, hi, a.q(t, b), *a.corr(t, b));
-            const __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(*a.s(t, b)));
-            __m256& A = acc[(h - h0) * NT + t];
-            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), sc, A);
-          }
+        for (int j = 0; j < 4; ++j) {
+          const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
+          lo[j] = _mm256_and_si256(w, m);
+          hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
+        }
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          // codes <= 15: 8 vpmaddubsw sums per int16 run at avx2 (<= 8 * 2 * 15 * 127 = 30480)
+          const __m256i S = x16::block32_sum<8>(lo, hi, a.q(t, b), *a.corr(t, b));
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(*a.s(t, b))), acc[t]);
         }
       }
       CPUMOE_UNROLL
-      for (int h = h0; h < h0 + NH; ++h)
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t)
-          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[(h - h0) * NT + t]);
+      for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[t]);
     }
 #else  // scalar: the same integers and fp32 operations, row by row
   const x16::BlockToks<NT, QK> a(act);
