@@ -173,6 +173,48 @@ CPUMOE_INLINE __m256i bcast4(const void* p) {
   return r;
 }
 
+// The layouts' one-token asm blocks (AVX2, q4_0_x16 and nvfp4_x16). NIBBLES: the 32 code bytes at A (rows 0-7) and
+// at B (rows 8-15), masked by %[m] (0x0F): ymm0 / ymm2 their low nibbles, ymm1 / ymm3 their high ones.
+#define CPUMOE_X16_ASM_NIBBLES(A, B) \
+  "vpand " A ", %[m], %%ymm0\n\t"     \
+  "vpandn " A ", %[m], %%ymm1\n\t"    \
+  "vpand " B ", %[m], %%ymm2\n\t"     \
+  "vpandn " B ", %[m], %%ymm3\n\t"    \
+  "vpsrlw $4, %%ymm1, %%ymm1\n\t"     \
+  "vpsrlw $4, %%ymm3, %%ymm3\n\t"
+// MADD4: ymm0 / ymm1 rows 0-7's unsigned codes that
+// meet the token's dword in ymm4 / ymm5, ymm2 / ymm3 rows 8-15's; vpmaddubsw each, and each half's two products
+// summed into (FIRST = CPUMOE_X16_ASM_FIRST) or onto (CPUMOE_X16_ASM_NEXT) its int16 run %[s0] / %[s1].
+#define CPUMOE_X16_ASM_MADD4(FIRST)                                                                        \
+  "vpmaddubsw %%ymm4, %%ymm0, %%ymm0\n\t"                                                                   \
+  "vpmaddubsw %%ymm5, %%ymm1, %%ymm1\n\t"                                                                   \
+  "vpmaddubsw %%ymm4, %%ymm2, %%ymm2\n\t"                                                                   \
+  "vpmaddubsw %%ymm5, %%ymm3, %%ymm3\n\t"                                                                   \
+  FIRST("vpaddw %%ymm1, %%ymm0, %[s0]\n\t", "vpaddw %%ymm1, %%ymm0, %%ymm0\n\tvpaddw %%ymm0, %[s0], %[s0]\n\t") \
+  FIRST("vpaddw %%ymm3, %%ymm2, %[s1]\n\t", "vpaddw %%ymm3, %%ymm2, %%ymm2\n\tvpaddw %%ymm2, %[s1], %[s1]\n\t")
+#define CPUMOE_X16_ASM_FIRST(a, b) a
+#define CPUMOE_X16_ASM_NEXT(a, b) b
+// int16 ones for vpmaddwd as a memory operand (the one-token asm blocks)
+alignas(32) inline constexpr int16_t kOnes16[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+// The 16-register tiers' one-token pass over G groups (gate and up, or a lone route's two halves of the groups):
+// block by block, the G groups side by side, so G streams are in flight (one stream at a time left a Zen 3 core
+// waiting on DRAM: q4_0_x16 batch 1 read 77-82% of the ceiling, 93-94% side by side). block(b, g, acc0, acc1) adds
+// block b of group g to its rows 0-7 / 8-15; out gets the G groups' 16 sums each.
+template <int G, class Block>
+CPUMOE_INLINE void one_token_groups(int nb, const Block& block, float* out) {
+  __m256 acc[G][2];
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b)
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g) block(b, g, acc[g][0], acc[g][1]);
+  CPUMOE_UNROLL
+  for (int g = 0; g < G; ++g)
+    CPUMOE_UNROLL
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, acc[g][h]);
+}
+
 // The 16-register tiers' exact int32 sum of one 32-block for 8 rows (q4_0_x16, e2m1_x16):
 //   corr + sum over j < 4 of dot(lo[j], qa[4j..4j+3]) + dot(hi[j], qa[16+4j..16+4j+3])
 // per dword lane (a row), lo / hi its unsigned codes of elements 4j.. and 16+4j.., qa the token's 32 int8 codes.

@@ -116,29 +116,19 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
     }
   };
   // u <= 24: 4 vpmaddubsw sums per int16 run at avx2 (<= 4 * 2 * 24 * 127 = 24384; 8 could wrap)
-  if constexpr (NT == 1) {  // one token: both halves of the G groups per block, the G streams side by side
-    __m256 acc[G][2];
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
-    x16::BlockToks<1, QK> a(act);
-    for (int b = 0; b < nb; ++b, a.advance(1)) {
+  if constexpr (NT == 1) {  // one token: both halves of the G groups per block, side by side
+    const x16::BlockToks<1, QK> a(act);
+    x16::one_token_groups<G>(nb, [&](int b, int g, __m256& a0, __m256& a1) CPUMOE_LAMBDA_INLINE {
+      const uint8_t* p = gp[g].w + (size_t)b * GB;
+      x16::prefetch_one_token(p, 5);
       CPUMOE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* p = gp[g].w + (size_t)b * GB;
-        x16::prefetch_one_token(p, 5);
-        CPUMOE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          __m256i lo[4], hi[4];
-          codes(p, h, lo, hi);
-          acc[g][h] = F::fold(acc[g][h], x16::block32_sum<4>(lo, hi, a.q(0, 0), *a.corr(0, 0)), F::scale8(p + 8 * h),
-                              a.s(0, 0));
-        }
+      for (int h = 0; h < 2; ++h) {
+        __m256i lo[4], hi[4];
+        codes(p, h, lo, hi);
+        __m256& A = h ? a1 : a0;
+        A = F::fold(A, x16::block32_sum<4>(lo, hi, a.q(0, b), *a.corr(0, b)), F::scale8(p + 8 * h), a.s(0, b));
       }
-    }
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, acc[g][h]);
+    }, out);
     return;
   }
   // more tokens: rows 8h..8h+7 of each group in turn, NT tokens' accumulators each; the first half's pass brings

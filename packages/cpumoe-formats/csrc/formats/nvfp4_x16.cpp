@@ -159,7 +159,6 @@ CPUMOE_INLINE __m256i block_sum(const __m256i* u, const int8_t* qa, int32_t corr
 // One token, one 16-block of a group, both halves (AVX2): acc0 / acc1 (rows 0-7 / 8-15) += cvt(isum) * (e4m3(scale)
 // * s_a), e4m3x16_halves's decode and block_sum's integers and fp32 operations, in inline asm so that nothing is
 // spilled (as q4_0_x16's block16_one_token). sp: the block's 16 scales, w: its 128 code bytes, rec: its record.
-alignas(32) constexpr int16_t kOnes16[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 alignas(32) constexpr uint16_t kE4m3Mask[16] = {0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF,
                                                 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF};
 alignas(32) constexpr float k256[8] = {256.f, 256.f, 256.f, 256.f, 256.f, 256.f, 256.f, 256.f};
@@ -171,26 +170,14 @@ CPUMOE_INLINE void block_one_token(const uint8_t* sp, const uint8_t* w, const in
   // code vector v (w0 at 0, w1 at 64) of both halves (+0, +32): its low nibbles meet the record's dword at qlo, its
   // high ones the dword at qhi; u = tu[nibble]
 #define CPUMOE_NVX16_STEP(v, qlo, qhi, FIRST)                                                                  \
-  "vpand " #v "(%[w]), %[m], %%ymm0\n\t"                                                                       \
-  "vpandn " #v "(%[w]), %[m], %%ymm1\n\t"                                                                      \
-  "vpand " #v "+32(%[w]), %[m], %%ymm2\n\t"                                                                    \
-  "vpandn " #v "+32(%[w]), %[m], %%ymm3\n\t"                                                                   \
-  "vpsrlw $4, %%ymm1, %%ymm1\n\t"                                                                              \
-  "vpsrlw $4, %%ymm3, %%ymm3\n\t"                                                                              \
+  CPUMOE_X16_ASM_NIBBLES(#v "(%[w])", #v "+32(%[w])")                                                         \
   "vpshufb %%ymm0, %[tu], %%ymm0\n\t"                                                                          \
   "vpshufb %%ymm1, %[tu], %%ymm1\n\t"                                                                          \
   "vpshufb %%ymm2, %[tu], %%ymm2\n\t"                                                                          \
   "vpshufb %%ymm3, %[tu], %%ymm3\n\t"                                                                          \
   "vpbroadcastd " #qlo "(%[r]), %%ymm4\n\t"                                                                    \
   "vpbroadcastd " #qhi "(%[r]), %%ymm5\n\t"                                                                    \
-  "vpmaddubsw %%ymm4, %%ymm0, %%ymm0\n\t"                                                                      \
-  "vpmaddubsw %%ymm5, %%ymm1, %%ymm1\n\t"                                                                      \
-  "vpmaddubsw %%ymm4, %%ymm2, %%ymm2\n\t"                                                                      \
-  "vpmaddubsw %%ymm5, %%ymm3, %%ymm3\n\t"                                                                      \
-  FIRST("vpaddw %%ymm1, %%ymm0, %[s0]\n\t", "vpaddw %%ymm1, %%ymm0, %%ymm0\n\tvpaddw %%ymm0, %[s0], %[s0]\n\t") \
-  FIRST("vpaddw %%ymm3, %%ymm2, %[s1]\n\t", "vpaddw %%ymm3, %%ymm2, %%ymm2\n\tvpaddw %%ymm2, %[s1], %[s1]\n\t")
-#define CPUMOE_NVX16_FIRST(a, b) a
-#define CPUMOE_NVX16_NEXT(a, b) b
+  CPUMOE_X16_ASM_MADD4(FIRST)
   __asm__(// the 16 scales: (c << 8 >> 1 arithmetic) & 0xBFFF is the fp16 of e4m3 / 256; times 256, times s_a
           "vpmovzxbw (%[sp]), %%ymm0\n\t"
           "vpsllw $8, %%ymm0, %%ymm0\n\t"
@@ -204,7 +191,7 @@ CPUMOE_INLINE void block_one_token(const uint8_t* sp, const uint8_t* w, const in
           "vmulps %[c256], %[sc1], %[sc1]\n\t"
           "vmulps %%ymm1, %[sc0], %[sc0]\n\t"
           "vmulps %%ymm1, %[sc1], %[sc1]\n\t"
-          CPUMOE_NVX16_STEP(0, 0, 8, CPUMOE_NVX16_FIRST) CPUMOE_NVX16_STEP(64, 4, 12, CPUMOE_NVX16_NEXT)
+          CPUMOE_NVX16_STEP(0, 0, 8, CPUMOE_X16_ASM_FIRST) CPUMOE_NVX16_STEP(64, 4, 12, CPUMOE_X16_ASM_NEXT)
           "vpmaddwd %[ones], %[s0], %[s0]\n\t"
           "vpmaddwd %[ones], %[s1], %[s1]\n\t"
           "vpbroadcastd 20(%[r]), %%ymm4\n\t"
@@ -215,13 +202,11 @@ CPUMOE_INLINE void block_one_token(const uint8_t* sp, const uint8_t* w, const in
           "vfmadd231ps %[sc0], %[s0], %[a0]\n\t"
           "vfmadd231ps %[sc1], %[s1], %[a1]\n\t"
           : [a0] "+x"(acc0), [a1] "+x"(acc1), [s0] "=&x"(s0), [s1] "=&x"(s1), [sc0] "=&x"(sc0), [sc1] "=&x"(sc1)
-          : [sp] "r"(sp), [w] "r"(w), [r] "r"(rec), [m] "x"(m), [tu] "x"(tu), [ones] "m"(kOnes16),
+          : [sp] "r"(sp), [w] "r"(w), [r] "r"(rec), [m] "x"(m), [tu] "x"(tu), [ones] "m"(x16::kOnes16),
             [emask] "m"(kE4m3Mask), [c256] "m"(k256), "m"(*(const uint8_t(*)[QB])sp), "m"(*(const uint8_t(*)[128])w),
             "m"(*(const int8_t(*)[24])rec)
           : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5");
 #undef CPUMOE_NVX16_STEP
-#undef CPUMOE_NVX16_FIRST
-#undef CPUMOE_NVX16_NEXT
 }
 #endif
 

@@ -35,36 +35,35 @@ constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 // q4_0's w4a8 codes and d_a per 32, corr = -8 sum(q) (the raw nibbles' offset 8)
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) { x16::q8_records<-8>(src, K, dst); }
 
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// A block's codes of rows 8h..8h+7: lo[j] / hi[j] the low / high nibbles of vector j (block32_sum's operands)
+CPUMOE_INLINE void codes8(const uint8_t* p, int h, __m256i m, __m256i* lo, __m256i* hi) {
+  CPUMOE_UNROLL
+  for (int j = 0; j < 4; ++j) {
+    const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
+    lo[j] = _mm256_and_si256(w, m);
+    hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
+  }
+}
+#endif
+
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 // One token, one 32-block of a group, all 16 rows (AVX2): acc0 / acc1 (rows 0-7 / 8-15) += cvt(corr + sum) * (d *
 // d_a), the same integers and fp32 operations as block32_sum's path, in inline asm. GCC 12 spilled that path's two
 // accumulators and scale to the stack (16 ymm registers for 8 broadcast activations, the mask, the ones and the
 // codes) and took 31 cycles a block on Zen 3; this schedule keeps them in registers: both halves per code step, the
 // codes masked straight from memory, the ones and the broadcasts from memory (21 cycles a block, same bits).
-alignas(32) constexpr int16_t kOnes16[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 CPUMOE_INLINE void block16_one_token(const uint8_t* p, const int8_t* rec, __m256i m, __m256& acc0, __m256& acc1) {
   static_assert(x16::BlockToks<1, QK>::kStride == 40, "record: 32 codes, float d_a at 32, int32 corr at 36");
   __m256i s0, s1;
   // code step j: rows 0-7 at 32 + 64j, rows 8-15 at 64 + 64j; its low nibbles meet codes 4j.., the high 16 + 4j..
 #define CPUMOE_Q4X16_STEP(j, FIRST)                                                             \
-  "vpand " #j "*64+32(%[p]), %[m], %%ymm0\n\t"                                                   \
-  "vpandn " #j "*64+32(%[p]), %[m], %%ymm1\n\t"                                                  \
-  "vpand " #j "*64+64(%[p]), %[m], %%ymm2\n\t"                                                   \
-  "vpandn " #j "*64+64(%[p]), %[m], %%ymm3\n\t"                                                  \
+  CPUMOE_X16_ASM_NIBBLES(#j "*64+32(%[p])", #j "*64+64(%[p])")                                  \
   "vpbroadcastd " #j "*4(%[r]), %%ymm4\n\t"                                                      \
   "vpbroadcastd " #j "*4+16(%[r]), %%ymm5\n\t"                                                   \
-  "vpsrlw $4, %%ymm1, %%ymm1\n\t"                                                                \
-  "vpsrlw $4, %%ymm3, %%ymm3\n\t"                                                                \
-  "vpmaddubsw %%ymm4, %%ymm0, %%ymm0\n\t"                                                        \
-  "vpmaddubsw %%ymm5, %%ymm1, %%ymm1\n\t"                                                        \
-  "vpmaddubsw %%ymm4, %%ymm2, %%ymm2\n\t"                                                        \
-  "vpmaddubsw %%ymm5, %%ymm3, %%ymm3\n\t"                                                        \
-  FIRST("vpaddw %%ymm1, %%ymm0, %[s0]\n\t", "vpaddw %%ymm1, %%ymm0, %%ymm0\n\tvpaddw %%ymm0, %[s0], %[s0]\n\t") \
-  FIRST("vpaddw %%ymm3, %%ymm2, %[s1]\n\t", "vpaddw %%ymm3, %%ymm2, %%ymm2\n\tvpaddw %%ymm2, %[s1], %[s1]\n\t")
-#define CPUMOE_Q4X16_FIRST(a, b) a
-#define CPUMOE_Q4X16_NEXT(a, b) b
-  __asm__(CPUMOE_Q4X16_STEP(0, CPUMOE_Q4X16_FIRST) CPUMOE_Q4X16_STEP(1, CPUMOE_Q4X16_NEXT)
-          CPUMOE_Q4X16_STEP(2, CPUMOE_Q4X16_NEXT) CPUMOE_Q4X16_STEP(3, CPUMOE_Q4X16_NEXT)
+  CPUMOE_X16_ASM_MADD4(FIRST)
+  __asm__(CPUMOE_Q4X16_STEP(0, CPUMOE_X16_ASM_FIRST) CPUMOE_Q4X16_STEP(1, CPUMOE_X16_ASM_NEXT)
+          CPUMOE_Q4X16_STEP(2, CPUMOE_X16_ASM_NEXT) CPUMOE_Q4X16_STEP(3, CPUMOE_X16_ASM_NEXT)
           // int16 runs -> int32, + corr, -> fp32; times fp32(d) * d_a; fma into the rows' accumulators
           "vpmaddwd %[ones], %[s0], %[s0]\n\t"
           "vpmaddwd %[ones], %[s1], %[s1]\n\t"
@@ -81,12 +80,10 @@ CPUMOE_INLINE void block16_one_token(const uint8_t* p, const int8_t* rec, __m256
           "vfmadd231ps %%ymm0, %[s0], %[a0]\n\t"
           "vfmadd231ps %%ymm1, %[s1], %[a1]\n\t"
           : [a0] "+x"(acc0), [a1] "+x"(acc1), [s0] "=&x"(s0), [s1] "=&x"(s1)
-          : [p] "r"(p), [r] "r"(rec), [m] "x"(m), [ones] "m"(kOnes16), "m"(*(const uint8_t(*)[GB])p),
+          : [p] "r"(p), [r] "r"(rec), [m] "x"(m), [ones] "m"(x16::kOnes16), "m"(*(const uint8_t(*)[GB])p),
             "m"(*(const int8_t(*)[40])rec)
           : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5");
 #undef CPUMOE_Q4X16_STEP
-#undef CPUMOE_Q4X16_FIRST
-#undef CPUMOE_Q4X16_NEXT
 }
 #elif CPUMOE_TIER == CPUMOE_T_AVXVNNI
 // The same for AVX-VNNI, by intrinsics (vpdpbusd needs neither the int16 runs nor the ones).
@@ -99,12 +96,7 @@ CPUMOE_INLINE void block16_one_token(const uint8_t* p, const int8_t* rec, __m256
   for (int h = 0; h < 2; ++h) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
     __m256i lo[4], hi[4];
-    CPUMOE_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
-      lo[j] = _mm256_and_si256(w, m);
-      hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
-    }
+    codes8(p, h, m, lo, hi);
     __m256& A = h ? acc1 : acc0;
     A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(x16::block32_sum<8>(lo, hi, rec, corr)), _mm256_mul_ps(d, _mm256_set1_ps(s)),
                         A);
@@ -174,23 +166,13 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
   const __m256i m = _mm256_set1_epi8(0x0F);
-  if constexpr (NT == 1) {  // one token: all 16 rows of the G groups per block, the G streams side by side
-    __m256 acc[G][2];
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+  if constexpr (NT == 1) {  // one token: all 16 rows of the G groups per block, side by side
     const int8_t* rec = (const int8_t*)act[0];
-    for (int b = 0; b < nb; ++b, rec += x16::BlockToks<1, QK>::kStride) {
-      CPUMOE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* p = gp[g].w + (size_t)b * GB;
-        x16::prefetch_one_token(p, 5);
-        block16_one_token(p, rec, m, acc[g][0], acc[g][1]);
-      }
-    }
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, acc[g][h]);
+    x16::one_token_groups<G>(nb, [&](int b, int g, __m256& a0, __m256& a1) CPUMOE_LAMBDA_INLINE {
+      const uint8_t* p = gp[g].w + (size_t)b * GB;
+      x16::prefetch_one_token(p, 5);
+      block16_one_token(p, rec + (size_t)b * x16::BlockToks<1, QK>::kStride, m, a0, a1);
+    }, out);
     return;
   }
   // more tokens: rows 8h..8h+7 of each group in turn, NT tokens' accumulators each; the first half's pass brings
@@ -206,12 +188,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
         x16::prefetch_half_pass(p, 5, h == 0, CPUMOE_Q4X16_PF, (size_t)nb * GB);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
         __m256i lo[4], hi[4];
-        CPUMOE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 + 64 * j + 32 * h));
-          lo[j] = _mm256_and_si256(w, m);
-          hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
-        }
+        codes8(p, h, m, lo, hi);
         CPUMOE_UNROLL
         for (int t = 0; t < NT; ++t) {
           // codes <= 15: 8 vpmaddubsw sums per int16 run at avx2 (<= 8 * 2 * 15 * 127 = 30480)
