@@ -182,9 +182,9 @@ CPUMOE_INLINE __m256i bcast4(const void* p) {
   "vpandn " B ", %[m], %%ymm3\n\t"    \
   "vpsrlw $4, %%ymm1, %%ymm1\n\t"     \
   "vpsrlw $4, %%ymm3, %%ymm3\n\t"
-// MADD4: ymm0 / ymm1 rows 0-7's unsigned codes that
-// meet the token's dword in ymm4 / ymm5, ymm2 / ymm3 rows 8-15's; vpmaddubsw each, and each half's two products
-// summed into (FIRST = CPUMOE_X16_ASM_FIRST) or onto (CPUMOE_X16_ASM_NEXT) its int16 run %[s0] / %[s1].
+// MADD4: ymm0 / ymm1 rows 0-7's unsigned codes that meet the token's dword in ymm4 / ymm5, ymm2 / ymm3 rows
+// 8-15's; vpmaddubsw each, and each half's two products summed into (FIRST = CPUMOE_X16_ASM_FIRST) or onto
+// (CPUMOE_X16_ASM_NEXT) its int16 run %[s0] / %[s1].
 #define CPUMOE_X16_ASM_MADD4(FIRST)                                                                        \
   "vpmaddubsw %%ymm4, %%ymm0, %%ymm0\n\t"                                                                   \
   "vpmaddubsw %%ymm5, %%ymm1, %%ymm1\n\t"                                                                   \
