@@ -50,6 +50,45 @@ CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
 
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (their bank rows gp[g].w: any layout Ref
 // with the group's codes as w) and NT tokens.
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+// One token's exact block sums of all 16 rows (AVX2): S0 / S1 (rows 0-7 / 8-15) = corr + sum(u x q), the integers
+// of block32_sum<4> (two int16 runs of 4 vpmaddubsw each), in inline asm as q4_0_x16's and nvfp4_x16's one-token
+// blocks (no spills; the codes masked straight from memory). p: the group block, rec: the token's block record.
+CPUMOE_INLINE void sums_one_token(const uint8_t* p, const int8_t* rec, __m256i m, __m256i lut, __m256i& S0,
+                                  __m256i& S1) {
+  static_assert(x16::BlockToks<1, QK>::kStride == 40, "record: 32 codes, float s at 32, int32 corr at 36");
+  __m256i s0, s1;
+  // code vector j: rows 0-7 at SB + 64j, rows 8-15 at SB + 64j + 32; its low nibbles meet codes 4j.., the high
+  // 16 + 4j..; u = lut[nibble]
+#define CPUMOE_E2M1_STEP(j, FIRST)                                           \
+  CPUMOE_X16_ASM_NIBBLES(#j "*64+16(%[p])", #j "*64+48(%[p])")              \
+  "vpshufb %%ymm0, %[lut], %%ymm0\n\t"                                       \
+  "vpshufb %%ymm1, %[lut], %%ymm1\n\t"                                       \
+  "vpshufb %%ymm2, %[lut], %%ymm2\n\t"                                       \
+  "vpshufb %%ymm3, %[lut], %%ymm3\n\t"                                       \
+  "vpbroadcastd " #j "*4(%[r]), %%ymm4\n\t"                                  \
+  "vpbroadcastd " #j "*4+16(%[r]), %%ymm5\n\t"                               \
+  CPUMOE_X16_ASM_MADD4(FIRST)
+  __asm__(CPUMOE_E2M1_STEP(0, CPUMOE_X16_ASM_FIRST) CPUMOE_E2M1_STEP(1, CPUMOE_X16_ASM_NEXT)
+          // the first int16 runs (u <= 24: 4 products per run, <= 24384) -> int32, + corr
+          "vpmaddwd %[ones], %[s0], %[S0]\n\t"
+          "vpmaddwd %[ones], %[s1], %[S1]\n\t"
+          "vpbroadcastd 36(%[r]), %%ymm4\n\t"
+          "vpaddd %%ymm4, %[S0], %[S0]\n\t"
+          "vpaddd %%ymm4, %[S1], %[S1]\n\t"
+          CPUMOE_E2M1_STEP(2, CPUMOE_X16_ASM_FIRST) CPUMOE_E2M1_STEP(3, CPUMOE_X16_ASM_NEXT)
+          "vpmaddwd %[ones], %[s0], %[s0]\n\t"
+          "vpmaddwd %[ones], %[s1], %[s1]\n\t"
+          "vpaddd %[s0], %[S0], %[S0]\n\t"
+          "vpaddd %[s1], %[S1], %[S1]\n\t"
+          : [S0] "=&x"(S0), [S1] "=&x"(S1), [s0] "=&x"(s0), [s1] "=&x"(s1)
+          : [p] "r"(p), [r] "r"(rec), [m] "x"(m), [lut] "x"(lut), [ones] "m"(x16::kOnes16),
+            "m"(*(const uint8_t(*)[GB])p), "m"(*(const int8_t(*)[40])rec)
+          : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5");
+#undef CPUMOE_E2M1_STEP
+}
+#endif
+
 template <class F, int G, int NT, class Ref>
 CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
   using namespace fp4;
@@ -121,12 +160,21 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
     x16::one_token_groups<G>(nb, [&](int b, int g, __m256& a0, __m256& a1) CPUMOE_LAMBDA_INLINE {
       const uint8_t* p = gp[g].w + (size_t)b * GB;
       x16::prefetch_one_token(p, 5);
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+      __m256i S[2];
+      sums_one_token(p, a.q(0, b), m, lut, S[0], S[1]);
+#endif
       CPUMOE_UNROLL
       for (int h = 0; h < 2; ++h) {
+#if CPUMOE_TIER != CPUMOE_T_AVX2
         __m256i lo[4], hi[4];
         codes(p, h, lo, hi);
+        const __m256i Sh = x16::block32_sum<4>(lo, hi, a.q(0, b), *a.corr(0, b));
+#else
+        const __m256i Sh = S[h];
+#endif
         __m256& A = h ? a1 : a0;
-        A = F::fold(A, x16::block32_sum<4>(lo, hi, a.q(0, b), *a.corr(0, b)), F::scale8(p + 8 * h), a.s(0, b));
+        A = F::fold(A, Sh, F::scale8(p + 8 * h), a.s(0, b));
       }
     }, out);
     return;
