@@ -26,6 +26,8 @@ def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
     r = cf.repack_q4_0_x16(b)
     assert cf.validate_banks(FMT, r) == (3, H, I)
     assert SPEC.bytes_per_expert(H, I) == q4_0.SPEC.bytes_per_expert(H, I)  # the same bytes, moved
+    # q4_0's CPU layout, from avx2 (its one-token avx2 pass beat q4_0's row-major kernel on Zen 3)
+    assert q4_0.SPEC.cpu_layout == FMT and q4_0.SPEC.cpu_layout_min_tier == "avx2"
     u = cf.unpack_q4_0_x16(r)
     for n in b:
         np.testing.assert_array_equal(u[n], b[n])

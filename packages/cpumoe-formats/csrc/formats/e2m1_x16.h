@@ -48,8 +48,6 @@ CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
 }
 #endif
 
-// out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (their bank rows gp[g].w: any layout Ref
-// with the group's codes as w) and NT tokens.
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 // One token's exact block sums of all 16 rows (AVX2): S0 / S1 (rows 0-7 / 8-15) = corr + sum(u x q), the integers
 // of block32_sum<4> (two int16 runs of 4 vpmaddubsw each), in inline asm as q4_0_x16's and nvfp4_x16's one-token
@@ -89,6 +87,8 @@ CPUMOE_INLINE void sums_one_token(const uint8_t* p, const int8_t* rec, __m256i m
 }
 #endif
 
+// out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (their bank rows gp[g].w: any layout Ref
+// with the group's codes as w) and NT tokens.
 template <class F, int G, int NT, class Ref>
 CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* out) {
   using namespace fp4;
