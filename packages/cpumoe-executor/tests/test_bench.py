@@ -23,6 +23,13 @@ def test_quick_bench_writes_the_report(tmp_path):
         assert x["macs_per_step"] == x["batch"] * 4 * 3 * 256 * 256  # --quick: H = I = 256, top_k 4
         assert 0 < x["compute_floor_us"] and 0 < x["memory_floor_us"] <= x["roofline_us"]
     assert r["shared_batch2_floor_over_batch1"] > 0
+    # repeats interleave the runs: batch 2 / batch 1 per repeat, and % of the ceiling window next to each repeat
+    one, two = (r["results"][f"shared/{b}"]["step_us"]["samples"] for b in (1, 2))
+    paired = r["shared_batch2_over_batch1_paired"]
+    assert paired["samples"] == pytest.approx([b / a for a, b in zip(one, two)]) and len(one) == 2  # --quick: 2
+    for x in r["results"].values():
+        pct = x["pct_of_ceiling_paired"]
+        assert len(pct["samples"]) == 2 and all(0 < v for v in pct["samples"])
 
 
 def test_roofline_arithmetic():
@@ -39,6 +46,12 @@ def test_roofline_arithmetic():
     assert one["roofline_pct"] == pytest.approx(80) and big["roofline_pct"] == pytest.approx(15)
     assert e["shared_batch500_floor_over_batch1"] == pytest.approx(30_000 / 25_000)
     assert e["shared_batch500_over_batch1"] == pytest.approx(200_000 / 25_000)
+    assert "shared_batch500_over_batch1_paired" not in e  # no samples: no per-repeat ratio
+    res["shared/1"]["step_us"]["samples"] = [20_000.0, 25_000.0, 40_000.0]  # repeat 3 in a slow minute for both
+    res["shared/500"]["step_us"]["samples"] = [30_000.0, 200_000.0, 48_000.0]
+    bench.add_roofline(e, m)
+    p = e["shared_batch500_over_batch1_paired"]
+    assert (p["median"], p["min"], p["max"]) == pytest.approx((1.5, 1.2, 8.0))
     res["shared/500"]["step_us"]["median"] = 20_000.0  # memory-bound batch: the floor ratio is the compute one
     res["shared/500"]["bytes_per_step"] = 1e10
     bench.add_roofline(e, m)

@@ -23,6 +23,11 @@ executor's own pool (all its threads), as long as the last repeat (1 to 16
 passes): the kernel and the ceiling are each averaged over windows of the same
 length, interleaved. (Single ~5 ms passes swung 14-33 GB/s on the 2-vCPU dev VM
 where ~70 ms windows read 24-31 GB/s, median unchanged.)
+
+repeats: each repeat runs every (routing, batch) of a format once, forward then
+backward in turn, so the ratios the acceptance asks for are also taken within
+one repeat: % of the ceiling against the window just before, and batch N over
+batch 1 (`*_paired`: median, min, max over the repeats).
 """
 from __future__ import annotations
 
@@ -145,7 +150,8 @@ def add_roofline(entry: dict, m: Model) -> None:
     at the compute roof) and the roofline time (the larger), as % of the measured step; per routing, the largest
     batch's measured step over batch 1's (`<routing>_batch<N>_over_batch1`) and its compute floor over batch 1's
     step (`..._floor_over_batch1`): with batch 1 as fast as measured, no kernel of this tier brings that batch's
-    ratio below it. (The memory floor is no such bound: batch 1 reads above the read loop's ceiling on some hosts.)"""
+    ratio below it (The memory floor is no such bound: batch 1 reads above the read loop's ceiling on some hosts.);
+    and where the samples are there, the same ratio per repeat (`..._over_batch1_paired`: median, min, max)."""
     roof = entry.get("compute_roof")
     for r in entry["results"].values():
         r["macs_per_step"] = r["batch"] * m.top_k * 3 * m.H * m.I
@@ -159,6 +165,9 @@ def add_roofline(entry: dict, m: Model) -> None:
             key, b1 = f"{routing}_batch{rs[-1]['batch']}", rs[0]["step_us"]["median"]
             entry[f"{key}_over_batch1"] = rs[-1]["step_us"]["median"] / b1
             entry[f"{key}_floor_over_batch1"] = (rs[-1]["compute_floor_us"] or 0) / b1
+            pairs = zip(rs[-1]["step_us"].get("samples", ()), rs[0]["step_us"].get("samples", ()))
+            if paired := [big / one for big, one in pairs]:  # the same repeat of both (interleaved)
+                entry[f"{key}_over_batch1_paired"] = stats(paired)
 
 
 def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
@@ -186,52 +195,64 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
             f"{ex.threads} threads)")
     ws = cf.aligned_empty((max(4 * llc, 64 * MiB),), np.uint8)
     ws[:] = 1
-    ceiling = []
-    results = {}
+    io = ex.io_arrays()  # steps run on the IO block as a doorbell task would (no Python per step)
+    T_max = max(opts.batch)
+    io["x"][:T_max] = rng.standard_normal((T_max, m.H)).astype(np.float32).astype(cf.numerics.BF16)
+    io["w"][:T_max] = 1.0 / m.top_k
+    runs = []  # one per (routing, batch): its route plans, the bytes each reads, its samples
     for routing in opts.routings:
         for T in opts.batch:
-            io = ex.io_arrays()  # steps run on the IO block as a doorbell task would (no Python per step)
-            io["x"][:T] = rng.standard_normal((T, m.H)).astype(np.float32).astype(cf.numerics.BF16)
-            io["w"][:T] = 1.0 / m.top_k
-            task = T  # layer 0
             # windows of what this step shape can touch, rotating through the whole bank (dram) or one window (cache)
             w = window if opts.working_set == "cache" else (m.top_k if routing == "shared" else min(E, m.top_k * T))
-            n_plans = E // w
             plans = [routes_for(rng, np.arange(j * w, (j + 1) * w), T, m.top_k, routing == "shared")
-                     for j in range(n_plans)]
-            bytes_read = [len(np.unique(p)) * bpe for p in plans]
-            for s in range(3):  # warm-up
-                io["ids"][:T] = plans[s % n_plans]
-                ex._x.run_task(task)
-            samples, times = [], []
-            passes = 1  # ceiling passes per window: as long as the last repeat
-            for _ in range(opts.repeats):
-                ceiling.append(read_window(ex, ws, passes))
-                t0, nbytes = time.perf_counter(), 0
-                for s in range(opts.steps):
-                    j = s % n_plans
-                    io["ids"][:T] = plans[j]
-                    if ex._x.run_task(task):
-                        raise RuntimeError(ex.health()["error_message"])
-                    nbytes += bytes_read[j]
-                dt = time.perf_counter() - t0
-                passes = max(1, min(16, round(dt / (ws.nbytes / (ceiling[-1] * 1e9)))))
-                samples.append(nbytes / dt / 1e9)
-                times.append(dt / opts.steps * 1e6)
-            results[f"{routing}/{T}"] = {"routing": routing, "batch": T, "gbps": stats(samples),
-                                         "bytes_per_step": sum(bytes_read) / len(bytes_read),
-                                         "step_us": stats(times), "steps_per_s": 1e6 / statistics.median(times)}
-            if opts.trace:  # extra steps after the timed ones, so the clock reads do not touch the figures
-                ex._x.set_trace(True)
-                for s in range(opts.steps):
-                    io["ids"][:T] = plans[s % n_plans]
-                    ex._x.run_task(task)
-                ex._x.set_trace(False)
-                tr = results[f"{routing}/{T}"]["trace"] = trace_summary(ex._x.trace())
-                log(f"{fmt} {routing} batch {T} trace: " + ", ".join(f"{k} {v:.0f}" for k, v in tr.items()
-                                                                     if k != "threads"))
-            log(f"{fmt} {routing} batch {T}: {statistics.median(samples):.1f} GB/s, "
-                f"{statistics.median(times):.0f} us/step")
+                     for j in range(E // w)]
+            runs.append({"routing": routing, "T": T, "plans": plans, "bytes": [len(np.unique(p)) * bpe for p in plans],
+                         "gbps": [], "us": [], "ceiling": [], "passes": 1})
+
+    def steps(r, n):  # n steps of run r on the IO block (task = batch size, layer 0); weight bytes read
+        nbytes = 0
+        for s in range(n):
+            j = s % len(r["plans"])
+            io["ids"][:r["T"]] = r["plans"][j]
+            if ex._x.run_task(r["T"]):
+                raise RuntimeError(ex.health()["error_message"])
+            nbytes += r["bytes"][j]
+        return nbytes
+
+    for r in runs:
+        steps(r, 3)  # warm-up
+    # Repeats interleave the runs (forward, then backward, so a drift in the host's speed hits every run alike):
+    # each repeat of each run is timed next to its own ceiling window, and batch N / batch 1 is also taken per
+    # repeat (`*_paired`), which a shared host's minute-to-minute swings move much less than a ratio of medians.
+    for rep in range(opts.repeats):
+        for r in runs if rep % 2 == 0 else runs[::-1]:
+            r["ceiling"].append(read_window(ex, ws, r["passes"]))  # as long as this run's last repeat
+            t0 = time.perf_counter()
+            nbytes = steps(r, opts.steps)
+            dt = time.perf_counter() - t0
+            r["passes"] = max(1, min(16, round(dt / (ws.nbytes / (r["ceiling"][-1] * 1e9)))))
+            r["gbps"].append(nbytes / dt / 1e9)
+            r["us"].append(dt / opts.steps * 1e6)
+        log(f"{fmt}: repeat {rep + 1}/{opts.repeats}: " + ", ".join(
+            f"{r['routing'][0]}{r['T']} {r['us'][-1]:.0f} us" for r in runs))
+    results = {}
+    for r in runs:
+        routing, T = r["routing"], r["T"]
+        results[f"{routing}/{T}"] = res = {
+            "routing": routing, "batch": T, "gbps": stats(r["gbps"]),
+            "bytes_per_step": sum(r["bytes"]) / len(r["bytes"]),
+            "step_us": stats(r["us"]), "steps_per_s": 1e6 / statistics.median(r["us"]),
+            "pct_of_ceiling_paired": stats([100 * g / c for g, c in zip(r["gbps"], r["ceiling"])])}
+        if opts.trace:  # extra steps after the timed ones, so the clock reads do not touch the figures
+            ex._x.set_trace(True)
+            steps(r, opts.steps)
+            ex._x.set_trace(False)
+            tr = res["trace"] = trace_summary(ex._x.trace())
+            log(f"{fmt} {routing} batch {T} trace: " + ", ".join(f"{k} {v:.0f}" for k, v in tr.items()
+                                                                 if k != "threads"))
+        log(f"{fmt} {routing} batch {T}: {res['gbps']['median']:.1f} GB/s, {res['step_us']['median']:.0f} us/step, "
+            f"{res['pct_of_ceiling_paired']['median']:.0f}% of the ceiling (paired median)")
+    ceiling = [c for r in runs for c in r["ceiling"]]
     ceil = stats(ceiling)
     base = results.get(f"{opts.routings[0]}/{opts.batch[0]}")
     entry = {"gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"],
@@ -266,9 +287,10 @@ def table(report: dict) -> str:
     for fmt, e in report["formats"].items():
         for r in e["results"].values():
             g, cu = r["gbps"]["median"], r.get("compute_floor_us")
+            pct = r["pct_of_ceiling_paired"]["median"] if "pct_of_ceiling_paired" in r else 100 * g / e["ceiling_gbps"]
             lines.append(f"{name[fmt]:<{w}} {e['isa']:<16} {e['threads']:>3} {r['batch']:>5} {r['routing']:<7} "
                          f"{r['step_us']['median']:>8.0f} {g:>7.1f} {e['ceiling_gbps']:>8.1f} "
-                         f"{100 * g / e['ceiling_gbps']:>4.0f}% {r['memory_floor_us']:>7.0f} "
+                         f"{pct:>4.0f}% {r['memory_floor_us']:>7.0f} "
                          f"{'-' if cu is None else f'{cu:.0f}':>7} {r['roofline_pct']:>5.0f}%")
     notes = []
     for fmt, e in report["formats"].items():
@@ -276,10 +298,13 @@ def table(report: dict) -> str:
             if k.endswith("_floor_over_batch1"):
                 measured = e.get(k.replace("_floor_", "_"))
                 routing, batch = k.split("_")[:2]
-                notes.append(f"{name[fmt]}: {routing} batch {batch[5:]} / batch 1 measured {measured:.2f}x; "
+                p = e.get(k.replace("_floor_", "_") + "_paired")
+                paired = f" (per repeat {p['median']:.2f}x, {p['min']:.2f}-{p['max']:.2f})" if p else ""
+                notes.append(f"{name[fmt]}: {routing} batch {batch[5:]} / batch 1 measured {measured:.2f}x{paired}; "
                              f"its compute floor / batch 1 {v:.2f}x")
-    lines += ["", "mem us: bytes at the read ceiling; mac us: multiply-adds at the compute roof (compute_roof); "
-                  "%roof: the larger over the step", *notes] if notes else []
+    lines += ["", "%: GB/s over the ceiling window next to it, median over the repeats; mem us: bytes at the read "
+                  "ceiling; mac us: multiply-adds at the compute roof (compute_roof); %roof: the larger over the step",
+              *notes] if notes else []
     return "\n".join(lines)
 
 
