@@ -6,7 +6,9 @@
 # A variant dir holds replacement files for $DEST (subfolders mirrored; default packages/cpumoe-executor/csrc, e.g. executor.cpp; the
 # package in $PKG, default packages/cpumoe-executor, is the one copied and rebuilt; ci/ab_formats.sh sets both),
 # and optionally a file `env` (shell lines, e.g. `export CPUMOE_ISA=avx512f`) sourced before that variant's bench
-# and not copied. Summary (per round and variant: format, batch, routing, us/step, % of the ceiling) in $OUT/ab.txt.
+# and a file `cxx` (the compiler line for its build, e.g. `c++ -DCPUMOE_NVX16_PF=6144`), neither copied. Rounds run
+# the variants forward, then backward. Summary (per round and variant: format, batch, routing, us/step, % of the
+# ceiling, and the bench's batch N / batch 1 lines) in $OUT/ab.txt.
 set -uo pipefail
 : "${OUT:?set OUT}"
 [ $# -ge 2 ] || { echo "usage: OUT=DIR ci/ab_executor.sh A_DIR B_DIR [C_DIR...]"; exit 2; }
@@ -19,16 +21,18 @@ base=$PYTHONPATH
 for v in "$@"; do  # one build per variant, in /tmp/ab/<name>/<package>
   n=$(basename "$v"); c=/tmp/ab/$n/$(basename "$PKG")
   rm -rf "/tmp/ab/$n"; mkdir -p "/tmp/ab/$n"; cp -r "$PKG" "$c"
-  (cd "$v" && find . -type f ! -name env) | while read -r f; do cp "$v/$f" "$c/${DEST#"$PKG"/}/$f"; done
-  (cd "$c" && PYTHONPATH=$base python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  (cd "$v" && find . -type f ! -name env ! -name cxx) | while read -r f; do cp "$v/$f" "$c/${DEST#"$PKG"/}/$f"; done
+  cxx=c++; [ -f "$v/cxx" ] && cxx=$(cat "$v/cxx")
+  (cd "$c" && CXX=$cxx PYTHONPATH=$base python3 hatch_build.py) >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 done
 for r in $(seq "${ROUNDS:-2}"); do
-  for v in "$@"; do
+  order=("$@"); [ $((r % 2)) -eq 0 ] && mapfile -t order < <(printf '%s\n' "$@" | tac)
+  for v in "${order[@]}"; do
     n=$(basename "$v")
     echo "== round $r $n" | tee -a "$OUT/ab.txt"
     # shellcheck disable=SC1091,SC2086
     (if [ -f "$v/env" ]; then . "$v/env"; fi
      PYTHONPATH=/tmp/ab/$n/$(basename "$PKG")/src:$base timeout 200 python3 -m cpumoe_executor.bench $BENCH --repeats 5 \
-       --steps 20 --json "$OUT/r$r-$n.json" 2>/dev/null) | grep -E "^[a-z0-9_>]+ +[a-z0-9+]+ +[0-9]+ +[0-9]+ " | tee -a "$OUT/ab.txt"
+       --steps 20 --json "$OUT/r$r-$n.json" 2>/dev/null) | grep -E "^[a-z0-9_>]+ +[a-z0-9+]+ +[0-9]+ +[0-9]+ |batch [0-9]+ / batch 1" | tee -a "$OUT/ab.txt"
   done
 done
