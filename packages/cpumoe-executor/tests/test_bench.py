@@ -27,6 +27,7 @@ def test_quick_bench_writes_the_report(tmp_path):
     one, two = (r["results"][f"shared/{b}"]["step_us"]["samples"] for b in (1, 2))
     paired = r["shared_batch2_over_batch1_paired"]
     assert paired["samples"] == pytest.approx([b / a for a, b in zip(one, two)]) and len(one) == 2  # --quick: 2
+    assert r["results"]["shared/2"]["over_batch1_paired"] == paired
     for x in r["results"].values():
         pct = x["pct_of_ceiling_paired"]
         assert len(pct["samples"]) == 2 and all(0 < v for v in pct["samples"])
@@ -52,6 +53,7 @@ def test_roofline_arithmetic():
     bench.add_roofline(e, m)
     p = e["shared_batch500_over_batch1_paired"]
     assert (p["median"], p["min"], p["max"]) == pytest.approx((1.5, 1.2, 8.0))
+    assert res["shared/500"]["over_batch1_paired"] is p and "over_batch1_paired" not in res["shared/1"]
     res["shared/500"]["step_us"]["median"] = 20_000.0  # memory-bound batch: the floor ratio is the compute one
     res["shared/500"]["bytes_per_step"] = 1e10
     bench.add_roofline(e, m)

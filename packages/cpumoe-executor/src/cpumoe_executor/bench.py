@@ -151,7 +151,8 @@ def add_roofline(entry: dict, m: Model) -> None:
     batch's measured step over batch 1's (`<routing>_batch<N>_over_batch1`) and its compute floor over batch 1's
     step (`..._floor_over_batch1`): with batch 1 as fast as measured, no kernel of this tier brings that batch's
     ratio below it (The memory floor is no such bound: batch 1 reads above the read loop's ceiling on some hosts.);
-    and where the samples are there, the same ratio per repeat (`..._over_batch1_paired`: median, min, max)."""
+    and where the samples are there, the same ratio per repeat (`..._over_batch1_paired`: median, min, max; per
+    result of a larger batch `over_batch1_paired`)."""
     roof = entry.get("compute_roof")
     for r in entry["results"].values():
         r["macs_per_step"] = r["batch"] * m.top_k * 3 * m.H * m.I
@@ -165,9 +166,12 @@ def add_roofline(entry: dict, m: Model) -> None:
             key, b1 = f"{routing}_batch{rs[-1]['batch']}", rs[0]["step_us"]["median"]
             entry[f"{key}_over_batch1"] = rs[-1]["step_us"]["median"] / b1
             entry[f"{key}_floor_over_batch1"] = (rs[-1]["compute_floor_us"] or 0) / b1
-            pairs = zip(rs[-1]["step_us"].get("samples", ()), rs[0]["step_us"].get("samples", ()))
-            if paired := [big / one for big, one in pairs]:  # the same repeat of both (interleaved)
-                entry[f"{key}_over_batch1_paired"] = stats(paired)
+            for r in rs[1:]:  # every batch over batch 1 in the same repeat (interleaved), where samples are there
+                if paired := [big / one for big, one in zip(r["step_us"].get("samples", ()),
+                                                            rs[0]["step_us"].get("samples", ()))]:
+                    r["over_batch1_paired"] = stats(paired)
+            if "over_batch1_paired" in rs[-1]:
+                entry[f"{key}_over_batch1_paired"] = rs[-1]["over_batch1_paired"]
 
 
 def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
@@ -329,15 +333,16 @@ def plot(report: dict, path: str) -> None:
     for f in fmts:
         e = report["formats"][f]
         for routing, style in (("random", "-o"), ("shared", "--s")):
-            pts = sorted((r["batch"], r["step_us"]["median"], r["roofline_us"]) for r in e["results"].values()
-                         if r["routing"] == routing)
-            if pts:
-                line, = b.plot([p[0] for p in pts], [p[1] / pts[0][1] for p in pts], style, label=f"{f} {routing}")
+            pts = sorted((r["batch"], r["step_us"]["median"], r["roofline_us"], r.get("over_batch1_paired"))
+                         for r in e["results"].values() if r["routing"] == routing)
+            if pts:  # the per-repeat ratio's median where the repeats were paired, else the medians' ratio
+                ys = [p[3]["median"] if p[3] else p[1] / pts[0][1] for p in pts]
+                line, = b.plot([p[0] for p in pts], ys, style, label=f"{f} {routing}")
                 if routing == "shared" and e.get("compute_roof"):  # the roofline (the larger floor) over batch 1
                     b.plot([p[0] for p in pts], [p[2] / pts[0][1] for p in pts], ":", color=line.get_color(), lw=1)
     b.axhline(1.6, color="#999", lw=0.8, ls="--")
     b.set_xlabel("batch")
-    b.set_ylabel("step time / batch-1 step time (dotted: shared roofline)")
+    b.set_ylabel("step time / batch-1 step time, per repeat (dotted: shared roofline)")
     b.legend(fontsize=7)
     fig.suptitle(f"cpumoe-executor decode, {report['machine'].get('cpu', '')}, {report['threads']} threads")
     fig.tight_layout()
