@@ -150,7 +150,7 @@ def add_roofline(entry: dict, m: Model) -> None:
     at the compute roof) and the roofline time (the larger), as % of the measured step; per routing, the largest
     batch's measured step over batch 1's (`<routing>_batch<N>_over_batch1`) and its compute floor over batch 1's
     step (`..._floor_over_batch1`): with batch 1 as fast as measured, no kernel of this tier brings that batch's
-    ratio below it (The memory floor is no such bound: batch 1 reads above the read loop's ceiling on some hosts.);
+    ratio below it (the memory floor is no such bound: batch 1 reads above the read loop's ceiling on some hosts);
     and where the samples are there, the same ratio per repeat (`..._over_batch1_paired`: median, min, max; per
     result of a larger batch `over_batch1_paired`)."""
     roof = entry.get("compute_roof")
@@ -333,8 +333,8 @@ def plot(report: dict, path: str) -> None:
     for f in fmts:
         e = report["formats"][f]
         for routing, style in (("random", "-o"), ("shared", "--s")):
-            pts = sorted((r["batch"], r["step_us"]["median"], r["roofline_us"], r.get("over_batch1_paired"))
-                         for r in e["results"].values() if r["routing"] == routing)
+            pts = sorted(((r["batch"], r["step_us"]["median"], r["roofline_us"], r.get("over_batch1_paired"))
+                          for r in e["results"].values() if r["routing"] == routing), key=lambda p: p[0])
             if pts:  # the per-repeat ratio's median where the repeats were paired, else the medians' ratio
                 ys = [p[3]["median"] if p[3] else p[1] / pts[0][1] for p in pts]
                 line, = b.plot([p[0] for p in pts], ys, style, label=f"{f} {routing}")
