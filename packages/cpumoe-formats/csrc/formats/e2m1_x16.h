@@ -87,6 +87,47 @@ CPUMOE_INLINE void sums_one_token(const uint8_t* p, const int8_t* rec, __m256i m
 }
 #endif
 
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+// Rows 8h..8h+7 of a group (codes at w) for NT >= 2 tokens into out[t * 16 + r] (avx2): code step j outermost, its
+// two u vectors meet every token in turn and each token's pair of products (<= 2 * 2 * 24 * 127 = 12192) is widened
+// at once, so 2 code registers and NT int32 sums are live where block32_sum's order (8 code vectors, two int16
+// runs) spilled at NT = 4; the same exact integers. Out of line, with an ordering asm per step, as q4_0_x16's.
+template <class F, int NT>
+__attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const void* const* act, float* out) {
+  const __m256i m = _mm256_set1_epi8(0x0F), lut = fp4::w2_offset(), one = _mm256_set1_epi16(1);
+  __m256 acc[NT];
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  const x16::BlockToks<NT, QK> a(act);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* p = w + (size_t)b * GB;
+    x16::prefetch_half_pass(p, 5, h == 0, kPf, (size_t)nb * GB);
+    __m256i S[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) S[t] = _mm256_set1_epi32(*a.corr(t, b));
+    CPUMOE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(p + SB + 64 * j + 32 * h));
+      const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m));
+      const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* qa = a.q(t, b);
+        const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x16::bcast4(qa + 4 * j)),
+                                            _mm256_maddubs_epi16(hi, x16::bcast4(qa + 16 + 4 * j)));
+        S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(pr, one));
+        __asm__("" : "+x"(S[t]), "+r"(p));  // the next step's codes load after these sums
+      }
+    }
+    const __m256 sw = F::scale8(p + 8 * h);
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) acc[t] = F::fold(acc[t], S[t], sw, a.s(t, b));
+  }
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)t * GR, acc[t]);
+}
+#endif
+
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (their bank rows gp[g].w: any layout Ref
 // with the group's codes as w) and NT tokens.
 template <class F, int G, int NT, class Ref>
@@ -182,6 +223,11 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
   // more tokens: rows 8h..8h+7 of each group in turn, NT tokens' accumulators each; the first half's pass brings
   // the lines in, the second reads them from L1/L2 while it prefetches the next group (a second pass without
   // memory traffic left DRAM idle: batch 1 ran 10-15% slower than the row-major kernels on Zen 3)
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; ++h) half_pass<F, NT>(gp[g].w, nb, h, act, out + (size_t)g * NT * GR + 8 * h);
+  return;
+#endif
   for (int g = 0; g < G; ++g)
     for (int h = 0; h < 2; ++h) {
       __m256 acc[NT];
