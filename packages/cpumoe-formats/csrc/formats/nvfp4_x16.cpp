@@ -268,6 +268,54 @@ CPUMOE_INLINE void store_scaled(float* out, __m256 acc, const uint16_t* gl) {
 }
 #endif
 
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+// Rows 8h..8h+7 of a group (chunks at w, globals gl) for NT >= 2 tokens into out[t * 16 + r] (avx2): code vector j
+// outermost (w0, then w1 of a block), its two u vectors meet every token in turn, so 2 code registers and NT int16
+// runs are live where the 4 u vectors of block_sum's order spilled at NT = 4; the same integers and fp32
+// operations. Out of line, with an ordering asm per step (as q4_0_x16's and e2m1_x16's half_pass).
+template <int NT>
+__attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const void* const* act, float* out,
+                                         const uint16_t* gl) {
+  const int nc = nb / CH, rem = nb % CH;
+  const __m256i m = _mm256_set1_epi8(0x0F), tu = fp4::w2_offset(), one = _mm256_set1_epi16(1);
+  __m256 acc[NT];
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  x16::BlockToks<NT, QB> a(act);
+  for (int c = 0; c * CH < nb; ++c, a.advance(CH)) {
+    const int cb = c < nc ? CH : rem;
+    const uint8_t* p = w + (size_t)c * CB;
+    x16::prefetch_half_pass(p, CB / 64, h == 0, CPUMOE_NVX16_PF, (size_t)nb * GB);
+    for (int i = 0; i < cb; ++i) {
+      const __m256 d = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * h));
+      const uint8_t* wb = p + QB * cb + 128 * i + 32 * h;
+      __m256i s16[NT];
+      CPUMOE_UNROLL
+      for (int j = 0; j < 2; ++j) {  // vector j: its low nibbles meet the record's dword j, its high ones dword 2 + j
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(wb + 64 * j));
+        const __m256i lo = _mm256_shuffle_epi8(tu, _mm256_and_si256(v, m));
+        const __m256i hi = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* qa = a.q(t, i);
+          const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x16::bcast4(qa + 4 * j)),
+                                              _mm256_maddubs_epi16(hi, x16::bcast4(qa + 8 + 4 * j)));
+          s16[t] = j ? _mm256_add_epi16(s16[t], pr) : pr;  // <= 4 * 2 * 24 * 127 = 24384: exact in int16
+          __asm__("" : "+x"(s16[t]), "+r"(wb));  // the next vector loads after these sums
+        }
+      }
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const __m256i S = _mm256_add_epi32(_mm256_madd_epi16(s16[t], one), _mm256_set1_epi32(*a.corr(t, i)));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(*a.s(t, i))), acc[t]);
+      }
+    }
+  }
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) store_scaled(out + (size_t)t * GR, acc[t], gl + 8 * h);
+}
+#endif
+
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (gp[g]) and NT tokens.
 template <int G, int NT>
 CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
@@ -307,6 +355,11 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
   }
   // more tokens: rows 8h..8h+7 of each group in turn, NT tokens' accumulators each (the second half's pass
   // prefetches the next group)
+#if CPUMOE_TIER == CPUMOE_T_AVX2
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; ++h) half_pass<NT>(gp[g].w, nb, h, act, out + (size_t)g * NT * GR + 8 * h, gp[g].gl);
+  return;
+#endif
   for (int g = 0; g < G; ++g)
     for (int h = 0; h < 2; ++h) {
       __m256 acc[NT];
