@@ -215,16 +215,12 @@ CPUMOE_INLINE void one_token_groups(int nb, const Block& block, float* out) {
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (size_t)g * GR + 8 * h, acc[g][h]);
 }
 
-// The 16-register tiers' exact int32 sum of one 32-block for 8 rows (q4_0_x16, e2m1_x16):
-//   corr + sum over j < 4 of dot(lo[j], qa[4j..4j+3]) + dot(hi[j], qa[16+4j..16+4j+3])
-// per dword lane (a row), lo / hi its unsigned codes of elements 4j.. and 16+4j.., qa the token's 32 int8 codes.
-// avxvnni: vpdpbusd in two chains. avx2: vpmaddubsw's int16 pair sums, kI16 of them added in int16 at a time
-// (exact while kI16 * 2 * max(code) * 127 < 32768: q4_0's codes <= 15 take 8, e2m1's u <= 24 take 4), each run
-// widened by vpmaddwd by 1. The integer is the same in every tier and order.
-template <int kI16>
-CPUMOE_INLINE __m256i block32_sum(const __m256i* lo, const __m256i* hi, const int8_t* qa, int32_t corr) {
-  static_assert(kI16 == 2 || kI16 == 4 || kI16 == 8, "int16 runs of whole j steps (2 products each)");
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// AVX-VNNI's exact int32 sum of one 32-block for 8 rows (q4_0_x16, e2m1_x16):
+//   corr + sum over j < 4 of dot(lo[j], qa[4j..4j+3]) + dot(hi[j], qa[16+4j..16+4j+3])
+// per dword lane (a row), lo / hi its unsigned codes of elements 4j.. and 16+4j.., qa the token's 32 int8 codes;
+// vpdpbusd in two chains. (avx2 forms the same integers code step by code step: maddubs_pair.)
+CPUMOE_INLINE __m256i block32_sum(const __m256i* lo, const __m256i* hi, const int8_t* qa, int32_t corr) {
   __m256i s0 = _mm256_set1_epi32(corr), s1 = _mm256_setzero_si256();
   CPUMOE_UNROLL
   for (int j = 0; j < 4; ++j) {
@@ -232,19 +228,15 @@ CPUMOE_INLINE __m256i block32_sum(const __m256i* lo, const __m256i* hi, const in
     s1 = _mm256_dpbusd_avx_epi32(s1, hi[j], bcast4(qa + 16 + 4 * j));
   }
   return _mm256_add_epi32(s0, s1);
-#else
-  const __m256i one = _mm256_set1_epi16(1);
-  __m256i S = _mm256_set1_epi32(corr), s16 = _mm256_setzero_si256();
-  CPUMOE_UNROLL
-  for (int j = 0; j < 4; ++j) {
-    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], bcast4(qa + 4 * j)),
-                                       _mm256_maddubs_epi16(hi[j], bcast4(qa + 16 + 4 * j)));
-    s16 = (2 * j) % kI16 == 0 ? p : _mm256_add_epi16(s16, p);
-    if ((2 * j + 2) % kI16 == 0) S = _mm256_add_epi32(S, _mm256_madd_epi16(s16, one));
-  }
-  return S;
-#endif
 }
+#elif CPUMOE_TIER == CPUMOE_T_AVX2
+// One code step of the avx2 multi-token passes (q4_0_x16, e2m1_x16, nvfp4_x16 half_pass): the unsigned codes lo /
+// hi of 8 rows against the token's 4 int8 codes at qlo / qhi, vpmaddubsw each, the two int16 pair sums added (the
+// caller bounds the int16 run: codes <= 24 and |q| <= 127 give <= 2 * 2 * 24 * 127 = 12192 here).
+CPUMOE_INLINE __m256i maddubs_pair(__m256i lo, __m256i hi, const int8_t* qlo, const int8_t* qhi) {
+  return _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(qlo)), _mm256_maddubs_epi16(hi, bcast4(qhi)));
+}
+#endif
 #endif
 #if defined(__AVX512VNNI__)
 // acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction

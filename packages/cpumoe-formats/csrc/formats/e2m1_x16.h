@@ -50,7 +50,7 @@ CPUMOE_INLINE __m512 e8m0x16(const uint8_t* p) {
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 // One token's exact block sums of all 16 rows (AVX2): S0 / S1 (rows 0-7 / 8-15) = corr + sum(u x q), the integers
-// of block32_sum<4> (two int16 runs of 4 vpmaddubsw each), in inline asm as q4_0_x16's and nvfp4_x16's one-token
+// in two int16 runs of 4 vpmaddubsw each (u <= 24: <= 24384 a run), in inline asm as q4_0_x16's and nvfp4_x16's one-token
 // blocks (no spills; the codes masked straight from memory). p: the group block, rec: the token's block record.
 CPUMOE_INLINE void sums_one_token(const uint8_t* p, const int8_t* rec, __m256i m, __m256i lut, __m256i& S0,
                                   __m256i& S1) {
@@ -90,7 +90,7 @@ CPUMOE_INLINE void sums_one_token(const uint8_t* p, const int8_t* rec, __m256i m
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 // Rows 8h..8h+7 of a group (codes at w) for NT >= 2 tokens into out[t * 16 + r] (avx2): code step j outermost, its
 // two u vectors meet every token in turn and each token's pair of products (<= 2 * 2 * 24 * 127 = 12192) is widened
-// at once, so 2 code registers and NT int32 sums are live where block32_sum's order (8 code vectors, two int16
+// at once, so 2 code registers and NT int32 sums are live where the earlier order (8 code vectors first, two int16
 // runs) spilled at NT = 4; the same exact integers. Out of line, with an ordering asm per step, as q4_0_x16's.
 template <class F, int NT>
 __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const void* const* act, float* out) {
@@ -112,9 +112,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
       const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
-        const int8_t* qa = a.q(t, b);
-        const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x16::bcast4(qa + 4 * j)),
-                                            _mm256_maddubs_epi16(hi, x16::bcast4(qa + 16 + 4 * j)));
+        const __m256i pr = x16::maddubs_pair(lo, hi, a.q(t, b) + 4 * j, a.q(t, b) + 16 + 4 * j);
         S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(pr, one));
         __asm__("" : "+x"(S[t]), "+r"(p));  // the next step's codes load after these sums
       }
@@ -186,6 +184,7 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
   const __m256i m = _mm256_set1_epi8(0x0F), lut = w2_offset();
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
   // the block's u vectors of rows 8h..8h+7 (block32_sum's lo / hi)
   const auto codes = [&](const uint8_t* p, int h, __m256i* lo, __m256i* hi) {
     CPUMOE_UNROLL
@@ -195,7 +194,7 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
       hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
     }
   };
-  // u <= 24: 4 vpmaddubsw sums per int16 run at avx2 (<= 4 * 2 * 24 * 127 = 24384; 8 could wrap)
+#endif
   if constexpr (NT == 1) {  // one token: both halves of the G groups per block, side by side
     const x16::BlockToks<1, QK> a(act);
     x16::one_token_groups<G>(nb, [&](int b, int g, __m256& a0, __m256& a1) CPUMOE_LAMBDA_INLINE {
@@ -210,7 +209,7 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
 #if CPUMOE_TIER != CPUMOE_T_AVX2
         __m256i lo[4], hi[4];
         codes(p, h, lo, hi);
-        const __m256i Sh = x16::block32_sum<4>(lo, hi, a.q(0, b), *a.corr(0, b));
+        const __m256i Sh = x16::block32_sum(lo, hi, a.q(0, b), *a.corr(0, b));
 #else
         const __m256i Sh = S[h];
 #endif
@@ -226,8 +225,7 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
 #if CPUMOE_TIER == CPUMOE_T_AVX2
   for (int g = 0; g < G; ++g)
     for (int h = 0; h < 2; ++h) half_pass<F, NT>(gp[g].w, nb, h, act, out + (size_t)g * NT * GR + 8 * h);
-  return;
-#endif
+#else
   for (int g = 0; g < G; ++g)
     for (int h = 0; h < 2; ++h) {
       __m256 acc[NT];
@@ -241,12 +239,13 @@ CPUMOE_INLINE void groups(const Ref* gp, int K, const void* const* act, float* o
         __m256i lo[4], hi[4];
         codes(p, h, lo, hi);
         CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) acc[t] = F::fold(acc[t], x16::block32_sum<4>(lo, hi, a.q(t, b), *a.corr(t, b)), sw,
+        for (int t = 0; t < NT; ++t) acc[t] = F::fold(acc[t], x16::block32_sum(lo, hi, a.q(t, b), *a.corr(t, b)), sw,
                                                       a.s(t, b));
       }
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * h, acc[t]);
     }
+#endif
 #else  // scalar: the same integers and fp32 operations, row by row
   const x16::BlockToks<NT, QK> a(act);
   for (int g = 0; g < G; ++g)

@@ -135,25 +135,18 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
   }
 }
 #elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-// The exact block sum of 8 rows (u: the block's 4 decoded code vectors) and a token's codes qa, plus corr
-CPUMOE_INLINE __m256i block_sum(const __m256i* u, const int8_t* qa, int32_t corr) {
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// The exact block sum of 8 rows (u: the block's 4 decoded code vectors) and a token's codes qa, plus corr (avx2
+// forms the same integers in block_one_token's asm or code vector by code vector in half_pass)
+CPUMOE_INLINE __m256i block_sum(const __m256i* u, const int8_t* qa, int32_t corr) {
   __m256i s0 = _mm256_set1_epi32(corr), s1 = _mm256_setzero_si256();
   s0 = _mm256_dpbusd_avx_epi32(s0, u[0], x16::bcast4(qa));
   s1 = _mm256_dpbusd_avx_epi32(s1, u[2], x16::bcast4(qa + 8));
   s0 = _mm256_dpbusd_avx_epi32(s0, u[1], x16::bcast4(qa + 4));
   s1 = _mm256_dpbusd_avx_epi32(s1, u[3], x16::bcast4(qa + 12));
   return _mm256_add_epi32(s0, s1);
-#else
-  // u8 x s8 pairs by vpmaddubsw: each int16 <= 2 * 24 * 127 = 6096, 4 of them <= 24384 (exact in int16), then
-  // vpmaddwd by 1 sums each 4-byte lane's pair: the exact int32 of the other tiers
-  __m256i s16 = _mm256_maddubs_epi16(u[0], x16::bcast4(qa));
-  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[2], x16::bcast4(qa + 8)));
-  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[1], x16::bcast4(qa + 4)));
-  s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[3], x16::bcast4(qa + 12)));
-  return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), _mm256_set1_epi32(corr));
-#endif
 }
+#endif
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 // One token, one 16-block of a group, both halves (AVX2): acc0 / acc1 (rows 0-7 / 8-15) += cvt(isum) * (e4m3(scale)
@@ -222,12 +215,11 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
   else
     x16::prefetch_half_pass(p, CB / 64, HS != 1, CPUMOE_NVX16_PF, row);
 #if CPUMOE_TIER == CPUMOE_T_AVX2
-  if constexpr (HS == 2 && NT == 1) {
-    CPUMOE_UNROLL
-    for (int i = 0; i < cb; ++i) block_one_token(p + QB * i, p + QB * cb + 128 * i, a.q(0, i), m, tu, acc[0], acc[1]);
-    return;
-  }
-#endif
+  static_assert(HS == 2 && NT == 1, "avx2 takes one token here; several go through half_pass");
+  (void)h0, (void)h1;
+  CPUMOE_UNROLL
+  for (int i = 0; i < cb; ++i) block_one_token(p + QB * i, p + QB * cb + 128 * i, a.q(0, i), m, tu, acc[0], acc[1]);
+#else
   CPUMOE_UNROLL
   for (int i = 0; i < cb; ++i) {
     __m256 ds[2];  // the block's scales of rows 8 h.. (both halves: decoded together)
@@ -254,6 +246,7 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
       }
     }
   }
+#endif
 }
 #else
 template <int G, int NT, int CB_, int>
@@ -271,7 +264,7 @@ CPUMOE_INLINE void store_scaled(float* out, __m256 acc, const uint16_t* gl) {
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 // Rows 8h..8h+7 of a group (chunks at w, globals gl) for NT >= 2 tokens into out[t * 16 + r] (avx2): code vector j
 // outermost (w0, then w1 of a block), its two u vectors meet every token in turn, so 2 code registers and NT int16
-// runs are live where the 4 u vectors of block_sum's order spilled at NT = 4; the same integers and fp32
+// runs are live where the earlier order (the 4 u vectors first) spilled at NT = 4; the same integers and fp32
 // operations. Out of line, with an ordering asm per step (as q4_0_x16's and e2m1_x16's half_pass).
 template <int NT>
 __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const void* const* act, float* out,
@@ -297,9 +290,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
         const __m256i hi = _mm256_shuffle_epi8(tu, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
         CPUMOE_UNROLL
         for (int t = 0; t < NT; ++t) {
-          const int8_t* qa = a.q(t, i);
-          const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x16::bcast4(qa + 4 * j)),
-                                              _mm256_maddubs_epi16(hi, x16::bcast4(qa + 8 + 4 * j)));
+          const __m256i pr = x16::maddubs_pair(lo, hi, a.q(t, i) + 4 * j, a.q(t, i) + 8 + 4 * j);
           s16[t] = j ? _mm256_add_epi16(s16[t], pr) : pr;  // <= 4 * 2 * 24 * 127 = 24384: exact in int16
           __asm__("" : "+x"(s16[t]), "+r"(wb));  // the next vector loads after these sums
         }
@@ -358,8 +349,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
 #if CPUMOE_TIER == CPUMOE_T_AVX2
   for (int g = 0; g < G; ++g)
     for (int h = 0; h < 2; ++h) half_pass<NT>(gp[g].w, nb, h, act, out + (size_t)g * NT * GR + 8 * h, gp[g].gl);
-  return;
-#endif
+#else
   for (int g = 0; g < G; ++g)
     for (int h = 0; h < 2; ++h) {
       __m256 acc[NT];
@@ -376,6 +366,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) store_scaled(out + (size_t)(g * NT + t) * GR + 8 * h, acc[t], gp[g].gl + 8 * h);
     }
+#endif
 #else  // scalar: the same integers and fp32 operations, row by row
   const x16::BlockToks<NT, QB> a(act);
   for (int g = 0; g < G; ++g)

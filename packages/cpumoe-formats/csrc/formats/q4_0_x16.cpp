@@ -35,7 +35,7 @@ constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 // q4_0's w4a8 codes and d_a per 32, corr = -8 sum(q) (the raw nibbles' offset 8)
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) { x16::q8_records<-8>(src, K, dst); }
 
-#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
 // A block's codes of rows 8h..8h+7: lo[j] / hi[j] the low / high nibbles of vector j (block32_sum's operands)
 CPUMOE_INLINE void codes8(const uint8_t* p, int h, __m256i m, __m256i* lo, __m256i* hi) {
   CPUMOE_UNROLL
@@ -49,7 +49,7 @@ CPUMOE_INLINE void codes8(const uint8_t* p, int h, __m256i m, __m256i* lo, __m25
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 // One token, one 32-block of a group, all 16 rows (AVX2): acc0 / acc1 (rows 0-7 / 8-15) += cvt(corr + sum) * (d *
-// d_a), the same integers and fp32 operations as block32_sum's path, in inline asm. GCC 12 spilled that path's two
+// d_a), the same integers and fp32 operations as the intrinsics it replaced, in inline asm. GCC 12 spilled their two
 // accumulators and scale to the stack (16 ymm registers for 8 broadcast activations, the mask, the ones and the
 // codes) and took 31 cycles a block on Zen 3; this schedule keeps them in registers: both halves per code step, the
 // codes masked straight from memory, the ones and the broadcasts from memory (21 cycles a block, same bits).
@@ -98,7 +98,7 @@ CPUMOE_INLINE void block16_one_token(const uint8_t* p, const int8_t* rec, __m256
     __m256i lo[4], hi[4];
     codes8(p, h, m, lo, hi);
     __m256& A = h ? acc1 : acc0;
-    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(x16::block32_sum<8>(lo, hi, rec, corr)), _mm256_mul_ps(d, _mm256_set1_ps(s)),
+    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(x16::block32_sum(lo, hi, rec, corr)), _mm256_mul_ps(d, _mm256_set1_ps(s)),
                         A);
   }
 }
@@ -108,9 +108,9 @@ CPUMOE_INLINE void block16_one_token(const uint8_t* p, const int8_t* rec, __m256
 // Rows 8h..8h+7 of a group (bank row w) for NT >= 2 tokens into out[t * 16 + r]; the first half's pass brings the
 // lines in, the second reads them from L1/L2 while it prefetches the next group. avx2 takes code step j outermost:
 // its two nibble vectors meet every token in turn, so 2 code registers and NT int16 runs are live where
-// block32_sum's order (all 8 code vectors first) left too few of the 16 ymm registers at NT = 4. Out of line:
-// inlined into x16's down, GCC hoisted every product of a block and spilled them. One Zen 3 core in cache
-// (2816 x 704, 8 tokens): gate_up 450 -> 391-411 us; inlined, down had gone 232 -> 250.
+// the earlier order (all 8 code vectors first) left too few of the 16 ymm registers at NT = 4. Out of line, with
+// an ordering asm per step: GCC had formed all 32 products of a block first and spilled them. One Zen 3 core in
+// cache (2816 x 704, 8 tokens): gate_up 424 -> 402-422 us, down 227 -> 197-207.
 template <int NT>
 __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const void* const* act, float* out) {
   const __m256i m = _mm256_set1_epi8(0x0F);
@@ -131,9 +131,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
       const __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) {
-        const int8_t* qa = a.q(t, b);
-        const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x16::bcast4(qa + 4 * j)),
-                                            _mm256_maddubs_epi16(hi, x16::bcast4(qa + 16 + 4 * j)));
+        const __m256i pr = x16::maddubs_pair(lo, hi, a.q(t, b) + 4 * j, a.q(t, b) + 16 + 4 * j);
         s16[t] = j ? _mm256_add_epi16(s16[t], pr) : pr;  // <= 8 * 2 * 15 * 127 = 30480: exact in int16
         // the next step's codes are loaded through p after these sums: GCC's reassociation had formed every
         // product of the block first and summed them as a tree (20+ live vectors, spilled)
@@ -147,7 +145,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
     __m256i lo[4], hi[4];
     codes8(p, h, m, lo, hi);
     CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) S[t] = x16::block32_sum<8>(lo, hi, a.q(t, b), *a.corr(t, b));
+    for (int t = 0; t < NT; ++t) S[t] = x16::block32_sum(lo, hi, a.q(t, b), *a.corr(t, b));
 #endif
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t)
