@@ -197,6 +197,25 @@ CPUMOE_INLINE __m256i bcast4(const void* p) {
 // int16 ones for vpmaddwd as a memory operand (the one-token asm blocks)
 alignas(32) inline constexpr int16_t kOnes16[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
+// The 16-register tiers' multi-token pass frame over rows 8h..8h+7 of a group (q4_0_x16's and e2m1_x16's half_pass):
+// NT accumulators, block by block (gb bytes a block at w, 5 lines prefetched `ahead` on, or the next group's in the
+// second half's pass); block(b, p, a, acc) adds block b (at p; a: the tokens' records) to acc; out[t * 16 + r].
+template <int NT, int QB, class Block>
+CPUMOE_INLINE void half_pass_blocks(const uint8_t* w, int nb, int gb, int h, int64_t ahead, const void* const* act,
+                                    float* out, const Block& block) {
+  __m256 acc[NT];
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  const BlockToks<NT, QB> a(act);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* p = w + (size_t)b * gb;
+    prefetch_half_pass(p, 5, h == 0, ahead, (size_t)nb * gb);
+    block(b, p, a, acc);
+  }
+  CPUMOE_UNROLL
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)t * GR, acc[t]);
+}
+
 // The 16-register tiers' one-token pass over G groups (gate and up, or a lone route's two halves of the groups):
 // block by block, the G groups side by side, so G streams are in flight (one stream at a time left a Zen 3 core
 // waiting on DRAM: q4_0_x16 batch 1 read 77-82% of the ceiling, 93-94% side by side). block(b, g, acc0, acc1) adds

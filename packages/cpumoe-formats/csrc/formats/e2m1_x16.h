@@ -95,13 +95,9 @@ CPUMOE_INLINE void sums_one_token(const uint8_t* p, const int8_t* rec, __m256i m
 template <class F, int NT>
 __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const void* const* act, float* out) {
   const __m256i m = _mm256_set1_epi8(0x0F), lut = fp4::w2_offset(), one = _mm256_set1_epi16(1);
-  __m256 acc[NT];
-  CPUMOE_UNROLL
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  const x16::BlockToks<NT, QK> a(act);
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* p = w + (size_t)b * GB;
-    x16::prefetch_half_pass(p, 5, h == 0, kPf, (size_t)nb * GB);
+  using A = x16::BlockToks<NT, QK>;
+  x16::half_pass_blocks<NT, QK>(w, nb, GB, h, kPf, act, out, [&](int b, const uint8_t* p, const A& a, __m256* acc)
+                                                                  CPUMOE_LAMBDA_INLINE {
     __m256i S[NT];
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) S[t] = _mm256_set1_epi32(*a.corr(t, b));
@@ -120,9 +116,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
     const __m256 sw = F::scale8(p + 8 * h);
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) acc[t] = F::fold(acc[t], S[t], sw, a.s(t, b));
-  }
-  CPUMOE_UNROLL
-  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)t * GR, acc[t]);
+  });
 }
 #endif
 

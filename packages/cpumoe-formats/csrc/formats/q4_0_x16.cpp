@@ -114,13 +114,9 @@ CPUMOE_INLINE void block16_one_token(const uint8_t* p, const int8_t* rec, __m256
 template <int NT>
 __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const void* const* act, float* out) {
   const __m256i m = _mm256_set1_epi8(0x0F);
-  __m256 acc[NT];
-  CPUMOE_UNROLL
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  const x16::BlockToks<NT, QK> a(act);
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* p = w + (size_t)b * GB;
-    x16::prefetch_half_pass(p, 5, h == 0, CPUMOE_Q4X16_PF, (size_t)nb * GB);
+  using A = x16::BlockToks<NT, QK>;
+  x16::half_pass_blocks<NT, QK>(w, nb, GB, h, CPUMOE_Q4X16_PF, act, out, [&](int b, const uint8_t* p, const A& a,
+                                                                             __m256* acc) CPUMOE_LAMBDA_INLINE {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
     __m256i S[NT];
 #if CPUMOE_TIER == CPUMOE_T_AVX2
@@ -150,9 +146,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t)
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), _mm256_mul_ps(d, _mm256_set1_ps(*a.s(t, b))), acc[t]);
-  }
-  CPUMOE_UNROLL
-  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + (size_t)t * GR, acc[t]);
+  });
 }
 #endif
 
