@@ -8,7 +8,7 @@
 # and optionally a file `env` (shell lines, e.g. `export CPUMOE_ISA=avx512f`) sourced before that variant's bench
 # and a file `cxx` (the compiler line for its build, e.g. `c++ -DCPUMOE_NVX16_PF=6144`), neither copied. Rounds run
 # the variants forward, then backward. Summary (per round and variant: format, batch, routing, us/step, % of the
-# ceiling, and the bench's batch N / batch 1 lines) in $OUT/ab.txt.
+# ceiling, the bench's batch N / batch 1 lines, and its trace lines with --trace) in $OUT/ab.txt.
 set -uo pipefail
 : "${OUT:?set OUT}"
 [ $# -ge 2 ] || { echo "usage: OUT=DIR ci/ab_executor.sh A_DIR B_DIR [C_DIR...]"; exit 2; }
@@ -33,6 +33,6 @@ for r in $(seq "${ROUNDS:-2}"); do
     # shellcheck disable=SC1091,SC2086
     (if [ -f "$v/env" ]; then . "$v/env"; fi
      PYTHONPATH=/tmp/ab/$n/$(basename "$PKG")/src:$base timeout 200 python3 -m cpumoe_executor.bench $BENCH --repeats 5 \
-       --steps 20 --json "$OUT/r$r-$n.json" 2>/dev/null) | grep -E "^[a-z0-9_>]+ +[a-z0-9+]+ +[0-9]+ +[0-9]+ |batch [0-9]+ / batch 1" | tee -a "$OUT/ab.txt"
+       --steps 20 --json "$OUT/r$r-$n.json" 2>&1) | grep -E "^[a-z0-9_>]+ +[a-z0-9+]+ +[0-9]+ +[0-9]+ |batch [0-9]+ / batch 1| trace: " | tee -a "$OUT/ab.txt"
   done
 done

@@ -8,6 +8,7 @@
 
 #include "capi.h"
 #include "executor.h"
+#include "route_sum.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -27,7 +28,7 @@ struct PyExecutor {
              int tier_cap, int num_layers, int top_k, int max_tokens, std::vector<int> cores, bool pin,
              int64_t spin_us) {
     if (num_layers < 1) throw py::value_error("num_layers must be >= 1");
-    if (top_k < 1 || top_k > 64) throw py::value_error("top_k must be in [1, 64]");
+    if (top_k < 1 || top_k > Executor::kMaxTopK) throw py::value_error("top_k must be in [1, 64]");
     if (max_tokens < 1) throw py::value_error("max_tokens must be >= 1");
     if (cores.empty()) throw py::value_error("at least one core");
     Config c;
@@ -84,6 +85,23 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("ready"), py::arg("done"), py::arg("task"), py::arg("timeout_s"));
   register_latency(m);
+  // The down row block reduction, for tests (addresses of float32 term rows and of the uint16 output; isa "" = the
+  // one the executor runs, else "avx512f" / "avx2" / "sse2", a ValueError where this CPU cannot run it).
+  m.def("route_sum_isa", [] { return std::string(route_sum_isa()); });
+  m.def(
+      "route_sum",
+      [](const std::vector<uint64_t>& terms, int32_t h0, int32_t h1, uint64_t y, const std::string& isa) {
+        if (terms.empty() || terms.size() > (size_t)Executor::kMaxTopK)
+          throw py::value_error("terms: 1 to " + std::to_string(Executor::kMaxTopK) + " rows, got " +
+                                std::to_string(terms.size()));
+        if (h0 < 0 || h1 < h0) throw py::value_error("need 0 <= h0 <= h1");
+        std::vector<const float*> t;
+        for (uint64_t a : terms) t.push_back((const float*)(uintptr_t)a);
+        const std::string use = isa.empty() ? route_sum_isa() : isa;
+        if (!route_sum_as(use.c_str(), t.data(), (int)t.size(), h0, h1, (uint16_t*)(uintptr_t)y))
+          throw py::value_error("isa '" + isa + "': not one of avx512f, avx2, sse2 this CPU runs");
+      },
+      py::arg("terms"), py::arg("h0"), py::arg("h1"), py::arg("y"), py::arg("isa") = "");
   m.def("call_hostfn", [](uint64_t arg, bool submit) {
     py::gil_scoped_release nogil;
     const auto* api = executor_api();

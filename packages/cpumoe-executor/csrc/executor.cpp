@@ -21,10 +21,16 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "route_sum.h"
+
 namespace cpumoe_exec {
 namespace {
 constexpr size_t kAlign = 64;
 size_t up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+// the lines of [p, p + n) toward this core (into L2 and L1: other cores wrote them)
+void prefetch_span(const void* p, size_t n) {
+  for (size_t o = 0; o < n; o += 64) __builtin_prefetch((const char*)p + o, 0, 3);
+}
 }  // namespace
 
 int64_t mono_ns() {
@@ -34,6 +40,8 @@ int64_t mono_ns() {
 
 Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
     : api_(api), cfg_(cfg), pool_(cfg.cores, cfg.pin, cfg.spin_us) {
+  if (cfg_.top_k < 1 || cfg_.top_k > kMaxTopK)
+    throw std::invalid_argument("top_k " + std::to_string(cfg_.top_k) + " outside [1, " + std::to_string(kMaxTopK) + "]");
   char err[512] = {0};
   if (api_->kernel_create(&cfg_.params, cfg_.tier_cap, &k_, err, sizeof err) != 0) throw std::invalid_argument(err);
   const auto& p = cfg_.params;
@@ -243,19 +251,21 @@ void Executor::body(int tid) {
     if (tr) lap(tr->down_wait);
     k_->down(k_, s.banks, h0, h1, &routes_[a], b - a, part_.data() + h0, H);
     if (hleft_[hb].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
-    // In the token's first slot, row by row (contiguous adds): 0 + t1 is t1 (never -0), then + t2, + t3, ...
+    // Each token's slots in route order: 0 + t1 (the slot's value) is t1 (never -0), then + t2, + t3, ...; the
+    // next token's slots are fetched while this one's are summed (other threads wrote them).
+    const float* terms[kMaxTopK];
     for (int t = 0; t < s.T; ++t) {
       uint16_t* yt = s.y + (size_t)t * H;
-      if (tstart_[t] == tstart_[t + 1]) {  // every route of the token is -1
+      const int n = tstart_[t + 1] - tstart_[t];
+      if (t + 1 < s.T)
+        for (int q = tstart_[t + 1]; q < tstart_[t + 2]; ++q)
+          prefetch_span(&part_[(size_t)troutes_[q] * H + h0], (size_t)(h1 - h0) * sizeof(float));
+      if (n == 0) {  // every route of the token is -1
         std::fill(yt + h0, yt + h1, (uint16_t)0);
         continue;
       }
-      float* acc = &part_[(size_t)troutes_[tstart_[t]] * H];
-      for (int q = tstart_[t] + 1; q < tstart_[t + 1]; ++q) {
-        const float* term = &part_[(size_t)troutes_[q] * H];
-        for (int h = h0; h < h1; ++h) acc[h] += term[h];
-      }
-      for (int h = h0; h < h1; ++h) yt[h] = cpumoe_f32_to_bf16(acc[h]);
+      for (int q = 0; q < n; ++q) terms[q] = &part_[(size_t)troutes_[tstart_[t] + q] * H];
+      route_sum(terms, n, h0, h1, yt);
     }
     d3_.fetch_add(1, std::memory_order_release);
   }

@@ -66,6 +66,8 @@ class Executor {
   // unit <= 0: always every thread. Work = weight bytes of the routed experts + kDotBytes per
   // row dot. Any team size gives bit-identical output.
   static constexpr int64_t kDotBytes = 32;
+  // The most routes a token has (the seeds' limit; the route reduction keeps a token's term pointers on the stack).
+  static constexpr int kMaxTopK = 64;
   // Target work items per thread and stage (run(): item sizes in whole block_hints).
   static constexpr int kItemsPerThread = 8;
   static constexpr int64_t kTeamUnitDefault = 64 << 10;
