@@ -4,7 +4,8 @@
 // id = 1 / s_b (0 where not finite: amax == 0, or 1/s_b overflows), q = clamp(rint(x * id), -127, 127),
 // half to even (as q4_0's Q8_0). Weights are the exact int8 w = 2 * E2M1[code] in {0, +-1, ..., +-12}.
 // Per group (16 K-pair rows = 32 K) and column: the exact integer S = sum(w * q), then
-//   tot += (float)S * ((e8m0 * 0.5f) * s_b)          (mul, then add; in every tier)
+//   tot = fma((float)S, (e8m0 * 0.5f) * s_b, tot)    (one product, one fma; in every tier; since 2026-12-01,
+//                                                     before: a mul, then an add)
 // so every tier computes the same integers and the same fp32 operations: bit-identical outputs.
 //
 // Prepared vector of length K (act_bytes = K + K/32 * 8): int8 q[K], then fp32 s_b[K/32], then
@@ -69,7 +70,7 @@ void tile_scalar(const Tile& T, int c0, int nc, int nt, const uint8_t* const* as
         for (int c = 0; c < nc; ++c) S[c] += fp4::kW2[row[c] & 15] * q0 + fp4::kW2[row[c] >> 4] * q1;
       }
       const uint8_t* srow = T.scl + g * T.ss + c0;
-      for (int c = 0; c < nc; ++c) o[c] += (float)S[c] * (e8m0_half(srow[c]) * sb[g]);
+      for (int c = 0; c < nc; ++c) o[c] = std::fma((float)S[c], e8m0_half(srow[c]) * sb[g], o[c]);
     }
   }
 }
@@ -150,7 +151,7 @@ CPUMOE_INLINE void dot_tokens(const typename V::I* buf, const uint8_t* const* as
     MX_UNROLL
     for (int q = 0; q < 4; ++q) {
       F& d = tot[t * ts + q];
-      d = V::add(d, V::mul(V::cvt(V::sub32(acc[t][q], corr)), V::mul(sc[q], bt)));
+      d = V::fma(V::cvt(V::sub32(acc[t][q], corr)), V::mul(sc[q], bt), d);
     }
   }
 }
@@ -279,7 +280,7 @@ void tile_one(const Tile& T, int c0, int nch, const uint8_t* a, float* out, int 
         MX_UNROLL
         for (int v = 0; v < 4; ++v) {
           F& d = tot[ch * NV + 4 * c + v];
-          d = V::add(d, V::mul(V::cvt(acc[4 * c + v]), V::mul(V::mul(sc[v], half), bt)));
+          d = V::fma(V::cvt(acc[4 * c + v]), V::mul(V::mul(sc[v], half), bt), d);
         }
       }
     }
