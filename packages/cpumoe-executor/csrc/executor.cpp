@@ -65,6 +65,8 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
   routes_.resize(R);
   left_.reset(new std::atomic<int>[R]);
   gready_.reset(new std::atomic<int>[R]);
+  gnext_.reset(new std::atomic<int>[R]);
+  gdone_.reset(new std::atomic<int>[R]);
   hleft_.reset(new std::atomic<int>[p.hidden]);
   expert_bytes_.assign(cfg_.num_layers, 0);
   trace_.reset(new Slot[pool_.size()]());
@@ -180,7 +182,8 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   st_ = {layer, T, nroutes, ngroups, (I + iblk - 1) / iblk, (H + hblk - 1) / hblk, iblk, hblk, x, y, banks_[layer].data()};
   c0_ = 0, c1_ = 0, c3_ = 0, d0_ = 0, d3_ = 0;
   for (int grp = 0; grp < ngroups; ++grp)
-    left_[grp].store(st_.n_iblk, std::memory_order_relaxed), gready_[grp].store(0, std::memory_order_relaxed);
+    left_[grp].store(st_.n_iblk, std::memory_order_relaxed), gready_[grp].store(0, std::memory_order_relaxed),
+        gnext_[grp].store(0, std::memory_order_relaxed), gdone_[grp].store(0, std::memory_order_relaxed);
   for (int hb = 0; hb < st_.n_hblk; ++hb) hleft_[hb].store(ngroups, std::memory_order_relaxed);
   t0_ = mono_ns();
   busy_since_.store(t0_, std::memory_order_release);
@@ -227,13 +230,15 @@ void Executor::body(int tid) {
   wait_at_least(d0_, s.T);  // every item is claimed: their threads finish them without waiting
   if (tr) lap(tr->prep);
   // stage 1: gate_up + activation, one (expert group, row block) per item; the thread that
-  // completes a group's last block prepares the group's g rows for the down pass
+  // completes a group's last block opens the group's route preps (g rows -> the down pass's records) and takes
+  // them one by one; the down items waiting for the group take the others (8 tokens sharing an expert: 8 preps,
+  // which one thread ran alone while the others waited)
   for (int it; (it = c1_.fetch_add(1, std::memory_order_relaxed)) < s.ngroups * s.n_iblk;) {
     const int grp = it / s.n_iblk, i0 = (it % s.n_iblk) * s.iblk, a = gstart_[grp], b = gstart_[grp + 1];
     k_->gate_up(k_, s.banks, gexpert_[grp], i0, std::min(I, i0 + s.iblk), b - a, &rxp_[a], &rwin_[a], &rg_[a]);
     if (s.n_iblk > 1 && left_[grp].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
-    for (int j = a; j < b; ++j) k_->prep_act(k_, rg_[j], I, const_cast<void*>(routes_[j].act));
     gready_[grp].store(1, std::memory_order_release);
+    prep_routes(grp);
   }
   if (tr) lap(tr->gate_up);
   // stage 2: down, one (expert group, output row block) per item, group-major (the first groups' g is ready
@@ -248,6 +253,8 @@ void Executor::body(int tid) {
     for (int j = a; j < b; ++j) std::fill(&part_[(size_t)j * H + h0], &part_[(size_t)j * H + h1], 0.0f);
     if (tr) lap(tr->down);
     for (unsigned i = 0; !gready_[grp].load(std::memory_order_acquire); ++i) spin_pause(i);
+    prep_routes(grp);
+    for (unsigned i = 0; gdone_[grp].load(std::memory_order_acquire) < b - a; ++i) spin_pause(i);
     if (tr) lap(tr->down_wait);
     k_->down(k_, s.banks, h0, h1, &routes_[a], b - a, part_.data() + h0, H);
     if (hleft_[hb].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
@@ -270,6 +277,14 @@ void Executor::body(int tid) {
     d3_.fetch_add(1, std::memory_order_release);
   }
   if (tr) lap(tr->down), tr->exit += mark - t0_;
+}
+
+void Executor::prep_routes(int grp) {
+  const int a = gstart_[grp], b = gstart_[grp + 1], I = cfg_.params.inter;
+  for (int j; (j = a + gnext_[grp].fetch_add(1, std::memory_order_relaxed)) < b;) {
+    k_->prep_act(k_, rg_[j], I, const_cast<void*>(routes_[j].act));
+    gdone_[grp].fetch_add(1, std::memory_order_release);
+  }
 }
 
 void Executor::set_trace(bool on) {

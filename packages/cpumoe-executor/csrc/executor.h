@@ -103,6 +103,8 @@ class Executor {
   void body(int tid);
   void coordinator_loop(int core);
   void set_error(int code, const std::string& msg);
+  // Claims and runs route preps of expert group grp (its g rows are complete) until none is left to claim.
+  void prep_routes(int grp);
 
   const cpumoe_formats_api* api_;
   Config cfg_;
@@ -136,7 +138,9 @@ class Executor {
   alignas(64) std::atomic<int> c3_{0};
   alignas(64) std::atomic<int> d3_{0};
   std::unique_ptr<std::atomic<int>[]> left_;   // row blocks left per expert group
-  std::unique_ptr<std::atomic<int>[]> gready_;  // 1 once an expert group's g rows are prepared (down may read them)
+  std::unique_ptr<std::atomic<int>[]> gready_;  // 1 once an expert group's g rows are all written (preps may start)
+  std::unique_ptr<std::atomic<int>[]> gnext_;   // per group: route preps claimed
+  std::unique_ptr<std::atomic<int>[]> gdone_;   // per group: route preps done (down may read them when all are)
   std::unique_ptr<std::atomic<int>[]> hleft_;   // down items left per output row block (the last one reduces it)
   std::vector<int64_t> expert_bytes_;          // per layer
   std::atomic<int64_t> team_unit_{kTeamUnitDefault};
