@@ -1,12 +1,16 @@
 """The down row block reduction (csrc/route_sum.cpp), each SIMD width forced in turn: a token's route terms summed
 left to right in fp32 and rounded to bf16, bit for bit against numpy, on ragged row ranges, with special values,
 and nothing written outside the range."""
+import logging
+
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import make_banks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import cpumoe_executor as ce
 from cpumoe_executor import _native
 
 ISAS = ["avx512f", "avx2", "sse2"]
@@ -100,3 +104,10 @@ def test_route_sum_property(n, H, data, seed):
     for isa in ISAS:
         if usable(isa):
             check(run(t, h0, h1, isa), want_bits(t, h0, h1), isa)
+
+
+def test_ready_log_names_route_sum(caplog, rng):
+    banks, _ = make_banks("bf16", rng, layers=1)
+    with caplog.at_level(logging.INFO, logger="cpumoe_executor"):
+        ce.CpuMoeExecutor("bf16", banks, top_k=2, max_tokens=2, threads=1)
+    assert f"route_sum={_native.route_sum_isa()}" in caplog.text
