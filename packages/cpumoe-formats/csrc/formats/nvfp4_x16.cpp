@@ -13,7 +13,10 @@
 // int32 corr = -12 * sum(q_b). Weights enter as u = 2 * E2M1 + 12 (0..24, vpshufb table w2_offset), so
 //   isum_b = sum(2 E2M1 * q) = corr_b + sum(u * q)           (exact; |isum_b| <= 16 * 12 * 127)
 // Per (row, token), from acc = 0, block by block in K order:
-//   acc = fma(float(isum_b), e4m3(scale_b) * s_a_b, acc);   out = acc * (0.5 * fp16(global))
+//   acc = fma(float(isum_b), (e4m3(scale_b) / 256) * s_a_b, acc);   out = acc * (128 * fp16(global))
+// e4m3 / 256 is what the SIMD decode yields (an fp16 made from the code's bits); / 256 and 128 are exact, so these
+// are the bits of fma(isum, e4m3 * s_a, acc) and acc * (0.5 * global) (the definition until 2026-12-01, which paid
+// two multiplies by 256 per block) unless a product or an accumulator falls below 2^-126 (fp32 subnormals).
 // The integer is exact and every tier does these fp32 operations in this order (std::fma in scalar), so the tiers
 // are bit-identical and a token's result does not depend on its batch. Lanes are rows: one vpdpbusd serves 16
 // rows and the per-block fold (cvt, scale, fma) is paid once per 16 rows and token, not once per (row, token) as
@@ -53,12 +56,23 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 }
 
 #if CPUMOE_X16_ZMM
-// 16 e4m3 codes -> their exact values (fp4_common.h e4m3x8's trick, sign-extended: (c << 7) & 0xBFFF is the fp16
-// with the code's sign, exponent and mantissa, the value / 256)
-CPUMOE_INLINE __m512 e4m3x16(const uint8_t* p) {
+// 16 e4m3 codes -> e4m3 / 256, exactly (fp4_common.h e4m3x8's trick, sign-extended: (c << 7) & 0xBFFF is the fp16 of
+// the code / 256)
+CPUMOE_INLINE __m512 e4m3x16_div256(const uint8_t* p) {
   const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
-  const __m256i f = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
-  return _mm512_mul_ps(_mm512_cvtph_ps(f), _mm512_set1_ps(256.f));
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF)));
+}
+#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+// The same for 8 codes, and for 16 as two halves (one widening and one shift-mask)
+CPUMOE_INLINE __m256 e4m3x8_div256(const uint8_t* p) {
+  const __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)p));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)0xBFFF)));
+}
+CPUMOE_INLINE void e4m3x16_div256(const uint8_t* p, __m256* d) {
+  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+  d[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  d[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 #endif
 
@@ -104,7 +118,7 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
       const uint8_t* p = gp[g].w + (size_t)c * CB;
-      const __m512 d = e4m3x16(p + QB * i);
+      const __m512 d = e4m3x16_div256(p + QB * i);
       const uint8_t* w = p + QB * cb + 128 * i;
       const __m512i w0 = _mm512_loadu_si512((const void*)w), w1 = _mm512_loadu_si512((const void*)(w + 64));
       // u[j]: the token's code dword j of the block (even elements 0-3, 4-7, odd 0-3, 4-7)
@@ -149,12 +163,11 @@ CPUMOE_INLINE __m256i block_sum(const __m256i* u, const int8_t* qa, int32_t corr
 #endif
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2
-// One token, one 16-block of a group, both halves (AVX2): acc0 / acc1 (rows 0-7 / 8-15) += cvt(isum) * (e4m3(scale)
-// * s_a), e4m3x16_halves's decode and block_sum's integers and fp32 operations, in inline asm so that nothing is
+// One token, one 16-block of a group, both halves (AVX2): acc0 / acc1 (rows 0-7 / 8-15) += cvt(isum) * ((e4m3(scale)
+// / 256) * s_a), e4m3x16_div256's decode and block_sum's integers and fp32 operations, in inline asm so that nothing is
 // spilled (as q4_0_x16's block16_one_token). sp: the block's 16 scales, w: its 128 code bytes, rec: its record.
 alignas(32) constexpr uint16_t kE4m3Mask[16] = {0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF,
                                                 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF, 0xBFFF};
-alignas(32) constexpr float k256[8] = {256.f, 256.f, 256.f, 256.f, 256.f, 256.f, 256.f, 256.f};
 CPUMOE_INLINE void block_one_token(const uint8_t* sp, const uint8_t* w, const int8_t* rec, __m256i m, __m256i tu,
                                    __m256& acc0, __m256& acc1) {
   static_assert(x16::BlockToks<1, QB>::kStride == 24, "record: 16 codes, float s_a at 16, int32 corr at 20");
@@ -171,17 +184,15 @@ CPUMOE_INLINE void block_one_token(const uint8_t* sp, const uint8_t* w, const in
   "vpbroadcastd " #qlo "(%[r]), %%ymm4\n\t"                                                                    \
   "vpbroadcastd " #qhi "(%[r]), %%ymm5\n\t"                                                                    \
   CPUMOE_X16_ASM_MADD4(FIRST)
-  __asm__(// the 16 scales: (c << 8 >> 1 arithmetic) & 0xBFFF is the fp16 of e4m3 / 256; times 256, times s_a
-          "vpmovzxbw (%[sp]), %%ymm0\n\t"
-          "vpsllw $8, %%ymm0, %%ymm0\n\t"
-          "vpsraw $1, %%ymm0, %%ymm0\n\t"
+  __asm__(// the 16 scales: (sign-extended c << 7) & 0xBFFF is the fp16 of e4m3 / 256 (e4m3x16_div256's decode);
+          // times s_a
+          "vpmovsxbw (%[sp]), %%ymm0\n\t"
+          "vpsllw $7, %%ymm0, %%ymm0\n\t"
           "vpand %[emask], %%ymm0, %%ymm0\n\t"
           "vcvtph2ps %%xmm0, %[sc0]\n\t"
           "vextracti128 $1, %%ymm0, %%xmm0\n\t"
           "vcvtph2ps %%xmm0, %[sc1]\n\t"
           "vbroadcastss 16(%[r]), %%ymm1\n\t"
-          "vmulps %[c256], %[sc0], %[sc0]\n\t"
-          "vmulps %[c256], %[sc1], %[sc1]\n\t"
           "vmulps %%ymm1, %[sc0], %[sc0]\n\t"
           "vmulps %%ymm1, %[sc1], %[sc1]\n\t"
           CPUMOE_NVX16_STEP(0, 0, 8, CPUMOE_X16_ASM_FIRST) CPUMOE_NVX16_STEP(64, 4, 12, CPUMOE_X16_ASM_NEXT)
@@ -196,7 +207,7 @@ CPUMOE_INLINE void block_one_token(const uint8_t* sp, const uint8_t* w, const in
           "vfmadd231ps %[sc1], %[s1], %[a1]\n\t"
           : [a0] "+x"(acc0), [a1] "+x"(acc1), [s0] "=&x"(s0), [s1] "=&x"(s1), [sc0] "=&x"(sc0), [sc1] "=&x"(sc1)
           : [sp] "r"(sp), [w] "r"(w), [r] "r"(rec), [m] "x"(m), [tu] "x"(tu), [ones] "m"(x16::kOnes16),
-            [emask] "m"(kE4m3Mask), [c256] "m"(k256), "m"(*(const uint8_t(*)[QB])sp), "m"(*(const uint8_t(*)[128])w),
+            [emask] "m"(kE4m3Mask), "m"(*(const uint8_t(*)[QB])sp), "m"(*(const uint8_t(*)[128])w),
             "m"(*(const int8_t(*)[24])rec)
           : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5");
 #undef CPUMOE_NVX16_STEP
@@ -224,9 +235,9 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
   for (int i = 0; i < cb; ++i) {
     __m256 ds[2];  // the block's scales of rows 8 h.. (both halves: decoded together)
     if constexpr (HS == 2)
-      fp4::e4m3x16_halves(p + QB * i, ds);
+      e4m3x16_div256(p + QB * i, ds);
     else
-      ds[HS] = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * HS));
+      ds[HS] = e4m3x8_div256(p + QB * i + 8 * HS);
     CPUMOE_UNROLL
     for (int h = h0; h < h1; ++h) {
       const __m256 d = ds[h];
@@ -256,7 +267,7 @@ CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::BlockToks<NT, QB>
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
 // 8 rows' sums times 0.5 * their fp16 globals
 CPUMOE_INLINE void store_scaled(float* out, __m256 acc, const uint16_t* gl) {
-  const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)gl)), _mm256_set1_ps(0.5f));
+  const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)gl)), _mm256_set1_ps(128.f));
   _mm256_storeu_ps(out, _mm256_mul_ps(acc, s));
 }
 #endif
@@ -280,7 +291,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
     const uint8_t* p = w + (size_t)c * CB;
     x16::prefetch_half_pass(p, CB / 64, h == 0, CPUMOE_NVX16_PF, (size_t)nb * GB);
     for (int i = 0; i < cb; ++i) {
-      const __m256 d = fp4::e4m3x8(fp4::load8(p + QB * i + 8 * h));
+      const __m256 d = e4m3x8_div256(p + QB * i + 8 * h);
       const uint8_t* wb = p + QB * cb + 128 * i + 32 * h;
       __m256i s16[NT];
       CPUMOE_UNROLL
@@ -321,7 +332,7 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g) {
     const __m512 gl = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)gp[g].gl)),
-                                    _mm512_set1_ps(0.5f));
+                                    _mm512_set1_ps(128.f));
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, _mm512_mul_ps(acc[g * NT + t], gl));
   }
@@ -383,9 +394,9 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
             const uint8_t byte = w[64 * (mm / 4) + 4 * r + mm % 4];
             s += kW2[byte & 15] * qb[mm] + kW2[byte >> 4] * qb[8 + mm];
           }
-          acc = std::fma((float)s, e4m3_to_f32(p[QB * i + r]) * *a.s(t, b), acc);
+          acc = std::fma((float)s, (e4m3_to_f32(p[QB * i + r]) * 0x1p-8f) * *a.s(t, b), acc);
         }
-        out[(size_t)(g * NT + t) * GR + r] = acc * (0.5f * fp16_to_f32(gp[g].gl[r]));
+        out[(size_t)(g * NT + t) * GR + r] = acc * (128.f * fp16_to_f32(gp[g].gl[r]));
       }
 #endif
 }

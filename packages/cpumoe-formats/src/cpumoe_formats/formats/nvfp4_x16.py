@@ -20,8 +20,8 @@ Banks (slot order; a bank row is a group of 16 weight rows):
 
 ``repack(banks)`` turns nvfp4 banks into these, ``unpack(banks)`` back. Math: nvfp4's w4a8 (the same int8
 activation codes and scales, exact integer block sums), summed per (row, token) block by block in K order with
-a fused multiply-add, ``acc = fma(isum_b, e4m3(scale_b) * s_a_b, acc)``, then ``acc * (0.5 * global)``, the same
-in every tier. So results equal nvfp4 w4a8's up to fp32 rounding (nvfp4's kernels group the sums otherwise).
+a fused multiply-add, ``acc = fma(isum_b, (e4m3(scale_b) / 256) * s_a_b, acc)``, then ``acc * (128 * global)``,
+the same in every tier. So results equal nvfp4 w4a8's up to fp32 rounding (nvfp4's kernels group the sums otherwise).
 """
 from __future__ import annotations
 
