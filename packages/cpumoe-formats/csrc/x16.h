@@ -167,10 +167,18 @@ CPUMOE_INLINE void prefetch_half_pass(const uint8_t* p, int n, bool first_half, 
 // The 4 bytes at p in every dword lane, by a broadcast load (vpbroadcastd m32: a load uop, no vector ALU uop).
 // _mm256_set1_epi32 of the value copied out of a token's record compiled (GCC 12) to a 64-bit GPR load, shifts,
 // vmovd and a register vpbroadcastd: two vector ALU uops per broadcast, 8 broadcasts per block and token.
+// CPUMOE_X16_NO_ASM (only the SIMDe checks, tests/batch_simde, define it): this and the {1to16} helpers below as
+// plain intrinsics, the same results, so the AVX-512 tiers can run emulated on a CPU without AVX-512.
 CPUMOE_INLINE __m256i bcast4(const void* p) {
+#ifdef CPUMOE_X16_NO_ASM
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+#else
   __m256i r;
   __asm__("vpbroadcastd %1, %0" : "=x"(r) : "m"(*(const int32_t*)p));
   return r;
+#endif
 }
 
 // The layouts' one-token asm blocks (AVX2, q4_0_x16 and nvfp4_x16). NIBBLES: the 32 code bytes at A (rows 0-7) and
@@ -261,24 +269,36 @@ CPUMOE_INLINE __m256i maddubs_pair(__m256i lo, __m256i hi, const int8_t* qlo, co
 // acc + dot(w's unsigned bytes, the signed 4 bytes at q broadcast), the broadcast folded into the instruction
 // ({1to16}): one uop where the intrinsic pair (a broadcast load, then vpdpbusd) is two; GCC 12 does not fold it.
 CPUMOE_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t* q) {
+#ifdef CPUMOE_X16_NO_ASM
+  return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(*q));
+#else
   __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
   return acc;
+#endif
 }
 #endif
 #if defined(__AVX512F__)
 // v * (the float at p, broadcast), likewise folded
 CPUMOE_INLINE __m512 mul_bcast(__m512 v, const float* p) {
+#ifdef CPUMOE_X16_NO_ASM
+  return _mm512_mul_ps(v, _mm512_set1_ps(*p));
+#else
   __m512 r;
   __asm__("vmulps %2%{1to16%}, %1, %0" : "=v"(r) : "v"(v), "m"(*p));
   return r;
+#endif
 }
 #endif
 
 #if defined(__AVX512BF16__)
 // acc + the 32 products of w's bf16 pairs with the pair at q broadcast, folded into the instruction ({1to16})
 CPUMOE_INLINE __m512 dpbf16_bcast(__m512 acc, __m512i w, const int32_t* q) {
+#ifdef CPUMOE_X16_NO_ASM
+  return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(*q));
+#else
   __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
   return acc;
+#endif
 }
 #endif
 // One step of vdpbf16ps in scalar (the bf16 layouts' reference tier): the product is exact in fp32, so fma rounds

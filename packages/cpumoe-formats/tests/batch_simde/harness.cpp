@@ -10,7 +10,7 @@
 #define BK_DECL(f, t) extern "C++" bool cpumoe_init_##f##_##t(cpumoe_kernel*);
 #define BK_TIERS(f) BK_DECL(f, scalar) BK_DECL(f, avx2) BK_DECL(f, avxvnni) BK_DECL(f, avx512f) BK_DECL(f, avx512vnni) \
   BK_DECL(f, avx512bf16)
-BK_TIERS(bf16) BK_TIERS(fp8_block) BK_TIERS(nvfp4) BK_TIERS(ds_fp4) BK_TIERS(q4_0)
+BK_TIERS(bf16) BK_TIERS(fp8_block) BK_TIERS(nvfp4) BK_TIERS(ds_fp4) BK_TIERS(q4_0) BK_TIERS(nvfp4_x16)
 BK_DECL(bf16, amx) BK_DECL(fp8_block, amx) BK_DECL(q4_0, amx)  // amx_emu.h
 
 namespace cpumoe {
@@ -34,7 +34,8 @@ struct Entry {
 #define BK_ROW6(id, f) BK_ROW(id, f, nullptr)
 static const Entry kEntries[] = {BK_ROW(CPUMOE_FMT_BF16, bf16, cpumoe_init_bf16_amx), BK_ROW(CPUMOE_FMT_FP8_BLOCK, fp8_block, cpumoe_init_fp8_block_amx),
                                  BK_ROW6(CPUMOE_FMT_NVFP4, nvfp4), BK_ROW6(CPUMOE_FMT_DS_FP4, ds_fp4),
-                                 BK_ROW(CPUMOE_FMT_Q4_0, q4_0, cpumoe_init_q4_0_amx)};
+                                 BK_ROW(CPUMOE_FMT_Q4_0, q4_0, cpumoe_init_q4_0_amx),
+                                 BK_ROW6(CPUMOE_FMT_NVFP4_X16, nvfp4_x16)};
 
 // Returns 0, -2 when the format has no kernel of its own at `tier` for the mode, -1 on a step error.
 extern "C" __attribute__((visibility("default"))) int bk_step(const cpumoe_params* p, int tier, int block_hint,
