@@ -28,7 +28,6 @@ struct PyExecutor {
              int tier_cap, int num_layers, int top_k, int max_tokens, std::vector<int> cores, bool pin,
              int64_t spin_us) {
     if (num_layers < 1) throw py::value_error("num_layers must be >= 1");
-    if (top_k < 1 || top_k > Executor::kMaxTopK) throw py::value_error("top_k must be in [1, 64]");
     if (max_tokens < 1) throw py::value_error("max_tokens must be >= 1");
     if (cores.empty()) throw py::value_error("at least one core");
     Config c;
@@ -54,6 +53,7 @@ PYBIND11_MODULE(_native, m) {
   m.attr("ABI_MINOR") = CPUMOE_EXECUTOR_ABI_MINOR;
   m.attr("PROTOCOL_VERSION") = CPUMOE_PROTOCOL_VERSION;
   m.attr("IOB_MAGIC") = py::int_(CPUMOE_IOB_MAGIC);
+  m.attr("MAX_TOP_K") = py::int_(Executor::kMaxTopK);  // checked against cpumoe_formats.inputs.MAX_TOP_K (tests)
   m.attr("FORMATS_ABI") = py::make_tuple(g_formats->abi_major, g_formats->abi_minor);
   m.attr("_C_API_v1") = py::capsule((void*)executor_api(), CPUMOE_EXECUTOR_CAPSULE_NAME);
   m.def("physical_cores", &physical_cores);

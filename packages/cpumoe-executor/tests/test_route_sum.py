@@ -106,6 +106,18 @@ def test_route_sum_property(n, H, data, seed):
             check(run(t, h0, h1, isa), want_bits(t, h0, h1), isa)
 
 
+def test_top_k_limit_is_the_formats_one():
+    """The reduction keeps a token's term pointers on the stack, sized by the executor's limit: the same as the one the
+    Python API checks (cpumoe_formats.inputs.MAX_TOP_K), and the native constructor refuses what lies past it."""
+    from cpumoe_formats.inputs import MAX_TOP_K
+
+    assert _native.MAX_TOP_K == MAX_TOP_K == 64
+    cores = [ce.resolve_cores()[0][0]]
+    for bad in (0, MAX_TOP_K + 1):
+        with pytest.raises(ValueError, match=f"top_k {bad} outside \\[1, 64\\]"):
+            _native.Executor(0, 0, 0, False, 4, 64, 32, 1.0, float("inf"), -1, 1, bad, 1, cores, False, 0)
+
+
 def test_ready_log_names_route_sum(caplog, rng):
     banks, _ = make_banks("bf16", rng, layers=1)
     with caplog.at_level(logging.INFO, logger="cpumoe_executor"):

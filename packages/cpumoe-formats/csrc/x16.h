@@ -290,15 +290,12 @@ CPUMOE_INLINE __m512 mul_bcast(__m512 v, const float* p) {
 }
 #endif
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && !defined(CPUMOE_X16_NO_ASM)
 // acc + the 32 products of w's bf16 pairs with the pair at q broadcast, folded into the instruction ({1to16})
+// (No CPUMOE_X16_NO_ASM form: no SIMDe check builds a bf16 layout's avx512bf16 tier, so one would never compile.)
 CPUMOE_INLINE __m512 dpbf16_bcast(__m512 acc, __m512i w, const int32_t* q) {
-#ifdef CPUMOE_X16_NO_ASM
-  return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(*q));
-#else
   __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*q));
   return acc;
-#endif
 }
 #endif
 // One step of vdpbf16ps in scalar (the bf16 layouts' reference tier): the product is exact in fp32, so fma rounds

@@ -224,22 +224,24 @@ CPUMOE_INLINE __m128i load4(const uint8_t* p) {
   return _mm_cvtsi32_si128(v);
 }
 
-// 8 e4m3fn codes (low 8 bytes) -> 8 floats, exact for all 256 codes (0x7F/0xFF -> +-480, subnormals
-// m * 2^-9): the code shifted into fp16 (sign to bit 15, exponent+mantissa to bits 7..13)
-// is an fp16 with bias 15 instead of 7, so cvtph2ps then * 2^8 gives the value.
-CPUMOE_INLINE __m256 e4m3x8(__m128i codes) {
-  __m128i h = _mm_cvtepu8_epi16(codes);
-  h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(h, 8), 1), _mm_set1_epi16((short)0xBFFF));
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+// 8 e4m3fn codes (low 8 bytes) -> code / 256, exact for all 256 codes (0x7F/0xFF -> +-480 / 256, subnormals
+// m * 2^-17): the code sign-extended and shifted into fp16 (sign to bit 15, exponent+mantissa to bits 7..13, bit 14
+// cleared) is an fp16 with bias 15 instead of 7, i.e. the value / 2^8. nvfp4_x16 folds the 2^8 into its global.
+CPUMOE_INLINE __m256 e4m3x8_div256(__m128i codes) {
+  const __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(codes), 7);
+  return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16((short)0xBFFF)));
 }
 
-// 16 e4m3fn codes at p -> e4m3x8 of the first 8 (d[0]) and of the last 8 (d[1]), the same operations lane by lane:
-// one widening and one shift-mask for 16 codes (nvfp4_x16's one-token pass reads both halves' scales of a block).
-CPUMOE_INLINE void e4m3x16_halves(const uint8_t* p, __m256* d) {
-  __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p));
-  h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(h, 8), 1), _mm256_set1_epi16((short)0xBFFF));
-  d[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_set1_ps(256.f));
-  d[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_set1_ps(256.f));
+// 8 e4m3fn codes (low 8 bytes) -> 8 floats, their exact values (e4m3x8_div256 times 2^8).
+CPUMOE_INLINE __m256 e4m3x8(__m128i codes) { return _mm256_mul_ps(e4m3x8_div256(codes), _mm256_set1_ps(256.f)); }
+
+// 16 e4m3fn codes at p -> e4m3x8_div256 of the first 8 (d[0]) and of the last 8 (d[1]), the same operations lane by
+// lane: one widening and one shift-mask for 16 codes (nvfp4_x16's one-token pass reads both halves' scales).
+CPUMOE_INLINE void e4m3x16_div256(const uint8_t* p, __m256* d) {
+  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+  d[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  d[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
 // 8 e8m0 codes (low 8 bytes) -> 8 floats: 2^(min(s, 254) - 127), s = 0 -> 2^-127 (subnormal), exactly.

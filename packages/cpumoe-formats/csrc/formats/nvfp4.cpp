@@ -442,7 +442,8 @@ struct DotW4A8 {
   static CPUMOE_INLINE void pair_step(const uint8_t* const* P, const uint8_t* const* Sc, const Tokens<NT>& q,
                                       int32_t g, __m512* acc) {
     const __m512i tu = tbl512(w2_offset()), m = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi16(1);
-    // e4m3 code bytes (8h + 2L + j) into the high byte of fp16 lane 4L + 2h + j (e4m3x8's shift by 8)
+    // e4m3 code bytes (8h + 2L + j) into the high byte of fp16 lane 4L + 2h + j; shifted right by one (arithmetic)
+    // and masked that is e4m3x8_div256's fp16
     const __m256i sx = _mm256_setr_epi8(-1, 0, -1, 1, -1, 8, -1, 9, -1, 2, -1, 3, -1, 10, -1, 11,  //
                                         -1, 4, -1, 5, -1, 12, -1, 13, -1, 6, -1, 7, -1, 14, -1, 15);
     CPUMOE_UNROLL

@@ -56,23 +56,10 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 }
 
 #if CPUMOE_X16_ZMM
-// 16 e4m3 codes -> e4m3 / 256, exactly (fp4_common.h e4m3x8's trick, sign-extended: (c << 7) & 0xBFFF is the fp16 of
-// the code / 256)
+// 16 e4m3 codes -> e4m3 / 256, exactly (fp4_common.h e4m3x8_div256's decode, 16 lanes)
 CPUMOE_INLINE __m512 e4m3x16_div256(const uint8_t* p) {
   const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
   return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF)));
-}
-#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-// The same for 8 codes, and for 16 as two halves (one widening and one shift-mask)
-CPUMOE_INLINE __m256 e4m3x8_div256(const uint8_t* p) {
-  const __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)p));
-  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)0xBFFF)));
-}
-CPUMOE_INLINE void e4m3x16_div256(const uint8_t* p, __m256* d) {
-  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
-  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
-  d[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-  d[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 #endif
 
@@ -235,9 +222,9 @@ CPUMOE_INLINE void G16::chunk(const Ref* gp, int c, int cb_rt, const x16::BlockT
   for (int i = 0; i < cb; ++i) {
     __m256 ds[2];  // the block's scales of rows 8 h.. (both halves: decoded together)
     if constexpr (HS == 2)
-      e4m3x16_div256(p + QB * i, ds);
+      fp4::e4m3x16_div256(p + QB * i, ds);
     else
-      ds[HS] = e4m3x8_div256(p + QB * i + 8 * HS);
+      ds[HS] = fp4::e4m3x8_div256(fp4::load8(p + QB * i + 8 * HS));
     CPUMOE_UNROLL
     for (int h = h0; h < h1; ++h) {
       const __m256 d = ds[h];
@@ -265,7 +252,7 @@ CPUMOE_INLINE void G16::chunk(const Ref*, int, int, const x16::BlockToks<NT, QB>
 #endif
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-// 8 rows' sums times 0.5 * their fp16 globals
+// 8 rows' sums times 128 * their fp16 globals (the definition's 0.5, times the 2^8 of the e4m3 / 256 scales)
 CPUMOE_INLINE void store_scaled(float* out, __m256 acc, const uint16_t* gl) {
   const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)gl)), _mm256_set1_ps(128.f));
   _mm256_storeu_ps(out, _mm256_mul_ps(acc, s));
@@ -291,7 +278,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
     const uint8_t* p = w + (size_t)c * CB;
     x16::prefetch_half_pass(p, CB / 64, h == 0, CPUMOE_NVX16_PF, (size_t)nb * GB);
     for (int i = 0; i < cb; ++i) {
-      const __m256 d = e4m3x8_div256(p + QB * i + 8 * h);
+      const __m256 d = fp4::e4m3x8_div256(fp4::load8(p + QB * i + 8 * h));
       const uint8_t* wb = p + QB * cb + 128 * i + 32 * h;
       __m256i s16[NT];
       CPUMOE_UNROLL
