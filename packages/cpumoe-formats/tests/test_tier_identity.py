@@ -36,19 +36,26 @@ def test_work_items_bit_identical(rng, fmt, tier, ref, n):
     np.testing.assert_array_equal(acc_a, acc_b, err_msg=f"down accumulators of {tier} differ from {ref}")
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4_x16"])
 @pytest.mark.parametrize("tier", ["avx2", "avxvnni", "avx512vnni"])
-def test_nvfp4_prep_nonfinite_matches_scalar(rng, tier):
-    """nvfp4 w4a8 prep_act (scalar on avx2, 16-lane vectors on avx512vnni) gives the scalar tier's bytes for blocks
-    holding inf, -inf and NaN (amax = inf: every finite element 0, inf * 0 = NaN -> 0; NaN lanes ignored by the
-    max), all-zero blocks and ordinary ones, in the 128-groups and in the 16-block tail."""
+def test_nvfp4_prep_nonfinite_matches_scalar(rng, fmt, tier):
+    """nvfp4's w4a8 activation prep (fp4_common.h quant16: two 8-lane vectors at avx2 / avxvnni, one 16-lane vector
+    from avx512bw) gives the scalar tier's bytes, in nvfp4's record and in nvfp4_x16's, for blocks holding inf, -inf
+    and NaN (amax = inf: every finite element 0, inf * 0 = NaN -> 0; NaN lanes ignored by the max), all-zero blocks,
+    halfway codes (amax 127: s = 1, so 2.5 -> 2, 3.5 -> 4, -0.5 -> -0: round half to even), bf16 subnormals (1 / s
+    overflows to inf: codes +-127 and 0 * inf -> 0), and ordinary ones, in nvfp4's 128-groups and its 16-block tail."""
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
-    K = 400
+    K = 400 if fmt == "nvfp4" else 512
     v = rng.standard_normal(K).astype(np.float32)
     v[3], v[20], v[37], v[300], v[390] = np.inf, -np.inf, np.nan, np.nan, np.inf
     v[64:80] = 0
+    v[80:96] = [127.0, 2.5, 3.5, -0.5, 0.5, -1.5, 126.5, -126.5, 1.5, -2.5, 4.5, -3.5, 0.0, -0.0, 5.5, 6.5]
+    v[96:112] = rng.choice([-1.0, 1.0], 16) * rng.uniform(1, 2, 16) * np.float32(2.0**-133)  # bf16 subnormals
+    v[96] = 0.0
     bits = to_bf16_bits(v)
-    ka, ks = kernel("nvfp4", 1, K, K, "w4a8", tier), kernel("nvfp4", 1, K, K, "w4a8", "scalar")
+    assert (bits[96:112] & 0x7F80 == 0).all() and (bits[97:112] & 0x7F != 0).all()  # subnormal, not flushed
+    ka, ks = kernel(fmt, 1, K, K, "w4a8", tier), kernel(fmt, 1, K, K, "w4a8", "scalar")
     n = ka._k.act_bytes(K)
     assert n == ks._k.act_bytes(K)
 

@@ -136,6 +136,26 @@ CPUMOE_INLINE int32_t quant16(const uint16_t* src, int8_t* qe, int8_t* qo, float
   _mm_storel_epi64((__m128i*)qo, _mm_unpackhi_epi64(b, b));
   *s_out = s;
   return _mm512_reduce_add_epi32(qi);
+#elif defined(__AVX2__)  // the same fp32 operations on two 8-lane vectors (the scalar loop was ~3.4 ns an element on
+                         // Zen 3: 6 of a 449 us nvfp4 batch 1 step's x prep, 28 us at shared batch 8, plus g's preps)
+  const __m256 v0 = bf16x8_f32(src), v1 = bf16x8_f32(src + 8);
+  const float amax = hmax8(absmax8(v1, absmax8(v0, _mm256_setzero_ps())));  // NaN lanes ignored, as fmax
+  const float s = amax == 0.f ? 1.f : amax / 127.f;
+  const __m256 inv = _mm256_set1_ps(1.f / s);
+  auto code = [&](__m256 v) {  // rint (half to even), NaN -> 0, clamp to +-127: exact in fp32, then the integer
+    __m256 t = _mm256_round_ps(_mm256_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    t = _mm256_and_ps(t, _mm256_cmp_ps(t, t, _CMP_ORD_Q));
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-127.f)), _mm256_set1_ps(127.f)));
+  };
+  const __m256i q0 = code(v0), q1 = code(v1);
+  // the packs work per 128-bit lane: bytes hold elements 0-3, 8-11, 4-7, 12-15; then even codes, then odd
+  const __m256i w = _mm256_packs_epi32(q0, q1);
+  const __m128i b = _mm_shuffle_epi8(_mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)),
+                                     _mm_setr_epi8(0, 2, 8, 10, 4, 6, 12, 14, 1, 3, 9, 11, 5, 7, 13, 15));
+  _mm_storel_epi64((__m128i*)qe, b);
+  _mm_storel_epi64((__m128i*)qo, _mm_unpackhi_epi64(b, b));
+  *s_out = s;
+  return hsum8_i32(_mm256_add_epi32(q0, q1));
 #else
   float v[16], amax = 0.f;
   for (int i = 0; i < 16; ++i) {
