@@ -8,7 +8,6 @@
 
 #include "capi.h"
 #include "executor.h"
-#include "route_sum.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -86,8 +85,9 @@ PYBIND11_MODULE(_native, m) {
       py::arg("ready"), py::arg("done"), py::arg("task"), py::arg("timeout_s"));
   register_latency(m);
   // The down row block reduction, for tests (addresses of float32 term rows and of the uint16 output; isa "" = the
-  // one the executor runs, else "avx512f" / "avx2" / "sse2", a ValueError where this CPU cannot run it).
-  m.def("route_sum_isa", [] { return std::string(route_sum_isa()); });
+  // one an executor runs here by default, else "avx512f" / "avx2" / "sse2", a ValueError where this CPU (its
+  // formats-library tier, under CPUMOE_ISA) cannot run it).
+  m.def("route_sum_isa", [] { return std::string(route_sum_for(capped_tier(g_formats, -1)).isa); });
   m.def(
       "route_sum",
       [](const std::vector<uint64_t>& terms, int32_t h0, int32_t h1, uint64_t y, const std::string& isa) {
@@ -97,9 +97,11 @@ PYBIND11_MODULE(_native, m) {
         if (h0 < 0 || h1 < h0) throw py::value_error("need 0 <= h0 <= h1");
         std::vector<const float*> t;
         for (uint64_t a : terms) t.push_back((const float*)(uintptr_t)a);
-        const std::string use = isa.empty() ? route_sum_isa() : isa;
-        if (!route_sum_as(use.c_str(), t.data(), (int)t.size(), h0, h1, (uint16_t*)(uintptr_t)y))
+        const int tier = capped_tier(g_formats, -1);
+        RouteSum rs = route_sum_for(tier);
+        if (!isa.empty() && !route_sum_named(isa.c_str(), tier, &rs))
           throw py::value_error("isa '" + isa + "': not one of avx512f, avx2, sse2 this CPU runs");
+        rs.fn(t.data(), (int)t.size(), h0, h1, (uint16_t*)(uintptr_t)y);
       },
       py::arg("terms"), py::arg("h0"), py::arg("h1"), py::arg("y"), py::arg("isa") = "");
   m.def("call_hostfn", [](uint64_t arg, bool submit) {
@@ -176,6 +178,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("iob", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex->iob(); })
       .def_property_readonly("handle", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex.get(); })
       .def_property_readonly("kernel_name", [](PyExecutor& s) { return std::string(s.ex->kernel()->name); })
+      .def_property_readonly("route_sum_isa", [](PyExecutor& s) { return std::string(s.ex->route_sum_isa()); })
       .def_property_readonly("threads", [](PyExecutor& s) { return s.ex->threads(); })
       .def_property_readonly("pinned", [](PyExecutor& s) { return s.ex->pinned(); });
 }

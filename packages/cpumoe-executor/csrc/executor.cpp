@@ -21,8 +21,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "route_sum.h"
-
 namespace cpumoe_exec {
 namespace {
 constexpr size_t kAlign = 64;
@@ -32,6 +30,11 @@ void prefetch_span(const void* p, size_t n) {
   for (size_t o = 0; o < n; o += 64) __builtin_prefetch((const char*)p + o, 0, 3);
 }
 }  // namespace
+
+int capped_tier(const cpumoe_formats_api* api, int tier_cap) {
+  const int cap = tier_cap >= 0 ? tier_cap : api->tier_cap();
+  return cap >= 0 ? std::min(api->detected_tier(), cap) : api->detected_tier();
+}
 
 int64_t mono_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -44,6 +47,7 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
     throw std::invalid_argument("top_k " + std::to_string(cfg_.top_k) + " outside [1, " + std::to_string(kMaxTopK) + "]");
   char err[512] = {0};
   if (api_->kernel_create(&cfg_.params, cfg_.tier_cap, &k_, err, sizeof err) != 0) throw std::invalid_argument(err);
+  rsum_ = route_sum_for(capped_tier(api_, cfg_.tier_cap));
   const auto& p = cfg_.params;
   const size_t T = cfg_.max_tokens, R = T * cfg_.top_k;
   banks_.assign(cfg_.num_layers, {});
@@ -272,7 +276,7 @@ void Executor::body(int tid) {
         continue;
       }
       for (int q = 0; q < n; ++q) terms[q] = &part_[(size_t)troutes_[tstart_[t] + q] * H];
-      route_sum(terms, n, h0, h1, yt);
+      rsum_.fn(terms, n, h0, h1, yt);
     }
     d3_.fetch_add(1, std::memory_order_release);
   }

@@ -13,6 +13,7 @@
 #include "cpumoe_executor/abi.h"
 #include "cpumoe_formats/abi.h"
 #include "pool.h"
+#include "route_sum.h"
 
 namespace cpumoe_exec {
 
@@ -26,6 +27,10 @@ struct Config {
   bool pin = true;
   int64_t spin_us = 2000;
 };
+
+// The tier this process's SIMD code may use: the formats library's detection (CPUID, the OS's register state, its
+// build), under tier_cap, or under the library's own cap (CPUMOE_ISA) when tier_cap < 0 (as kernel_create).
+int capped_tier(const cpumoe_formats_api* api, int tier_cap);
 
 class Executor {
  public:
@@ -77,6 +82,8 @@ class Executor {
 
   const cpumoe_kernel* kernel() const { return k_; }
   const Config& config() const { return cfg_; }
+  // The down row block reduction's width ("avx512f", "avx2", "sse2"), from capped_tier like the kernel's tier.
+  const char* route_sum_isa() const { return rsum_.isa; }
   int threads() const { return pool_.size(); }
   int pinned() const { return pool_.pinned(); }
   int pool_sleepers() const { return pool_.sleepers(); }
@@ -109,6 +116,7 @@ class Executor {
   const cpumoe_formats_api* api_;
   Config cfg_;
   cpumoe_kernel* k_ = nullptr;
+  RouteSum rsum_{};
   Pool pool_;
   std::vector<std::array<cpumoe_bank, CPUMOE_MAX_BANKS>> banks_;
   std::mutex run_mu_;  // one task in flight

@@ -56,42 +56,25 @@ __attribute__((target("avx2"))) void sum_avx2(const float* const* t, int n, int3
 }
 void sum_sse2(const float* const* t, int n, int32_t h0, int32_t h1, uint16_t* y) { sum_span<4>(t, n, h0, h1, y); }
 
-using Fn = void (*)(const float* const*, int, int32_t, int32_t, uint16_t*);
 struct Impl {
-  Fn fn;
-  const char* isa;
-  bool (*usable)();
+  RouteSum rs;
+  int min_tier;
 };
-// __builtin_cpu_supports checks the CPUID bits and the OS's saved register state (XCR0)
-bool has_avx512() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
-bool has_avx2() { return __builtin_cpu_supports("avx2"); }
-bool always() { return true; }
-constexpr Impl kImpls[] = {{&sum_avx512, "avx512f", &has_avx512}, {&sum_avx2, "avx2", &has_avx2},
-                           {&sum_sse2, "sse2", &always}};  // widest first
-const Impl& chosen() {
-  static const Impl* p = [] {
-    __builtin_cpu_init();
-    for (const Impl& i : kImpls)
-      if (i.usable()) return &i;
-    return &kImpls[2];
-  }();
-  return *p;
-}
+constexpr Impl kImpls[] = {{{&sum_avx512, "avx512f"}, CPUMOE_TIER_AVX512F},  // widest first
+                           {{&sum_avx2, "avx2"}, CPUMOE_TIER_AVX2},
+                           {{&sum_sse2, "sse2"}, CPUMOE_TIER_SCALAR}};  // x86-64's baseline
 
 }  // namespace
 
-void route_sum(const float* const* t, int n, int32_t h0, int32_t h1, uint16_t* y) { chosen().fn(t, n, h0, h1, y); }
-
-const char* route_sum_isa() { return chosen().isa; }
-
-bool route_sum_as(const char* isa, const float* const* t, int n, int32_t h0, int32_t h1, uint16_t* y) {
-  __builtin_cpu_init();
+RouteSum route_sum_for(int tier) {
   for (const Impl& i : kImpls)
-    if (std::strcmp(i.isa, isa) == 0) {
-      if (!i.usable()) return false;
-      i.fn(t, n, h0, h1, y);
-      return true;
-    }
+    if (tier >= i.min_tier) return i.rs;
+  return kImpls[2].rs;
+}
+
+bool route_sum_named(const char* isa, int tier, RouteSum* out) {
+  for (const Impl& i : kImpls)
+    if (std::strcmp(i.rs.isa, isa) == 0 && tier >= i.min_tier) return *out = i.rs, true;
   return false;
 }
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpumoe_executor as ce
+import cpumoe_formats as cf
 from cpumoe_executor import _native
 
 ISAS = ["avx512f", "avx2", "sse2"]
@@ -123,3 +124,8 @@ def test_ready_log_names_route_sum(caplog, rng):
     with caplog.at_level(logging.INFO, logger="cpumoe_executor"):
         ce.CpuMoeExecutor("bf16", banks, top_k=2, max_tokens=2, threads=1)
     assert f"route_sum={_native.route_sum_isa()}" in caplog.text
+    # the kernels' cap is the reduction's: one detection (cpumoe-formats' tier) and one cap decide every width
+    capped = ce.CpuMoeExecutor("bf16", banks, top_k=2, max_tokens=2, threads=1, isa="scalar")
+    assert capped._x.route_sum_isa == "sse2"
+    if "avx2" in cf.usable_tiers():
+        assert ce.CpuMoeExecutor("bf16", banks, top_k=2, max_tokens=2, threads=1, isa="avx2")._x.route_sum_isa == "avx2"

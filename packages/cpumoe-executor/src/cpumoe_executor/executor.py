@@ -110,7 +110,7 @@ class CpuMoeExecutor:
         log.info("cpumoe_executor ready: format=%s%s isa=%s threads=%d cores=%s (%s) E=%d H=%d I=%d top_k=%d "
                  "max_tokens=%d layers=%d act=%s route_sum=%s", self.spec.name, repacked, self.isa, self.threads,
                  self.core_ids, why, self.E, self.H, self.I, top_k, max_tokens, self.num_layers, self.act.name,
-                 _native.route_sum_isa())
+                 self._x.route_sum_isa)
         if self.spec.hint:
             log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
 
