@@ -136,8 +136,9 @@ CPUMOE_INLINE int32_t quant16(const uint16_t* src, int8_t* qe, int8_t* qo, float
   _mm_storel_epi64((__m128i*)qo, _mm_unpackhi_epi64(b, b));
   *s_out = s;
   return _mm512_reduce_add_epi32(qi);
-#elif defined(__AVX2__)  // the same fp32 operations on two 8-lane vectors (the scalar loop was ~3.4 ns an element on
-                         // Zen 3: 6 of a 449 us nvfp4 batch 1 step's x prep, 28 us at shared batch 8, plus g's preps)
+#elif defined(__AVX2__)  // the same fp32 operations on two 8-lane vectors (the scalar loop took ~4.8 ns an element
+                         // on one Zen 3 core, this ~0.6: 9.8 -> 1.3 us for 2048; x prep 6 -> 1 us of a 445 us
+                         // nvfp4 batch 1 step on 2 threads, 28 -> 8 us at shared batch 8, and each g's prep likewise)
   const __m256 v0 = bf16x8_f32(src), v1 = bf16x8_f32(src + 8);
   const float amax = hmax8(absmax8(v1, absmax8(v0, _mm256_setzero_ps())));  // NaN lanes ignored, as fmax
   const float s = amax == 0.f ? 1.f : amax / 127.f;
@@ -255,11 +256,17 @@ CPUMOE_INLINE __m256 e4m3x8_div256(__m128i codes) {
 // 8 e4m3fn codes (low 8 bytes) -> 8 floats, their exact values (e4m3x8_div256 times 2^8).
 CPUMOE_INLINE __m256 e4m3x8(__m128i codes) { return _mm256_mul_ps(e4m3x8_div256(codes), _mm256_set1_ps(256.f)); }
 
-// 16 e4m3fn codes at p -> e4m3x8_div256 of the first 8 (d[0]) and of the last 8 (d[1]), the same operations lane by
-// lane: one widening and one shift-mask for 16 codes (nvfp4_x16's one-token pass reads both halves' scales).
+// 16 e4m3fn codes at p -> the fp16 encodings of code / 256 (e4m3x8_div256's operations lane by lane): one widening
+// and one shift-mask for 16 codes. nvfp4_x16 widens them to one zmm, or to two halves (below).
+CPUMOE_INLINE __m256i e4m3x16_fp16_div256(const uint8_t* p) {
+  const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+  return _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+}
+
+// 16 e4m3fn codes at p -> e4m3x8_div256 of the first 8 (d[0]) and of the last 8 (d[1]) (nvfp4_x16's one-token pass
+// reads both halves' scales).
 CPUMOE_INLINE void e4m3x16_div256(const uint8_t* p, __m256* d) {
-  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
-  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+  const __m256i h = e4m3x16_fp16_div256(p);
   d[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
   d[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }

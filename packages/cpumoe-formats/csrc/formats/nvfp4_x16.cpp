@@ -56,11 +56,8 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 }
 
 #if CPUMOE_X16_ZMM
-// 16 e4m3 codes -> e4m3 / 256, exactly (fp4_common.h e4m3x8_div256's decode, 16 lanes)
-CPUMOE_INLINE __m512 e4m3x16_div256(const uint8_t* p) {
-  const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
-  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF)));
-}
+// 16 e4m3 codes -> e4m3 / 256, exactly, in one zmm
+CPUMOE_INLINE __m512 e4m3x16_div256(const uint8_t* p) { return _mm512_cvtph_ps(fp4::e4m3x16_fp16_div256(p)); }
 #endif
 
 #if CPUMOE_X16_ZMM
