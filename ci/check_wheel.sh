@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
+# Called by: nox -s package-check-<pkg> (noxfile.py); tests-integration/test_packaging.py runs it with --build.
 # Packaging check for one package of this repo.
 #
 #   ci/check_wheel.sh [--build] PKG_DIR DIST_DIR
 #
-#   --build   first build PKG_DIR's sdist into DIST_DIR, then the wheel FROM that sdist
-#             (python -m build with no --sdist/--wheel); without it, check what DIST_DIR holds
+#   --build   first builds PKG_DIR's sdist into DIST_DIR, then the wheel FROM that sdist
+#             (python -m build with no --sdist/--wheel); without it, checks what DIST_DIR holds
 #             (nox's build-<pkg> session made it the same way).
 #
-# Then: inspect both artifacts (ci/inspect_dist.py: sdist complete, wheel platform-tagged with
-# its native library and headers, no torch requirement), install the wheel alone into a fresh
-# venv (runtime dependencies only: no test extras, no torch) and run ci/smoke/<pkg>.py there,
-# from a scratch directory so the source tree cannot be imported.
+# Then inspects both artifacts (ci/inspect_dist.py: sdist complete, wheel platform-tagged with its native library
+# and headers, no torch requirement), installs the wheel alone into a fresh venv (runtime dependencies only: no test
+# extras, no torch) and runs ci/smoke/<pkg>.py there, from a scratch directory so the source tree cannot be imported.
 set -euo pipefail
 
 build=0

@@ -1,3 +1,4 @@
+# Called by: noxfile.py (imports missing() to gate the GPU sessions); by hand: python ci/detect_gpu.py cuda|rocm.
 """Can this machine run the cuda / rocm backend? Needs both a device and a toolchain.
 
     python ci/detect_gpu.py cuda      exit 0 when usable, else print why and exit 1

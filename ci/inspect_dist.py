@@ -1,3 +1,4 @@
+# Called by: ci/check_wheel.sh (nox -s package-check-<pkg>, tests-integration/test_packaging.py).
 """Inspect one package's sdist and wheel in a dist directory; print the wheel's path last.
 
     python ci/inspect_dist.py PKG_DIR DIST_DIR

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build cpumoe-formats and cpumoe-executor with sanitizers into a scratch copy
-# and run both test suites against them. Usage: ci/sanitize.sh asan|tsan
+# Called by: nox -s sanitize (noxfile.py), once per mode; bench/device/device_amx.sh runs it with SANITIZE=1.
+# Builds cpumoe-formats and cpumoe-executor with sanitizers into a scratch copy and runs both test suites against
+# them. Usage: ci/sanitize.sh asan|tsan [pytest args]
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer
 #   tsan: ThreadSanitizer (ASLR disabled with setarch -R: TSan needs its fixed shadow layout)
 # The Python interpreter is not instrumented, so the runtime is LD_PRELOADed.

@@ -1,3 +1,4 @@
+# Called by: ci/check_wheel.sh (nox -s package-check-<pkg>, tests-integration/test_packaging.py), on the wheel.
 """Smoke test of an installed cpumoe-executor wheel (with cpumoe-formats), alone: no test extras, no torch.
 
 A tiny bf16 two-layer decode on two workers, bit-identical to cpumoe_formats.moe_forward; the shipped

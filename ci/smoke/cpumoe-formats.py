@@ -1,3 +1,4 @@
+# Called by: ci/check_wheel.sh (nox -s package-check-<pkg>, tests-integration/test_packaging.py), on the wheel.
 """Smoke test of an installed cpumoe-formats wheel, alone (no test extras, no torch).
 
 A tiny bf16 MoE step through the kernels at every tier this CPU runs, against the float64

@@ -233,7 +233,7 @@ def run_worker(library: Path, env: dict, path: str, replays: int) -> dict:
 def replay(shim: Path, mode: str, path: str) -> dict:
     pytest.importorskip("gpusync_hip")
     res = run_worker(shim, {"HIPSHIM_MODE": mode}, path, REPLAYS)
-    print(f"\n[{mode}/{path}] {json.dumps(res)}")  # ci/gpu_hip_on_cuda.sh greps these lines
+    print(f"\n[{mode}/{path}] {json.dumps(res)}")  # bench/device/gpu_hip_on_cuda.sh greps these lines
     return res
 
 

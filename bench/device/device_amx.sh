@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# A format's AMX tier against the tier below on the lent GPU host's Xeon (< 10 minutes): the format's tests (every
-# tier forced in turn, batch identity, dispatch, bf16 amx), the single-thread formats bench at TIERS, the executor
-# bench at all cores per CPUMOE_ISA in ISAS (batch 1 and 8, random and shared routing), and with SANITIZE=1 the AMX
-# paths under ASan+UBSan (the dev box has no AMX, so only here do they run sanitized).
-#   OUT=DIR [FMT=fp8_block] [MODE=w4a8] [TIERS="avx512f,amx"] [ISAS="amx avx512f"] [SANITIZE=1] ci/device_amx.sh
+# Run by hand on the lent H200 host: OUT=DIR bench/device/device_amx.sh (< 10 minutes; knobs below).
+# A format's AMX tier against the tier below on the host's Xeon: the format's tests (every tier forced in turn, batch
+# identity, dispatch, bf16 amx), the single-thread formats bench at TIERS, the executor bench at all cores per
+# CPUMOE_ISA in ISAS (batch 1 and 8, random and shared routing), and with SANITIZE=1 the AMX paths under ASan+UBSan
+# (ci/sanitize.sh; the dev box has no AMX, so only here do they run sanitized).
+#   OUT=DIR [FMT=fp8_block] [MODE=w4a8] [TIERS="avx512f,amx"] [ISAS="amx avx512f"] [SANITIZE=1] bench/device/device_amx.sh
 set -uo pipefail
 : "${OUT:?set OUT}"
 FMT=${FMT:-fp8_block}
 TIERS=${TIERS:-avx512f,amx}
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 echo "built"
 (cd packages/cpumoe-formats && timeout 240 python3 -m pytest -q -p no:cacheprovider "tests/test_$FMT.py" \
   tests/test_batch_identity.py tests/test_dispatch.py tests/test_bf16.py -k "$FMT or amx or dispatch" 2>&1 | tail -4) \

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The acceptance points of issue 3 on the lent GPU host's CPU, with paired repeats (the bench interleaves batch 1
-# and 8 of both routings per repeat): every format at its model preset, w4a8, batch 1 and 8, both routings.
-# One bench process per format (a killed run loses one format, not the report), merged into paired.json and
-# paired.png with the bench's own table and plot.
-#   OUT=DIR [REPEATS=11] [FORMATS=bf16,...] [BUDGET=480] ci/device_paired.sh
+# Run by hand on the lent H200 host: OUT=DIR [REPEATS=11] [FORMATS=bf16,...] [BUDGET=480] bench/device/device_paired.sh.
+# The acceptance points of issue 3 on the host's CPU, with paired repeats (the bench interleaves batch 1 and 8 of both
+# routings per repeat): every format at its model preset, w4a8, batch 1 and 8, both routings. One bench process per
+# format (a killed run loses one format, not the report), merged into paired.json and paired.png with the bench's own
+# table and plot.
 set -uo pipefail
 : "${OUT:?set OUT}"
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 REPEATS=${REPEATS:-11}
 FORMATS=${FORMATS:-bf16,nvfp4,mxfp4,ds_fp4,q4_0,fp8_block}
 end=$(( $(date +%s) + ${BUDGET:-480} ))

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# On the H200 machine: the kernel path's handshake under several environments, interleaved in one run (the
-# host is shared: compare variants within a run, never across runs).
-#   ci/gpu_kio_variants.sh OUTDIR ["NAME:ENV=V,ENV=V" ...]     (ROUNDS=2 rounds of every variant)
-# Builds in place (SKIP_BUILD=1 reuses), runs kernelio's CUDA tests and the handshake graph-replay tests
-# (kernel path; default shape), then per round and variant `python -m gpusync_cuda.bench --paths kernel
-# --batches 1,8` with that variant's environment (default: KERNELIO_WAIT=poll against =memop). Summary
-# (batch 1/8 round trip with and without a CPU route, minus_service_us of the bench JSON, floor) in OUTDIR/summary.txt.
+# Run by hand on the lent H200 host: bench/device/gpu_kio_variants.sh OUTDIR ["NAME:ENV=V,ENV=V" ...].
+# The kernel path's handshake under several environments, interleaved in one run (the host is shared: compare
+# variants within a run, never across runs). Builds in place (SKIP_BUILD=1 reuses), runs kernelio's CUDA tests and
+# the handshake graph-replay tests (SKIP_TESTS=1 skips them), then per round (ROUNDS, default 2) and variant
+# `python -m gpusync_cuda.bench --paths kernel --batches 1,8` with that variant's environment (default:
+# KERNELIO_WAIT=poll against =memop). Summary (batch 1/8 round trip with and without a CPU route, minus_service_us of
+# the bench JSON, floor) in OUTDIR/summary.txt.
 set -uo pipefail
-OUT=$(mkdir -p "${1:?usage: ci/gpu_kio_variants.sh OUTDIR [variants]}" && cd "$1" && pwd)
+OUT=$(mkdir -p "${1:?usage: bench/device/gpu_kio_variants.sh OUTDIR [variants]}" && cd "$1" && pwd)
 shift
 [ $# -gt 0 ] || set -- "poll:KERNELIO_WAIT=poll" "memop:KERNELIO_WAIT=memop"
 source "$(dirname "$0")/gpu_setup.sh"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# CPU-side suites and benches on the lent GPU host (16 Xeon cores, AVX-512, no
-# network): builds formats + executor in place with the image's python3 and runs
-# everything, logs under $OUT. Wheels the image lacks travel in .whl/.
+# Run by hand on the lent H200 host: OUT=DIR bench/device/device_cpu.sh STAGE...
+# The CPU-side suites and benches on the host's CPU (16 Xeon cores, AVX-512, no network): builds formats + executor in
+# place (cpu_setup.sh) and runs each STAGE named (test-formats, test-executor, bench-formats, bench-executor); logs
+# under $OUT (default /tmp/out). BENCH_FORMATS_ARGS and BENCH_EXECUTOR_ARGS add bench arguments.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 rc=0
 for what in "$@"; do
   case $what in

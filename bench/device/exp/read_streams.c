@@ -1,8 +1,8 @@
+// Run by hand on any AVX2 host: gcc -O2 -mavx2 -mfma -pthread bench/device/exp/read_streams.c -o rs && ./rs
 // Read bandwidth by threads (T = 1, 2) x independent sequential streams per thread (S = 1..8), with and without a
 // bf16-widening FMA per loaded vector: does a kernel with 2 row streams per thread leave DRAM bandwidth unused?
-// 2-vCPU Zen 3 dev VM, 2026-11-30, 3 reps, 2 threads with compute: S = 1-2 read 14.8-16.2 GB/s, S = 4-8 16.9-19.6 GB/s
-// (+15-25%). One thread: S = 4-8 10.5-11.4 against S = 1-2 8.0-10.1. A lead for the bf16 / fp4 row kernels (issue 3).
-//   gcc -O2 -mavx2 -mfma -pthread ci/exp/read_streams.c -o /tmp/rs && /tmp/rs
+// On the 2-vCPU Zen 3 dev VM, 2 threads with compute, S = 4-8 reads +15-25% over S = 1-2 (16.9-19.6 against
+// 14.8-16.2 GB/s): the lead for the bf16 / fp4 row kernels (issue 3).
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# On a GPU machine without PyPI (the H200 lease): run `nox -s test-cuda` exactly as a CI maintainer
-# would, with every Python package it needs taken from a wheelhouse instead of the index.
-#   ci/gpu_nox_cuda.sh WHEELHOUSE [OUTDIR]     (WHEELHOUSE and WHEELHOUSE/nox: nox, virtualenv, hatchling, build, pybind11, ...)
-# torch and the CUDA stack come from the machine (GPU sessions use system site packages).
+# Run by hand on the lent H200 host: bench/device/gpu_nox_cuda.sh WHEELHOUSE [OUTDIR].
+# Runs `REQUIRE_GPU=1 nox -s test-cuda` as a CI maintainer would, on a GPU machine without PyPI: every Python package
+# it needs comes from WHEELHOUSE and WHEELHOUSE/nox (nox, virtualenv, hatchling, build, pybind11, ...) instead of the
+# index; torch and the CUDA stack come from the machine (GPU sessions use its site packages).
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WH=$(cd "${1:?wheelhouse}" && pwd)
 OUT=$(mkdir -p "${2:-$ROOT/gpu-out}" && cd "${2:-$ROOT/gpu-out}" && pwd)
 PY=${PYTHON:-python3}

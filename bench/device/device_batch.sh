@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Multi-token (batched) decode check on the lent GPU host (16 Xeon cores, AVX-512/VNNI/BF16, no network):
-#   ci/device_batch.sh OUTDIR
-# 1. builds cpumoe-formats + cpumoe-executor in place with the image's python3 (wheels from .whl/);
-# 2. runs the batch-identity test (batch n == n single-token steps, bit for bit, every format x mode x tier,
-#    all six tiers exist there) and the row-major formats' reference tests, every tier forced in turn;
-# 3. runs the executor bench at 16 threads, batch 1 and 8, shared and random routing, dram working set, each
-#    format at its model preset, and writes the batch-8 / batch-1 step-time ratios.
-# Everything lands in OUTDIR (logs, JSON, summary.txt). Budget: < 5 minutes (each stage is time-boxed).
+# Run by hand on the lent H200 host: bench/device/device_batch.sh OUTDIR (< 5 minutes; each stage is time-boxed).
+# Multi-token (batched) decode check on the host's CPU (16 Xeon cores, AVX-512/VNNI/BF16, no network):
+# 1. builds cpumoe-formats + cpumoe-executor in place (cpu_setup.sh);
+# 2. runs the batch-identity test (batch n == n single-token steps, bit for bit, every format x mode x tier, all six
+#    tiers exist there) and the row-major formats' reference tests, every tier forced in turn;
+# 3. runs the executor bench at THREADS (default 16) threads, batch 1 and 8, shared and random routing, dram working
+#    set, each format at its model preset, and writes the batch-8 / batch-1 step-time ratios.
+# Logs, JSON and summary.txt land in OUTDIR.
 set -uo pipefail
-OUT=${1:?usage: ci/device_batch.sh OUTDIR}
+OUT=${1:?usage: bench/device/device_batch.sh OUTDIR}
 mkdir -p "$OUT"
 T0=$(date +%s)
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 echo "build done at +$(( $(date +%s) - T0 )) s" | tee "$OUT/summary.txt"
 rc=0
 python3 -c "import cpumoe_formats as cf; print('usable tiers:', cf.usable_tiers())" | tee -a "$OUT/summary.txt"

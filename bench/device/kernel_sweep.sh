@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# One format's kernels on the lent GPU host's Xeon: which build (prefetch, rows in flight, decoder) is fastest?
-#   [FMT=fp8_block] [TIERS=avx512f] [EXEC_MODE=w4a8] [EXEC_ISA=tier] [SWEEP_TEST=1] ci/kernel_sweep.sh OUTDIR ["FLAGS" ...]
-# Each variant is a set of -D build knobs (fp8_block: CPUMOE_FP8_PF, _PF_LOC, _DROWS, _GROWS, _FP16, _AMX_PF, _AMX_SPAN; bf16: CPUMOE_BF16_PF, _PF_LOC; q4_0 amx: CPUMOE_Q4_AMX_PAIR; x16 layouts: CPUMOE_Q4X16_PF, CPUMOE_NVX16_PF, CPUMOE_E2M1X16_PF, CPUMOE_X16_PF_LOC; nvfp4 /
-# ds_fp4: CPUMOE_FP4_PF), passed through CXX so the build re-compiles. Per variant: the
-# single-thread formats bench (TIERS forced, same-run ceiling), with SWEEP_TEST=1 the format's tests (every tier
-# forced in turn), and the executor bench at all cores (batch 1 and 8, random and shared routing; EXEC_ISA caps
-# its tier, EXEC_MODE picks the precision mode). Summary in OUTDIR/summary.txt. Budget < 10 minutes.
+# Run by hand on the lent H200 host: bench/device/kernel_sweep.sh OUTDIR ["FLAGS" ...] (< 10 minutes).
+# Which build of one format's kernels (prefetch, rows in flight, decoder) is fastest on the host's Xeon?
+#   [FMT=fp8_block] [TIERS=avx512f] [EXEC_MODE=w4a8] [EXEC_ISA=tier] [SWEEP_TEST=1] bench/device/kernel_sweep.sh OUTDIR ["FLAGS" ...]
+# Each variant is a set of -D build knobs passed through CXX so the build re-compiles (fp8_block: CPUMOE_FP8_PF,
+# _PF_LOC, _DROWS, _GROWS, _FP16, _AMX_PF, _AMX_SPAN; bf16: CPUMOE_BF16_PF, _PF_LOC; q4_0 amx: CPUMOE_Q4_AMX_PAIR;
+# x16 layouts: CPUMOE_Q4X16_PF, CPUMOE_NVX16_PF, CPUMOE_E2M1X16_PF, CPUMOE_X16_PF_LOC; nvfp4 / ds_fp4: CPUMOE_FP4_PF).
+# Per variant: the single-thread formats bench (TIERS forced, same-run ceiling), with SWEEP_TEST=1 the format's tests
+# (every tier forced in turn), and the executor bench at all cores (batch 1 and 8, random and shared routing;
+# EXEC_ISA caps its tier, EXEC_MODE picks the precision mode). Summary in OUTDIR/summary.txt.
 set -uo pipefail
-OUT=${1:?usage: ci/kernel_sweep.sh OUTDIR [variants...]}
+OUT=${1:?usage: bench/device/kernel_sweep.sh OUTDIR [variants...]}
 FMT=${FMT:-fp8_block}
 TIERS=${TIERS:-avx512f}
 shift
@@ -15,7 +17,7 @@ mkdir -p "$OUT"
 [ $# -gt 0 ] || set -- ""
 T0=$(date +%s)
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 i=0
 for v in "$@"; do
   i=$((i + 1))

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# On a CUDA machine: build cpumoe-formats, cpumoe-executor, gpusync-cuda and kernelio in place with
-# this machine's python3 (and nvcc, unless a fatbin was built elsewhere and travels with the tree),
-# then run the CUDA tests of gpusync-cuda, kernelio and tests-integration, and the handshake bench.
-#   ci/gpu_cuda_inplace.sh OUTDIR        (MARKS="cuda or not gpu" runs the CPU tests everywhere too)
-# SKIP_TESTS=1 / SKIP_BENCH=1: build only (ci/gpu_latency.sh). A PYTHONPATH given is kept after the packages.
+# Run by hand on the lent H200 host: bench/device/gpu_cuda_inplace.sh OUTDIR (gpu_setup.sh calls it to build only).
+# Builds cpumoe-formats, cpumoe-executor, gpusync-cuda and kernelio in place with this machine's python3 (and nvcc,
+# unless a fatbin built elsewhere travels with the tree), then runs the CUDA tests of gpusync-cuda, kernelio and
+# tests-integration, and the handshake bench. MARKS="cuda or not gpu" runs the CPU tests too; SKIP_TESTS=1 /
+# SKIP_BENCH=1: build only; SKIP_BUILD=1 reuses extensions. A PYTHONPATH given is kept after the packages.
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${1:-$ROOT/gpu-out}" && cd "${1:-$ROOT/gpu-out}" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-$(nproc)}

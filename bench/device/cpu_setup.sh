@@ -1,7 +1,7 @@
-# Sourced by the CPU-side scripts for the lent GPU host (ci/device_cpu.sh, device_batch.sh, device_mxfp4.sh,
-# kernel_sweep.sh) from the repo root after they set OUT: the wheels the image lacks (.whl/) into /tmp/site,
-# lscpu into $OUT, cpumoe-formats and cpumoe-executor built in place (log: $OUT/build.log; on failure its tail is
-# printed and the caller exits 1), PYTHONPATH on their source trees.
+# Sourced from the repo root, after OUT is set, by ab_executor.sh, device_*.sh and kernel_sweep.sh (bench/device/).
+# Installs the wheels the image lacks (.whl/) into /tmp/site, writes lscpu into $OUT, builds cpumoe-formats and
+# cpumoe-executor in place (log: $OUT/build.log; on failure prints its tail and exits 1) and puts their source trees
+# on PYTHONPATH.
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The _x16 CPU layouts on the lent GPU host (< 10 minutes): their tests (every tier this CPU has, bit identity
-# against scalar), one-thread kernel timings against the row-major format, then interleaved executor benches of
-# the format as given (--repack off) and repacked (--repack auto), shared and random routing, batch 1 and 8.
-#   OUT=DIR [ROUNDS=2] [PAIRS="fp8_block:native"] [RUNS="off::off auto::auto"] ci/device_x16.sh
+# Run by hand on the lent H200 host: OUT=DIR bench/device/device_x16.sh (< 10 minutes; knobs below).
+# The _x16 CPU layouts: their tests (every tier this CPU has, bit identity against scalar), one-thread kernel timings
+# against the row-major format (docs/results/q4_0-x16-prototype-2026-12-01/current_kernel.py), then interleaved
+# executor benches of the format as given (--repack off) and repacked (--repack auto), both routings, batch 1 and 8.
+#   OUT=DIR [ROUNDS=2] [PAIRS="fp8_block:native"] [RUNS="off::off auto::auto"] bench/device/device_x16.sh
 # PAIRS: format:mode items (the row-major format; its cpu_layout is the x16 one). RUNS: name:isa:repack items, one
 # bench each per round and format (isa: a CPUMOE_ISA cap, empty for none). Summary in $OUT/x16.txt.
 set -uo pipefail
@@ -10,7 +11,7 @@ set -uo pipefail
 PAIRS=${PAIRS:-fp8_block:native}
 RUNS=${RUNS:-off::off auto::auto}
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 log() { echo "$*" | tee -a "$OUT/x16.txt"; }
 for p in $PAIRS; do
   f=${p%%:*}; m=${p##*:}; x=$(python3 -c "import cpumoe_formats as cf; print(cf.get_format('$f').cpu_layout)")

@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
-# On an NVIDIA machine: gpusync-hip's control logic against a real GPU through the HIP-on-CUDA shim
-# (packages/gpusync-hip/tests/cuda_shim). Builds cpumoe-formats, cpumoe-executor, gpusync-cuda,
-# gpusync-hip and kernelio's host module in place with this machine's python3 (no nvcc, no hipcc, no
-# torch needed), then runs packages/gpusync-hip/tests/test_hip_on_cuda.py: the shim compiled with g++,
-# checked against cuda.h, and for each path (native memops, spliced batch-memop nodes via the
-# ROCm<10 eager-capture mode, spliced nodes forced) one graph of 4 layers replayed HIPSHIM_REPLAYS
-# (default 1000) times with fresh inputs, compared bit for bit with CpuMoeExecutor.decode.
-#   ci/gpu_hip_on_cuda.sh OUTDIR        (SKIP_BUILD=1 reuses extensions already in the tree)
-# Writes OUTDIR/{env.txt,build.log,tests.log,results.jsonl}; exits non-zero on any failure, and when
-# the GPU tests were skipped (no NVIDIA GPU is a failure here).
+# Run by hand on the lent H200 host: bench/device/gpu_hip_on_cuda.sh OUTDIR (SKIP_BUILD=1 reuses extensions).
+# gpusync-hip's control logic against a real GPU through the HIP-on-CUDA shim (packages/gpusync-hip/tests/cuda_shim).
+# Builds cpumoe-formats, cpumoe-executor, gpusync-cuda, gpusync-hip and kernelio's host module in place with this
+# machine's python3 (no nvcc, no hipcc, no torch needed), then runs packages/gpusync-hip/tests/test_hip_on_cuda.py:
+# the shim compiled with g++, checked against cuda.h, and for each path (native memops, spliced batch-memop nodes via
+# the ROCm<10 eager-capture mode, spliced nodes forced) one graph of 4 layers replayed HIPSHIM_REPLAYS (default 1000)
+# times with fresh inputs, compared bit for bit with CpuMoeExecutor.decode. Writes
+# OUTDIR/{env.txt,build.log,tests.log,results.jsonl}; exits non-zero on any failure, and when the GPU tests skip.
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${1:-$ROOT/gpu-out}" && cd "${1:-$ROOT/gpu-out}" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-$(nproc)}

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The compute roof on the lent GPU host (two calls of < 10 minutes; the build stays between them):
+# Run by hand on the lent H200 host: OUT=DIR [STAGE=test|bench|all] bench/device/device_roofline.sh.
+# The compute roof, in two calls of < 10 minutes (the build stays between them):
 #   STAGE=test : build, one-thread peak_loop rates per tier and kind, the peak and _x16 tests at every tier this
 #                CPU has (bit identity against scalar), the executor bench smoke tests;
 #   STAGE=bench: the executor bench of every format (batch 1 and 8, both routings, w4a8) with its roofline columns.
-#   OUT=DIR [STAGE=test|bench|all] ci/device_roofline.sh      (summaries in $OUT/*.txt, the bench in roofline.json)
+# Summaries in $OUT/*.txt, the bench in $OUT/roofline.json.
 set -uo pipefail
 : "${OUT:?set OUT}"
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 STAGE=${STAGE:-all}
 if [ "$STAGE" != bench ]; then
   python3 - <<'PY' | tee "$OUT/peak.txt"

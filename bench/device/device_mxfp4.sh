@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# mxfp4 in both layouts (the gpt-oss / Triton transposed one and the CPU panel repack, mxfp4_panel) on the lent
-# GPU host (16 Xeon cores, AVX-512 + VNNI + BF16 + AMX, no network), < 8 minutes:
-#   1. builds cpumoe-formats + cpumoe-executor in place,
+# Run by hand on the lent H200 host: bench/device/device_mxfp4.sh OUTDIR (< 8 minutes).
+# mxfp4 in both layouts (the gpt-oss / Triton transposed one and the CPU panel repack, mxfp4_panel) on the host's CPU
+# (16 Xeon cores, AVX-512 + VNNI + BF16 + AMX, no network):
+#   1. builds cpumoe-formats + cpumoe-executor in place (cpu_setup.sh),
 #   2. tests: test_mxfp4.py, test_mxfp4_panel.py (every mode x every tier this CPU has, bit identity of the two
 #      layouts on real AVX-512), the batch-identity tests and the executor's tests,
 #   3. the single-thread formats bench for both formats (every mode x tier, gpt-oss shape, DRAM working set),
 #   4. the executor bench at THREADS threads (default 16), batch 1 and 8, random and shared routing, in MODE (default
 #      w4a8), ROUNDS (default 3) rounds alternating the two layouts so the shared host's swings hit both alike.
-# Usage (repository root):  ci/device_mxfp4.sh OUTDIR      (logs, JSON and summary.txt under OUTDIR)
-#   through the device tool: run(command="ci/device_mxfp4.sh $OUT", carry=[".whl"])
+# Logs, JSON and summary.txt land in OUTDIR. Through the device tool: run(command="bench/device/device_mxfp4.sh $OUT",
+# carry=[".whl"]).
 set -uo pipefail
 OUT=${1:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"
@@ -16,7 +17,7 @@ export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
 THREADS=${THREADS:-16}
 MODE=${MODE:-w4a8}
 ROUNDS=${ROUNDS:-3}
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 rc=0
 echo "== tests" | tee "$OUT/summary.txt"
 (cd packages/cpumoe-formats && timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_mxfp4.py \

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# A/B(/C...) of executor or format sources on the lent GPU host (< 10 minutes): each variant is built ONCE into its
-# own copy of the package, then the rounds interleave the variants' executor benches, so all of them see the same
-# minutes of a noisy host.
-#   OUT=DIR [ROUNDS=2] [BENCH="--format nvfp4 --batch 1,8 --routing both --mode w4a8"] ci/ab_executor.sh A_DIR B_DIR...
-# A variant dir holds replacement files for $DEST (subfolders mirrored; default packages/cpumoe-executor/csrc, e.g. executor.cpp; the
-# package in $PKG, default packages/cpumoe-executor, is the one copied and rebuilt; ci/ab_formats.sh sets both),
-# and optionally a file `env` (shell lines, e.g. `export CPUMOE_ISA=avx512f`) sourced before that variant's bench
-# and a file `cxx` (the compiler line for its build, e.g. `c++ -DCPUMOE_NVX16_PF=6144`), neither copied. Rounds run
-# the variants forward, then backward. Summary (per round and variant: format, batch, routing, us/step, % of the
-# ceiling, the bench's batch N / batch 1 lines, and its trace lines with --trace) in $OUT/ab.txt.
+# Run by hand on the lent H200 host: OUT=DIR bench/device/ab_executor.sh A_DIR B_DIR [C_DIR...] (< 10 minutes).
+# A/B(/C...) of executor or format sources: each variant is built once into its own copy of the package, then the
+# rounds (forward, then backward) interleave the variants' executor benches, so all of them see the same minutes of a
+# noisy host.
+#   OUT=DIR [ROUNDS=2] [BENCH="--format nvfp4 --batch 1,8 --routing both --mode w4a8"] bench/device/ab_executor.sh A_DIR B_DIR...
+# A variant dir holds replacement files for $DEST (subfolders mirrored; default packages/cpumoe-executor/csrc) of the
+# package $PKG (default packages/cpumoe-executor; ab_formats.sh sets both), and optionally a file `env` (shell lines,
+# e.g. `export CPUMOE_ISA=avx512f`, sourced before that variant's bench) and a file `cxx` (the compiler line for its
+# build, e.g. `c++ -DCPUMOE_NVX16_PF=6144`), neither copied. Summary (per round and variant: format, batch, routing,
+# us/step, % of the ceiling, batch N / batch 1 lines, trace lines with --trace) in $OUT/ab.txt.
 set -uo pipefail
 : "${OUT:?set OUT}"
-[ $# -ge 2 ] || { echo "usage: OUT=DIR ci/ab_executor.sh A_DIR B_DIR [C_DIR...]"; exit 2; }
+[ $# -ge 2 ] || { echo "usage: OUT=DIR bench/device/ab_executor.sh A_DIR B_DIR [C_DIR...]"; exit 2; }
 BENCH=${BENCH:---format nvfp4 --batch 1,8 --routing both --mode w4a8}
 DEST=${DEST:-packages/cpumoe-executor/csrc}
 PKG=${PKG:-packages/cpumoe-executor}
 export CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-16}
-. ci/cpu_setup.sh
+. bench/device/cpu_setup.sh
 base=$PYTHONPATH
 for v in "$@"; do  # one build per variant, in /tmp/ab/<name>/<package>
   n=$(basename "$v"); c=/tmp/ab/$n/$(basename "$PKG")

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# On the H200 machine: the copy step's fork/join (GPUSYNC_COPY_FORK, issue 4: memop path <= memop floor + 3 us at
-# batch 1), measured both ways in one run, with the tests that exercise it. Under 4 minutes.
-#   ci/gpu_memfork.sh OUTDIR
-# 1. builds the four packages in place (ci/gpu_cuda_inplace.sh with its tests and bench skipped; SKIP_BUILD=1
-#    reuses extensions already in the tree);
+# Run by hand on the lent H200 host: bench/device/gpu_memfork.sh OUTDIR (under 4 minutes).
+# The copy step's fork/join (GPUSYNC_COPY_FORK; issue 4: memop path <= memop floor + 3 us at batch 1), measured both
+# ways in one run, with the tests that exercise it:
+# 1. builds the four packages in place (gpu_setup.sh; SKIP_BUILD=1 reuses extensions already in the tree);
 # 2. python -m gpusync_cuda.bench --batches 1,8 --paths memop,kernel with GPUSYNC_COPY_FORK=0, then =1
 #    -> OUTDIR/bench-fork0.json, OUTDIR/bench-fork1.json; prints, for each, the memop path's round trip with no CPU
 #    route minus the raw memop floor measured in the same run (issue 4's number), and the verdict lines;
@@ -11,7 +10,7 @@
 # 4. tests-integration/test_gpu_handshake.py for the copy paths (memop, host-func: eager + 1,000 graph replays
 #    bit-identical to the executor) with GPUSYNC_COPY_FORK=1, then =0. (The kernel path does not use the copy step.)
 set -uo pipefail
-OUT=$(mkdir -p "${1:?usage: ci/gpu_memfork.sh OUTDIR}" && cd "$1" && pwd)
+OUT=$(mkdir -p "${1:?usage: bench/device/gpu_memfork.sh OUTDIR}" && cd "$1" && pwd)
 source "$(dirname "$0")/gpu_setup.sh"
 for f in 0 1; do
   run "bench-fork$f" 100 14 env GPUSYNC_COPY_FORK=$f $PY -m gpusync_cuda.bench --batches 1,8 --paths memop,kernel \

@@ -1,9 +1,9 @@
-// Issue 4 experiment: what one copy node costs inside CUDA graph replay, by copy style, and what the memop
-// path's step (3 copies in, done := 0, ready := k, wait done >= 1, 1 copy out) costs with each style.
-// Later cases (7-12): a packed input copy, a zero-copy y read by an SM kernel, device staging.
-// Styles: "ce" = cuMemcpyAsync between device memory and pinned host memory (a copy-engine node);
-// "dtod" = cuMemcpyDtoDAsync with the pinned block's mapped device address (does the driver run it as an
-// SM copy?). Build: nvcc -O2 -arch=sm_90 copy_nodes.cu -lcuda -o copy_nodes. Prints one JSON line per case.
+// Run by hand on the lent H200 host: nvcc -O2 -arch=sm_90 bench/device/exp/copy_nodes.cu -lcuda -o cn && ./cn
+// Issue 4 experiment: what one copy node costs inside CUDA graph replay, by copy style, and what the memop path's
+// step (3 copies in, done := 0, ready := k, wait done >= 1, 1 copy out) costs with each style. Cases 7-12: a packed
+// input copy, a zero-copy y read by an SM kernel, device staging. Styles: "ce" = cuMemcpyAsync between device memory
+// and pinned host memory (a copy-engine node); "dtod" = cuMemcpyDtoDAsync with the pinned block's mapped device
+// address (does the driver run it as an SM copy?). Prints one JSON line per case.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <atomic>
