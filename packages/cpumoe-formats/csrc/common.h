@@ -228,8 +228,8 @@ inline float activate_f64(const cpumoe_params& p, float gate_f, float up_f) {
 // of the bf16 rounding midpoint (0.1% of results), the double path runs: so the bf16 of activate() is always that
 // of activate_f64() (tests/test_activation.py checks it over a million arguments per activation). The double path
 // also takes sigmoid(a) < e^-16, results or g sigmoid(a) outside [2^-100, 2^100] (subnormal double roundings,
-// 1 + tanh cancelling to 0 as in the reference), non-finite values and gelu (erf). It was the only path until
-// 2026-11-30: libm exp / tanh per element took 6-10% of a single-thread step on the Zen 4 VM (gelu_tanh 28 ns).
+// 1 + tanh cancelling to 0 as in the reference), non-finite values and gelu (erf). Why the fp32 path:
+// libm exp / tanh per element (the double path alone) took 6-10% of a single-thread step.
 CPUMOE_INLINE float activate(const cpumoe_params& p, float gate_f, float up_f) {
   using namespace act32;
   float g = gate_f, u = up_f, a;

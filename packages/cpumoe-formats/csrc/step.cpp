@@ -96,9 +96,8 @@ int32_t moe_step(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t T, in
 
 // Single-thread read bandwidth over [p, p+n): the ceiling the benches compare to. The range is read as four
 // streams (its quarters, advanced together): the kernels keep 2-16 weight rows in flight, and one stream left the
-// bus partly idle (Zen 3 dev VM, 256 MB: 1 / 2 / 4 streams 8.3-9.0 / 8.6-9.9 / 11.0-11.6 GB/s; on the H200 host
-// the executor's fp8 / q4_0 / ds_fp4 / bf16-amx steps read 93-147% of a one-stream ceiling), and a ceiling a
-// kernel exceeds is not a ceiling. Tails (n % 512) are read by stream 0's loop afterwards.
+// bus partly idle (executor steps read up to 147% of a one-stream ceiling), and a ceiling a kernel exceeds is not a
+// ceiling. Tails (n % 512) are read by stream 0's loop afterwards.
 // 128 bytes at c into four 64-bit-lane accumulators (kept in registers: separate references, not an array)
 __attribute__((target("avx2"), always_inline)) static inline void read128(const char* c, __m256i& a0, __m256i& a1,
                                                                          __m256i& a2, __m256i& a3) {

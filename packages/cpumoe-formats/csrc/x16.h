@@ -146,8 +146,7 @@ void q8_records(const uint16_t* src, int32_t K, void* dst) {
 #define CPUMOE_X16_PF_LOC 3
 #endif
 // The 16-register tiers' one-token passes (both halves, G groups side by side): n lines of a block step at p,
-// CPUMOE_X16_PF_ONE bytes ahead. Zen 3 VM, 2 threads, q4_0_x16 batch 1 (5 interleaved rounds): 1-1.5 KB 672-689 us,
-// 2 KB 700-722, 3 KB 816-843, none 882-972; an L2 prefetch further on (4-8 KB) was slower.
+// CPUMOE_X16_PF_ONE bytes ahead. 1536: q4_0_x16 batch 1 672-689 us against 882-972 with none (Zen 3 VM, 2 threads).
 #ifndef CPUMOE_X16_PF_ONE
 #define CPUMOE_X16_PF_ONE 1536
 #endif

@@ -15,10 +15,8 @@
 
 // Software prefetch: CPUMOE_BF16_PF elements (2 bytes each) ahead of every row's read position, with
 // locality CPUMOE_BF16_PF_LOC (0 = prefetchnta ... 3 = prefetcht0); 0 elements: none.
-// avx2: 256 (Zen 3 VM, 2026-11-29/30: helped the avx2 rows). AVX-512 tiers: none. Zen 4 VM (2026-11-30, single
-// thread, % of the read ceiling, 2 rounds): no prefetch 80-81% against 256 ahead 63-69%, 512 ahead 68-69%,
-// 1024 44-68%; two threads, batch 1: 1784-2070 us per step against 2417-2422 us. Intel hosts with AVX-512 run
-// bf16 on their amx tier.
+// avx2: 256 (it helps the avx2 rows on Zen 3). AVX-512 tiers: none (Zen 4, one thread: 80-81% of the read ceiling
+// without, 63-69% at 256 ahead). Intel hosts with AVX-512 run bf16 on their amx tier.
 #ifndef CPUMOE_BF16_PF
 #if CPUMOE_TIER == CPUMOE_T_AVX2
 #define CPUMOE_BF16_PF 256
@@ -30,8 +28,8 @@
 #define CPUMOE_BF16_PF_LOC 0
 #endif
 // Rows in flight for one token (avx2): gate_up 2 (gate and up of row i) or 4 (also row i + half of the item);
-// down 2 or 4 far-apart output rows. Zen 3 VM, 2 threads, 4 interleaved rounds (2026-11-30): gate_up 4 beat 2 in
-// 4 of 4 (3459-4419 us against 3702-4740 us per step) and did not lose at 1 thread; down 4 was not faster.
+// down 2 or 4 far-apart output rows. gate_up 4: 3459-4419 us per step against 3702-4740 with 2 (Zen 3, 2 threads);
+// down 4 is not faster.
 #ifndef CPUMOE_BF16_GROWS
 #define CPUMOE_BF16_GROWS 4
 #endif

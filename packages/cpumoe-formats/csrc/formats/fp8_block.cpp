@@ -21,10 +21,9 @@
 //               a shared expert's batch costs little more than one token.
 //   avx512bf16  e4m3 -> exact bf16 by byte tables (vpermt2b), bf16 activations, vdpbf16ps: half the multiply-adds
 //               of avx512f and no conversion; per 128-K block partial sums * scale (fp8_block_bf16.h). Auto
-//               picks it on AMD only (registry.cpp: slower than avx512f at batch 1 on the Xeon measured). (An earlier
-//               avx512bf16 kernel with a word-wise decode, masked vpermw for the exp == 0 codes, read 47-51% of the
-//               H200 host's single-thread ceiling and was removed on 2026-11-29; the byte tables cost ~7 ops per
-//               64 codes where that decode cost ~20.)
+//               picks it on AMD only (registry.cpp: slower than avx512f at batch 1 on the Xeon measured). The byte
+//               tables cost ~7 ops per 64 codes where a word-wise decode (masked vpermw for the exp == 0 codes)
+//               costs ~20.
 #include <vector>
 
 #include "../rowmajor.h"
@@ -134,9 +133,8 @@ void install(cpumoe_kernel* k) {
 #endif
 #endif
 // Software prefetch distance in the weight row (bytes; 0 = off) and __builtin_prefetch locality (0 = nta, 3 = t0).
-// H200 host Xeon, avx512f, ci/kernel_sweep.sh (single thread % of read ceiling, 4 rows in flight): 1 KB t0 97%,
-// none 72%; 4 KB nta with one row in flight 36-40% vs none 56-59%. Zen 3 dev VM, avx2 (2 rows), two A/B rounds:
-// 4 KB nta 74% / 74%, 1 KB t0 73% / 66%, none 51% / 51%; 4 rows there (spilling 16 ymm accumulators) 53-54%.
+// avx512f 1 KB t0: 97% of the single-thread read ceiling against 72% without (H200 host); avx2 4 KB nta: 74%
+// against 51% (Zen 3). Build knobs (bench/device/kernel_sweep.sh).
 #ifndef CPUMOE_FP8_PF
 #define CPUMOE_FP8_PF (CPUMOE_TIER == CPUMOE_T_AVX2 ? 4096 : 1024)
 #endif
@@ -145,9 +143,8 @@ void install(cpumoe_kernel* k) {
 #endif
 // Rows in flight for one token (batch 1): a lone route's down rows run DROWS at a time (h, h + q, h + 2q, ...,
 // q = rows of the block / DROWS: weight streams far apart), a lone token's gate_up GROWS rows (gate and up of
-// row i, then also of i + half the segment). More streams, more memory-level parallelism for one core: on the
-// H200 host (avx512f, no software prefetch) 1 / 2 / 4 down rows with 2 / 2 / 4 gate_up rows read 52% / 59% / 72% of
-// the single-thread ceiling, and the 16-thread executor batch 1 64% / 75% / 90%. AVX2 has 16 registers: 4 rows
+// row i, then also of i + half the segment). More streams, more memory-level parallelism for one core: 4 / 4 rows
+// read 72% of the single-thread ceiling against 52% with 1 / 2 (H200 host, avx512f). AVX2 has 16 registers: 4 rows
 // x 4 chains would spill, so it keeps pairs.
 #ifndef CPUMOE_FP8_DROWS
 #define CPUMOE_FP8_DROWS (CPUMOE_TIER == CPUMOE_T_AVX2 ? 2 : 4)

@@ -16,7 +16,7 @@
 // and folds of those kSpan blocks; software prefetch CPUMOE_FP8_AMX_PF bytes ahead in each row (0 = off; 1 KB
 // was slower than 512 B with span 4 on the H200 host).
 // Cost: the byte-table decode (~7 vector ops and two 64-byte stores per 64 codes, then tile loads) plus the
-// per-block fold; H200 host, 16 threads (2026-11-30): one token reads at ~60% of the ceiling where avx512f reads
+// per-block fold; H200 host, 16 threads: one token reads at ~60% of the ceiling where avx512f reads
 // ~85%, shared batch 8 / batch 1 is ~1.5x (avx512f ~4.5x). Hence an opt-in tier (registry.cpp): auto keeps
 // avx512f; isa="amx" / CPUMOE_ISA=amx picks this kernel for batches that share experts.
 #pragma once

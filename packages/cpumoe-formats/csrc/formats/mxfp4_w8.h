@@ -4,8 +4,7 @@
 // id = 1 / s_b (0 where not finite: amax == 0, or 1/s_b overflows), q = clamp(rint(x * id), -127, 127),
 // half to even (as q4_0's Q8_0). Weights are the exact int8 w = 2 * E2M1[code] in {0, +-1, ..., +-12}.
 // Per group (16 K-pair rows = 32 K) and column: the exact integer S = sum(w * q), then
-//   tot = fma((float)S, (e8m0 * 0.5f) * s_b, tot)    (one product, one fma; in every tier; since 2026-12-01,
-//                                                     before: a mul, then an add)
+//   tot = fma((float)S, (e8m0 * 0.5f) * s_b, tot)    (one product, one fma; in every tier)
 // so every tier computes the same integers and the same fp32 operations: bit-identical outputs.
 //
 // Prepared vector of length K (act_bytes = K + K/32 * 8): int8 q[K], then fp32 s_b[K/32], then
@@ -288,7 +287,8 @@ void tile_one(const Tile& T, int c0, int nch, const uint8_t* a, float* out, int 
   store_totals<V, lane_col>(tot, os / L, 1, nch * NCV, out, os, c0);
 }
 
-// One token takes tile_one on the VNNI tiers too unless built with -DCPUMOE_MX_ONE_VNNI=0 (ci/kernel_sweep.sh).
+// One token takes tile_one on the VNNI tiers too unless built with -DCPUMOE_MX_ONE_VNNI=0
+// (bench/device/kernel_sweep.sh).
 #ifndef CPUMOE_MX_ONE_VNNI
 #define CPUMOE_MX_ONE_VNNI 1
 #endif

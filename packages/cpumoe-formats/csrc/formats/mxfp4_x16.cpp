@@ -27,7 +27,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 }
 
 // mxfp4's fold: the weight factor e8m0 * 0.5 (exact: >= 2^-128), times s_b; the integer times that, added in one
-// fma (a mul and an add until 2026-12-01: one vector uop more per block and token, 1 in 13 at 8 tokens)
+// fma (a mul and an add would be one vector uop more per block and token, 1 in 13 at 8 tokens)
 struct Fold {
 #if CPUMOE_X16_ZMM
   static CPUMOE_INLINE __m512 scale16(const uint8_t* p) {

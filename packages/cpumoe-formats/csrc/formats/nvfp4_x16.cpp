@@ -15,7 +15,7 @@
 // Per (row, token), from acc = 0, block by block in K order:
 //   acc = fma(float(isum_b), (e4m3(scale_b) / 256) * s_a_b, acc);   out = acc * (128 * fp16(global))
 // e4m3 / 256 is what the SIMD decode yields (an fp16 made from the code's bits); / 256 and 128 are exact, so these
-// are the bits of fma(isum, e4m3 * s_a, acc) and acc * (0.5 * global) (the definition until 2026-12-01, which paid
+// are the bits of fma(isum, e4m3 * s_a, acc) and acc * (0.5 * global) (the plain definition, which would pay
 // two multiplies by 256 per block) unless a product or an accumulator falls below 2^-126 (fp32 subnormals).
 // The integer is exact and every tier does these fp32 operations in this order (std::fma in scalar), so the tiers
 // are bit-identical and a token's result does not depend on its batch. Lanes are rows: one vpdpbusd serves 16

@@ -51,12 +51,11 @@ constexpr int QK = 32, QB = 18;
 #endif
 
 // Software prefetch of the weight stream: prefetcht0 (locality 3) 3 KB ahead of each row's read position, 3 lines
-// per 8-block step (144 bytes) so every line is covered. Measured at the gemma shape on a Sapphire Rapids core
-// (single thread, T = 1): no prefetch ~58% of read bandwidth, prefetchnta at any distance <= 61%, prefetcht0 at
-// 768 / 1536 / 3072 / 6144 bytes 68-73% / 85% / 95-101% / 72-79%. The hardware streamers stop at 4 KB pages
+// per 8-block step (144 bytes) so every line is covered. 3 KB t0: 95-101% of the read ceiling against ~58% without
+// (one Sapphire Rapids core, gemma shape); prefetchnta stays <= 61%. The hardware streamers stop at 4 KB pages
 // and the gate/up rows are two streams; far enough ahead, the prefetches hide the DRAM latency of both.
 #ifndef CPUMOE_Q4_PF
-#define CPUMOE_Q4_PF 3072  // build knob (ci/kernel_sweep.sh)
+#define CPUMOE_Q4_PF 3072  // build knob (bench/device/kernel_sweep.sh)
 #endif
 constexpr int kPrefetchBytes = CPUMOE_Q4_PF;
 CPUMOE_INLINE void prefetch_ahead(const uint8_t* p, int lines = 3) {
@@ -65,10 +64,8 @@ CPUMOE_INLINE void prefetch_ahead(const uint8_t* p, int lines = 3) {
 // Stream starts the in-stream distance cannot cover (as fp4_common.h's CPUMOE_FP4_AHEAD): bit 1 = a lone route's
 // down prefetches the next expert group's rows while it runs this group's (an item's rows of one expert are 32
 // x 396 bytes at gemma's I = 704, its streams shorter than kPrefetchBytes); bit 2 = a lone token's gate_up item
-// starts by prefetching the first kPrefetchBytes of its gate and up streams. Build knob (ci/kernel_sweep.sh);
-// Zen 3 VM, 2 threads, gemma batch 1 random and shared, 2 x 3 interleaved rounds: 3 faster than 0 in 11 of 12
-// pairs (median steps 1720 / 1869 against 1856 / 1980 us). H200 host, 16 threads, avx512vnni (2 rounds): within
-// the noise (random 339 / 294 against 324 / 272 us, shared 266 / 258 against 280 / 272 us).
+// starts by prefetching the first kPrefetchBytes of its gate and up streams. Build knob
+// (bench/device/kernel_sweep.sh); 3: faster than 0 in 11 of 12 interleaved pairs on Zen 3 (2 threads, gemma batch 1).
 #ifndef CPUMOE_Q4_AHEAD
 #define CPUMOE_Q4_AHEAD 3
 #endif
@@ -374,7 +371,7 @@ struct QuadNib {
 // starts at an even byte): W0 holds blocks 0-3, W1 blocks 4-7 (from [p + 72, p + 136) and [p + 80, p + 144): never
 // past the 8 blocks), d8 the 8 fp16 d (words 0, 9, 18, 27 of [p, p + 64) and of [p + 72, p + 136)). The same
 // nibbles and d as two QuadNib and d8_f32, from 4 loads and 3 permutes instead of 8 loads, 6 inserts and ~20 scalar
-// ops for the d. Zen 4 VM one thread +1-3%, H200 host neutral (ci/kernel_sweep.sh, 2 x 2 interleaved builds).
+// ops for the d: +1-3% on one Zen 4 thread, neutral on the H200 host.
 struct OctNib {
   QuadNib W0, W1;
   __m256 d8;

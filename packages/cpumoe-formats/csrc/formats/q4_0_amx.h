@@ -19,15 +19,15 @@
 // integer block sums are the same; the fp32 sums are grouped per whole block (avx512vnni: 8-element lanes).
 // Two sets of 16 rows run per product (gate and up; down: rows h and h + 16), so two tile products are in
 // flight while the other set's C is folded.
-// Measured (H200 host, one thread, % of the read ceiling; docs/formats/q4_0.md): 2 blocks per product 51%, 1
-// block 41-46%, 2 with software prefetch 1 KB ahead in every row 42%. Weights as A tiles with a contiguous
+// kPair 2: 51% of the read ceiling against 41-46% with 1 (H200 host, one thread; docs/formats/q4_0.md); software
+// prefetch 1 KB ahead in every row is slower (42%). Weights as A tiles with a contiguous
 // (vpermb) decode and tokens as B was slower still (28%): it moves 16-row A tiles and C stores per block where
 // tokens as A move nt rows.
 #pragma once
 // (included inside q4_0.cpp's namespaces: <cstring>, <vector> and amx_common.h come with q4_0.cpp)
 
 #ifndef CPUMOE_Q4_AMX_PAIR
-#define CPUMOE_Q4_AMX_PAIR 2  // blocks per tile product (1 or 2; build knob, ci/kernel_sweep.sh)
+#define CPUMOE_Q4_AMX_PAIR 2  // blocks per tile product (1 or 2; build knob, bench/device/kernel_sweep.sh)
 #endif
 
 namespace amx4 {

@@ -42,8 +42,7 @@ SPEC = Bf16Format(
     description="bf16 weights, fp32 accumulation (W16A16)",
     kernel_tiers={"native": ("scalar", "avx2", "avx512f", "avx512bf16", "amx")},
     cpu_layout="bf16_x16",  # 16 rows per K pair: a token sharing an expert costs one vdpbf16ps per 32 weights
-    # from avx512f (Skylake-SP to Ice Lake; the H200 host capped there, 2 rounds: batch 1 575-611 against 767-807
-    # us, shared batch 8 751-844 against 1457-1532); AVX2 keeps bf16 (Zen 3: batch 1 ~5% slower); AMX CPUs keep
-    # bf16's tile kernel (a higher tier)
+    # from avx512f (Skylake-SP to Ice Lake; the H200 host capped there: shared batch 8 751-844 against 1457-1532
+    # us); AVX2 keeps bf16 (Zen 3: batch 1 ~5% slower); AMX CPUs keep bf16's tile kernel (a higher tier)
     cpu_layout_min_tier="avx512f",
 )

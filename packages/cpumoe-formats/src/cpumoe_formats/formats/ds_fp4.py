@@ -156,8 +156,7 @@ SPEC = DsFp4Format(
     # 16 rows per vector (w4a8 only): the per-block fold once per 16 rows and token (docs/formats/ds_fp4.md
     # "ds_fp4_x16"); native runs stay ds_fp4 (the layout has no native mode)
     cpu_layout="ds_fp4_x16",
-    # from avx2: on 2 Zen 3 cores (3 rounds, 2026-12-01) ds_fp4_x16's avx2 kernel read batch 1 in 2535-2611 against
-    # 2641-2786 us, shared batch 8 in 10425-10568 against 15109-15159 (an AVX512-F CPU without VNNI keeps ds_fp4's
-    # avx512f kernel: the layout has none)
+    # from avx2: ds_fp4_x16's avx2 kernel runs shared batch 8 in 10425-10568 against 15109-15159 us (2 Zen 3 cores);
+    # an AVX512-F CPU without VNNI keeps ds_fp4's avx512f kernel (the layout has none)
     cpu_layout_min_tier="avx2",
 )

@@ -143,7 +143,7 @@ SPEC = Fp8BlockFormat(
     opt_in_tiers=("amx",),
     amd_auto_tiers=("avx512bf16",),  # vdpbf16ps kernel: faster than avx512f on Zen 4, slower on the Xeon tested
     cpu_layout="fp8_block_x16",  # 16 rows per vector: a token sharing an expert costs one vdpbf16ps per 32 weights
-    # fp32-FMA kernels from avx2 (x16_fma.h): on the Zen 3 VM, 2 threads, the layout took a shared batch of 8 12%
-    # and batch 1 8% faster (medians of 3 rounds) than fp8_block's avx2 kernel (docs/formats/fp8_block.md)
+    # fp32-FMA kernels from avx2 (x16_fma.h): shared batch 8 12% faster than fp8_block's avx2 kernel (Zen 3, 2
+    # threads; docs/formats/fp8_block.md)
     cpu_layout_min_tier="avx2",
 )

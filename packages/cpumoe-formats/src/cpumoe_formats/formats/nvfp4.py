@@ -154,7 +154,6 @@ SPEC = Nvfp4Format(
     # w4a8 only (nvfp4_x16 has no native mode): 16 rows per vector, batches sharing experts ~2x cheaper
     # (docs/formats/nvfp4.md "nvfp4_x16")
     cpu_layout="nvfp4_x16",
-    # from avx2: on 2 Zen 3 cores (3 interleaved rounds, 2026-12-01) nvfp4_x16's avx2 kernel read batch 1 in 533-560
-    # against 565-589 us, shared batch 8 in 2201-2213 against 3173-3256
+    # from avx2: nvfp4_x16's avx2 kernel runs shared batch 8 in 2201-2213 against 3173-3256 us (2 Zen 3 cores)
     cpu_layout_min_tier="avx2",
 )
