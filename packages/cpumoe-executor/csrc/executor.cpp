@@ -176,9 +176,8 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   tstart_[0] = 0;
   // Work items: whole multiples of the kernel's block_hint, as few as leave about kItemsPerThread items per thread
   // in each stage. Few threads get long items, so each weight stream runs long (the prefetchers ramp up once per
-  // item, a down item starts one stream per expert group): Zen 4 VM, 2 threads, batch 1, 3 interleaved rounds
-  // (2026-11-30): nvfp4 562-631 -> 490-569 us per step, q4_0 1105-1135 -> 880-924 us, fp8_block 1205-1245 ->
-  // 1004-1149 us against one block_hint per item. 16 threads keep about one block_hint per item.
+  // item, a down item starts one stream per expert group): q4_0 batch 1 880-924 us per step against 1105-1135 with
+  // one block_hint per item (Zen 4, 2 threads). 16 threads keep about one block_hint per item.
   const int blk = std::max(1, k_->block_hint), team = team_size(layer, nroutes, ngroups);
   const int nib = (I + blk - 1) / blk, nhb = (H + blk - 1) / blk;
   const int iblk = blk * std::clamp(ngroups * nib / (team * kItemsPerThread), 1, nib);

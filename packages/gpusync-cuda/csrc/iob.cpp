@@ -17,7 +17,7 @@ const char* path_name(int path) { return common::path_name(path); }
 bool copy_fork_from_env() {
   const char* v = std::getenv("GPUSYNC_COPY_FORK");
   // Serial by default: on the H200 the forked graph replayed slower (memop path, no CPU route, batch 1: 23.6 us
-  // forked vs 17.7 us serial, ci/gpu_memfork.sh); the fork stays an option for hosts where copies overlap.
+  // forked vs 17.7 us serial, bench/device/gpu_memfork.sh); the fork stays an option for hosts where copies overlap.
   if (!v || !*v || std::string(v) == "0") return false;
   if (std::string(v) == "1") return true;
   throw Error(GPUSYNC_E_INVALID, std::string("GPUSYNC_COPY_FORK='") + v +
