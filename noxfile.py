@@ -59,9 +59,10 @@ PLANNED = {
     "cpumoe-executor": Pkg(("cpu",), deps=("cpumoe-formats",)),
     # its kernel-path tests need kernelio (the [kernels] extra), which depends on it
     "gpusync-cuda": Pkg(("cpu", "cuda"), deps=("cpumoe-formats", "cpumoe-executor"), test_deps={"cuda": ("kernelio",)}),
-    "gpusync-hip": Pkg(("rocm",), deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda")),
-    "kernelio": Pkg(("cpu", "cuda", "rocm"), deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda"),
-                    test_deps={"rocm": ("gpusync-hip",)},
+    "gpusync-hip": Pkg(("rocm",), deps=("cpumoe-formats", "cpumoe-executor")),
+    # its tests drive the kernels through a backend: gpusync-cuda (cpu, cuda), gpusync-hip (rocm)
+    "kernelio": Pkg(("cpu", "cuda", "rocm"), deps=("cpumoe-formats", "cpumoe-executor"),
+                    test_deps={"cpu": ("gpusync-cuda",), "cuda": ("gpusync-cuda",), "rocm": ("gpusync-hip",)},
                     # a HIP code-object bundle is required (not best-effort) in the rocm wheel
                     build_env={"rocm": {"KERNELIO_HIP": "1"}}),
     "moe-engine-glue": Pkg(("cpu", "cuda", "rocm"),

@@ -20,15 +20,17 @@ CSRC = HERE / "csrc"
 PKG = HERE / "src" / "cpumoe_executor"
 
 
+SIBLING = HERE.parent / "cpumoe-formats" / "src" / "cpumoe_formats" / "include"
+
+
 def _formats_include() -> str:
     try:
         import cpumoe_formats
 
         return cpumoe_formats.get_include()
     except ImportError:
-        p = HERE.parent / "cpumoe-formats" / "src" / "cpumoe_formats" / "include"
-        if (p / "cpumoe_formats" / "abi.h").is_file():
-            return str(p)
+        if (SIBLING / "cpumoe_formats" / "abi.h").is_file():
+            return str(SIBLING)
         raise RuntimeError("cpumoe-executor needs cpumoe-formats' C ABI header: install cpumoe-formats first "
                            "(pip install packages/cpumoe-formats) or build from the monorepo") from None
 
@@ -86,6 +88,11 @@ except ImportError:
 
 class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
     PLUGIN_NAME = "custom"
+
+    def dependencies(self):
+        # Our providers come from the checkout beside this package when it is there (`pip install
+        # ./packages/...`: the index has none of them); an unpacked sdist asks for them (nox finds them in dist/).
+        return [] if (SIBLING / "cpumoe_formats" / "abi.h").is_file() else ["cpumoe-formats>=0.1,<0.2"]
 
     def initialize(self, version, build_data):
         if self.target_name != "wheel":

@@ -5,7 +5,7 @@ or cudart (the driver is dlopen'd at run time). When the build machine has a
 cuda.h (CUDA_HOME, /usr/local/cuda), csrc/cuda_check.cpp pins our local copies
 of the driver constants to it with static_asserts.
 
-Needs the cpumoe-executor C ABI headers: from the installed cpumoe_executor
+Needs the cpumoe-executor C ABI headers (cpumoe_executor/abi.h and the backend-neutral gpusync/abi.h): from the installed cpumoe_executor
 (get_include()), else from the monorepo checkout beside this package.
 Environment: CXX, CUDA_HOME, CPUMOE_SANITIZE, CPUMOE_DEBUG=1, CPUMOE_BUILD_JOBS.
 Run `python hatch_build.py` for an in-place build.
@@ -25,15 +25,17 @@ CSRC = HERE / "csrc"
 PKG = HERE / "src" / "gpusync_cuda"
 
 
+SIBLING = HERE.parent / "cpumoe-executor" / "src" / "cpumoe_executor" / "include"
+
+
 def executor_include() -> str:
     try:
         import cpumoe_executor
 
         return cpumoe_executor.get_include()
     except ImportError:
-        p = HERE.parent / "cpumoe-executor" / "src" / "cpumoe_executor" / "include"
-        if (p / "cpumoe_executor" / "abi.h").is_file():
-            return str(p)
+        if (SIBLING / "gpusync" / "abi.h").is_file():
+            return str(SIBLING)
         raise RuntimeError("gpusync-cuda needs cpumoe-executor's C ABI headers: install cpumoe-executor first "
                            "(pip install packages/cpumoe-executor) or build from the monorepo") from None
 
@@ -53,7 +55,7 @@ def build(out_dir: Path = PKG) -> Path:
     debug = os.environ.get("CPUMOE_DEBUG") == "1"
     san = os.environ.get("CPUMOE_SANITIZE", "")
     flags = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-O1" if debug else "-O2",
-             "-g" if (debug or san) else "-g0", "-pthread", f"-I{CSRC}", f"-I{PKG / 'include'}",
+             "-g" if (debug or san) else "-g0", "-pthread", f"-I{CSRC}",
              f"-I{executor_include()}", f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
     if san:
         flags += [f"-fsanitize={san}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
@@ -108,6 +110,11 @@ except ImportError:
 
 class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
     PLUGIN_NAME = "custom"
+
+    def dependencies(self):
+        # Our providers come from the checkout beside this package when it is there (`pip install
+        # ./packages/...`: the index has none of them); an unpacked sdist asks for them (nox finds them in dist/).
+        return [] if (SIBLING / "gpusync" / "abi.h").is_file() else ["cpumoe-executor>=0.2,<0.3"]
 
     def initialize(self, version, build_data):
         if self.target_name != "wheel":

@@ -6,11 +6,10 @@ resolved by name at run time; csrc/hip_types.h declares what is used). When the
 build machine has <hip/hip_runtime_api.h> (ROCM_PATH, /opt/rocm, /usr), the
 object csrc/hip_check.cpp static_asserts those declarations against it.
 
-Headers it needs, never copied into this package:
-  * gpusync/abi.h, the backend-neutral gpusync C ABI that gpusync-cuda ships
-    (gpusync_cuda.get_include(); gpusync-cuda installs and imports without CUDA);
-  * cpumoe_executor/abi.h (cpumoe_executor.get_include()).
-Each comes from the installed package, else from the monorepo checkout beside this one.
+Headers it needs, never copied into this package: cpumoe_executor/abi.h and the
+backend-neutral gpusync/abi.h that gpusync-cuda implements too, both shipped by
+cpumoe-executor (cpumoe_executor.get_include()): from the installed package, else
+from the monorepo checkout beside this one.
 Environment: CXX, ROCM_PATH, CPUMOE_SANITIZE, CPUMOE_DEBUG=1, CPUMOE_BUILD_JOBS.
 Run `python hatch_build.py` for an in-place build.
 """
@@ -30,26 +29,21 @@ CSRC = HERE / "csrc"
 PKG = HERE / "src" / "gpusync_hip"
 
 
-def _provider_include(module: str, sibling: str, probe: str) -> str:
-    try:
-        mod = __import__(module)
-        return mod.get_include()
-    except ImportError as e:
-        p = HERE.parent / sibling / "src" / module / "include"
-        if (p / probe).is_file():
-            return str(p)
-        raise RuntimeError(
-            f"gpusync-hip needs {probe} from {sibling}: install {sibling} first "
-            f"(pip install packages/{sibling}) or build from the monorepo (import {module}: {e})"
-        ) from None
+SIBLING = HERE.parent / "cpumoe-executor" / "src" / "cpumoe_executor" / "include"
 
 
 def executor_include() -> str:
-    return _provider_include("cpumoe_executor", "cpumoe-executor", "cpumoe_executor/abi.h")
+    try:
+        import cpumoe_executor
 
-
-def gpusync_include() -> str:
-    return _provider_include("gpusync_cuda", "gpusync-cuda", "gpusync/abi.h")
+        return cpumoe_executor.get_include()
+    except ImportError as e:
+        if (SIBLING / "gpusync" / "abi.h").is_file():
+            return str(SIBLING)
+        raise RuntimeError(
+            "gpusync-hip needs cpumoe_executor/abi.h and gpusync/abi.h from cpumoe-executor: install it first "
+            f"(pip install ./packages/cpumoe-formats ./packages/cpumoe-executor) or build from the monorepo ({e})"
+        ) from None
 
 
 def hip_include() -> str | None:
@@ -66,7 +60,7 @@ def build(out_dir: Path = PKG) -> Path:
     cxx = shlex.split(os.environ.get("CXX", "c++"))
     debug = os.environ.get("CPUMOE_DEBUG") == "1"
     san = os.environ.get("CPUMOE_SANITIZE", "")
-    gs_inc, ex_inc = gpusync_include(), executor_include()
+    ex_inc = executor_include()
     flags = [
         "-std=c++17",
         "-fPIC",
@@ -77,7 +71,6 @@ def build(out_dir: Path = PKG) -> Path:
         "-g" if (debug or san) else "-g0",
         "-pthread",
         f"-I{CSRC}",
-        f"-I{gs_inc}",
         f"-I{ex_inc}",
         f"-I{pybind11.get_include()}",
         f"-I{sysconfig.get_paths()['include']}",
@@ -90,7 +83,7 @@ def build(out_dir: Path = PKG) -> Path:
     flags.append(f'-DGPUSYNC_BUILD_INFO="{info}"')
     obj_dir = HERE / "build" / ("obj-" + (san or "rel").replace(",", "-"))
     obj_dir.mkdir(parents=True, exist_ok=True)
-    headers = list(CSRC.glob("*.h")) + list(Path(gs_inc).rglob("*.h")) + list(Path(ex_inc).rglob("*.h"))
+    headers = list(CSRC.glob("*.h")) + list(Path(ex_inc).rglob("*.h"))
     hdr = max(p.stat().st_mtime for p in headers)
     stamp, key = obj_dir / "flags.txt", " ".join(flags) + f"|{hip_inc}"
     stale = not stamp.exists() or stamp.read_text() != key
@@ -134,6 +127,11 @@ except ImportError:
 
 class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
     PLUGIN_NAME = "custom"
+
+    def dependencies(self):
+        # Our providers come from the checkout beside this package when it is there (`pip install
+        # ./packages/...`: the index has none of them); an unpacked sdist asks for them (nox finds them in dist/).
+        return [] if (SIBLING / "gpusync" / "abi.h").is_file() else ["cpumoe-executor>=0.2,<0.3"]
 
     def initialize(self, version, build_data):
         if self.target_name != "wheel":

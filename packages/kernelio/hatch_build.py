@@ -49,14 +49,19 @@ PKG = HERE / "src" / "kernelio"
 DEFAULT_ARCHS = "sm_75,sm_80,sm_90,sm_100,sm_120,compute_75"
 
 
-def _include_of(module: str, sibling: str, header: str) -> str:
+SIBLING = HERE.parent / "cpumoe-executor" / "src" / "cpumoe_executor" / "include"
+
+
+def executor_include() -> str:
+    """cpumoe_executor/abi.h and gpusync/abi.h, both shipped by cpumoe-executor."""
     try:
-        return __import__(module).get_include()
+        import cpumoe_executor
+
+        return cpumoe_executor.get_include()
     except ImportError:
-        p = HERE.parent / sibling / "src" / module / "include"
-        if (p / header).is_file():
-            return str(p)
-        raise RuntimeError(f"kernelio needs {header} from {sibling}: install {sibling} first or build from the "
+        if (SIBLING / "gpusync" / "abi.h").is_file():
+            return str(SIBLING)
+        raise RuntimeError("kernelio needs gpusync/abi.h from cpumoe-executor: install it first or build from the "
                            "monorepo") from None
 
 
@@ -108,8 +113,7 @@ def build_ext(out_dir: Path = PKG) -> Path:
 
     cxx = shlex.split(os.environ.get("CXX", "c++"))
     debug = os.environ.get("CPUMOE_DEBUG") == "1"
-    inc = [CSRC, PKG / "include", _include_of("gpusync_cuda", "gpusync-cuda", "gpusync/abi.h"),
-           _include_of("cpumoe_executor", "cpumoe-executor", "cpumoe_executor/abi.h"), pybind11.get_include(),
+    inc = [CSRC, PKG / "include", executor_include(), pybind11.get_include(),
            sysconfig.get_paths()["include"]]
     flags = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-O1" if debug else "-O2",
              "-g" if debug else "-g0"] + [f"-I{p}" for p in inc]
@@ -270,6 +274,11 @@ except ImportError:
 
 class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
     PLUGIN_NAME = "custom"
+
+    def dependencies(self):
+        # Our providers come from the checkout beside this package when it is there (`pip install
+        # ./packages/...`: the index has none of them); an unpacked sdist asks for them (nox finds them in dist/).
+        return [] if (SIBLING / "gpusync" / "abi.h").is_file() else ["cpumoe-executor>=0.2,<0.3"]
 
     def initialize(self, version, build_data):
         if self.target_name != "wheel":

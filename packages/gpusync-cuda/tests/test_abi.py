@@ -1,4 +1,4 @@
-"""The versioned C ABI: the header ships, a real C consumer compiled against
+"""The versioned C ABI: the header ships (with cpumoe-executor), a real C consumer compiled against
 get_include() binds it, a mismatched one is refused with both versions named;
 the executor ABI gpusync-cuda binds is checked the same way."""
 import ctypes
@@ -33,7 +33,8 @@ def build_consumer(tmp: Path, *defines: str):
     return mod
 
 
-def test_header_ships_with_the_package():
+def test_header_ships_with_cpumoe_executor():
+    assert gpusync_cuda.get_include() == ce.get_include()  # one copy, shared with gpusync-hip and kernelio
     text = (Path(gpusync_cuda.get_include()) / "gpusync" / "abi.h").read_text()
     assert f"#define GPUSYNC_ABI_MAJOR {gpusync_cuda.ABI_VERSION[0]}" in text
     assert f"#define GPUSYNC_ABI_MINOR {gpusync_cuda.ABI_VERSION[1]}" in text

@@ -303,6 +303,16 @@ class MockApi(ctypes.Structure):
     )
 
 
+def _gpusync():
+    """Whichever gpusync backend this session installed (both speak the one gpusync/abi.h), for its versions."""
+    for name in ("gpusync_hip", "gpusync_cuda"):
+        try:
+            return __import__(name)
+        except ImportError:
+            pass
+    pytest.skip("neither gpusync-hip nor gpusync-cuda is installed")
+
+
 class MockBackend:
     """A gpusync capsule named `name` whose module_load records the image's first bytes and fails."""
 
@@ -311,9 +321,8 @@ class MockBackend:
         self._name = ctypes.create_string_buffer(name)  # must outlive the capsule
         self._last_error = LastError(lambda: ERR)
         self._load = ModuleLoad(self._module_load)
-        import gpusync_cuda
-
-        abi, proto = gpusync_cuda.ABI_VERSION, gpusync_cuda.PROTOCOL_VERSION
+        gs = _gpusync()
+        abi, proto = gs.ABI_VERSION, gs.PROTOCOL_VERSION
         self.api = MockApi(abi[0], abi[1], ctypes.sizeof(MockApi), proto, b"mock", backend, self._last_error)
         self.api.module_load = self._load
         new = ctypes.pythonapi.PyCapsule_New
@@ -331,14 +340,14 @@ IO = dict(x=0, ids=0, w=0, y=0, ready=0, done=0, H=64, K=2, max_tokens=4)
 
 
 def test_mock_api_layout_matches_the_header():
-    pytest.importorskip("gpusync_cuda")
+    _gpusync()
     # struct_size must be what gpusync/abi.h's gpusync_api is, or the ABI check refuses the mock.
     fields = 4 * 4 + 2 * 8 + 8 * (1 + _SLOTS_BEFORE_MODULE_LOAD + 1 + _SLOTS_AFTER_MODULE_LOAD)
     assert ctypes.sizeof(MockApi) == fields
 
 
 def test_backend_of_reads_the_capsule_name():
-    pytest.importorskip("gpusync_cuda")
+    _gpusync()
     assert kernelio.backend_of(MockBackend(HIP_CAPSULE, b"hip").capsule) == "hip"
     assert kernelio.backend_of(MockBackend(CUDA_CAPSULE, b"cuda").capsule) == "cuda"
     with pytest.raises(_native.KernelIOError, match="expected a gpusync backend capsule"):
@@ -348,7 +357,7 @@ def test_backend_of_reads_the_capsule_name():
 
 
 def test_hip_capsule_loads_the_hip_bundle_and_cuda_capsule_the_fatbin():
-    pytest.importorskip("gpusync_cuda")
+    _gpusync()
     hip_image()
     for name, backend, magic in (
         (HIP_CAPSULE, b"hip", b"__CLANG_OFFLOAD_BUNDLE__"),
@@ -363,7 +372,7 @@ def test_hip_capsule_loads_the_hip_bundle_and_cuda_capsule_the_fatbin():
 
 
 def test_missing_hip_image_is_a_clear_error_and_a_probe_report(monkeypatch, tmp_path):
-    pytest.importorskip("gpusync_cuda")
+    _gpusync()
     monkeypatch.setenv("KERNELIO_HIP_IMAGE", str(tmp_path / "absent.hipfb"))
     mock = MockBackend(HIP_CAPSULE, b"hip")
     with pytest.raises(FileNotFoundError, match=r"no HIP kernel image .*hipcc"):
@@ -374,7 +383,7 @@ def test_missing_hip_image_is_a_clear_error_and_a_probe_report(monkeypatch, tmp_
 
 
 def test_an_image_for_the_other_vendor_is_refused_by_name():
-    pytest.importorskip("gpusync_cuda")
+    _gpusync()
     if not kernelio.image_path("cuda").is_file():
         pytest.skip("built without nvcc: no CUDA image to misuse")
     mock = MockBackend(HIP_CAPSULE, b"hip")

@@ -14,7 +14,8 @@ C_API_CAPSULE = _native._C_API_v1
 
 
 def get_include() -> str:
-    """Directory holding cpumoe_executor/abi.h and cpumoe_executor/protocol.h."""
+    """Directory holding cpumoe_executor/abi.h, cpumoe_executor/protocol.h and gpusync/abi.h (the sync backends'
+    versioned C ABI, implemented by gpusync-cuda and gpusync-hip, consumed by kernelio and engines)."""
     return str(Path(__file__).resolve().parent / "include")
 
 

@@ -14,6 +14,7 @@ from cpumoe_formats.kernels import TIERS
 from cpumoe_formats.numerics import BF16
 
 from . import _native
+from .trace import trace_summary
 
 log = logging.getLogger("cpumoe_executor")
 _MODES = ("native", "w4a8")
@@ -272,10 +273,9 @@ class CpuMoeExecutor:
         self._x.set_trace(True)
 
     def stop_trace(self) -> dict:
-        """Stop tracing; returns the traced steps' averages in microseconds per step (bench.trace_summary: the
+        """Stop tracing; returns the traced steps' averages in microseconds per step (trace.trace_summary: the
         step, each phase averaged over the threads that ran, the spread of their busy time) with the raw
         per-thread nanosecond sums under "raw"."""
-        from .bench import trace_summary
         self._x.set_trace(False)
         raw = self._x.trace()
         if not raw["steps"]:

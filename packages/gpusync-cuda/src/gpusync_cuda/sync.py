@@ -160,7 +160,7 @@ class CudaSync:
         except ImportError:
             self.reasons[path] += "; not qualified (torch is not importable)"
             return path != "kernel"
-        from ._qualify import qualify
+        from cpumoe_executor.sync_qualify import qualify
 
         kid = _ID["kernel"]
         was = self._iob.replay_safe(kid)

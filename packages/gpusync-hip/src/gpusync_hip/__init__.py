@@ -23,14 +23,10 @@ C_API_CAPSULE = _native._C_API_v1
 
 
 def get_include() -> str:
-    """Directory holding gpusync/abi.h: the backend-neutral header gpusync-cuda ships (one copy, not two)."""
-    import importlib.util
-    from pathlib import Path
+    """Directory holding gpusync/abi.h: the backend-neutral header cpumoe-executor ships (one copy, not two)."""
+    import cpumoe_executor
 
-    spec = importlib.util.find_spec("gpusync_cuda")  # located, not imported: no CUDA module is loaded
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("gpusync/abi.h ships with gpusync-cuda (a dependency of gpusync-hip): install it")
-    return str(Path(list(spec.submodule_search_locations)[0]) / "include")
+    return cpumoe_executor.get_include()
 
 
 def driver_status() -> dict:

@@ -1,10 +1,10 @@
 """The decode step of each path, on torch tensors (imported only here). The
 backend-neutral torch helpers (argument checks, dtype/stride handling, GPU-resident
-expert masking, the synchronous fallback) are gpusync-cuda's, reused as they are."""
+expert masking, the synchronous fallback) are cpumoe_executor.sync_torch's."""
 
 from __future__ import annotations
 
-from gpusync_cuda._decode import _check, _eager, _mask_ids, _rows
+from cpumoe_executor.sync_torch import check_step, eager_step, mask_ids, rows
 
 from . import _native
 
@@ -17,14 +17,14 @@ def decode(sync, path, layer, x, w, ids, mask, out, partial):
     if out is not None and partial is not None:
         raise ValueError("give out= or partial=, not both")
     target = partial if partial is not None else out
-    T = _check(sync, torch, layer, x, w, ids, mask, target)
+    T = check_step(sync, torch, layer, x, w, ids, mask, target)
     layer = int(layer)
     ex = sync.executor
     capturing = torch.cuda.is_current_stream_capturing()
     if path == "eager" or (path == "host-func" and capturing):
         if capturing:
             raise CaptureRefused(sync, path)
-        return _eager(sync, torch, layer, x, w, ids, mask, out, partial)
+        return eager_step(sync, torch, layer, x, w, ids, mask, out, partial)
     devs = {t.device for t in (x, w, ids, mask, target) if t is not None}
     if devs != {torch.device("cuda", sync.ordinal)}:
         raise ValueError(
@@ -32,9 +32,9 @@ def decode(sync, path, layer, x, w, ids, mask, out, partial):
             f"got {sorted(map(str, devs))}"
         )
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    ids32, w32 = _rows(ids, torch, torch.int32), _rows(w, torch, torch.float32)
+    ids32, w32 = rows(ids, torch, torch.int32), rows(w, torch, torch.float32)
     if mask is not None:
-        ids32 = _mask_ids(torch, ids32, mask, ex.E)
+        ids32 = mask_ids(torch, ids32, mask, ex.E)
     ids32, w32 = ids32.contiguous(), w32.contiguous()
     xb = x.to(torch.bfloat16).contiguous()
     direct = out is not None and out.dtype == torch.bfloat16 and out.is_contiguous()

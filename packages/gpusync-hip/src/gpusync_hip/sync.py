@@ -132,7 +132,7 @@ class HipSync:
         except ImportError:
             self.reasons["copy"] += "; not qualified (torch is not importable)"
             return True
-        from gpusync_cuda._qualify import qualify  # backend-neutral: drives self._decode / self.synchronize
+        from cpumoe_executor.sync_qualify import qualify  # backend-neutral: drives self._decode / self.synchronize
 
         try:
             qualify(self, path, torch)
