@@ -248,6 +248,18 @@ class CpuMoeExecutor:
                              f"1 <= num_tokens <= max_tokens={self.max_tokens}")
         return a
 
+    # ---- machine ceiling -------------------------------------------------------------------------
+    def read_bandwidth(self, buf, passes: int = 1) -> float:
+        """GB/s of `passes` whole-buffer reads of `buf` (a C-contiguous array, e.g. 4x the LLC) by this executor's
+        own pool, every thread reading its slice: the read ceiling the decode steps compete with."""
+        a = as_array(buf, "buf")
+        if not a.flags.c_contiguous or a.nbytes < 4096:
+            raise ValueError(f"buf: {describe(a)}, expected a C-contiguous array of at least 4096 bytes")
+        if not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"passes={passes!r} must be a positive int")
+        bw = self._x.read_bandwidth(a.ctypes.data, a.nbytes, passes)
+        return len(bw) / sum(1.0 / b for b in bw)
+
     # ---- health ----------------------------------------------------------------------------------
     def health(self) -> dict:
         iob = self.io_block()

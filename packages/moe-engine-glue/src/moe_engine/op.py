@@ -1,0 +1,43 @@
+"""torch.ops.moe_engine.experts: MoERunner.forward as a torch custom operator with a fake (meta) implementation, so
+torch.compile and engines that capture graphs see one opaque node (as vLLM registers its fused-MoE op). A runner is
+named by an integer handle: the op's arguments stay tensors and ints."""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+_RUNNERS: dict[int, weakref.ref] = {}
+_NEXT = itertools.count(1)
+
+
+def register(runner) -> int:
+    h = next(_NEXT)
+    _RUNNERS[h] = weakref.ref(runner)
+    return h
+
+
+def unregister(handle) -> None:
+    _RUNNERS.pop(handle, None)
+
+
+def runner_of(handle: int):
+    r = _RUNNERS.get(int(handle))
+    r = r() if r is not None else None
+    if r is None:
+        raise ValueError(f"moe_engine.experts: runner handle {handle} is not open (closed or garbage-collected)")
+    return r
+
+
+@torch.library.custom_op("moe_engine::experts", mutates_args=())
+def experts(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, runner: int,
+            layer: int) -> torch.Tensor:
+    y = runner_of(runner).forward(layer, hidden_states, topk_ids, topk_weights)
+    # a custom op may not return one of its inputs (or a view of it)
+    return y.clone() if y.data_ptr() == hidden_states.data_ptr() else y
+
+
+@experts.register_fake
+def _(hidden_states, topk_ids, topk_weights, runner, layer):
+    return torch.empty_like(hidden_states)

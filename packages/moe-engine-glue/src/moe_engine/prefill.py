@@ -1,0 +1,140 @@
+"""Prefill: a batch above max_tokens (a prompt) runs eagerly, never under a graph. The routes the GPU does not hold
+either run on the CPU in chunks of max_tokens, or, where a GPU is present and it is faster, the routed experts'
+weights are copied to the GPU for this step (staged) and run there.
+
+The choice compares two estimates measured on this machine as prefills run (no constant): chunks x the CPU's time for
+one chunk of max_tokens, against the staged experts' bytes over the measured host-to-GPU copy rate plus the GPU
+time. The first staged-capable prefill runs on the CPU (timing a chunk) and copies one expert (timing the copy)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import validate
+
+POLICIES = ("auto", "cpu", "gpu")
+
+
+class PrefillPolicy:
+    def __init__(self, runner, policy: str = "auto"):
+        if policy not in POLICIES:
+            raise ValueError(f"prefill={policy!r}: expected one of {list(POLICIES)}")
+        can_stage = runner.device.type == "cuda" and runner._host_banks is not None and _has_gpu_kernel(runner)
+        if policy == "gpu" and not can_stage:
+            raise ValueError("prefill='gpu' stages experts on a GPU: it needs a CUDA/HIP device and a format with GPU "
+                             "experts kernels; expected prefill='cpu' or 'auto'")
+        if policy == "cpu" and runner.executor is None:
+            raise ValueError("prefill='cpu' needs the CPU executor; strategy 'gpu' has none")
+        self.runner, self.policy, self.can_stage = runner, policy, can_stage
+        self.chunk_s: float | None = None  # measured: one chunk of max_tokens tokens on the CPU
+        self.copy_bps: float | None = None  # measured: host -> GPU bytes per second of staged experts
+        self._stage = None
+
+    def choose(self, T: int, n_experts: int) -> str:
+        """'cpu' or 'gpu' for a prefill of T tokens whose CPU routes touch n_experts experts."""
+        r = self.runner
+        if self.policy != "auto":
+            return self.policy
+        if not self.can_stage or n_experts == 0:
+            return "cpu"
+        if r.executor is None:
+            return "gpu"
+        if self.chunk_s is None or self.copy_bps is None:
+            return "cpu"  # measures a chunk now; the copy rate is measured on the first stage below
+        chunks = -(-T // r.max_tokens)
+        return "gpu" if n_experts * r.bytes_per_expert / self.copy_bps < chunks * self.chunk_s else "cpu"
+
+    def estimate(self, T: int, n_experts: int) -> dict:
+        r = self.runner
+        chunks = -(-T // r.max_tokens)
+        return {"cpu_s": None if self.chunk_s is None else chunks * self.chunk_s,
+                "gpu_copy_s": None if self.copy_bps is None else n_experts * r.bytes_per_expert / self.copy_bps}
+
+    # ---- the two ways ---------------------------------------------------------------------------------
+    def cpu_chunks(self, layer: int, x, ids, w, mask):
+        """y [T, H] bf16 of the routes not resident on the GPU (mask), max_tokens tokens per executor task."""
+        import torch
+
+        r = self.runner
+        out = torch.empty((x.shape[0], r.H), dtype=torch.bfloat16, device=x.device)
+        for t0 in range(0, x.shape[0], r.max_tokens):
+            sl = slice(t0, t0 + r.max_tokens)
+            t = time.perf_counter()
+            r.sync.decode(layer, x[sl], w[sl], ids[sl], mask, out=out[sl])
+            if x.is_cuda:
+                torch.cuda.current_stream(x.device).synchronize()
+            if x[sl].shape[0] == r.max_tokens:
+                dt = time.perf_counter() - t
+                self.chunk_s = dt if self.chunk_s is None else 0.8 * self.chunk_s + 0.2 * dt
+        return out
+
+    def gpu_staged(self, layer: int, x, ids, w, experts: np.ndarray, partial=None):
+        """The routes of `experts` (ids not in them are skipped) on the GPU, their weights copied in for this step."""
+        import torch
+
+        r = self.runner
+        if self._stage is None:
+            from .gpu.experts import GpuExperts
+
+            self._stage = GpuExperts(r.format, num_layers=1, capacity=r.E, E=r.E, H=r.H, I=r.I, top_k=r.top_k,
+                                     activation=r.act.name, alpha=r.act.alpha if r.act.id >= 3 else None,
+                                     limit=r.act.limit if r.act.id >= 3 and np.isfinite(r.act.limit) else None,
+                                     apply_router_weight_on_input=r.apply_router_weight_on_input,
+                                     max_tokens=r.max_tokens, device=r.device)
+        torch.cuda.current_stream(r.device).synchronize()
+        t = time.perf_counter()
+        for slot, e in enumerate(experts.tolist()):
+            self._stage.load(0, slot, r._host_banks[layer], e)
+        torch.cuda.current_stream(r.device).synchronize()
+        if len(experts):
+            bps = len(experts) * r.bytes_per_expert / (time.perf_counter() - t)
+            self.copy_bps = bps if self.copy_bps is None else 0.8 * self.copy_bps + 0.2 * bps
+        table = torch.full((r.E,), -1, dtype=torch.int32)
+        table[torch.from_numpy(experts.astype(np.int64))] = torch.arange(len(experts), dtype=torch.int32)
+        table = table.to(r.device)
+        ids64 = ids.long()
+        slots = torch.where(ids64 >= 0, table[ids64.clamp(0, r.E - 1)], torch.full_like(ids64, -1, dtype=torch.int32))
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        y = self._stage.forward(0, xb, slots.to(torch.int32), w.float())
+        return y if partial is None else partial.add_(y)
+
+
+def _has_gpu_kernel(r) -> bool:
+    try:
+        from .gpu.experts import GpuExperts
+    except ImportError:
+        return False
+    return r.format in GpuExperts.FORMATS
+
+
+def prefill(r, layer: int, x, ids, w):
+    """forward() for T > max_tokens: eager, exact same math as decode steps (the same kernels, in chunks)."""
+    import torch
+
+    if r.check_ids:
+        validate.ids_range(ids, r.E)
+    if r._prefill is None:
+        r._prefill = PrefillPolicy(r, r.prefill_mode)
+    pol = r._prefill
+    wf = w.float()
+    if r.strategy == "gpu":
+        y = r.gpu.forward(layer, x.to(torch.bfloat16), r.residency.slots(layer, ids), wf)
+        return y.to(x.dtype)
+    mask = r.residency.mask[layer] if r.residency is not None else None
+    host_ids = ids.detach().to("cpu", torch.int64).numpy()
+    resident = r.residency.host_mask(layer) if r.residency is not None else np.zeros(r.E, bool)
+    cpu_experts = np.unique(host_ids[(host_ids >= 0)])
+    cpu_experts = cpu_experts[~resident[cpu_experts]]
+    how = pol.choose(x.shape[0], len(cpu_experts))
+    y = None
+    if r.residency is not None:  # the GPU-resident routes, all tokens at once
+        y = r.gpu.forward(layer, x.to(torch.bfloat16), r.residency.slots(layer, ids), wf)
+    if how == "gpu":
+        y = pol.gpu_staged(layer, x, ids, wf, cpu_experts, partial=y)
+    else:
+        c = pol.cpu_chunks(layer, x, ids, wf, mask)
+        y = c if y is None else y.add_(c)
+    r.last_prefill = {"tokens": int(x.shape[0]), "cpu_experts": int(len(cpu_experts)), "how": how,
+                      **pol.estimate(x.shape[0], len(cpu_experts))}
+    return y.to(x.dtype)

@@ -1,0 +1,210 @@
+"""Start-up qualification, fail closed (design.md principle 4). Before a runner serves, one layer in its strategy runs
+at every graph batch size:
+  eager: steps with CPU and GPU routes, only CPU routes, only GPU routes (no CPU route), compared with the float64
+    reference of cpumoe_formats (tolerance below) and, for steps with only CPU routes, with the executor's synchronous
+    decode bit for bit. A failure raises: the runner would compute wrong answers.
+  graphs (a CUDA/HIP device): the step captured once, replayed with changed inputs, routes and residency, each replay
+    equal bit for bit to the eager step on the same inputs. A failure refuses decode graphs (with a warning naming the
+    reason) on every tensor-parallel rank, and eager decode stays correct.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+
+import cpumoe_formats as cf
+
+from .banks import expert_slice
+
+log = logging.getLogger("moe_engine")
+# max |y - ref| / max |ref|: bf16 output rounding (2^-9 relative) and a bf16 intermediate that rounds one ulp apart
+# when the fp32 sums run in another order measured under 0.6% for bf16 and fp8_block weights; w4a8 adds the int8
+# activation quantisation of that intermediate (a code one apart: 1/127 of its block's range).
+TOLERANCE = {"native": 2e-2, "w4a8": 3e-2}
+SEED = 20261203
+KINDS = ("mixed", "cpu-only", "gpu-only")
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def step_inputs(r, gen, T: int, kind: str, layer: int):
+    """x bf16 [T, H], ids int32 [T, K], w fp32 [T, K] on the runner's device. kind picks the experts routed to:
+    mixed (any; -1 routes too), cpu-only (non-resident), gpu-only (resident: no CPU route)."""
+    torch = _torch()
+    K, E = r.top_k, r.E
+    resident = r.residency.host_mask(layer) if r.residency is not None else np.zeros(E, bool)
+    if r.executor is None:  # gpu strategy: every route is resident
+        resident = np.ones(E, bool)
+    pool = {"mixed": np.arange(E), "cpu-only": np.flatnonzero(~resident), "gpu-only": np.flatnonzero(resident)}[kind]
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    ids = np.full((T, K), -1, np.int32)
+    for t in range(T):
+        n = min(K, len(pool))
+        ids[t, :n] = rng.choice(pool, n, replace=False)
+    if kind == "mixed" and K > 1:
+        ids[0, -1] = -1  # a route to no expert
+    x = torch.randn(T, r.H, generator=gen).to(torch.bfloat16)
+    w = torch.rand(T, K, generator=gen) + 0.05
+    d = r.device
+    return x.to(d), torch.from_numpy(ids).to(d), w.to(d)
+
+
+def _layer_banks(r, layer: int, cpu: bool) -> tuple[str, dict]:
+    """The banks the float64 reference reads: the given ones where the runner keeps them, else the executor's."""
+    if r._host_banks is not None and not (cpu and r.executor.spec.name != r.format):
+        return r.format, r._host_banks[layer]
+    ex = r.executor
+    return ex.spec.name, dict(zip(ex.spec.bank_names, ex._arrays[layer]))
+
+
+def reference(r, layer: int, x, ids, w) -> np.ndarray:
+    """float64 y [T, H]: CPU routes in the executor's mode, GPU-resident routes in native mode."""
+    ids_np = ids.detach().cpu().numpy().astype(np.int64)
+    resident = r.residency.host_mask(layer) if r.residency is not None else np.zeros(r.E, bool)
+    if r.executor is None:
+        resident = np.ones(r.E, bool)
+    xs, ws = x.detach().float().cpu().numpy(), w.detach().float().cpu().numpy()
+    y = np.zeros((ids_np.shape[0], r.H))
+    for on_gpu in (False, True):
+        part = np.where((ids_np >= 0) & (resident[ids_np.clip(0)] == on_gpu), ids_np, -1)
+        experts = np.unique(part[part >= 0])
+        if not len(experts):
+            continue
+        fmt, banks = _layer_banks(r, layer, cpu=not on_gpu)
+        local = np.searchsorted(experts, part.clip(0)).astype(np.int32)
+        mode = "native" if on_gpu else r.executor.mode
+        y += cf.reference.moe(fmt, expert_slice(banks, experts), xs, ws, np.where(part >= 0, local, -1),
+                              activation=r.act.name, alpha=r.act.alpha if r.act.id >= 3 else None,
+                              limit=r.act.limit if r.act.id >= 3 and np.isfinite(r.act.limit) else None,
+                              apply_router_weight_on_input=r.apply_router_weight_on_input, mode=mode)
+    return y
+
+
+def _rel(got, ref: np.ndarray) -> float:
+    g = got.detach().float().cpu().numpy().astype(np.float64)
+    return float(np.abs(g - ref).max() / (np.abs(ref).max() + 1e-6))
+
+
+def _sync(r, stream=None) -> None:
+    torch = _torch()
+    if r.device.type != "cuda":
+        return
+    if r.sync is not None and hasattr(r.sync, "synchronize"):
+        r.sync.synchronize(stream)  # bounded: a step that never completes raises instead of hanging
+    else:
+        (stream or torch.cuda.current_stream(r.device)).synchronize()
+
+
+def check_eager(r, layer: int, gen) -> list[str]:
+    """Raises AssertionError on a wrong eager step; returns what was checked."""
+    torch = _torch()
+    tol = max(TOLERANCE.get(r.executor.mode if r.executor else "native", 3e-2), TOLERANCE["native"])
+    done = []
+    sizes = r.graph_batch_sizes
+    for T in sizes:
+        for kind in KINDS:
+            if kind == "cpu-only" and r.executor is None:
+                continue
+            x, ids, w = step_inputs(r, gen, T, kind, layer)
+            y = r._step(layer, x, ids, w)
+            _sync(r)
+            if T in (sizes[0], sizes[-1]) or kind == "mixed":
+                rel = _rel(y, reference(r, layer, x, ids, w))
+                if not rel < tol:
+                    raise AssertionError(f"eager {kind} step (T={T}): max rel error {rel:.3g} against the float64 "
+                                         f"reference, expected < {tol}")
+            if kind == "cpu-only":
+                want = r.executor.decode(layer, x.cpu(), w.cpu(), ids.cpu())
+                if not torch.equal(y.cpu().view(torch.int16), want.view(torch.int16)):
+                    raise AssertionError(f"eager cpu-only step (T={T}) differs from the executor's synchronous decode")
+            done.append(f"{kind}@{T}")
+    return done
+
+
+def check_graphs(r, layer: int, gen, replays: int = 4) -> None:
+    """Capture one step per batch size, replay with changed inputs / routes / residency; == eager bit for bit."""
+    torch = _torch()
+    dev = r.device
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    saved = r.residency.host_mask(layer).copy() if r.residency is not None else None
+    try:
+        with torch.cuda.stream(s):
+            for T in r.graph_batch_sizes:
+                xs, ids_s, ws = step_inputs(r, gen, T, "mixed", layer)
+                r._step(layer, xs, ids_s, ws)  # warm-up: kernels compiled and loaded outside the capture
+                _sync(r, s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=s):
+                    ys = r._step(layer, xs, ids_s, ws)
+                for rep in range(replays):
+                    kind = KINDS[rep % len(KINDS)] if r.executor is not None else "gpu-only"
+                    if rep == replays - 1 and r.strategy == "hybrid" and 0 < saved.sum() < r.E:
+                        r.set_residency(layer, np.roll(saved, 1 + T))  # another subset, same size: no recapture
+                    x, ids, w = step_inputs(r, gen, T, kind, layer)
+                    for dst, src in ((xs, x), (ids_s, ids), (ws, w)):
+                        dst.copy_(src)
+                    graph.replay()
+                    _sync(r, s)
+                    want = r._step(layer, x, ids, w)
+                    _sync(r, s)
+                    if not torch.equal(ys.view(torch.int16), want.view(torch.int16)):
+                        raise AssertionError(f"graph replay {rep} ({kind} routes, T={T}) differs from the eager step")
+                del graph
+    finally:
+        torch.cuda.current_stream(dev).wait_stream(s)
+        if saved is not None:
+            r.set_residency(layer, saved)
+
+
+def consensus(eager_ok: bool, graphs_ok: bool, reason: str, group=None) -> tuple[bool, bool, str]:
+    """Every tensor-parallel rank must agree: the runner starts only where every rank's eager steps passed, and
+    graphs are used only where every rank proved them (torch.distributed when initialised; the verdicts travel as
+    objects, so gloo and nccl groups both work). Returns (eager_ok, graphs_ok, reason) over all ranks."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return eager_ok, graphs_ok, reason
+    verdicts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(verdicts, (dist.get_rank(), eager_ok, graphs_ok, reason), group=group)
+    bad_eager = [(rk, why) for rk, e, _g, why in verdicts if not e]
+    bad_graph = [(rk, why) for rk, e, g, why in verdicts if e and not g]
+    bad = bad_eager or bad_graph
+    if not bad:
+        return True, True, reason
+    return not bad_eager, False, "; ".join(f"rank {rk}: {why}" for rk, why in bad)
+
+
+def qualify_runner(r, tp_group=None) -> None:
+    """Sets r.graphs_ok / r.graphs_reason; raises RuntimeError when an eager step is wrong (on any rank)."""
+    torch = _torch()
+    gen = torch.Generator().manual_seed(SEED)
+    layer = r.num_layers - 1
+    gpu = r.device.type == "cuda"
+    eager_ok, graphs_ok = True, gpu
+    try:
+        checked = check_eager(r, layer, gen)
+        why = f"eager {len(checked)} steps ok"
+    except Exception as e:  # noqa: BLE001 - reported below, after the ranks agree
+        eager_ok, graphs_ok, why = False, False, f"{type(e).__name__}: {e}"
+    if eager_ok and gpu:
+        try:
+            check_graphs(r, layer, gen)
+            why = f"{why}; graph replays ok at batch sizes {list(r.graph_batch_sizes)}"
+        except Exception as e:  # noqa: BLE001 - any failure refuses graphs; eager stays correct
+            graphs_ok, why = False, f"graph replay failed: {type(e).__name__}: {e}"
+    eager_ok, graphs_ok, why = consensus(eager_ok, graphs_ok, why, tp_group)
+    if not eager_ok:
+        raise RuntimeError(f"moe_engine: start-up qualification failed eagerly ({why}); the runner ({r.strategy}, "
+                           f"{r.format}) would compute wrong results and is not started")
+    r.graphs_ok, r.graphs_reason = graphs_ok and gpu, why
+    if gpu and not graphs_ok:
+        warnings.warn(f"moe_engine: decode graphs refused ({why}); decode eagerly (eager steps are correct)",
+                      RuntimeWarning, stacklevel=3)
+    log.info("moe_engine qualification: %s", why)

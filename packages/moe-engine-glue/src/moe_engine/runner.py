@@ -1,0 +1,278 @@
+"""MoERunner: one object per model that runs every MoE layer's routed experts, on the CPU (strategy `cpu`), split
+between GPU-resident and CPU experts (`hybrid`), or all on the GPU (`gpu`, the baseline). It owns the executor
+(one worker pool for all layers), the handshake, the GPU experts and the residency tables, and is qualified at
+start-up before it serves (qualify.py). forward() takes and returns torch tensors on the activations' device."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+import cpumoe_formats as cf
+
+from . import validate
+from .banks import quantize_layers
+from .residency import Residency
+
+log = logging.getLogger("moe_engine")
+STRATEGIES = ("auto", "cpu", "hybrid", "gpu")
+DEFAULT_HYBRID_RESIDENCY = 0.25  # a quarter of each layer's experts on the GPU unless told otherwise
+
+
+class CaptureRefusedError(RuntimeError):
+    """forward() was called under CUDA/HIP graph capture, but start-up qualification refused decode graphs."""
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class MoERunner:
+    """Routed experts of every MoE layer of one model.
+
+    format: a cpumoe_formats format name (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0).
+    banks: one dict of bank arrays per layer (cpumoe_formats schema); or weights: one (gate_up [E, 2I, H],
+        down [E, H, I]) float pair per layer, quantized to `format` (progress bar).
+    strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu).
+    device: where the activations live (default: cuda if torch sees a GPU, else cpu).
+    residency: hybrid's GPU-resident experts: a fraction of each layer (a seeded random subset per layer), or per-layer
+        bool masks of length E. capacity: GPU slots per layer (default: the most resident experts of any layer).
+    graph_batch_sizes: the decode batch sizes an engine captures; max_tokens (default their max) bounds a decode step,
+        a larger batch (a prompt) runs eagerly as prefill (prefill.py).
+    threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
+    handshake: force a GPU handshake path (CUDA: kernel, memop, host-func, eager; HIP: copy-native, copy-splice,
+        host-func, eager); default: the best that its probe and qualification proved.
+    prefill: how a batch above max_tokens runs: auto (measured: CPU chunks or experts staged on the GPU), cpu, gpu.
+    qualify: run the start-up qualification (eager must pass, else this raises; graphs are refused with a warning
+        on every tensor-parallel rank of `tp_group` when replay fails).
+    """
+
+    def __init__(self, format, banks=None, *, weights=None, top_k: int, activation: str = "silu",
+                 alpha: float | None = None, limit: float | None = None, apply_router_weight_on_input: bool = False,
+                 strategy: str = "auto", device=None, residency=None, capacity: int | None = None,
+                 graph_batch_sizes=(1, 2, 4, 8), max_tokens: int | None = None, threads: int | None = None,
+                 mode: str | None = None, isa: str | None = None, handshake: str | None = None, qualify: bool = True,
+                 prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True):
+        import torch
+
+        self.spec = cf.get_format(format)
+        self.format = self.spec.name
+        if (banks is None) == (weights is None):
+            raise ValueError("give exactly one of banks= (per-layer bank dicts) or weights= (per-layer float "
+                             "(gate_up, down) pairs to quantize)")
+        if weights is not None:
+            banks = quantize_layers(self.format, weights, progress=progress)
+        if isinstance(banks, dict) or not hasattr(banks, "__len__") or len(banks) == 0:
+            raise TypeError("banks must be a non-empty list with one mapping of bank name -> array per layer")
+        dims = (None, None, None)
+        for li, b in enumerate(banks):
+            try:
+                _, dims = self.spec.validate(b, *dims)
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"banks[{li}]: {e}") from None
+        self.E, self.H, self.I = dims
+        self.num_layers, self.top_k = len(banks), top_k
+        self.act = cf.activations.resolve(activation, alpha, limit)
+        self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.strategy, why = self._pick_strategy(strategy)
+        self.graph_batch_sizes = validate.batch_sizes(graph_batch_sizes)
+        self.max_tokens = validate.max_tokens(max_tokens, self.graph_batch_sizes)
+        self.check_ids = bool(check_ids)
+        self.graphs_ok, self.graphs_reason = self.device.type == "cuda", "not qualified"
+        self.executor = self.sync = self.gpu = self.residency = None
+        # the GPU loads experts from these (residency changes, staged prefill); the executor may hold a repacked copy
+        self._host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
+        from .prefill import POLICIES
+
+        if prefill not in POLICIES:
+            raise ValueError(f"prefill={prefill!r}: expected one of {list(POLICIES)}")
+        self.prefill_mode, self._prefill, self.last_prefill = prefill, None, None
+        act_kw = dict(activation=self.act.name, alpha=alpha, limit=limit)
+        if self.strategy in ("cpu", "hybrid"):
+            from cpumoe_executor import CpuMoeExecutor
+
+            self.executor = CpuMoeExecutor(self.format, banks, top_k=top_k, max_tokens=self.max_tokens,
+                                           threads=threads, mode=mode, isa=isa,
+                                           apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
+            self.top_k = self.executor.top_k
+            from .sync import open_sync
+
+            self.sync, self.sync_why = open_sync(self.executor, self.device, handshake)
+            if handshake is not None and self.sync.path != handshake:
+                raise RuntimeError(f"handshake={handshake!r} is unavailable here: {self.sync.summary()}")
+        if self.strategy in ("hybrid", "gpu"):
+            self._open_gpu(residency, capacity, act_kw)
+        if qualify:
+            from .qualify import qualify_runner
+
+            qualify_runner(self, tp_group)
+        from .op import register
+
+        self.handle = register(self)
+        log.info("moe_engine ready: strategy=%s (%s) %s", self.strategy, why, self.describe())
+
+    # ---- construction ------------------------------------------------------------------------------
+    def _pick_strategy(self, strategy: str) -> tuple[str, str]:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy={strategy!r}: expected one of {list(STRATEGIES)}")
+        on_gpu = self.device.type == "cuda"
+        if strategy == "auto":
+            return ("hybrid", "auto: the activations are on a GPU") if on_gpu else ("cpu", "auto: no GPU")
+        if strategy in ("hybrid", "gpu") and not (on_gpu or _interpreting()):
+            raise ValueError(f"strategy={strategy!r} runs experts on a GPU, but device={self.device}; expected a "
+                             "CUDA/HIP device (or strategy='cpu')")
+        return strategy, "requested"
+
+    def _open_gpu(self, residency, capacity, act_kw) -> None:
+        from .gpu.experts import GpuExperts
+
+        if self.format not in GpuExperts.FORMATS:
+            raise ValueError(f"format {self.format!r} has no GPU experts kernel, so strategy={self.strategy!r} cannot "
+                             f"run it; expected one of {list(GpuExperts.FORMATS)} or strategy='cpu'")
+        masks = self._masks(residency if self.strategy == "hybrid" else 1.0)
+        need = max(int(m.sum()) for m in masks)
+        cap = need if capacity is None else capacity
+        if not isinstance(cap, int) or not need <= cap <= self.E:
+            raise ValueError(f"capacity={capacity!r}: expected an int in [{need}, E={self.E}] (the residency needs "
+                             f"{need} GPU slots in its fullest layer)")
+        self.gpu = GpuExperts(self.format, num_layers=self.num_layers, capacity=max(cap, 1), E=self.E, H=self.H,
+                              I=self.I, top_k=self.top_k, max_tokens=self.max_tokens, device=self.device,
+                              apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
+        self.residency = Residency(self.num_layers, self.E, cap, self.device)
+        for layer, m in enumerate(masks):
+            self.set_residency(layer, m)
+
+    def _masks(self, residency) -> list[np.ndarray]:
+        if residency is None:
+            residency = DEFAULT_HYBRID_RESIDENCY
+        if isinstance(residency, (int, float)) and not isinstance(residency, bool):
+            f = float(residency)
+            if not 0.0 <= f <= 1.0:
+                raise ValueError(f"residency={residency!r}: expected a fraction in [0, 1] or per-layer masks")
+            return fraction_masks(self.E, self.num_layers, f)
+        masks = [np.asarray(m.detach().cpu() if hasattr(m, "detach") else m) for m in residency]
+        if len(masks) != self.num_layers:
+            raise ValueError(f"residency: {len(masks)} masks, expected one per layer ({self.num_layers})")
+        for li, m in enumerate(masks):
+            if m.shape != (self.E,):
+                raise ValueError(f"residency[{li}]: shape {m.shape}, expected a bool mask of length E={self.E}")
+        return [m.astype(bool) for m in masks]
+
+    # ---- residency -----------------------------------------------------------------------------------
+    def set_residency(self, layer: int, mask) -> int:
+        """Make `mask` (bool [E], True = on the GPU) layer `layer`'s GPU-resident experts between steps: the new
+        experts' weights are copied into free slots and the device tables rewritten in place, on the current stream
+        (a captured graph replays with the new split; no recapture). Returns the number of experts loaded."""
+        if self.residency is None:
+            raise RuntimeError(f"set_residency: strategy {self.strategy!r} keeps no experts on the GPU")
+        validate.layer(layer, self.num_layers)
+        if self.strategy == "gpu" and not np.asarray(mask).all():
+            raise ValueError("set_residency: strategy 'gpu' keeps every expert resident")
+        loads = self.residency.plan(layer, mask)
+        for e, slot in loads:
+            self.gpu.load(layer, slot, self._host_banks[layer], e)
+        self.residency.commit(layer)
+        return len(loads)
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def forward(self, layer: int, hidden_states, topk_ids, topk_weights):
+        """y [T, H] = the routed experts' weighted sum for `layer`, on hidden_states' device and dtype."""
+        import torch
+
+        T = validate.step(self, layer, hidden_states, topk_ids, topk_weights)
+        capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
+        if capturing and not self.graphs_ok:
+            raise CaptureRefusedError(f"moe_engine: decode graphs were refused at start-up ({self.graphs_reason}); "
+                                      "decode MoE layers eagerly (disable CUDA/HIP graphs for decode)")
+        if T > self.max_tokens:
+            if capturing:
+                raise ValueError(f"hidden_states: batch of {T} tokens under graph capture, expected at most "
+                                 f"max_tokens={self.max_tokens} (the largest graph batch size)")
+            from .prefill import prefill
+
+            return prefill(self, int(layer), hidden_states, topk_ids, topk_weights)
+        if self.check_ids and not capturing:
+            validate.ids_range(topk_ids, self.E)
+        y = self._step(int(layer), hidden_states, topk_ids, topk_weights)
+        return y if y.dtype == hidden_states.dtype else y.to(hidden_states.dtype)
+
+    __call__ = forward
+
+    def _step(self, layer: int, x, ids, w):
+        """One decode step of at most max_tokens tokens (the graph-captured body): bf16 [T, H]."""
+        import torch
+
+        if self.strategy == "cpu":
+            return self.sync.decode(layer, x, w, ids)
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        wf = w if w.dtype == torch.float32 else w.float()
+        slots = self.residency.slots(layer, ids)
+        if self.strategy == "gpu":
+            return self.gpu.forward(layer, xb, slots, wf)
+        self.sync.submit(layer, x, wf, ids, residency_mask=self.residency.mask[layer])  # the CPU starts
+        y = self.gpu.forward(layer, xb, slots, wf)  # the GPU-resident experts, meanwhile
+        return self.sync.finish(layer, partial=y)  # + the CPU's y, every route counted once
+
+    def op(self, layer: int, hidden_states, topk_ids, topk_weights):
+        """forward() through the torch custom op torch.ops.moe_engine.experts (one opaque node for torch.compile)."""
+        import torch
+
+        return torch.ops.moe_engine.experts(hidden_states, topk_ids, topk_weights, self.handle, int(layer))
+
+    # ---- reporting -------------------------------------------------------------------------------------
+    def describe(self) -> str:
+        parts = [f"format={self.format}", f"E={self.E} H={self.H} I={self.I} top_k={self.top_k}",
+                 f"layers={self.num_layers}", f"device={self.device}"]
+        if self.executor is not None:
+            ran = self.executor.spec.name
+            parts.append(f"cpu={ran if ran == self.format else f'{self.format} as {ran}'} isa={self.executor.isa} "
+                         f"threads={self.executor.threads}")
+            parts.append(f"handshake={self.sync.path} ({self.sync_why}; {self.sync.summary()})")
+        if self.residency is not None:
+            parts.append(f"gpu_experts={self.format} slots={self.residency.capacity}/layer "
+                         f"resident={100 * self.residency.fraction():.0f}%")
+        if self.device.type == "cuda":
+            parts.append(f"graphs={'ok' if self.graphs_ok else 'refused'} ({self.graphs_reason}) "
+                         f"batch_sizes={list(self.graph_batch_sizes)} max_tokens={self.max_tokens}")
+        else:
+            parts.append(f"max_tokens={self.max_tokens}")
+        return " ".join(parts)
+
+    @property
+    def bytes_per_expert(self) -> int:
+        return self.spec.bytes_per_expert(self.H, self.I)
+
+    def close(self) -> None:
+        from .op import unregister
+
+        unregister(getattr(self, "handle", None))
+        if self.sync is not None:
+            self.sync.close()
+        if self.executor is not None:
+            self.executor.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def fraction_masks(E: int, num_layers: int, fraction: float, seed: int = 0) -> list[np.ndarray]:
+    """Per-layer bool masks with round(fraction * E) resident experts, a seeded random subset per layer."""
+    n = round(fraction * E)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(num_layers):
+        m = np.zeros(E, bool)
+        m[rng.permutation(E)[:n]] = True
+        out.append(m)
+    return out
+
+
+__all__ = ["CaptureRefusedError", "MoERunner", "STRATEGIES", "fraction_masks"]
