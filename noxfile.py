@@ -1,6 +1,7 @@
 """Sessions for the monorepo: build, test, package checks, lint, bench.
 
     nox -s test-cpu          build every wheel, check packaging, run every package's CPU tests
+    nox -s demo              the main job: build the wheels, run `moe-engine demo` (a synthetic model, verified)
     nox -s bench             build cpumoe-formats and run its benchmark (writes bench-formats.json)
     nox -s lint              ruff over the repo
     nox -s test-cuda         GPU tests (skip with a reason when there is no GPU; REQUIRE_GPU=1 makes that fail)
@@ -363,6 +364,17 @@ def test_hip_on_cuda(session: nox.Session) -> None:
     with session.chdir(session.create_tmp()):
         session.run("python", "-m", "pytest", str(ROOT / "packages" / "gpusync-hip" / "tests" / "test_hip_on_cuda.py"),
                     "-m", "cuda or not gpu", "-p", "no:cacheprovider", "-rs", *session.posargs)
+
+
+@nox.session(name="demo", default=False, requires=[f"build-{n}" for n in _closure("moe-engine-glue")])
+def demo(session: nox.Session) -> None:
+    """The main job: build the wheels, install moe-engine-glue and run `moe-engine demo` (posargs go to it, e.g.
+    -- --format fp8_block --layers 8). With a GPU the machine's own torch is used (hybrid under CUDA graphs)."""
+    if detect_gpu.missing("cuda") is None or detect_gpu.missing("rocm") is None:
+        _machine_stack(session)
+    _install_wheels(session, "moe-engine-glue")
+    with session.chdir(session.create_tmp()):
+        session.run("moe-engine", "demo", *session.posargs)
 
 
 @nox.session(name="bench", default=False, requires=["build-cpumoe-formats"])

@@ -7,7 +7,8 @@ sdist: holds every file git tracks under PKG_DIR (so a wheel can be built from i
 and no build output (.so, .o, build/, __pycache__).
 wheel (native packages, i.e. with a hatch_build.py or csrc/): platform-tagged, not
 py3-none-any, Root-Is-Purelib false, holds the compiled module(s) and every header under
-src/<pkg>/include/. Any wheel: no torch in Requires-Dist (native packages never link it).
+src/<pkg>/include/, and no torch in Requires-Dist (native packages never link it). A pure-Python
+package (moe-engine-glue, which composes them with torch): py3-none-any, no compiled library.
 Exits 1 naming every problem found.
 """
 from __future__ import annotations
@@ -81,8 +82,8 @@ def main(pkg_dir: Path, dist: Path) -> int:
         meta = Parser().parsestr(zf.read(f"{dist_info}/METADATA").decode())
         wheel_meta = Parser().parsestr(zf.read(f"{dist_info}/WHEEL").decode())
     requires = meta.get_all("Requires-Dist") or []
-    if any(re.match(r"torch\b", r) for r in requires):
-        problems.append(f"wheel requires torch: {requires}")
+    if native and any(re.match(r"torch\b", r) for r in requires):
+        problems.append(f"native wheel requires torch: {requires}")
     libs = sorted(n for n in in_wheel if n.endswith((".so", ".pyd", ".dylib")))
     if native:
         if tag[2] == "any":
@@ -98,6 +99,8 @@ def main(pkg_dir: Path, dist: Path) -> int:
             problems.append(f"wheel lacks headers {lacking}")
         print(f"wheel {wheel.name}: tag {'-'.join(tag)}, libraries {libs}, headers {headers}")
     else:
+        if tag != ["py3", "none", "any"] or libs:
+            problems.append(f"pure-Python wheel has tag {'-'.join(tag)} and libraries {libs}; expected py3-none-any")
         print(f"wheel {wheel.name}: tag {'-'.join(tag)}")
     print(f"requires: {requires}")
 

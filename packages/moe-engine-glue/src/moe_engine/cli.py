@@ -18,6 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--no-probe", action="store_true", help="skip the handshake probe on the GPU")
     d = sub.add_parser("demo", help="decode a synthetic model at a real expert shape and verify it")
     d.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS), help="expert shape (default %(default)s)")
+    d.add_argument("--shape", metavar="E,H,I,TOPK", help="a custom expert shape instead of the preset's")
     d.add_argument("--format", default="bf16", help="weight format (default %(default)s)")
     d.add_argument("--layers", type=int, default=4, help="MoE layers to build (default %(default)s)")
     d.add_argument("--steps", type=int, default=200, help="decode steps (default %(default)s)")
@@ -48,8 +49,16 @@ def main(argv=None) -> int:
         return 0
     from .demo import render, run_demo
 
+    shape = None
+    if a.shape:
+        try:
+            shape = tuple(int(v) for v in a.shape.split(","))
+            assert len(shape) == 4 and min(shape) > 0
+        except (ValueError, AssertionError):
+            print(f"moe-engine demo: --shape {a.shape!r}: expected four positive ints E,H,I,TOPK", file=sys.stderr)
+            return 2
     res = run_demo(a.preset, a.format, a.layers, a.steps, a.batch, a.strategy, a.residency, a.threads, a.seed,
-                   a.check_every, a.reshuffle_every, not a.no_graphs, not a.quiet)
+                   a.check_every, a.reshuffle_every, not a.no_graphs, not a.quiet, shape)
     print(render(res))
     if a.json:
         with open(a.json, "w") as f:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -53,10 +54,13 @@ def _mix(torch, h, y):
 def run_demo(preset_name: str = "qwen3-30b-a3b", fmt: str = "bf16", layers: int = 4, steps: int = 200,
              batch: int = 1, strategy: str = "auto", residency: float = 0.25, threads: int | None = None,
              seed: int = 0, check_every: int = 25, reshuffle_every: int = 50, graphs: bool = True,
-             progress: bool = True) -> dict:
+             progress: bool = True, custom: tuple | None = None) -> dict:
     import torch
 
     shape = preset(preset_name).with_layers(layers)
+    if custom is not None:  # E, H, I, top_k of a shape no preset names
+        shape = replace(shape, name=f"custom {'x'.join(map(str, custom))}", E=custom[0], H=custom[1], I=custom[2],
+                        top_k=custom[3])
     spec = cf.get_format(fmt)
     L, T, K, E = layers, batch, shape.top_k, shape.E
     _say(f"demo: {shape.name} experts (E={E}, H={shape.H}, I={shape.I}, top_k={K}), {L} layers in {spec.name} "

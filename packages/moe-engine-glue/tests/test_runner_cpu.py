@@ -1,0 +1,128 @@
+"""MoERunner on a CPU-only host: strategy cpu against the executor it wraps (bit for bit) and the float64 reference,
+prefill in chunks, the custom op (opcheck, torch.compile), bad input named before anything runs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import ACT, make_banks, routes
+
+from moe_engine.qualify import TOLERANCE, reference
+from moe_engine.runner import MoERunner
+
+FORMATS = ["bf16", "fp8_block", "nvfp4", "mxfp4", "q4_0"]
+
+
+def runner(fmt, rng, **kw):
+    banks, (E, H, I) = make_banks(fmt, rng)
+    kw.setdefault("top_k", 3)
+    r = MoERunner(fmt, banks, strategy="cpu", device="cpu", threads=2, graph_batch_sizes=(1, 4), progress=False,
+                  **ACT.get(fmt, {}), **kw)
+    return r, E, H
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("T", [1, 3, 4])
+def test_cpu_strategy_is_the_executor(fmt, T, rng):
+    r, E, H = runner(fmt, rng)
+    with r:
+        for layer in range(r.num_layers):
+            x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
+            ids, w = routes(rng, T, r.top_k, E)
+            y = r.forward(layer, x, ids, w)
+            want = r.executor.decode(layer, x, w, ids)
+            assert y.dtype == torch.bfloat16 and y.shape == (T, H)
+            assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+            ref = reference(r, layer, x, ids, w)
+            rel = np.abs(y.float().numpy() - ref).max() / (np.abs(ref).max() + 1e-6)
+            assert rel < TOLERANCE[r.executor.mode], (fmt, rel)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_output_has_the_input_dtype(dtype, rng):
+    r, E, H = runner("bf16", rng)
+    with r:
+        x = torch.randn(2, H, dtype=dtype)
+        ids, w = routes(rng, 2, 3, E)
+        y = r.forward(0, x, ids.long(), w.double())
+        assert y.dtype == dtype
+        want = r.executor.decode(0, x.to(torch.bfloat16), w, ids)
+        assert torch.equal(y, want.to(dtype))
+
+
+def test_prefill_runs_in_chunks_of_max_tokens(rng):
+    r, E, H = runner("fp8_block", rng)
+    with r:
+        T = 11  # max_tokens = 4: chunks of 4, 4, 3
+        x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
+        ids, w = routes(rng, T, 3, E)
+        y = r.forward(1, x, ids, w)
+        assert r.last_prefill["how"] == "cpu" and r.last_prefill["tokens"] == T
+        for t0 in range(0, T, 4):
+            want = r.executor.decode(1, x[t0:t0 + 4], w[t0:t0 + 4], ids[t0:t0 + 4])
+            assert torch.equal(y[t0:t0 + 4].view(torch.int16), want.view(torch.int16))
+
+
+def test_custom_op_and_compile(rng):
+    r, E, H = runner("bf16", rng)
+    with r:
+        x = torch.randn(3, H).to(torch.bfloat16)
+        ids, w = routes(rng, 3, 3, E)
+        torch.library.opcheck(torch.ops.moe_engine.experts.default, (x, ids, w, r.handle, 1),
+                              test_utils=("test_schema", "test_faketensor"))
+        f = torch.compile(lambda a, b, c: r.op(1, a, b, c) * 2, backend="aot_eager", fullgraph=True)
+        assert torch.equal(f(x, ids, w), r.forward(1, x, ids, w) * 2)
+
+
+def test_bad_input_is_named(rng):
+    r, E, H = runner("bf16", rng)
+    x = torch.randn(2, H).to(torch.bfloat16)
+    ids, w = routes(rng, 2, 3, E)
+    cases = [
+        ((5, x, ids, w), ValueError, r"layer=5: expected an int in \[0, 2\)"),
+        ((0, x[:, :-1], ids, w), ValueError, r"hidden_states: shape \(2, 95\), expected \[num_tokens, H=96\]"),
+        ((0, x.to(torch.int8), ids, w), TypeError, r"hidden_states: dtype torch.int8"),
+        ((0, x, ids[:, :2], w), ValueError, r"topk_ids: shape \(2, 2\), expected \(2, top_k=3\)"),
+        ((0, x, ids.float(), w), TypeError, r"topk_ids: dtype torch.float32, expected an integer dtype"),
+        ((0, x, ids, w.int()), TypeError, r"topk_weights: dtype torch.int32, expected a floating dtype"),
+        ((0, x, ids + E, w), ValueError, r"topk_ids: values in \[\d+, \d+\], expected ids in \[-1, E=6\)"),
+        ((0, x, ids - 5, w), ValueError, r"expected ids in \[-1, E=6\)"),
+        ((0, [1, 2], ids, w), TypeError, r"hidden_states: expected a torch tensor"),
+    ]
+    with r:
+        for args, exc, msg in cases:
+            with pytest.raises(exc, match=msg):
+                r.forward(*args)
+        assert r.executor.health()["error"] == 0  # nothing reached the executor
+
+
+def test_construction_errors_are_named(rng):
+    banks, (E, H, I) = make_banks("bf16", rng)
+    with pytest.raises(ValueError, match="strategy='hybrid' runs experts on a GPU, but device=cpu"):
+        MoERunner("bf16", banks, top_k=2, strategy="hybrid", device="cpu", qualify=False, progress=False)
+    with pytest.raises(ValueError, match="strategy='warp'"):
+        MoERunner("bf16", banks, top_k=2, strategy="warp", progress=False)
+    with pytest.raises(ValueError, match="exactly one of banks= .* or weights="):
+        MoERunner("bf16", top_k=2, progress=False)
+    with pytest.raises(ValueError, match=r"max_tokens=2: expected an int >= the largest graph batch size \(8\)"):
+        MoERunner("bf16", banks, top_k=2, device="cpu", max_tokens=2, progress=False)
+    with pytest.raises(ValueError, match="prefill='later'"):
+        MoERunner("bf16", banks, top_k=2, device="cpu", prefill="later", progress=False)
+    bad = [dict(banks[0]), banks[1]]
+    bad[0]["gate_up"] = bad[0]["gate_up"][:, :10]
+    with pytest.raises(ValueError, match=r"banks\[0\]: "):
+        MoERunner("bf16", bad, top_k=2, device="cpu", progress=False)
+
+
+def test_weights_are_quantized_like_cpumoe_formats(rng):
+    import cpumoe_formats as cf
+
+    E, H, I = 4, 256, 128
+    weights = [(rng.standard_normal((E, 2 * I, H)).astype(np.float32) * 0.05,
+                torch.from_numpy(rng.standard_normal((E, H, I)).astype(np.float32) * 0.05)) for _ in range(2)]
+    banks = [cf.quantize("fp8_block", gu, np.asarray(dn)) for gu, dn in weights]
+    x = torch.randn(2, H).to(torch.bfloat16)
+    ids, w = routes(rng, 2, 2, E)
+    kw = dict(top_k=2, device="cpu", threads=1, progress=False)
+    with MoERunner("fp8_block", weights=weights, **kw) as a, MoERunner("fp8_block", banks, **kw) as b:
+        assert torch.equal(a.forward(1, x, ids, w).view(torch.int16), b.forward(1, x, ids, w).view(torch.int16))
