@@ -391,9 +391,11 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(name="lint")
 def lint(session: nox.Session) -> None:
-    """ruff check over the whole repo (config in the root pyproject.toml)."""
+    """ruff check over the whole repo (config in the root pyproject.toml), and no import cycle in any package
+    (ci/check_imports.py: every import of a package's own modules, at module level or in a function, is an edge)."""
     session.install(RUFF)
     session.run("ruff", "check", str(ROOT), *session.posargs)
+    session.run("python", str(ROOT / "ci" / "check_imports.py"))
 
 
 

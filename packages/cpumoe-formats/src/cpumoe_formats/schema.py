@@ -16,6 +16,15 @@ from ._arrays import as_array, describe
 Dims = tuple  # (E, H, I)
 
 
+_SPECS: dict = {}  # name -> FormatSpec, filled as the format modules define their SPEC
+
+
+def _spec(name: str):
+    if name not in _SPECS:
+        raise ValueError(f"format {name!r} is not defined; expected one of {sorted(_SPECS)}")
+    return _SPECS[name]
+
+
 @dataclass(frozen=True)
 class BankSpec:
     name: str
@@ -65,14 +74,13 @@ class FormatSpec:
 
     def __post_init__(self):
         self.bank_names = tuple(b.name for b in self.banks)
+        _SPECS[self.name] = self  # layout links (cpu_layout) resolve here, not by importing the registry
 
     def to_cpu_layout(self, banks: Mapping) -> dict:
         """One layer's banks (validated) -> new banks of format `cpu_layout` (the same bytes, moved)."""
         if not self.cpu_layout:
             raise ValueError(f"format {self.name!r} has no CPU layout to repack into (cpu_layout is empty)")
-        from .formats import get_format  # the registry imports this module
-
-        return get_format(self.cpu_layout).repack_from(banks)
+        return _spec(self.cpu_layout).repack_from(banks)
 
     def to_layout(self, banks: Mapping, name: str, threads: int | None = None) -> dict:
         """One layer's banks -> format `name`, a CPU layout down this format's chain of cpu_layout links (mxfp4 ->
@@ -86,9 +94,7 @@ class FormatSpec:
         return split_experts(lambda b: self._to_layout_one(b, name), banks, threads)
 
     def _to_layout_one(self, banks: Mapping, name: str) -> dict:
-        from .formats import get_format  # the registry imports this module
-
-        layout = get_format(name)
+        layout = _spec(name)
         target, spec, chain = layout.name, self, [self.name]
         # a layout built from this format's banks directly (mxfp4_x16 from mxfp4) skips the steps between: each
         # step is a full copy of the layer (mxfp4 -> panels -> mxfp4 -> mxfp4_x16 would be three)
@@ -98,7 +104,7 @@ class FormatSpec:
         while spec.name != target:
             if not spec.cpu_layout:
                 raise ValueError(f"format {target!r} is not on {self.name!r}'s CPU layout chain {chain}")
-            banks, spec = spec.to_cpu_layout(banks), get_format(spec.cpu_layout)
+            banks, spec = spec.to_cpu_layout(banks), _spec(spec.cpu_layout)
             chain.append(spec.name)
         return banks
 

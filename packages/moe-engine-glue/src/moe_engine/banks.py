@@ -50,8 +50,10 @@ def quantize_layers(fmt: str, weights, *, progress: bool = True) -> list[dict]:
                              "[E, H, I] with the same E")
         E, _, H = gu.shape
         bpe = 4 * (gu[0].size + dn[0].size)
-        layers.append(_fill(spec.name, E, lambda e0, n: cf.quantize(spec.name, gu[e0:e0 + n], dn[e0:e0 + n]),
-                            f"quantizing layer {li} to {spec.name}", progress, bpe))
+        def make(e0, n, gu=gu, dn=dn):
+            return cf.quantize(spec.name, gu[e0:e0 + n], dn[e0:e0 + n])
+
+        layers.append(_fill(spec.name, E, make, f"quantizing layer {li} to {spec.name}", progress, bpe))
     return layers
 
 

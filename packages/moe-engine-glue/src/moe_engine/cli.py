@@ -17,7 +17,8 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print JSON instead of text")
     i.add_argument("--no-probe", action="store_true", help="skip the handshake probe on the GPU")
     d = sub.add_parser("demo", help="decode a synthetic model at a real expert shape and verify it")
-    d.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS), help="expert shape (default %(default)s)")
+    d.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS),
+                   help="expert shape (default %(default)s)")
     d.add_argument("--shape", metavar="E,H,I,TOPK", help="a custom expert shape instead of the preset's")
     d.add_argument("--format", default="bf16", help="weight format (default %(default)s)")
     d.add_argument("--layers", type=int, default=4, help="MoE layers to build (default %(default)s)")

@@ -69,7 +69,8 @@ def open_sync(executor, device, handshake: str | None = None, timeout_s: float =
 
         if handshake is not None and handshake not in HIP_PATHS:
             raise ValueError(f"handshake={handshake!r} is not a HIP path; expected one of {list(HIP_PATHS)}")
-        return HipSync(executor, ordinal, path=handshake, timeout_s=timeout_s), f"torch {torch.__version__} is a ROCm build"
+        sync = HipSync(executor, ordinal, path=handshake, timeout_s=timeout_s)
+        return sync, f"torch {torch.__version__} is a ROCm build"
     from gpusync_cuda import CudaSync
 
     if handshake is not None and handshake not in CUDA_PATHS:
