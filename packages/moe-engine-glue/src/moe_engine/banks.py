@@ -59,12 +59,20 @@ def quantize_layers(fmt: str, weights, *, progress: bool = True) -> list[dict]:
 
 def random_layers(fmt: str, E: int, H: int, I: int, num_layers: int, *, seed: int = 0,  # noqa: E741
                   progress: bool = True) -> list[dict]:
-    """Synthetic banks: random codes with well-scaled scales (cpumoe_formats' random_banks), never zeros."""
+    """Synthetic banks: random codes with well-scaled scales (cpumoe_formats' random_banks), never zeros. Layer 0 is
+    drawn; each later layer is a copy of it with its experts in another random order (random_banks draws at
+    ~0.1 GB/s, a permuted copy runs at memory speed): the values repeat across layers, the memory does not."""
     spec = cf.get_format(fmt)
     rng = np.random.default_rng(seed)
     bpe = spec.bytes_per_expert(H, I)
-    return [_fill(spec.name, E, lambda e0, n: spec.random_banks(n, H, I, rng),
-                  f"building layer {li + 1}/{num_layers} ({spec.name})", progress, bpe) for li in range(num_layers)]
+    first = _fill(spec.name, E, lambda e0, n: spec.random_banks(n, H, I, rng), f"building layer 1/{num_layers} "
+                  f"({spec.name})", progress, bpe)
+    layers = [first]
+    for li in range(1, num_layers):
+        perm = rng.permutation(E)
+        layers.append(_fill(spec.name, E, lambda e0, n, perm=perm: {k: v[perm[e0:e0 + n]] for k, v in first.items()},
+                            f"building layer {li + 1}/{num_layers} ({spec.name})", progress, bpe))
+    return layers
 
 
 def expert_slice(banks: dict, experts) -> dict:

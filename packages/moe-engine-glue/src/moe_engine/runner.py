@@ -196,8 +196,8 @@ class MoERunner:
             from .prefill import prefill
 
             return prefill(self, int(layer), hidden_states, topk_ids, topk_weights)
-        if self.check_ids and not capturing:
-            validate.ids_range(topk_ids, self.E)
+        if self.check_ids and not capturing and (hidden_states.is_cuda or self.executor is None):
+            validate.ids_range(topk_ids, self.E)  # on the CPU the executor checks them itself, naming the bad one
         y = self._step(int(layer), hidden_states, topk_ids, topk_weights)
         return y if y.dtype == hidden_states.dtype else y.to(hidden_states.dtype)
 

@@ -1,0 +1,48 @@
+"""fp8_block experts on the GPU (cpumoe_formats 'fp8_block'): e4m3 codes [N, K] uint8 with fp32 block scales
+[nb(N), nb(K)] (SRS = nb(K) columns; 128 x 128 blocks), w = e4m3(code) * scale[row // 128, k // 128].
+
+BK must divide 128, so each K step of a tile meets one scale column. rows_fma folds the scale into the weight
+(e4m3 x bf16-valued scale is exact in fp32); rows_dot multiplies each step's exact e4m3 product by the rows'
+scales. e4m3 0x7F / 0xFF are +-480 (_tl.e4m3).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._tl import e4m3, mma
+
+
+@triton.jit
+def rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN: tl.constexpr, BK: tl.constexpr):
+    ks = tl.arange(0, BK)
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    wrow = w_ptr + rows[:, None] * K
+    srow = s_ptr + (rows // 128) * SRS
+    for k0 in range(0, K, BK):
+        kk = k0 + ks
+        km = kk < K
+        x = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
+        c = tl.load(wrow + kk[None, :], mask=rmask[:, None] & km[None, :], other=0)
+        s = tl.load(srow + k0 // 128, mask=rmask, other=0.0)
+        acc += (e4m3(c, tl.float32) * s[:, None]) * x[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS,
+             BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, F32DOT: tl.constexpr):
+    ks = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    wrow = w_ptr + rows[:, None] * K
+    srow = s_ptr + (rows // 128) * SRS
+    xrow = x_ptr + xoff[:, None]
+    for k0 in range(0, K, BK):
+        kk = k0 + ks
+        km = kk < K
+        x = tl.load(xrow + kk[None, :], mask=xmask[:, None] & km[None, :], other=0.0)
+        c = tl.load(wrow + kk[None, :], mask=rmask[:, None] & km[None, :], other=0)
+        s = tl.load(srow + k0 // 128, mask=rmask, other=0.0)
+        p = mma(x, tl.trans(e4m3(c, tl.bfloat16)), tl.zeros([BM, BN], dtype=tl.float32), F32DOT)
+        acc += p * s[None, :]
+    return acc
