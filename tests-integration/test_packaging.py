@@ -1,13 +1,14 @@
-"""Each package installs on its own, by both routes a user takes, with no torch and no test extras.
+"""Each package installs on its own, by both routes a user takes, with no test extras (and no torch but for
+moe-engine-glue).
 
 1. sdist -> wheel built from that sdist -> platform-tagged wheel holding its library and headers
-   -> installed alone into a fresh venv -> ci/smoke/<pkg>.py (ci/check_wheel.sh --build).
-2. `pip install packages/<pkg>` from a copy of the package's git-tracked files (what a fresh
-   clone has) into a fresh venv -> the same smoke test.
+   -> installed alone into a fresh venv -> ci/smoke/<pkg>.py (ci/check_wheel.sh --build). Our own
+   dependencies come from the wheels this route made, providers first (PIP_FIND_LINKS).
+2. Every `python -m pip install ...` line of every README, verbatim, in a fresh venv from a fresh
+   copy of the checkout's tracked files, with nothing but the package index to help -> the smoke
+   test of each package the line installed.
 
-Our own dependencies (cpumoe-executor needs cpumoe-formats, also to build) come from the wheels
-route 1 made, providers first; everything else from the package index. Slow: every package is
-compiled from scratch twice.
+Slow: every package is compiled from scratch several times.
 """
 from __future__ import annotations
 
@@ -76,26 +77,51 @@ def test_sdist_then_wheel_from_sdist(pkg, dist):
     assert "packaging OK" in r.stdout
 
 
-def _tracked_copy(pkg: str, dest: Path) -> Path:
-    """The package's git-tracked files (what a fresh clone holds), copied to dest."""
-    src = ROOT / "packages" / pkg
-    files = _run(["git", "ls-files", "-z", "--", "."], cwd=src).stdout.split("\0")
+def _tracked_copy(dest: Path) -> Path:
+    """The repo's git-tracked files (what a fresh clone holds), copied to dest."""
+    files = _run(["git", "ls-files", "-z"], cwd=ROOT).stdout.split("\0")
     for f in filter(None, files):
-        if (src / f).is_file():
+        if (ROOT / f).is_file():
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / f, dest / f)
+            shutil.copy2(ROOT / f, dest / f)
     return dest
 
 
+def _install_lines() -> list[tuple[str, str]]:
+    """(README, line) for every `python -m pip install ...` line in a shell block of a README of this repo."""
+    out = []
+    for readme in [ROOT / "README.md", *sorted((ROOT / "packages").glob("*/README.md"))]:
+        block = False
+        for line in readme.read_text().splitlines():
+            if line.strip().startswith("```"):
+                block = not block
+                continue
+            cmd = line.split("#", 1)[0].strip()
+            if block and cmd.startswith("python -m pip install") and "nox" not in cmd:
+                out.append((readme.relative_to(ROOT).as_posix(), cmd))
+    return out
+
+
+INSTALL_LINES = _install_lines()
+
+
+def test_every_package_readme_has_an_install_line():
+    have = {r for r, _ in INSTALL_LINES}
+    assert {f"packages/{p}/README.md" for p in PACKAGES} <= have, sorted(have)
+
+
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
-@pytest.mark.parametrize("pkg", PACKAGES)
-def test_pip_install_package_directory(pkg, dist, tmp_path):
-    src = _tracked_copy(pkg, tmp_path / pkg)
+@pytest.mark.parametrize("readme, line", INSTALL_LINES, ids=[f"{r}: {c}" for r, c in INSTALL_LINES])
+def test_readme_install_line_runs_verbatim(readme, line, tmp_path):
+    """The line, as written, in a fresh venv from a fresh copy of the checkout (no dist/ to help: the index has none
+    of our packages), then the smoke test of each package it installed."""
+    repo = _tracked_copy(tmp_path / "repo")
     _run([sys.executable, "-m", "venv", tmp_path / "venv"])
-    py = tmp_path / "venv" / "bin" / "python"
-    _run([py, "-m", "pip", "install", "--disable-pip-version-check", src], env=_env(dist))
-    no_torch = _run([py, "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"]).stdout
-    assert no_torch.strip() == "True", "installing the package pulled in torch"
-    smoke = ROOT / "ci" / "smoke" / f"{pkg}.py"
-    if smoke.is_file():
-        print(_run([py, smoke], cwd=tmp_path, env=_env(dist)).stdout)
+    bindir = tmp_path / "venv" / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_FIND_LINKS", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    _run(["bash", "-c", line], cwd=repo, env=env)
+    for pkg in re.findall(r"\./packages/([\w-]+)", line):
+        smoke = ROOT / "ci" / "smoke" / f"{pkg}.py"
+        if smoke.is_file():
+            print(_run([bindir / "python", smoke], cwd=tmp_path, env=env).stdout)
