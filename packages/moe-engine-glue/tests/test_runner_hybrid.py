@@ -1,0 +1,79 @@
+"""Strategy hybrid's control logic on any machine: the GPU experts run in Triton's interpreter on CPU tensors where no
+GPU is present (conftest sets TRITON_INTERPRET=1), the CPU side is the executor. Every route is counted once: the
+result matches the float64 reference of all routes, residency 0 is the cpu strategy bit for bit, residency 1 the gpu
+strategy bit for bit, and a residency change between steps moves routes between the sides without losing one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import cuda_missing, make_banks, routes, triton_missing
+
+from moe_engine.qualify import TOLERANCE, reference
+from moe_engine.runner import MoERunner
+
+pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=str(triton_missing()))
+DEVICE = "cpu" if cuda_missing() else "cuda"
+
+
+def _runner(banks, strategy, residency=None, **kw):
+    return MoERunner("bf16", banks, top_k=3, strategy=strategy, device=DEVICE, residency=residency, threads=2,
+                     graph_batch_sizes=(1, 3), progress=False, **kw)
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a.cpu().view(torch.int16), b.cpu().view(torch.int16))
+
+
+def test_hybrid_counts_every_route_once(rng):
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    T = 3
+    x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16).to(DEVICE)
+    ids, w = routes(rng, T, 3, E)
+    ids, w = ids.to(DEVICE), w.to(DEVICE)
+    with _runner(banks, "cpu") as cpu, _runner(banks, "gpu") as gpu:
+        want_cpu, want_gpu = cpu.forward(1, x, ids, w), gpu.forward(1, x, ids, w)
+    with _runner(banks, "hybrid", residency=0.5, capacity=E) as hy:
+        assert hy.residency.capacity == E and 0 < hy.residency.fraction() < 1
+        y = hy.forward(1, x, ids, w)
+        ref = reference(hy, 1, x, ids, w)
+        rel = np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max()
+        assert rel < TOLERANCE["native"], rel
+        hy.set_residency(1, np.zeros(E, bool))  # every route on the CPU
+        assert _same(hy.forward(1, x, ids, w), want_cpu)
+        hy.set_residency(1, np.ones(E, bool))  # every route on the GPU: nothing reaches the CPU
+        served = hy.executor.health()["served"]
+        assert _same(hy.forward(1, x, ids, w), want_gpu)
+        assert hy.executor.health()["served"] == served
+        m = np.zeros(E, bool)
+        m[ids[0, 0].item()] = True  # one route of token 0 moves to the GPU
+        hy.set_residency(1, m)
+        rel = np.abs(hy.forward(1, x, ids, w).float().cpu().numpy() - ref).max() / np.abs(ref).max()
+        assert rel < TOLERANCE["native"], rel
+
+
+def test_hybrid_prefill_above_max_tokens(rng):
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    T = 7  # max_tokens = 3
+    x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16).to(DEVICE)
+    ids, w = routes(rng, T, 3, E)
+    ids, w = ids.to(DEVICE), w.to(DEVICE)
+    with _runner(banks, "hybrid", residency=0.25, prefill="cpu") as hy:
+        y = hy.forward(0, x, ids, w)
+        assert hy.last_prefill["how"] == "cpu"
+        ref = reference(hy, 0, x, ids, w)
+        assert np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max() < TOLERANCE["native"]
+
+
+def test_gpu_side_errors_are_named(rng):
+    banks, (E, H, _) = make_banks("q4_0", rng, E=8)
+    with pytest.raises(ValueError, match="format 'q4_0' has no GPU experts kernel"):
+        MoERunner("q4_0", banks, top_k=2, strategy="hybrid", device=DEVICE, qualify=False, progress=False)
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    with _runner(banks, "hybrid", residency=0.25) as hy:
+        with pytest.raises(ValueError, match=r"residency mask for layer 0: shape \(7,\) .* length E=8"):
+            hy.set_residency(0, np.ones(7, bool))
+        with pytest.raises(ValueError, match="8 resident experts, expected at most capacity=2"):
+            hy.set_residency(0, np.ones(E, bool))
+    with pytest.raises(ValueError, match=r"capacity=1: expected an int in \[2, E=8\]"):
+        _runner(banks, "hybrid", residency=0.25, capacity=1)
