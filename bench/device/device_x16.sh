@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run by hand on the lent H200 host: OUT=DIR bench/device/device_x16.sh (< 10 minutes; knobs below).
 # The _x16 CPU layouts: their tests (every tier this CPU has, bit identity against scalar), one-thread kernel timings
-# against the row-major format (docs/results/q4_0-x16-prototype-2026-12-01/current_kernel.py), then interleaved
+# against the row-major format (bench/device/current_kernel.py), then interleaved
 # executor benches of the format as given (--repack off) and repacked (--repack auto), both routings, batch 1 and 8.
 #   OUT=DIR [ROUNDS=2] [PAIRS="fp8_block:native"] [RUNS="off::off auto::auto"] bench/device/device_x16.sh
 # PAIRS: format:mode items (the row-major format; its cpu_layout is the x16 one). RUNS: name:isa:repack items, one
@@ -23,7 +23,7 @@ for p in $PAIRS; do
     IFS=: read -r name isa rp <<<"$run"
     fmt=$([ "$rp" = off ] && echo "$f" || echo "$x")
     log "$fmt (CPUMOE_ISA=$isa) kernel 1 thread H=$H I=$I: $(CPUMOE_ISA=$isa python3 \
-      docs/results/q4_0-x16-prototype-2026-12-01/current_kernel.py "$fmt" "$H" "$I" "$m")"
+      bench/device/current_kernel.py "$fmt" "$H" "$I" "$m")"
   done
 done
 (cd packages/cpumoe-executor && timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py 2>&1 | tail -1) \

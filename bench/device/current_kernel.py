@@ -1,7 +1,8 @@
+# Run by hand (and by bench/device/device_x16.sh): one thread, one expert in cache, a format's kernels per call.
 """Times the package's kernels of one format per work-item call (one thread, one expert in cache), for comparison
 with x16.cpp: gate_up over all 2I rows and down over all H rows, 1 and 8 tokens, best of 60 x 10 calls.
 
-    PYTHONPATH=packages/cpumoe-formats/src python3 current_kernel.py q4_0 2816 704 w4a8
+    PYTHONPATH=packages/cpumoe-formats/src python3 bench/device/current_kernel.py q4_0 2816 704 w4a8
 prints ga1= ga8= do1= do8= in microseconds per call.
 """
 import os
