@@ -177,6 +177,13 @@ PYBIND11_MODULE(_native, m) {
            [](PyIob& s, int p, uint64_t st, uint32_t l, uint32_t T, uint64_t x, uint64_t ids, uint64_t w, uint64_t y) {
              s.b().step(p, S(st), l, T, x, ids, w, y);
            })
+      // The copy step in two halves on one stream (step == step_submit + step_finish).
+      .def("step_submit",
+           [](PyIob& s, int p, uint64_t st, uint32_t l, uint32_t T, uint64_t x, uint64_t ids, uint64_t w) {
+             s.b().step_submit(p, S(st), l, T, x, ids, w);
+           })
+      .def("step_finish",
+           [](PyIob& s, int p, uint64_t st, uint32_t T, uint64_t y) { s.b().step_finish(p, S(st), T, y); })
       .def("sync",
            [](PyIob& s, uint64_t st, double t) {
              py::gil_scoped_release nogil;

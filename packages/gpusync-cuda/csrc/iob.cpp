@@ -241,18 +241,24 @@ void Iob::copies_forked(CUstream s, const Copy (&in)[CopyFork::kBranches], bool 
   }
 }
 
-void Iob::step(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, CUdeviceptr ids, CUdeviceptr w,
-               CUdeviceptr y) {
-  check_task(layer, T);
+void Iob::check_tokens(uint32_t T, const char* op) const {
+  if (T < 1 || T > hdr_->max_tokens)
+    throw Error(GPUSYNC_E_INVALID, std::string(op) + ": num_tokens=" + std::to_string(T) +
+                                       ": need 1 <= num_tokens <= max_tokens=" + std::to_string(hdr_->max_tokens));
+}
+
+void Iob::check_copy_path(int path, CUstream s, const char* op) const {
   if (path != GPUSYNC_PATH_MEMOP && path != GPUSYNC_PATH_HOSTFN)
-    throw Error(GPUSYNC_E_INVALID, std::string("step: path ") + path_name(path) + " is not a copy path");
-  guard_capture(path, s, "step");
+    throw Error(GPUSYNC_E_INVALID, std::string(op) + ": path " + path_name(path) + " is not a copy path");
+  guard_capture(path, s, op);
   if (path == GPUSYNC_PATH_MEMOP && !dev_->memops64())
     throw Error(GPUSYNC_E_UNSUPPORTED, "v2 64-bit stream memops are unavailable here");
   if (path == GPUSYNC_PATH_HOSTFN && !dev_->drv().cuLaunchHostFunc)
     throw Error(GPUSYNC_E_UNSUPPORTED, "the CUDA driver lacks cuLaunchHostFunc");
-  const Driver& d = dev_->drv();
-  Device::Guard g(*dev_);
+}
+
+void Iob::copy_submit(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, CUdeviceptr ids,
+                      CUdeviceptr w) {
   const size_t H = hdr_->hidden, K = hdr_->top_k;
   const Copy in[CopyFork::kBranches] = {{hdr_->x_off, x, T * H * 2, kCopyNames[0]},
                                         {hdr_->ids_off, ids, T * K * 4, kCopyNames[1]},
@@ -269,9 +275,37 @@ void Iob::step(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, 
     for (const Copy& c : in) copy_in(c, s, s);
     ring(path, s, layer, T, true);
   }
+}
+
+void Iob::copy_finish(int path, CUstream s, uint32_t T, CUdeviceptr y) {
+  const Driver& d = dev_->drv();
   wait(path, s);
-  const CUresult rc = d.cuMemcpyHtoDAsync(y, host(hdr_->y_off), T * H * 2, s);
+  const CUresult rc = d.cuMemcpyHtoDAsync(y, host(hdr_->y_off), T * (size_t)hdr_->hidden * 2, s);
   if (rc != SUCCESS) d.fail(rc, "cuMemcpyHtoDAsync(IO block y -> y)", dev_->capture_note(s));
+}
+
+void Iob::step_submit(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, CUdeviceptr ids,
+                      CUdeviceptr w) {
+  check_task(layer, T);
+  check_copy_path(path, s, "step_submit");
+  Device::Guard g(*dev_);
+  copy_submit(path, s, layer, T, x, ids, w);
+}
+
+void Iob::step_finish(int path, CUstream s, uint32_t T, CUdeviceptr y) {
+  check_tokens(T, "step_finish");
+  check_copy_path(path, s, "step_finish");
+  Device::Guard g(*dev_);
+  copy_finish(path, s, T, y);
+}
+
+void Iob::step(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, CUdeviceptr ids, CUdeviceptr w,
+               CUdeviceptr y) {
+  check_task(layer, T);
+  check_copy_path(path, s, "step");
+  Device::Guard g(*dev_);
+  copy_submit(path, s, layer, T, x, ids, w);
+  copy_finish(path, s, T, y);
 }
 
 bool Iob::sync(CUstream s, double timeout_s) {

@@ -65,8 +65,15 @@ class Iob {
   void wait(int path, CUstream s);
   // Copy path: D2H x/ids/w, submit, wait, H2D y (device pointers, contiguous rows). With the
   // fork on, the three input copies (and the memop path's done := 0) run concurrently.
+  // step = step_submit + step_finish, checked once up front (nothing is enqueued when a check fails).
   void step(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, CUdeviceptr ids, CUdeviceptr w,
             CUdeviceptr y);
+  // The copy step in two halves on one stream, so other work can run on it while the CPU works:
+  // step_submit = D2H x/ids/w + the doorbell; step_finish = the wait + H2D y (T: the submitted batch).
+  // One task in flight per block: the caller issues them in pairs, in order, on the same stream.
+  void step_submit(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, CUdeviceptr ids,
+                   CUdeviceptr w);
+  void step_finish(int path, CUstream s, uint32_t T, CUdeviceptr y);
   // Bounded: on timeout, releases the stream (done := SHUTDOWN) and returns false.
   bool sync(CUstream s, double timeout_s);
 
@@ -101,6 +108,13 @@ class Iob {
   void copies_forked(CUstream s, const Copy (&in)[CopyFork::kBranches], bool reset_done);
   // Refuses capture for a path no probe proved (fail closed); notes the capture state.
   void guard_capture(int path, CUstream s, const char* op) const;
+  // The copy step's checks (a copy path, its driver features, the capture guard), named after `op`.
+  void check_copy_path(int path, CUstream s, const char* op) const;
+  void check_tokens(uint32_t T, const char* op) const;
+  // The halves' bodies, after the checks (the caller holds a Device::Guard).
+  void copy_submit(int path, CUstream s, uint32_t layer, uint32_t T, CUdeviceptr x, CUdeviceptr ids,
+                   CUdeviceptr w);
+  void copy_finish(int path, CUstream s, uint32_t T, CUdeviceptr y);
 
   std::shared_ptr<Device> dev_;
   const cpumoe_executor_api* api_;

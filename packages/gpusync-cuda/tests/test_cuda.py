@@ -253,3 +253,252 @@ def test_waits_are_bounded(rng):
         d._stream_destroy(s)
         del b
         ex.close()
+
+
+# ---- the split: submit -> other GPU work on the same stream -> finish ---------------------------------------
+def _mask(torch, g, E):
+    m = torch.rand(E, generator=g) < 0.5
+    m[0], m[1] = True, False  # at least one GPU-resident and one CPU expert
+    return m
+
+
+def _step(torch, g, ex, T, mask, cpu=True):
+    """x, w, ids on the host; cpu=False: every route -1 or GPU-resident under `mask` (nothing for the CPU)."""
+    x = torch.randn(T, ex.H, generator=g).to(torch.bfloat16)
+    w = torch.rand(T, ex.top_k, generator=g) + 0.05
+    if cpu:
+        ids = torch.randint(-1, ex.E, (T, ex.top_k), generator=g, dtype=torch.int32)
+        ids[0, 0] = int((~mask).nonzero()[0, 0])  # at least one CPU route
+    else:
+        res = mask.nonzero().flatten().to(torch.int32)
+        ids = res[torch.randint(0, len(res), (T, ex.top_k), generator=g)]
+        ids[0, 0] = -1
+    return x, w, ids
+
+
+def _bf16(torch, g, ex, T):
+    return torch.randn(T, ex.H, generator=g).to(torch.bfloat16)
+
+
+def _split_path(sync, path, monkeypatch):
+    _need_kernelio(path.split("/")[0])
+    if path == "kernel/memop-wait":  # the variant the probe did not choose: a memop wait, then combine
+        monkeypatch.setattr(sync, "kernel_wait", "memop")
+        return "kernel"
+    return path
+
+
+@pytest.mark.parametrize("path", PATHS + ("kernel/memop-wait",))
+@pytest.mark.parametrize("mode", ["new", "out", "partial"])
+def test_split_matches_decode(sync, path, mode, monkeypatch):
+    """submit -> a torch op on the same stream -> finish equals decode() of the same inputs bit for bit (and the
+    executor's synchronous decode), with and without a residency mask, including a step with no CPU route."""
+    import torch
+
+    path = _split_path(sync, path, monkeypatch)
+    ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
+    g = torch.Generator().manual_seed(zlib.crc32(f"split/{path}/{mode}".encode()))
+    for layer, T, cpu, masked in ((0, 1, True, False), (3, 5, True, True), (1, 8, True, True), (2, 4, False, True)):
+        mask = _mask(torch, g, ex.E)
+        x, w, ids = _step(torch, g, ex, T, mask, cpu)
+        p, q = _bf16(torch, g, ex, T), _bf16(torch, g, ex, T)
+        xd, wd, idsd, pd, qd = (t.to(dev) for t in (x, w, ids, p, q))
+        md = mask.to(dev) if masked else None
+        ref_kw = {"out": torch.empty(T, ex.H, dtype=torch.bfloat16, device=dev)} if mode == "out" else \
+            {"partial": pd + qd} if mode == "partial" else {}
+        ref = sync._decode(path, layer, xd, wd, idsd, md, ref_kw.get("out"), ref_kw.get("partial"))
+        sync._submit(path, layer, xd, wd, idsd, md)
+        assert sync.pending_layer == layer
+        if mode == "partial":
+            target = pd + qd  # the GPU-resident experts' stand-in, computed between the halves
+        elif mode == "out":
+            target = torch.empty(T, ex.H, dtype=torch.bfloat16, device=dev)
+            target.copy_(pd)  # other GPU work writes the output first; finish writes y over it
+        else:
+            target = None
+            _ = pd.float() @ qd.float().T  # other GPU work on the stream, its result unused
+        got = sync._finish(layer, target if mode == "out" else None, target if mode == "partial" else None)
+        sync.synchronize()
+        assert sync.pending_layer is None
+        assert target is None or got is target
+        exp = want(torch, ex, layer, x, w, ids, mask if masked else None, (pd + qd).cpu() if mode == "partial"
+                   else None)
+        where = (path, mode, layer, T, cpu, masked)
+        assert torch.equal(bits(got), bits(ref)), where
+        assert torch.equal(bits(got), bits(exp)), where
+    assert not sync.pending()
+
+
+def test_split_public_api(sync):
+    """CudaSync.submit / finish on the chosen path, and the one-task-in-flight rules on the GPU."""
+    import torch
+
+    ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
+    g = torch.Generator().manual_seed(11)
+    mask = _mask(torch, g, ex.E)
+    md = mask.to(dev)
+    x, w, ids = (t.to(dev) for t in _step(torch, g, ex, 3, mask))
+    p = _bf16(torch, g, ex, 3).to(dev)
+    ref = sync.decode(2, x, w, ids, md, partial=p.clone())
+    sync.submit(2, x, w, ids, md)
+    with pytest.raises(RuntimeError, match="layer 2's task is still pending"):
+        sync.submit(1, x, w, ids, md)
+    with pytest.raises(RuntimeError, match="layer 2's task is still pending"):
+        sync.decode(1, x, w, ids, md)
+    got = sync.finish(2, partial=p)
+    sync.synchronize()
+    assert got is p and torch.equal(bits(got), bits(ref))
+    with pytest.raises(RuntimeError, match="no task is pending"):
+        sync.finish(2)
+    # finish for another layer: ValueError naming both, the task abandoned (drained), nothing pending
+    sync.submit(0, x, w, ids, md)
+    with pytest.raises(ValueError, match="finish\\(layer=3\\): layer 0 was submitted, not layer 3"):
+        sync.finish(3)
+    assert sync.pending_layer is None and not sync.pending()
+    # a bad step is refused by submit before anything is enqueued; a bad out/partial by finish (then abandoned)
+    with pytest.raises(ValueError, match="batch size 9"):
+        sync.submit(0, torch.zeros(9, ex.H, dtype=torch.bfloat16, device=dev), torch.rand(9, ex.top_k, device=dev),
+                    torch.zeros(9, ex.top_k, dtype=torch.int32, device=dev))
+    assert sync.pending_layer is None
+    sync.submit(0, x, w, ids, md)
+    with pytest.raises(ValueError, match="expected \\(3, 256\\)"):
+        sync.finish(0, partial=torch.zeros(2, ex.H, dtype=torch.bfloat16, device=dev))
+    assert sync.pending_layer is None and not sync.pending()
+    # finish on another stream than submit: refused, abandoned
+    sync.submit(0, x, w, ids, md)
+    other = torch.cuda.Stream(dev)
+    with torch.cuda.stream(other):
+        with pytest.raises(RuntimeError, match="is not the one the task was submitted on"):
+            sync.finish(0)
+    assert sync.pending_layer is None and not sync.pending()
+    y = sync.decode(0, x, w, ids, md)  # still works, and right
+    sync.synchronize()
+    assert torch.equal(bits(y), bits(want(torch, ex, 0, x, w, ids, mask)))
+
+
+@pytest.mark.parametrize("path", ("kernel", "kernel/memop-wait", "memop", "host-func"))
+def test_split_under_graph_capture(sync, path, monkeypatch):
+    """One torch.cuda graph: submit -> a torch add -> finish adding y into it; submit -> a torch write of the
+    output -> finish(out=) over it; submit (no CPU route) -> finish into a partial; a plain decode. Captured once,
+    replayed 24 times with fresh inputs and a fresh residency mask: every output equals eager decode() of the same
+    inputs bit for bit, and the executor's synchronous decode."""
+    import torch
+
+    path = _split_path(sync, path, monkeypatch)
+    ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
+    g = torch.Generator().manual_seed(zlib.crc32(f"split-graph/{path}".encode()))
+    steps = ((0, 2, True), (1, 3, True), (2, 8, False), (3, 1, True))  # (layer, T, any CPU route)
+    mask = _mask(torch, g, ex.E)
+    md = mask.to(dev)
+    st = [tuple(t.to(dev) for t in _step(torch, g, ex, T, mask, cpu) + (_bf16(torch, g, ex, T),
+                                                                          _bf16(torch, g, ex, T)))
+          for _layer, T, cpu in steps]
+    o1 = torch.empty(steps[1][1], ex.H, dtype=torch.bfloat16, device=dev)
+
+    def body():
+        (x0, w0, i0, p0, q0), (x1, w1, i1, p1, _q1), (x2, w2, i2, p2, q2), (x3, w3, i3, p3, q3) = st
+        sync._submit(path, 0, x0, w0, i0, md)
+        y0 = sync._finish(0, None, p0 + q0)  # the partial computed between the halves
+        sync._submit(path, 1, x1, w1, i1, md)
+        o1.copy_(p1)  # other GPU work writes the output first
+        sync._finish(1, o1, None)
+        sync._submit(path, 2, x2, w2, i2, md)  # no CPU route
+        y2 = sync._finish(2, None, p2 + q2)
+        y3 = sync._decode(path, 3, x3, w3, i3, md, None, p3 + q3)
+        return y0, o1, y2, y3
+
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        body()  # warm-up outside the capture
+        sync.synchronize(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            outs = body()
+        assert sync.pending_layer is None
+        for r in range(24):
+            mask.copy_(_mask(torch, g, ex.E))
+            md.copy_(mask)
+            for (_layer, T, cpu), tensors in zip(steps, st):
+                fresh = _step(torch, g, ex, T, mask, cpu) + (_bf16(torch, g, ex, T), _bf16(torch, g, ex, T))
+                for a, b in zip(tensors, fresh):
+                    a.copy_(b)
+            graph.replay()
+            sync.synchronize(s)
+            for i, ((layer, T, _cpu), (x, w, ids, p, q), got) in enumerate(zip(steps, st, outs)):
+                if i == 1:
+                    ref = sync._decode(path, layer, x, w, ids, md,
+                                       torch.empty(T, ex.H, dtype=torch.bfloat16, device=dev), None)
+                    exp = want(torch, ex, layer, x, w, ids, mask)
+                else:
+                    ref = sync._decode(path, layer, x, w, ids, md, None, p + q)
+                    exp = want(torch, ex, layer, x, w, ids, mask, (p + q).cpu())
+                sync.synchronize(s)
+                assert torch.equal(bits(got), bits(ref)), (path, r, i)
+                assert torch.equal(bits(got), bits(exp)), (path, r, i)
+        del graph
+    torch.cuda.current_stream(dev).wait_stream(s)
+    assert not sync.pending()
+
+
+def test_split_graph_holds_both_halves_or_neither(sync):
+    """A submit captured without its finish cannot be finished outside the graph (RuntimeError, nothing pending
+    afterwards, the executor untouched: nothing ran)."""
+    import torch
+
+    ex, dev = sync.executor, torch.device("cuda", sync.ordinal)
+    g = torch.Generator().manual_seed(5)
+    x, w, ids = (t.to(dev) for t in _step(torch, g, ex, 2, _mask(torch, g, ex.E)))
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        sync.synchronize(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            sync.submit(0, x, w, ids)
+        with pytest.raises(RuntimeError, match="a graph must hold both halves of a step or neither"):
+            sync.finish(0)
+        assert sync.pending_layer is None
+        del graph  # never replayed
+        y = sync.decode(0, x, w, ids)
+        sync.synchronize(s)
+    torch.cuda.current_stream(dev).wait_stream(s)
+    assert torch.equal(bits(y), bits(want(torch, ex, 0, x, w, ids)))
+    assert not sync.pending()
+
+
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
+def test_split_on_the_eager_path_refuses_capture(rng):
+    """No replay-safe path: submit / finish still work eagerly (== decode); either half under capture raises
+    CaptureRefusedError and leaves nothing pending."""
+    import torch
+
+    import gpusync_cuda as gs
+
+    ex = make_executor(rng, layers=2)
+    s = gs.CudaSync(ex, paths=("eager",))
+    try:
+        assert s.path == "eager"
+        dev = torch.device("cuda", s.ordinal)
+        g = torch.Generator().manual_seed(6)
+        mask = _mask(torch, g, ex.E)
+        x, w, ids = (t.to(dev) for t in _step(torch, g, ex, 2, mask))
+        p0 = _bf16(torch, g, ex, 2).to(dev)
+        ref = s.decode(1, x, w, ids, mask.to(dev), partial=p0.clone())
+        s.submit(1, x, w, ids, mask.to(dev))
+        p = p0.clone()
+        got = s.finish(1, partial=p)
+        assert got is p and torch.equal(bits(got), bits(ref))
+        assert torch.equal(bits(got), bits(want(torch, ex, 1, x, w, ids, mask, p0)))
+        with pytest.raises(gs.CaptureRefusedError, match="capture refused.*--cuda-graph-max-bs 0"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                s.submit(1, x, w, ids)
+        assert s.pending_layer is None
+        s.submit(1, x, w, ids)  # submitted eagerly, finished under capture: refused too
+        with pytest.raises(gs.CaptureRefusedError, match="capture refused"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                s.finish(1)
+        assert s.pending_layer is None
+    finally:
+        s.close()
+        ex.close()

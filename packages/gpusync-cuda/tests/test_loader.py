@@ -9,7 +9,7 @@ from gpusync_cuda import _native
 
 
 def test_imports_and_versions():
-    assert gpusync_cuda.ABI_VERSION == (1, 0)
+    assert gpusync_cuda.ABI_VERSION == (1, 1)  # 1.1: step_submit, step_finish appended
     assert gpusync_cuda.PROTOCOL_VERSION == 1
     assert _native.CAPSULE_NAME == "gpusync_cuda._native._C_API_v1"
     assert set(_native.PATHS) == {"eager", "memop", "host-func", "kernel"}

@@ -214,30 +214,67 @@ void Iob::wait(int path, hipStream_t s) {
   }
 }
 
-void Iob::step(int path, hipStream_t s, uint32_t layer, uint32_t T, uint64_t x, uint64_t ids, uint64_t w,
-               uint64_t y) {
-  check_task(layer, T);
+void Iob::check_copy_path(int path, const char* op) const {
   if (path != GPUSYNC_PATH_MEMOP && path != GPUSYNC_PATH_HOSTFN)
-    throw Error(GPUSYNC_E_INVALID, std::string("step: path ") + path_name(path) + " is not a copy path");
-  ErrorScope scope(rt(), "step");
-  guard_capture(path, s, "step");
+    throw Error(GPUSYNC_E_INVALID, std::string(op) + ": path " + path_name(path) + " is not a copy path");
+}
+
+void Iob::check_tokens(uint32_t T, const char* op) const {
+  if (T < 1 || T > hdr_->max_tokens)
+    throw Error(GPUSYNC_E_INVALID, std::string(op) + ": num_tokens=" + std::to_string(T) +
+                                       ": need 1 <= num_tokens <= max_tokens=" + std::to_string(hdr_->max_tokens));
+}
+
+void Iob::copy_async(hipStream_t s, void* dst, uint64_t src, size_t n, hipMemcpyKind kind, const char* what) const {
   const Runtime& r = rt();
-  Device::Guard g(*dev_);
+  const hipError_t rc = r.hipMemcpyAsync(dst, (const void*)(uintptr_t)src, n, kind, s);
+  if (rc != hipSuccess) r.fail(rc, std::string("hipMemcpyAsync(") + what + ")", dev_->capture_note(s));
+}
+
+void Iob::copy_submit(int path, hipStream_t s, uint32_t layer, uint32_t T, uint64_t x, uint64_t ids, uint64_t w) {
   const size_t H = hdr_->hidden, K = hdr_->top_k;
-  auto copy = [&](void* dst, uint64_t src, size_t n, hipMemcpyKind kind, const char* what) {
-    const hipError_t rc = r.hipMemcpyAsync(dst, (const void*)(uintptr_t)src, n, kind, s);
-    if (rc != hipSuccess) r.fail(rc, std::string("hipMemcpyAsync(") + what + ")", dev_->capture_note(s));
-  };
-  copy(host(hdr_->x_off), x, T * H * 2, hipMemcpyDeviceToHost, "x -> IO block");
-  copy(host(hdr_->ids_off), ids, T * K * 4, hipMemcpyDeviceToHost, "ids -> IO block");
-  copy(host(hdr_->w_off), w, T * K * 4, hipMemcpyDeviceToHost, "w -> IO block");
+  copy_async(s, host(hdr_->x_off), x, T * H * 2, hipMemcpyDeviceToHost, "x -> IO block");
+  copy_async(s, host(hdr_->ids_off), ids, T * K * 4, hipMemcpyDeviceToHost, "ids -> IO block");
+  copy_async(s, host(hdr_->w_off), w, T * K * 4, hipMemcpyDeviceToHost, "w -> IO block");
   // Stream order alone does not make the copies visible to the host before the
   // doorbell on ROCm (seed 003): a system-scope release sits between them.
   release(s, layer, T);
   submit(path, s, layer, T);
+}
+
+void Iob::copy_finish(int path, hipStream_t s, uint32_t T, uint64_t y) {
   wait(path, s);
-  copy((void*)(uintptr_t)y, (uint64_t)(uintptr_t)host(hdr_->y_off), T * H * 2, hipMemcpyHostToDevice,
-       "IO block y -> y");
+  copy_async(s, (void*)(uintptr_t)y, (uint64_t)(uintptr_t)host(hdr_->y_off), T * (size_t)hdr_->hidden * 2,
+             hipMemcpyHostToDevice, "IO block y -> y");
+}
+
+void Iob::step_submit(int path, hipStream_t s, uint32_t layer, uint32_t T, uint64_t x, uint64_t ids, uint64_t w) {
+  check_task(layer, T);
+  check_copy_path(path, "step_submit");
+  ErrorScope scope(rt(), "step_submit");
+  guard_capture(path, s, "step_submit");
+  Device::Guard g(*dev_);
+  copy_submit(path, s, layer, T, x, ids, w);
+}
+
+void Iob::step_finish(int path, hipStream_t s, uint32_t T, uint64_t y) {
+  check_tokens(T, "step_finish");
+  check_copy_path(path, "step_finish");
+  ErrorScope scope(rt(), "step_finish");
+  guard_capture(path, s, "step_finish");
+  Device::Guard g(*dev_);
+  copy_finish(path, s, T, y);
+}
+
+void Iob::step(int path, hipStream_t s, uint32_t layer, uint32_t T, uint64_t x, uint64_t ids, uint64_t w,
+               uint64_t y) {
+  check_task(layer, T);
+  check_copy_path(path, "step");
+  ErrorScope scope(rt(), "step");
+  guard_capture(path, s, "step");
+  Device::Guard g(*dev_);
+  copy_submit(path, s, layer, T, x, ids, w);
+  copy_finish(path, s, T, y);
 }
 
 bool Iob::sync(hipStream_t s, double timeout_s) {

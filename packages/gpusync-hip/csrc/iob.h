@@ -54,7 +54,14 @@ class Iob {
   void submit(int path, hipStream_t s, uint32_t layer, uint32_t T);
   void wait(int path, hipStream_t s);
   // Copy path: D2H x/ids/w, system-release event, submit, wait, H2D y.
+  // step = step_submit + step_finish, checked once up front (nothing is enqueued when a check fails).
   void step(int path, hipStream_t s, uint32_t layer, uint32_t T, uint64_t x, uint64_t ids, uint64_t w, uint64_t y);
+  // The copy step in two halves on one stream, so other work can run on it while the CPU works:
+  // step_submit = D2H x/ids/w, the system-release event, the doorbell; step_finish = the wait, H2D y
+  // (T: the submitted batch). One task in flight per block: the caller issues them in pairs, in order,
+  // on the same stream.
+  void step_submit(int path, hipStream_t s, uint32_t layer, uint32_t T, uint64_t x, uint64_t ids, uint64_t w);
+  void step_finish(int path, hipStream_t s, uint32_t T, uint64_t y);
   // Bounded: on timeout, releases the stream (done := SHUTDOWN) and returns false.
   bool sync(hipStream_t s, double timeout_s);
 
@@ -78,6 +85,13 @@ class Iob {
  private:
   // Refuses capture for a path no probe proved (fail closed), and always for host functions.
   void guard_capture(int path, hipStream_t s, const char* op) const;
+  // The copy step's path check, named after `op`; the halves' bodies after the checks (inside an
+  // ErrorScope and a Device::Guard, after guard_capture); one stream-ordered copy.
+  void check_copy_path(int path, const char* op) const;
+  void check_tokens(uint32_t T, const char* op) const;
+  void copy_submit(int path, hipStream_t s, uint32_t layer, uint32_t T, uint64_t x, uint64_t ids, uint64_t w);
+  void copy_finish(int path, hipStream_t s, uint32_t T, uint64_t y);
+  void copy_async(hipStream_t s, void* dst, uint64_t src, size_t n, hipMemcpyKind kind, const char* what) const;
 
   std::shared_ptr<Device> dev_;
   const cpumoe_executor_api* api_;

@@ -12,12 +12,16 @@
 #ifndef WANT_MINOR
 #define WANT_MINOR GPUSYNC_ABI_MINOR
 #endif
+/* The table size the consumer needs: a 1.0 consumer passes offsetof(gpusync_api, step_submit). */
+#ifndef WANT_SIZE
+#define WANT_SIZE sizeof(gpusync_api)
+#endif
 
 static const gpusync_api *bind_api(void) {
   const gpusync_api *api = (const gpusync_api *)PyCapsule_Import(GPUSYNC_HIP_CAPSULE_NAME, 0);
   char err[512];
   if (!api) return NULL;
-  if (gpusync_check_api_as(api, WANT_MAJOR, WANT_MINOR, sizeof(gpusync_api), err, sizeof err)) {
+  if (gpusync_check_api_as(api, WANT_MAJOR, WANT_MINOR, WANT_SIZE, err, sizeof err)) {
     PyErr_SetString(PyExc_ImportError, err);
     return NULL;
   }
@@ -79,7 +83,15 @@ out:
   }
 }
 
+/* (step_submit, step_finish) present in the table (ABI 1.1) */
+static PyObject *has_split(PyObject *self, PyObject *args) {
+  const gpusync_api *api = bind_api();
+  if (!api) return NULL;
+  return Py_BuildValue("(OO)", api->step_submit ? Py_True : Py_False, api->step_finish ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {{"bind", bind, METH_NOARGS, NULL},
+                                {"has_split", has_split, METH_NOARGS, NULL},
                                 {"open_device", open_device, METH_NOARGS, NULL},
                                 {"fill", fill, METH_VARARGS, NULL},
                                 {NULL, NULL, 0, NULL}};

@@ -1,8 +1,9 @@
 """The versioned C ABI on the HIP backend: the one gpusync/abi.h (found through
 gpusync_hip.get_include(), shipped by cpumoe-executor) builds a real C consumer that
-binds gpusync_hip's capsule (backend "hip"), a mismatched one is refused naming
-both versions, and kernelio's services (module load, function, launch, memory,
-copy, bounded sync) run through the table on the fake runtime's fake kernel."""
+binds gpusync_hip's capsule (backend "hip"; ABI 1.1, and a 1.0 consumer too: entries
+are only appended), a mismatched one is refused naming both versions, and kernelio's
+services (module load, function, launch, memory, copy, bounded sync) run through the
+table on the fake runtime's fake kernel."""
 
 import importlib.util
 import json
@@ -56,6 +57,8 @@ def test_one_shared_header():
     text = (Path(gpusync_hip.get_include()) / "gpusync" / "abi.h").read_text()
     assert '#define GPUSYNC_HIP_CAPSULE_NAME "gpusync_hip._native._C_API_v1"' in text
     assert f"#define GPUSYNC_ABI_MAJOR {gpusync_hip.ABI_VERSION[0]}" in text
+    assert f"#define GPUSYNC_ABI_MINOR {gpusync_hip.ABI_VERSION[1]}" in text
+    assert text.index("(*memcpy_async)") < text.index("(*step_submit)") < text.index("(*step_finish)")
     import cpumoe_executor
 
     assert gpusync_hip.get_include() == cpumoe_executor.get_include()  # the same file, not a copy
@@ -73,13 +76,28 @@ def test_matching_consumer_binds(tmp_path):
     assert mod.bind() == (*gpusync_hip.ABI_VERSION, "hip", "memop")
 
 
-@pytest.mark.parametrize("defines, want", [(["-DWANT_MAJOR=2"], "2.0"), (["-DWANT_MINOR=7"], "1.7")])
+def test_consumer_built_for_1_1_binds_the_split(tmp_path):
+    assert gpusync_hip.ABI_VERSION == (1, 1)
+    mod = load(build_consumer(tmp_path, "-DWANT_MINOR=1"))
+    assert mod.bind() == (1, 1, "hip", "memop")
+    assert mod.has_split() == (True, True)
+
+
+def test_consumer_built_for_1_0_still_binds(tmp_path):
+    """A 1.0 consumer (minor 0, the 1.0 table's size) binds the 1.1 table: entries were only appended."""
+    mod = load(build_consumer(tmp_path, "-DWANT_MINOR=0", "-DWANT_SIZE=offsetof(gpusync_api,step_submit)"))
+    assert mod.bind() == (1, 1, "hip", "memop")
+
+
+@pytest.mark.parametrize(
+    "defines, want", [(["-DWANT_MAJOR=2"], "2.1"), (["-DWANT_MINOR=2"], "1.2"), (["-DWANT_MINOR=7"], "1.7")]
+)
 def test_mismatched_consumer_names_both_versions(tmp_path, defines, want):
     mod = load(build_consumer(tmp_path, *defines))
     with pytest.raises(ImportError) as e:
         mod.bind()
     msg = str(e.value)
-    assert "provides ABI 1.0" in msg and f"built against ABI {want}" in msg and "gpusync-hip" in msg
+    assert "provides ABI 1.1" in msg and f"built against ABI {want}" in msg and "gpusync-hip" in msg
 
 
 def test_kernel_services_through_the_table(tmp_path, fake_hip):

@@ -266,7 +266,9 @@ d = _native.Device(0)
 b = _native.Iob(d, ce.C_API_CAPSULE, ex.handle, ex)
 ex.start_coordinator(ready=b.words["ready"], done=b.words["done"])
 safe, eager, report = b.probe(P["memop"], 10.0, _native.MECHANISMS["splice"])
-print(json.dumps({"safe": safe, "report": report, "peek": _native._peek_error(), "stats": stats()}))
+out = {"safe": safe, "report": report, "peek": _native._peek_error(), "stats": stats()}
+ex.stop_coordinator()  # off the signal words before the block frees them at exit (else a use after free)
+print(json.dumps(out))
 """,
     )
     assert not out["safe"] and "hipGraphAddBatchMemOpNode(done := 0) failed" in out["report"]

@@ -17,7 +17,10 @@ CpuMoeExecutor.decode:
   * spliced nodes forced on the native runtime;
 each a copy path with its system-release event recorded as an external event node. The kernel path
 cannot run (kernelio's image is an AMD code-object bundle): kernelio's probe reports it and the copy
-path is what runs.
+path is what runs. And HipSync driven through torch (cuda_shim/split_worker.py, needs torch with CUDA):
+submit -> a torch op on the same stream -> finish equals decode() bit for bit, eagerly and in one
+torch.cuda graph replayed HIPSHIM_SPLIT_REPLAYS (24) times with fresh inputs and residency masks, native
+memops and spliced nodes, with and without HipSync's start-up qualification.
 """
 
 from __future__ import annotations
@@ -301,3 +304,54 @@ ex.close()
     )
     assert r.returncode == 0, r.stderr[-4000:]
     assert r.stdout.startswith("REFUSED"), r.stdout
+
+
+# ---- NVIDIA GPU: HipSync's split (submit -> torch work on the same stream -> finish) through torch --------
+SPLIT_REPLAYS = int(os.environ.get("HIPSHIM_SPLIT_REPLAYS", "24"))
+
+
+def split_worker(shim: Path, mode: str, path: str, qualify: bool) -> dict:
+    pytest.importorskip("gpusync_hip")
+    pytest.importorskip("torch")
+    e = {"GPUSYNC_HIP_LIBRARY": str(shim), "HIPSHIM_MODE": mode, "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = run_py(
+        f"import runpy, sys; sys.argv = ['w', {path!r}, '{SPLIT_REPLAYS}', '{int(qualify)}']; "
+        f"runpy.run_path({str(SHIM_DIR / 'split_worker.py')!r}, run_name='__main__')",
+        e,
+        timeout=WORKER_TIMEOUT_S,
+    )
+    assert r.returncode == 0, f"split worker ({mode}, {path}) failed:\n{r.stdout}\n{r.stderr[-4000:]}"
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"\n[split {mode}/{path} qualify={qualify}] {json.dumps(res)}")
+    if "skip" in res:
+        pytest.skip(res["skip"])
+    return res
+
+
+@pytest.mark.cuda
+@pytest.mark.gpu
+@needs_nvidia
+@pytest.mark.parametrize(
+    "mode, path, mechanism, qualify",
+    [
+        ("native", "copy-native", "native", False),  # memops recorded by the capture (HIP >= 10)
+        ("eager-capture", "auto", "splice", False),  # ROCm < 10: spliced batch-memop nodes
+        ("native", "copy-native", "native", True),  # + HipSync's start-up qualification (decode and the split)
+        ("eager-capture", "copy-splice", "splice", True),
+    ],
+    ids=["native-memops", "eager-capture-spliced", "native-memops-qualified", "spliced-qualified"],
+)
+def test_split_on_cuda(shim, mode, path, mechanism, qualify):
+    """submit -> a torch op on the same stream -> finish == decode() bit for bit (and == the executor), eagerly
+    (new / out= / partial=, with and without a residency mask, a step with no CPU route) and in one
+    torch.cuda graph of split and plain steps replayed HIPSHIM_SPLIT_REPLAYS (24) times with fresh inputs and
+    residency masks."""
+    res = split_worker(shim, mode, path, qualify)
+    assert "error" not in res, res
+    assert res["mechanism"] == mechanism and res["path"] == f"copy-{mechanism}", res["summary"]
+    if qualify:
+        assert "failed qualification" not in res["summary"], res["summary"]
+    assert res["eager_checks"] == 12 and res["eager_bad"] == [], res["eager_bad"]
+    assert res["replays"] == SPLIT_REPLAYS and res["graph_bad_count"] == 0, res["graph_bad"]
+    assert res["pending_layer"] is None and not res["pending"], res
+    assert res["ready"] == 0 and res["done"] >= 1 and res["error"] == 0 and res["pending_error"] == 0, res

@@ -33,7 +33,7 @@ def status(env):
 
 
 def test_imports_and_versions():
-    assert gpusync_hip.ABI_VERSION == (1, 0)
+    assert gpusync_hip.ABI_VERSION == (1, 1)  # 1.1: step_submit, step_finish appended
     assert gpusync_hip.PROTOCOL_VERSION == 1
     assert _native.CAPSULE_NAME == "gpusync_hip._native._C_API_v1"
     assert set(_native.PATHS) == {"eager", "memop", "host-func", "kernel"}

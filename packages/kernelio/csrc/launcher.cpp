@@ -2,13 +2,16 @@
 #include "launcher.h"
 
 #include <algorithm>
+#include <cstddef>
 
 namespace kernelio {
 
 const gpusync_api* bind_api(const void* p) {
   const auto* api = static_cast<const gpusync_api*>(p);
   char err[512];
-  if (gpusync_check_api(api, err, sizeof err)) throw Error(err);
+  // kernelio calls ABI 1.0 entries only (module, launch, memory, copy, sync services): it needs 1.0 and the
+  // 1.0 table (which ends where 1.1 appended step_submit), so a provider's minor bump never forces a rebuild.
+  if (gpusync_check_api_as(api, 1, 0, offsetof(gpusync_api, step_submit), err, sizeof err)) throw Error(err);
   return api;
 }
 

@@ -1,12 +1,25 @@
 """Start-up qualification of a path: the real decode, eager and inside a CUDA
 graph replayed with changed inputs, bit-identical to the executor's synchronous
-decode of the same inputs (design.md principle 4). Raises on any difference."""
+decode of the same inputs (design.md principle 4). The step's two halves are
+proven the same way: submit, other GPU work on the same stream (a torch add, as an
+engine's GPU-resident experts would run there), then finish adding y into that
+work's result or writing it out; eager and in the graph, with a step that has a
+CPU route and one that has none. Raises on any difference."""
 from __future__ import annotations
+
+from .sync_torch import abandon
 
 REPLAYS = 3
 
 
 def qualify(sync, path: str, torch) -> None:
+    try:
+        _qualify(sync, path, torch)
+    finally:
+        abandon(sync)  # a failure between the halves leaves nothing pending (its CPU work drained)
+
+
+def _qualify(sync, path: str, torch) -> None:
     ex = sync.executor
     dev = torch.device("cuda", sync.ordinal)
     E, H, K, T = ex.E, ex.H, ex.top_k, min(3, ex.max_tokens)
@@ -29,6 +42,9 @@ def qualify(sync, path: str, torch) -> None:
             ids[0, 0] = 1 if E > 1 else 0  # at least one CPU route
         return x, w, ids
 
+    def bf16():
+        return torch.randn(T, H, generator=gen).to(torch.bfloat16)
+
     def want(x, w, ids, partial=None):
         hit = mask[ids.clamp(0, E - 1).long()] & (ids >= 0)
         y = ex.decode(layer, x, w, ids.masked_fill(hit, -1))
@@ -43,30 +59,51 @@ def qualify(sync, path: str, torch) -> None:
     mask_d = mask.to(dev)
     with torch.cuda.stream(s):
         x, w, ids = fresh()
-        p = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+        p, q1, q2 = bf16(), bf16(), bf16()
         xd, wd, idsd = x.to(dev), w.to(dev), ids.to(dev)
+        q1d, q2d = q1.to(dev), q2.to(dev)
         y1 = sync._decode(path, layer, xd, wd, idsd, mask_d, None, None)
         y2 = sync._decode(path, layer, xd, wd, idsd, mask_d, None, p.to(dev))
+        # The split: other GPU work on the same stream between the halves, its result the partial y is added to.
+        sync._submit(path, layer, xd, wd, idsd, mask_d)
+        part = q1d + q2d
+        y3 = sync._finish(layer, None, part)
         sync.synchronize(s)
         same(y1, want(x, w, ids), "eager")
         same(y2, want(x, w, ids, p), "eager, added into a partial")
+        same(y3, want(x, w, ids, (q1d + q2d).cpu()), "eager submit / other GPU work / finish into its result")
 
-        # One graph: a step for the CPU (out) then a skipped step added into a partial.
+        # One graph: a step for the CPU (out), a skipped step added into a partial, then the same two through
+        # the halves: submit, a torch add, finish adding into its result; submit (no CPU route), other GPU work
+        # writing the output first, finish writing y over it.
         xs, ws, ids_s = xd.clone(), wd.clone(), idsd.clone()
         xk, wk, idk = (t.to(dev) for t in fresh(skip=True))
         ps = torch.zeros(T, H, dtype=torch.bfloat16, device=dev)
+        xt, wt, idt = xd.clone(), wd.clone(), idsd.clone()
+        xu, wu, idu = xk.clone(), wk.clone(), idk.clone()
+        a1, a2 = q1d.clone(), q2d.clone()
+        ou = torch.zeros(T, H, dtype=torch.bfloat16, device=dev)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=s):
             o1 = sync._decode(path, layer, xs, ws, ids_s, mask_d, None, None)
             sync._decode(path, layer, xk, wk, idk, mask_d, None, ps)
+            sync._submit(path, layer, xt, wt, idt, mask_d)
+            o3 = sync._finish(layer, None, a1 + a2)
+            sync._submit(path, layer, xu, wu, idu, mask_d)
+            ou.copy_(a1)
+            sync._finish(layer, ou, None)
         for r in range(REPLAYS):
-            (x, w, ids), (x2, w2, ids2) = fresh(), fresh(skip=True)
-            p = torch.randn(T, H, generator=gen).to(torch.bfloat16)
-            for dst, src in ((xs, x), (ws, w), (ids_s, ids), (xk, x2), (wk, w2), (idk, ids2), (ps, p)):
+            (x, w, ids), (x2, w2, ids2), (x3, w3, ids3), (x4, w4, ids4) = (
+                fresh(), fresh(skip=True), fresh(), fresh(skip=True))
+            p, b1, b2 = bf16(), bf16(), bf16()
+            for dst, src in ((xs, x), (ws, w), (ids_s, ids), (xk, x2), (wk, w2), (idk, ids2), (ps, p),
+                             (xt, x3), (wt, w3), (idt, ids3), (xu, x4), (wu, w4), (idu, ids4), (a1, b1), (a2, b2)):
                 dst.copy_(src)
             graph.replay()
             sync.synchronize(s)
             same(o1, want(x, w, ids), f"graph replay {r}")
             same(ps, want(x2, w2, ids2, p), f"graph replay {r}, skipped step")
+            same(o3, want(x3, w3, ids3, (a1 + a2).cpu()), f"graph replay {r}, submit / torch add / finish")
+            same(ou, want(x4, w4, ids4), f"graph replay {r}, submit / other GPU work / finish, skipped step")
         del graph
     torch.cuda.current_stream(dev).wait_stream(s)

@@ -4,9 +4,12 @@ At start-up it registers the executor's IO block, starts the coordinator if it
 is not running, probes every path (native probes for memop and host-func,
 kernelio's self-test for the kernels) and qualifies the best candidates with a
 real decode, eager and under CUDA-graph capture + replay with changed inputs,
-against the executor's synchronous result. The first path that passes is used;
-one log line names it. decode() then runs on the current stream and is
-capture-safe on every path but eager, which refuses capture with what to do.
+against the executor's synchronous result (decode and the split submit/finish with
+other GPU work between the halves). The first path that passes is used; one log
+line names it. decode() then runs on the current stream and is capture-safe on
+every path but eager, which refuses capture with what to do. submit() and finish()
+are its two halves, so an engine can run its GPU-resident experts on the same
+stream while the CPU works (decode() == submit() + finish()).
 torch is imported lazily, only to handle torch tensors.
 """
 from __future__ import annotations
@@ -68,6 +71,7 @@ class CudaSync:
         # chooses, $KERNELIO_WAIT forces (kernelio.probe_wait).
         self.kernel_wait: str | None = None
         self._dev = self._iob = self._kio = None
+        self._pending = None  # the submitted, unfinished step (cpumoe_executor.sync_torch.Pending)
         self._started_coordinator = False
         st = _native.driver_status()
         if not (st["loaded"] and st["initialized"]):
@@ -201,13 +205,51 @@ class CudaSync:
 
         residency_mask: bool/u8 [E] on the GPU, True = the expert runs on the GPU (its routes are
         skipped here). out: write y into it; partial: add y into it in place (a GPU partial result).
-        Returns the tensor holding the result."""
+        Returns the tensor holding the result. Exactly submit() + finish(), every argument checked first."""
         return self._decode(self.path, layer, x, topk_weights, topk_ids, residency_mask, out, partial)
 
-    def _decode(self, path, layer, x, w, ids, mask, out, partial):
-        from ._decode import decode
+    def submit(self, layer: int, x, topk_weights, topk_ids, residency_mask=None) -> None:
+        """The first half of decode() on the current stream: checks the step (shapes, dtypes, devices,
+        batch <= max_tokens) before anything is enqueued, then rings the CPU (kernel path: the publish
+        kernel; copy paths: the device-to-host copies and the doorbell; eager: the CPU decodes now). The
+        caller may enqueue other GPU work on the same stream, then calls finish(layer). One task in flight:
+        RuntimeError naming the pending layer while one is submitted and not finished (also while capturing a
+        graph: the graph then holds both halves). Eager path: CaptureRefusedError under capture."""
+        self._submit(self.path, layer, x, topk_weights, topk_ids, residency_mask)
 
-        return decode(self, path, layer, x, w, ids, mask, out, partial)
+    def finish(self, layer: int, *, out=None, partial=None):
+        """The second half, on the stream submit ran on: waits for the CPU's done and brings y back (kernel path:
+        the memop or in-kernel wait + combine; copy paths: the wait + host-to-device copy), written into out or
+        added into partial ([T, H] for the submitted T). Returns the tensor holding the result. RuntimeError
+        when nothing is pending, ValueError naming both layers when another layer was submitted; after any
+        error nothing is pending (the task is abandoned, its CPU work drained first when it was issued)."""
+        return self._finish(layer, out, partial)
+
+    @property
+    def pending_layer(self) -> int | None:
+        """The layer submitted and not finished yet, or None."""
+        return None if self._pending is None else self._pending.layer
+
+    def _decode(self, path, layer, x, w, ids, mask, out, partial):
+        from cpumoe_executor.sync_torch import decode_step
+
+        from . import _decode
+
+        return decode_step(self, _decode.submit, _decode.finish, path, layer, x, w, ids, mask, out, partial)
+
+    def _submit(self, path, layer, x, w, ids, mask, target=None) -> None:
+        from cpumoe_executor.sync_torch import submit_step
+
+        from . import _decode
+
+        submit_step(self, _decode.submit, path, layer, x, w, ids, mask, target)
+
+    def _finish(self, layer, out, partial):
+        from cpumoe_executor.sync_torch import finish_step
+
+        from . import _decode
+
+        return finish_step(self, _decode.finish, layer, out, partial)
 
     # ---- waits and health -----------------------------------------------------------------------
     def synchronize(self, stream=None, timeout_s: float | None = None) -> None:
@@ -236,6 +278,7 @@ class CudaSync:
         return h["ready"] != 0 or h["done"] == 0
 
     def close(self) -> None:
+        self._pending = None
         self._kio = None
         self._iob = None  # unregisters the IO block
         if self._started_coordinator:

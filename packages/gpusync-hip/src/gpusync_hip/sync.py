@@ -7,9 +7,12 @@ capture, else under spliced batch-memop nodes, each proven by a real capture,
 instantiate and replay with changed inputs against the synchronous CPU result;
 host functions are probed eagerly only (never replay-safe on ROCm). With torch
 present, the chosen copy path is also qualified with the real decode (eager +
-HIP-graph replay). One log line names the path. decode() runs on the current
+HIP-graph replay; decode and the split submit/finish with other GPU work between
+the halves). One log line names the path. decode() runs on the current
 stream; only the copy paths may be captured, the others raise
-CaptureRefusedError saying what to do.
+CaptureRefusedError saying what to do. submit() and finish() are its two halves,
+so an engine can run its GPU-resident experts on the same stream while the CPU
+works (decode() == submit() + finish()).
 
 Paths (GPUSYNC_HIP_PATH or path=): auto (default: best proven), copy-native,
 copy-splice (native / splice are aliases), host-func, eager.
@@ -65,6 +68,7 @@ class HipSync:
         self.reasons: dict[str, str] = {"copy": "not tried", "host-func": "not tried"}
         self.path, self.mechanism = "eager", "none"
         self._dev = self._iob = None
+        self._pending = None  # the submitted, unfinished step (cpumoe_executor.sync_torch.Pending)
         self._hostfn_eager = False
         self._coordinator = None  # None: untouched; "moved": was running on the block's words; "started"
         st = _native.driver_status()
@@ -158,13 +162,53 @@ class HipSync:
         """y [T, H] bf16 of `layer`'s CPU experts on the current stream (capture-safe on the copy paths only).
 
         residency_mask: bool/u8 [E], True = the expert runs on the GPU (its routes are skipped here).
-        out: write y into it; partial: add y into it in place. Returns the tensor holding the result."""
+        out: write y into it; partial: add y into it in place. Returns the tensor holding the result.
+        Exactly submit() + finish(), every argument checked first."""
         return self._decode(self.path, layer, x, topk_weights, topk_ids, residency_mask, out, partial)
 
-    def _decode(self, path, layer, x, w, ids, mask, out, partial):
-        from ._decode import decode
+    def submit(self, layer: int, x, topk_weights, topk_ids, residency_mask=None) -> None:
+        """The first half of decode() on the current stream: checks the step (shapes, dtypes, devices,
+        batch <= max_tokens) before anything is enqueued, then rings the CPU (copy paths: the device-to-host
+        copies, the system-release event and the doorbell; host-func: the copies, the release event and the
+        host function; eager: the CPU decodes now). The caller may enqueue other GPU work on the same stream,
+        then calls finish(layer). One task in flight: RuntimeError naming the pending layer while one is
+        submitted and not finished (also while capturing a graph: the graph then holds both halves). Paths
+        other than the copy paths: CaptureRefusedError under capture."""
+        self._submit(self.path, layer, x, topk_weights, topk_ids, residency_mask)
 
-        return decode(self, path, layer, x, w, ids, mask, out, partial)
+    def finish(self, layer: int, *, out=None, partial=None):
+        """The second half, on the stream submit ran on: waits for the CPU's done and copies y back, written into
+        out or added into partial ([T, H] for the submitted T). Returns the tensor holding the result.
+        RuntimeError when nothing is pending, ValueError naming both layers when another layer was submitted;
+        after any error nothing is pending (the task is abandoned, its CPU work drained first when it was
+        issued)."""
+        return self._finish(layer, out, partial)
+
+    @property
+    def pending_layer(self) -> int | None:
+        """The layer submitted and not finished yet, or None."""
+        return None if self._pending is None else self._pending.layer
+
+    def _decode(self, path, layer, x, w, ids, mask, out, partial):
+        from cpumoe_executor.sync_torch import decode_step
+
+        from . import _decode
+
+        return decode_step(self, _decode.submit, _decode.finish, path, layer, x, w, ids, mask, out, partial)
+
+    def _submit(self, path, layer, x, w, ids, mask, target=None) -> None:
+        from cpumoe_executor.sync_torch import submit_step
+
+        from . import _decode
+
+        submit_step(self, _decode.submit, path, layer, x, w, ids, mask, target)
+
+    def _finish(self, layer, out, partial):
+        from cpumoe_executor.sync_torch import finish_step
+
+        from . import _decode
+
+        return finish_step(self, _decode.finish, layer, out, partial)
 
     # ---- waits and health -----------------------------------------------------------------------
     def synchronize(self, stream=None, timeout_s: float | None = None) -> None:
@@ -196,6 +240,7 @@ class HipSync:
         return bool(v) and (v["ready"] != 0 or v["done"] == 0)
 
     def close(self) -> None:
+        self._pending = None
         if getattr(self, "_coordinator", None) is not None:
             self.executor.stop_coordinator()  # off our words before they are freed
             if self._coordinator == "moved":

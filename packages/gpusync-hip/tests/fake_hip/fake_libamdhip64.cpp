@@ -26,7 +26,9 @@
 // -DFAKEHIP_NO_BATCH_NODE, -DFAKEHIP_NO_RECORD_WITH_FLAGS (all three: Debian's
 // 5.2.3), -DFAKEHIP_NO_STREAM_CREATE (a required one).
 // fakehip_stats() returns JSON: live objects, node counts, end-capture log,
-// call counts, the pending last error (without consuming it).
+// call counts, the pending last error (without consuming it). fakehip_trace()
+// returns every stream operation accepted, in issue order, as a JSON array
+// (fakehip_trace_clear() empties it; so does fakehip_configure).
 #include "fake_model.h"
 
 // ---- control (for tests) --------------------------------------------------------------------
@@ -52,6 +54,19 @@ EXPORT const char* fakehip_stats() {
   o << "}}";
   out = o.str();
   return out.c_str();
+}
+
+EXPORT const char* fakehip_trace() {
+  static thread_local std::string out;
+  std::lock_guard<std::mutex> l(g_trace_mu);
+  out = "[";
+  for (size_t i = 0; i < g_trace.size(); ++i) out += (i ? "," : "") + g_trace[i];
+  out += "]";
+  return out.c_str();
+}
+EXPORT void fakehip_trace_clear() {
+  std::lock_guard<std::mutex> l(g_trace_mu);
+  g_trace.clear();
 }
 
 // ---- device, version, errors ----------------------------------------------------------------------
@@ -130,6 +145,8 @@ EXPORT E hipMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* s)
   FAIL_POINT("hipMemcpyAsync");
   Stream* st = S(s);
   const bool d2h = kind == 2;
+  trace("{\"op\":\"copy\",\"kind\":" + std::to_string(kind) + ",\"dst\":" + ptr(dst) + ",\"src\":" + ptr(src) +
+        ",\"n\":" + std::to_string(n) + ",\"stream\":" + ptr(st) + ",\"cap\":" + (st->capturing ? "1" : "0") + "}");
   st->add(NODE_MEMCPY, [=](Stream& run) {
     if (d2h && cfg().late) {  // not visible to the host yet
       std::lock_guard<std::mutex> l(run.pend_mu);
@@ -171,10 +188,13 @@ EXPORT E hipStreamIsCapturing(void* s, int* st) {
 }
 
 // Memops: recorded, executed at once, or dropped while the stream captures.
-E memop(const char* api, void* s, void* ptr, std::function<void(Stream&)> run) {
+E memop(const char* api, void* s, void* ptr, uint64_t v, std::function<void(Stream&)> run) {
   FAIL_POINT(api);
   if (!is_signal(ptr)) return set_err(INVALID);  // only signal memory (and HIP-known memory) qualifies
   Stream* st = S(s);
+  trace(std::string("{\"op\":\"") + (std::strstr(api, "Write") ? "write" : "wait") + "\",\"addr\":" +
+        ::ptr(ptr) + ",\"value\":" + std::to_string(v) + ",\"stream\":" + ::ptr(st) +
+        ",\"cap\":" + (st->capturing ? "1" : "0") + "}");
   if (st->capturing) {
     const std::string mode = cfg().capture;
     if (mode == "drop") return OK;
@@ -186,11 +206,11 @@ E memop(const char* api, void* s, void* ptr, std::function<void(Stream&)> run) {
   return OK;
 }
 EXPORT E hipStreamWriteValue64(void* s, void* ptr, uint64_t v, unsigned) {
-  return memop("hipStreamWriteValue64", s, ptr, [=](Stream& st) { run_write(st, (uint64_t*)ptr, v); });
+  return memop("hipStreamWriteValue64", s, ptr, v, [=](Stream& st) { run_write(st, (uint64_t*)ptr, v); });
 }
 EXPORT E hipStreamWaitValue64(void* s, void* ptr, uint64_t v, unsigned flags, uint64_t mask) {
   if (flags != 0) return set_err(INVALID);  // only Gte is modelled
-  return memop("hipStreamWaitValue64", s, ptr, [=](Stream& st) { run_wait(st, (const uint64_t*)ptr, v, mask); });
+  return memop("hipStreamWaitValue64", s, ptr, v, [=](Stream& st) { run_wait(st, (const uint64_t*)ptr, v, mask); });
 }
 
 // ---- capture and graphs ---------------------------------------------------------------------------------
@@ -301,6 +321,11 @@ EXPORT E hipGraphAddBatchMemOpNode(void** out, void* g, void* const* deps, size_
     std::vector<BatchParams> copy(p->paramArray, p->paramArray + count);
     run = [copy, count, c](Stream& st) { run_batch(st, copy.data(), count, c.unordered); };
   }
+  std::string ops;
+  for (unsigned i = 0; i < count; ++i)
+    ops += std::string(i ? "," : "") + "[" + std::to_string(p->paramArray[i].operation) + "," +
+           ptr(p->paramArray[i].op.address) + "," + std::to_string(p->paramArray[i].op.value64) + "]";
+  trace("{\"op\":\"batch\",\"ops\":[" + ops + "],\"cap\":1}");
   auto* graph = static_cast<Graph*>(g);
   std::lock_guard<std::mutex> l(g_mu);
   Node* n = new Node{NODE_BATCH_MEMOP, std::move(run), std::vector<Node*>((Node**)deps, (Node**)deps + ndeps), graph};
@@ -333,6 +358,7 @@ EXPORT E hipGraphInstantiate(void** e, void* g, void**, char*, size_t) {
 }
 EXPORT E hipGraphLaunch(void* e, void* s) {
   FAIL_POINT("hipGraphLaunch");
+  trace("{\"op\":\"launch\",\"exec\":" + ptr(e) + ",\"stream\":" + ptr(S(s)) + ",\"cap\":0}");
   for (auto& op : static_cast<Exec*>(e)->ops) S(s)->enqueue(op);
   return OK;
 }
@@ -358,6 +384,8 @@ E record(const char* api, void* ev, void* s, unsigned flags) {
   if (flags > 1) return set_err(INVALID);
   Stream* st = S(s);
   const bool release = static_cast<Event*>(ev)->flags & EV_RELEASE_TO_SYSTEM;
+  trace("{\"op\":\"event\",\"event\":" + ptr(ev) + ",\"release\":" + (release ? "1" : "0") + ",\"flags\":" +
+        std::to_string(flags) + ",\"stream\":" + ptr(st) + ",\"cap\":" + (st->capturing ? "1" : "0") + "}");
   auto run = [release](Stream& r) {
     if (release) r.flush();  // system-scope release: earlier copies become host-visible
   };
@@ -380,6 +408,8 @@ EXPORT E hipEventRecordWithFlags(void* ev, void* s, unsigned flags) {
 #ifndef FAKEHIP_NO_HOSTFUNC
 EXPORT E hipLaunchHostFunc(void* s, void (*fn)(void*), void* ud) {
   FAIL_POINT("hipLaunchHostFunc");
+  trace("{\"op\":\"host\",\"fn\":" + ptr((const void*)fn) + ",\"arg\":" + ptr(ud) + ",\"stream\":" + ptr(S(s)) +
+        ",\"cap\":" + (S(s)->capturing ? "1" : "0") + "}");
   S(s)->add(NODE_HOST, [=](Stream&) { fn(ud); });
   return OK;
 }

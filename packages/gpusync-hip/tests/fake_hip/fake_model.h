@@ -55,6 +55,17 @@ std::vector<EndCaptureLog> g_end_log;
 std::atomic<long> g_live_streams{0}, g_live_graphs{0}, g_live_execs{0}, g_live_events{0}, g_signal_allocs{0},
     g_destroyed_nodes{0}, g_wait_timeouts{0}, g_late_flushes{0};
 
+// The trace (fakehip_trace): every stream operation accepted, in issue order, one JSON object each: copies,
+// memop writes and waits, event records, host functions, batch-memop nodes, graph launches. "cap": the stream
+// was capturing when it was issued. Cleared by configure() and fakehip_trace_clear().
+std::mutex g_trace_mu;
+std::vector<std::string> g_trace;
+void trace(const std::string& entry) {
+  std::lock_guard<std::mutex> l(g_trace_mu);
+  g_trace.push_back(entry);
+}
+std::string ptr(const void* p) { return std::to_string((uintptr_t)p); }
+
 E set_err(E e) {
   if (e != OK) g_last = e;
   return e;
@@ -106,6 +117,10 @@ void configure(const std::string& spec) {
         c.fail[api] = f;
       }
     }
+  }
+  {
+    std::lock_guard<std::mutex> l(g_trace_mu);
+    g_trace.clear();
   }
   std::lock_guard<std::mutex> l(g_mu);
   g_cfg = c;

@@ -25,7 +25,8 @@ extern "C" {
 #endif
 
 #define GPUSYNC_ABI_MAJOR 1
-#define GPUSYNC_ABI_MINOR 0
+/* 1.1: step_submit and step_finish appended (the copy step in two halves) */
+#define GPUSYNC_ABI_MINOR 1
 #define GPUSYNC_CUDA_CAPSULE_NAME "gpusync_cuda._native._C_API_v1"
 #define GPUSYNC_HIP_CAPSULE_NAME "gpusync_hip._native._C_API_v1"
 
@@ -114,9 +115,24 @@ typedef struct gpusync_api {
   int (*host_unregister)(gpusync_device *d, void *host);
   /* Stream-ordered copy between any two addresses (unified addressing). */
   int (*memcpy_async)(gpusync_device *d, uint64_t dst, uint64_t src, size_t bytes, uint64_t stream);
+
+  /* ---- ABI 1.1 (appended) ----
+   * The copy step in two halves on one stream, so the caller can enqueue other GPU work (its
+   * GPU-resident experts) between them while the CPU runs the task (hybrid overlap):
+   * step_submit = x/ids/w (device, contiguous) -> block (HIP: then the system-release event),
+   * then submit; step_finish = wait, then block y -> y, for the submitted num_tokens.
+   * step == step_submit + step_finish, the same operations in the same order. One task in flight
+   * per IO block: every step_submit is followed by its step_finish on the same stream (under
+   * capture, in the same graph) before the next step_submit; the caller keeps that order. Both
+   * check everything before enqueuing anything; capture is refused as for step. */
+  int (*step_submit)(gpusync_iob *b, int path, uint64_t stream, uint32_t layer, uint32_t num_tokens, uint64_t x,
+                     uint64_t ids, uint64_t w);
+  int (*step_finish)(gpusync_iob *b, int path, uint64_t stream, uint32_t num_tokens, uint64_t y);
 } gpusync_api;
 
-/* Consumer check: major equal, minor and size at least what it was built with. */
+/* Consumer check: major equal, minor and size at least what it was built with. A consumer that
+ * calls only ABI 1.0 entries may bind with minor 0 and offsetof(gpusync_api, step_submit) as the size
+ * (a 1.0 provider's table ends there). */
 static inline int gpusync_check_api_as(const gpusync_api *api, uint32_t major, uint32_t minor, size_t size,
                                        char *err, size_t errlen) {
   if (!api) {

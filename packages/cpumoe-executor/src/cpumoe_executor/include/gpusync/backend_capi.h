@@ -107,6 +107,13 @@ struct BackendCapi {
                     uint64_t w, uint64_t y) {
     return guarded([&] { Blk(b).step(path, S(s), layer, T, x, ids, w, y); });
   }
+  static int c_step_submit(gpusync_iob* b, int path, uint64_t s, uint32_t layer, uint32_t T, uint64_t x,
+                           uint64_t ids, uint64_t w) {
+    return guarded([&] { Blk(b).step_submit(path, S(s), layer, T, x, ids, w); });
+  }
+  static int c_step_finish(gpusync_iob* b, int path, uint64_t s, uint32_t T, uint64_t y) {
+    return guarded([&] { Blk(b).step_finish(path, S(s), T, y); });
+  }
   static const char* c_path_name(int path) { return path_name(path); }
   static int c_capture_status(gpusync_device* d, uint64_t s, int* st) {
     return scoped(d, "capture status", [&] { *st = D(d).capture_status(S(s)); });
@@ -161,7 +168,9 @@ struct BackendCapi {
       &c_last_error, &c_device_open, &c_device_close, &c_iob_register, &c_iob_release, &c_iob_device_ptr, &c_probe,
       &c_set_replay_safe, &c_submit, &c_wait, &c_step, &c_path_name, &c_capture_status, &c_stream_sync,
       &c_module_load, &c_module_unload, &c_module_function, &c_launch, &c_mem_alloc, &c_mem_free, &c_host_register,
-      &c_host_unregister, &c_memcpy_async};
+      &c_host_unregister, &c_memcpy_async,
+      // ABI 1.1
+      &c_step_submit, &c_step_finish};
 };
 
 }  // namespace gpusync
