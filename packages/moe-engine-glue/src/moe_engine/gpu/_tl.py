@@ -13,21 +13,35 @@ import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-# Triton's interpreter multiplies bf16 operands of tl.dot as their uint16 bit patterns (3.9: create_dot calls
-# np.matmul on the raw storage), so under the interpreter the product runs on fp32 copies of the bf16 values:
-# the same exact products (bf16 x bf16 fits fp32), fp32 accumulation.
-F32DOT = INTERPRET
+# The kernels' INTERP constexpr: work around two things Triton's interpreter (3.9) gets wrong. (1) tl.dot of bf16
+# operands multiplies their uint16 bit patterns (create_dot calls np.matmul on the raw storage): under the
+# interpreter the product runs on fp32 copies of the bf16 values (the same exact products, fp32 accumulation).
+# (2) fp32 -> bf16 casts truncate (cast_impl passes no rounding mode): round_bf16 rounds to nearest even by hand.
+INTERP = INTERPRET
 
 ACT_IDS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swigluoai": 3, "swiglu_clamp": 4}
 
 
 @triton.jit
-def mma(a, b, acc, F32DOT: tl.constexpr):
+def mma(a, b, acc, INTERP: tl.constexpr):
     """acc + a @ b in fp32 (a, b bf16 tiles)."""
-    if F32DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    if INTERP:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
-        return tl.dot(a, b, acc)
+        r = tl.dot(a, b, acc)
+    return r
+
+
+@triton.jit
+def round_bf16(v, INTERP: tl.constexpr):
+    """fp32 -> bf16, round to nearest even (the GPU's cvt.rn; by hand under the interpreter; finite values)."""
+    if INTERP:
+        b = v.to(tl.uint32, bitcast=True)
+        b = b + 0x7FFF + ((b >> 16) & 1)
+        r = (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        r = v.to(tl.bfloat16)
+    return r
 
 
 @triton.jit

@@ -28,7 +28,7 @@ def rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN: tl.constexpr, 
 
 @triton.jit
 def rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS,
-             BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, F32DOT: tl.constexpr):
+             BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, INTERP: tl.constexpr):
     ks = tl.arange(0, BK)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     wrow = w_ptr + rows[:, None] * K
@@ -38,5 +38,5 @@ def rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS,
         km = kk < K
         x = tl.load(xrow + kk[None, :], mask=xmask[:, None] & km[None, :], other=0.0)
         w = tl.load(wrow + kk[None, :], mask=rmask[:, None] & km[None, :], other=0.0)
-        acc = mma(x, tl.trans(w), acc, F32DOT)
+        acc = mma(x, tl.trans(w), acc, INTERP)
     return acc

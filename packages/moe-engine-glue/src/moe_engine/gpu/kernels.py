@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from . import bf16, fp8_block, mxfp4, nvfp4
-from ._tl import activate
+from ._tl import activate, round_bf16
 
 FMT_IDS = {"bf16": 0, "fp8_block": 1, "mxfp4": 2, "nvfp4": 3}
 
@@ -37,15 +37,15 @@ def _rows_fma(FMT: tl.constexpr, x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS
 
 @triton.jit
 def _rows_dot(FMT: tl.constexpr, x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS,
-              BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, F32DOT: tl.constexpr):
+              BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, INTERP: tl.constexpr):
     if FMT == 0:
-        r = bf16.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, F32DOT)
+        r = bf16.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
     elif FMT == 1:
-        r = fp8_block.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, F32DOT)
+        r = fp8_block.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
     elif FMT == 2:
-        r = mxfp4.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, F32DOT)
+        r = mxfp4.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
     else:
-        r = nvfp4.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, F32DOT)
+        r = nvfp4.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
     return r
 
 
@@ -68,7 +68,7 @@ def gate_up_kernel(x_ptr, x_stride, slots_ptr, tw_ptr, order_ptr, count_ptr, cap
                    h_ptr, I, H, alpha, limit,
                    FMT: tl.constexpr, ACT: tl.constexpr, TOP_K: tl.constexpr, GROUPED: tl.constexpr,
                    DOT: tl.constexpr, WEIGHT_IN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   BM: tl.constexpr, F32DOT: tl.constexpr):
+                   BM: tl.constexpr, INTERP: tl.constexpr):
     p = tl.program_id(0)
     nb = tl.program_id(1)
     first, cnt = _group(p, slots_ptr, order_ptr, count_ptr, capacity, GROUPED)
@@ -94,14 +94,14 @@ def gate_up_kernel(x_ptr, x_stride, slots_ptr, tw_ptr, order_ptr, count_ptr, cap
             else:
                 routes = first + mi * 0
             xoff = (routes // TOP_K).to(tl.int64) * x_stride
-            acc = _rows_dot(FMT, x_ptr, xoff, mm, wb, sb, vb, rows, rmask, H, SRS, 2 * BN, BK, BM, F32DOT)
+            acc = _rows_dot(FMT, x_ptr, xoff, mm, wb, sb, vb, rows, rmask, H, SRS, 2 * BN, BK, BM, INTERP)
             gate, up = tl.split(tl.reshape(acc, [BM, BN, 2]))
             if WEIGHT_IN:
                 wt = tl.load(tw_ptr + routes, mask=mm, other=0.0)
                 gate = gate * wt[:, None]
                 up = up * wt[:, None]
             g = activate(gate, up, ACT, alpha, limit)
-            tl.store(h_ptr + routes.to(tl.int64)[:, None] * I + n[None, :], g.to(tl.bfloat16),
+            tl.store(h_ptr + routes.to(tl.int64)[:, None] * I + n[None, :], round_bf16(g, INTERP),
                      mask=mm[:, None] & nmask[None, :])
     else:
         for m in range(0, cnt):
@@ -117,7 +117,7 @@ def gate_up_kernel(x_ptr, x_stride, slots_ptr, tw_ptr, order_ptr, count_ptr, cap
                 gate = gate * wt
                 up = up * wt
             g = activate(gate, up, ACT, alpha, limit)
-            tl.store(h_ptr + route.to(tl.int64) * I + n, g.to(tl.bfloat16), mask=nmask)
+            tl.store(h_ptr + route.to(tl.int64) * I + n, round_bf16(g, INTERP), mask=nmask)
 
 
 @triton.jit
@@ -125,7 +125,7 @@ def down_group_kernel(h_ptr, slots_ptr, tw_ptr, order_ptr, count_ptr, capacity,
                       w_ptr, s_ptr, v_ptr, w_slot, s_slot, v_slot, SRS,
                       o_ptr, H, I,
                       FMT: tl.constexpr, GROUPED: tl.constexpr, DOT: tl.constexpr, WEIGHT_OUT: tl.constexpr,
-                      BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, F32DOT: tl.constexpr):
+                      BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, INTERP: tl.constexpr):
     p = tl.program_id(0)
     nb = tl.program_id(1)
     first, cnt = _group(p, slots_ptr, order_ptr, count_ptr, capacity, GROUPED)
@@ -146,7 +146,7 @@ def down_group_kernel(h_ptr, slots_ptr, tw_ptr, order_ptr, count_ptr, capacity,
             else:
                 routes = first + mi * 0
             r64 = routes.to(tl.int64)
-            acc = _rows_dot(FMT, h_ptr, r64 * I, mm, wb, sb, vb, n, nmask, I, SRS, BN, BK, BM, F32DOT)
+            acc = _rows_dot(FMT, h_ptr, r64 * I, mm, wb, sb, vb, n, nmask, I, SRS, BN, BK, BM, INTERP)
             if WEIGHT_OUT:
                 acc = acc * tl.load(tw_ptr + routes, mask=mm, other=0.0)[:, None]
             tl.store(o_ptr + r64[:, None] * H + n[None, :], acc, mask=mm[:, None] & nmask[None, :])
@@ -168,7 +168,7 @@ def down_token_kernel(h_ptr, slots_ptr, tw_ptr, capacity,
                       w_ptr, s_ptr, v_ptr, w_slot, s_slot, v_slot, SRS,
                       y_ptr, y_stride, H, I,
                       FMT: tl.constexpr, TOP_K: tl.constexpr, WEIGHT_OUT: tl.constexpr,
-                      BN: tl.constexpr, BK: tl.constexpr):
+                      BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
     t = tl.program_id(0)
     nb = tl.program_id(1)
     n = nb * BN + tl.arange(0, BN)
@@ -184,11 +184,12 @@ def down_token_kernel(h_ptr, slots_ptr, tw_ptr, capacity,
             if WEIGHT_OUT:
                 acc = acc * tl.load(tw_ptr + route)
             y += acc
-    tl.store(y_ptr + t.to(tl.int64) * y_stride + n, y.to(tl.bfloat16), mask=nmask)
+    tl.store(y_ptr + t.to(tl.int64) * y_stride + n, round_bf16(y, INTERP), mask=nmask)
 
 
 @triton.jit
-def route_sum_kernel(o_ptr, slots_ptr, capacity, y_ptr, y_stride, H, TOP_K: tl.constexpr, BN: tl.constexpr):
+def route_sum_kernel(o_ptr, slots_ptr, capacity, y_ptr, y_stride, H, TOP_K: tl.constexpr, BN: tl.constexpr,
+                     INTERP: tl.constexpr):
     """y[t] = bf16(sum of o[t * TOP_K + k] over the resident routes k, in route order, fp32)."""
     t = tl.program_id(0)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -196,7 +197,7 @@ def route_sum_kernel(o_ptr, slots_ptr, capacity, y_ptr, y_stride, H, TOP_K: tl.c
     y = tl.zeros([BN], dtype=tl.float32)
     for k in tl.static_range(TOP_K):
         route = t * TOP_K + k
-        s = tl.load(slots_ptr + route)
-        ok = (s >= 0) & (s < capacity)
-        y += tl.load(o_ptr + route.to(tl.int64) * H + n, mask=nmask & ok, other=0.0)
-    tl.store(y_ptr + t.to(tl.int64) * y_stride + n, y.to(tl.bfloat16), mask=nmask)
+        s = tl.load(slots_ptr + route + n * 0)  # one value, as a vector (a scalar & vector mask trips the interpreter)
+        ok = nmask & (s >= 0) & (s < capacity)
+        y += tl.load(o_ptr + route.to(tl.int64) * H + n, mask=ok, other=0.0)
+    tl.store(y_ptr + t.to(tl.int64) * y_stride + n, round_bf16(y, INTERP), mask=nmask)

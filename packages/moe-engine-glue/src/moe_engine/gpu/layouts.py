@@ -6,9 +6,12 @@ row-major with K innermost, gate_up rows 0..I-1 gate and I..2I-1 up, and up to t
 | format    | w [N, KW]                  | s (scales)                     | v [N] fp32          |
 |-----------|----------------------------|--------------------------------|---------------------|
 | bf16      | bf16, KW = K               | -                              | -                   |
-| fp8_block | e4m3 codes uint8, KW = K   | fp32 [nb(N), nb(K)] (bf16 exact, padding columns dropped) | - |
+| fp8_block | e4m3 codes uint8, KW = K   | fp32 [nb(N), nb(K)] (bf16 exact, padding columns dropped) | int32 [1] |
 | mxfp4     | uint8 e2m1 pairs, KW = K/2 | e8m0 uint8 [N, K/32]           | bias (bf16 exact)   |
 | nvfp4     | uint8 e2m1 pairs, KW = K/2 | e4m3 uint8 [N, K/16]           | global (fp16 exact) |
+
+fp8_block's v is a flag: 1 when the matrix holds a code 0x7F / 0xFF (+-480; e4m3fn's NaN codes, which the GPU's
+conversion would give as NaN), so the kernels fix those codes up only where they occur.
 
 mxfp4's banks are transposed (K-pairs outer, N inner) and gate/up interleaved by column: `to_device` transposes
 and de-interleaves them on the device, so every format's kernel reads rows. The values are the banks' own, widened
@@ -32,8 +35,8 @@ def specs(fmt: str, H: int, I: int) -> dict:  # noqa: E741
     if fmt == "bf16":
         return {"gu_w": ((2 * I, H), torch.bfloat16), "dn_w": ((H, I), torch.bfloat16)}
     if fmt == "fp8_block":
-        return {"gu_w": ((2 * I, H), u8), "gu_s": ((nb(2 * I), nb(H)), f32),
-                "dn_w": ((H, I), u8), "dn_s": ((nb(H), nb(I)), f32)}
+        return {"gu_w": ((2 * I, H), u8), "gu_s": ((nb(2 * I), nb(H)), f32), "gu_v": ((1,), torch.int32),
+                "dn_w": ((H, I), u8), "dn_s": ((nb(H), nb(I)), f32), "dn_v": ((1,), torch.int32)}
     if fmt == "mxfp4":
         return {"gu_w": ((2 * I, H // 2), u8), "gu_s": ((2 * I, H // 32), u8), "gu_v": ((2 * I,), f32),
                 "dn_w": ((H, I // 2), u8), "dn_s": ((H, I // 32), u8), "dn_v": ((H,), f32)}
@@ -71,6 +74,11 @@ def _bf16(a, device, nbk) -> torch.Tensor:
     return _t(a, np.uint16, device, nbk).view(torch.bfloat16)
 
 
+def _has_480(codes: np.ndarray) -> int:
+    """1 if any e4m3 code is 0x7F or 0xFF."""
+    return int(np.any((codes & 0x7F) == 0x7F))
+
+
 def _deinterleave_rows(t: torch.Tensor) -> torch.Tensor:
     """Rows 0, 2, 4, ... then 1, 3, 5, ... (mxfp4's interleaved gate/up columns -> gate rows then up rows)."""
     return torch.cat([t[0::2], t[1::2]], dim=0)
@@ -82,10 +90,13 @@ def to_device(fmt: str, banks: dict, e: int, H: int, I: int, device, non_blockin
     if fmt == "bf16":
         return {"gu_w": _bf16(banks["gate_up"][e], device, nbk), "dn_w": _bf16(banks["down"][e], device, nbk)}
     if fmt == "fp8_block":
-        return {"gu_w": _t(banks["gate_up"][e], np.uint8, device, nbk),
+        gu, dn = (np.asarray(banks[n][e]).view(np.uint8) for n in ("gate_up", "down"))
+        return {"gu_w": _t(gu, np.uint8, device, nbk),
                 "gu_s": _bf16(banks["gate_up_scale"][e][:, :nb(H)], device, nbk).float(),
-                "dn_w": _t(banks["down"][e], np.uint8, device, nbk),
-                "dn_s": _bf16(banks["down_scale"][e][:, :nb(I)], device, nbk).float()}
+                "gu_v": torch.tensor([_has_480(gu)], dtype=torch.int32).to(device, non_blocking=nbk),
+                "dn_w": _t(dn, np.uint8, device, nbk),
+                "dn_s": _bf16(banks["down_scale"][e][:, :nb(I)], device, nbk).float(),
+                "dn_v": torch.tensor([_has_480(dn)], dtype=torch.int32).to(device, non_blocking=nbk)}
     if fmt == "mxfp4":
         return {"gu_w": _deinterleave_rows(_t(banks["gate_up_blocks"][e], np.uint8, device, nbk).t()),
                 "gu_s": _deinterleave_rows(_t(banks["gate_up_scales"][e], np.uint8, device, nbk).t()),

@@ -50,12 +50,14 @@ def _tile(w_ptr, s_ptr, rows, rmask, kb0, KB, SRS, BN: tl.constexpr, BK: tl.cons
 @triton.jit
 def rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN: tl.constexpr, BK: tl.constexpr):
     NSUB: tl.constexpr = BK // 16
-    KB = K // 2
+    KB = tl.multiple_of(K // 2, 16)  # K is a multiple of 32
     acc = tl.zeros([BN, NSUB, 16], dtype=tl.float32)
     for kb0 in range(0, KB, BK):
         lo, hi, kb, gm = _tile(w_ptr, s_ptr, rows, rmask, kb0, KB, SRS, BN, BK)
-        xe = tl.load(x_ptr + 2 * kb, mask=gm[:, None], other=0.0).to(tl.float32)
-        xo = tl.load(x_ptr + 2 * kb + 1, mask=gm[:, None], other=0.0).to(tl.float32)
+        # x[2 kb] and x[2 kb + 1] from one contiguous load of the step's 2 BK elements
+        xk = 2 * kb0 + tl.arange(0, 2 * BK)
+        xv = tl.load(x_ptr + xk, mask=xk < K, other=0.0).to(tl.float32)
+        xe, xo = tl.split(tl.reshape(xv, [NSUB, 16, 2]))
         acc += lo * xe[None, :, :] + hi * xo[None, :, :]
     bias = tl.load(v_ptr + rows, mask=rmask, other=0.0)
     return tl.sum(tl.sum(acc, axis=2), axis=1) + bias
@@ -63,17 +65,16 @@ def rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN: tl.constexpr, 
 
 @triton.jit
 def rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS,
-             BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, F32DOT: tl.constexpr):
-    KB = K // 2
+             BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, INTERP: tl.constexpr):
+    KB = tl.multiple_of(K // 2, 16)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     xrow = x_ptr + xoff[:, None]
     for kb0 in range(0, KB, BK):
         lo, hi, kb, gm = _tile(w_ptr, s_ptr, rows, rmask, kb0, KB, SRS, BN, BK)
-        kf = kb0 + tl.arange(0, BK)
-        xm = xmask[:, None] & (kf < KB)[None, :]
-        xe = tl.load(xrow + 2 * kf[None, :], mask=xm, other=0.0)
-        xo = tl.load(xrow + 2 * kf[None, :] + 1, mask=xm, other=0.0)
-        acc = mma(xe, tl.trans(tl.reshape(lo.to(tl.bfloat16), [BN, BK])), acc, F32DOT)
-        acc = mma(xo, tl.trans(tl.reshape(hi.to(tl.bfloat16), [BN, BK])), acc, F32DOT)
+        xk = 2 * kb0 + tl.arange(0, 2 * BK)
+        xv = tl.load(xrow + xk[None, :], mask=xmask[:, None] & (xk < K)[None, :], other=0.0)
+        xe, xo = tl.split(tl.reshape(xv, [BM, BK, 2]))
+        acc = mma(xe, tl.trans(tl.reshape(lo.to(tl.bfloat16), [BN, BK])), acc, INTERP)
+        acc = mma(xo, tl.trans(tl.reshape(hi.to(tl.bfloat16), [BN, BK])), acc, INTERP)
     bias = tl.load(v_ptr + rows, mask=rmask, other=0.0)
     return acc + bias[None, :]

@@ -1,0 +1,177 @@
+"""GpuExperts: one weight format's GPU-resident experts for every layer, `capacity` slots per layer, and the
+decode-sized forward over them (Triton; kernels.py)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from . import config as _config
+from . import layouts
+from ._tl import ACT_IDS, INTERP, INTERPRET
+from .kernels import FMT_IDS, down_group_kernel, down_token_kernel, gate_up_kernel, route_sum_kernel
+from .routing import route_groups
+
+
+class GpuExperts:
+    """One format's GPU-resident experts for num_layers layers, `capacity` slots per layer.
+
+    forward(layer, x, slots, topk_weights) computes, per token t, sum over routes k with slots[t, k] in
+    [0, capacity) of the expert in that slot applied to x[t] (router weight on the output, or on the input when
+    apply_router_weight_on_input), following cpumoe_formats.reference.moe: fp32 accumulation, the activation in
+    fp32 on gate and up, the intermediate rounded to bf16, the route sum in fp32 in route order, the output rounded
+    to bf16 once. Slots outside [0, capacity) (-1: not on the GPU) are skipped.
+
+    Capture-safe: a forward is a fixed sequence of kernel launches whose grids depend on T only; no host
+    synchronisation; workspaces come from torch's caching allocator.
+    """
+
+    FORMATS = ("bf16", "fp8_block", "mxfp4", "nvfp4")
+
+    def __init__(self, format: str, *, num_layers: int, capacity: int, E: int, H: int, I: int,  # noqa: E741
+                 top_k: int, activation: str = "silu", alpha: float | None = None, limit: float | None = None,
+                 apply_router_weight_on_input: bool = False, max_tokens: int, device, config=None):
+        import cpumoe_formats as cf
+        from cpumoe_formats import activations
+
+        spec = cf.get_format(format)
+        if spec.name not in self.FORMATS:
+            raise ValueError(f"format={format!r}: GpuExperts runs {list(self.FORMATS)}")
+        for nm, v in (("num_layers", num_layers), ("capacity", capacity), ("E", E), ("H", H), ("I", I),
+                      ("top_k", top_k), ("max_tokens", max_tokens)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if nm == "capacity" else 1):
+                raise ValueError(f"{nm}={v!r}: expected a positive int")
+        if capacity > E:
+            raise ValueError(f"capacity={capacity} > E={E}: at most E slots per layer")
+        spec.check_dims(H, I)
+        if apply_router_weight_on_input and not spec.input_weight:
+            raise ValueError(f"format {spec.name!r} applies the router weight on the output; "
+                             "apply_router_weight_on_input=True is not supported")
+        act = activations.resolve(activation, alpha, limit)
+        self.device = torch.device(device)
+        if self.device.type == "cpu" and not INTERPRET:
+            raise RuntimeError("GpuExperts on device 'cpu' needs Triton's interpreter: set TRITON_INTERPRET=1 before "
+                               "moe_engine.gpu is first imported")
+        self.format, self.fmt_id = spec.name, FMT_IDS[spec.name]
+        self.num_layers, self.capacity, self.E, self.H, self.I = num_layers, capacity, E, H, I
+        self.top_k, self.max_tokens = top_k, max_tokens
+        self.activation, self.act_id = act.name, ACT_IDS[act.name]
+        self.alpha = float(act.alpha)
+        self.limit = float(act.limit) if math.isfinite(act.limit) else float("inf")
+        self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
+        self.srs = layouts.scale_row_stride(self.format, H, I)
+        self.bytes_per_expert = layouts.bytes_per_expert(self.format, H, I)
+        slots = max(capacity, 1)
+        self.parts = {}
+        for name, (shape, dtype) in layouts.specs(self.format, H, I).items():
+            self.parts[name] = torch.zeros((num_layers, slots) + tuple(shape), dtype=dtype, device=self.device)
+        self._dummy = torch.zeros(1, dtype=torch.float32, device=self.device)
+        self._configs = {}
+        self._default_config = config
+        if config is not None:
+            _config.check(self.format, config)
+
+    # ---- configuration -------------------------------------------------------------------------------
+    def config_for(self, T: int) -> _config.Config:
+        cfg = self._configs.get(T, self._default_config)
+        return cfg if cfg is not None else _config.default(self.format, T, self.H, self.I)
+
+    def set_config(self, T: int | None, cfg: _config.Config) -> None:
+        """Use `cfg` for batch size T (None: every T without its own)."""
+        _config.check(self.format, cfg)
+        if T is None:
+            self._default_config = cfg
+        else:
+            self._configs[int(T)] = cfg
+
+    # ---- weights -------------------------------------------------------------------------------------
+    def load(self, layer: int, slot: int, banks: dict, expert: int, *, non_blocking: bool = False) -> None:
+        """Copy expert `expert` of `banks` (one layer's cpumoe_formats banks: numpy arrays, leading dim E) into
+        `slot` of `layer` (stream-ordered on the current stream)."""
+        import cpumoe_formats as cf
+
+        self._check_layer(layer)
+        if not 0 <= slot < self.capacity:
+            raise ValueError(f"slot={slot}: expected 0 <= slot < capacity={self.capacity}")
+        if not 0 <= expert < self.E:
+            raise ValueError(f"expert={expert}: expected 0 <= expert < E={self.E}")
+        cf.get_format(self.format).validate(banks, self.E, self.H, self.I)
+        parts = layouts.to_device(self.format, banks, expert, self.H, self.I, self.device, non_blocking)
+        for name, t in parts.items():
+            self.parts[name][layer, slot].copy_(t, non_blocking=non_blocking)
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer={layer}: expected 0 <= layer < num_layers={self.num_layers}")
+
+    def _part(self, layer: int, name: str):
+        """(tensor view of one layer, slot stride in elements) or the dummy for a part the format lacks."""
+        t = self.parts.get(name)
+        if t is None:
+            return self._dummy, 0
+        v = t[layer]
+        return v, v.stride(0)
+
+    # ---- forward ---------------------------------------------------------------------------------------
+    def forward(self, layer: int, x, slots, topk_weights, out=None):
+        """y [T, H] bf16 = sum over routes with a resident slot of weight * expert(x) (or into `out`)."""
+        self._check_layer(layer)
+        T, K, H, I = x.shape[0], self.top_k, self.H, self.I  # noqa: E741
+        if x.ndim != 2 or x.shape[1] != H:
+            raise ValueError(f"x: shape {tuple(x.shape)}, expected [T, H={H}]")
+        if tuple(slots.shape) != (T, K) or tuple(topk_weights.shape) != (T, K):
+            raise ValueError(f"slots {tuple(slots.shape)} and topk_weights {tuple(topk_weights.shape)}: expected "
+                             f"[T={T}, top_k={K}]")
+        if out is None:
+            out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
+        elif tuple(out.shape) != (T, H) or out.dtype != torch.bfloat16 or (T and out.stride(1) != 1):
+            raise ValueError(f"out: {tuple(out.shape)} {out.dtype}, expected [T, H] bfloat16 with unit column stride")
+        if T == 0:
+            return out
+        if x.dtype != torch.bfloat16:
+            x = x.to(torch.bfloat16)
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        slots = slots.to(torch.int32).contiguous() if slots.dtype != torch.int32 else slots.contiguous()
+        tw = topk_weights.to(torch.float32).contiguous()
+        cfg = self.config_for(T)
+        R = T * K
+        dev = x.device
+        if cfg.grouped:
+            order, count = route_groups(slots, self.capacity)
+        else:
+            order = count = slots  # unused by the kernels (GROUPED=0)
+        gw, gws = self._part(layer, "gu_w")
+        gs, gss = self._part(layer, "gu_s")
+        gv, gvs = self._part(layer, "gu_v")
+        dw, dws = self._part(layer, "dn_w")
+        ds, dss = self._part(layer, "dn_s")
+        dv, dvs = self._part(layer, "dn_v")
+        h = torch.empty((R, I), dtype=torch.bfloat16, device=dev)
+        g = cfg.gate_up
+        gate_up_kernel[(R, triton.cdiv(I, g.block_n))](
+            x, x.stride(0), slots, tw, order, count, self.capacity,
+            gw, gs, gv, gws, gss, gvs, self.srs[0], h, I, H, self.alpha, self.limit,
+            FMT=self.fmt_id, ACT=self.act_id, TOP_K=K, GROUPED=cfg.grouped, DOT=g.dot,
+            WEIGHT_IN=self.apply_router_weight_on_input, BN=g.block_n, BK=g.block_k, BM=g.block_m, INTERP=INTERP,
+            num_warps=g.num_warps, num_stages=g.num_stages)
+        d = cfg.down
+        wout = not self.apply_router_weight_on_input
+        if cfg.down_mode == "token":
+            down_token_kernel[(T, triton.cdiv(H, d.block_n))](
+                h, slots, tw, self.capacity, dw, ds, dv, dws, dss, dvs, self.srs[1], out, out.stride(0), H, I,
+                FMT=self.fmt_id, TOP_K=K, WEIGHT_OUT=wout, BN=d.block_n, BK=d.block_k, INTERP=INTERP,
+                num_warps=d.num_warps, num_stages=d.num_stages)
+        else:
+            o = torch.empty((R, H), dtype=torch.float32, device=dev)
+            down_group_kernel[(R, triton.cdiv(H, d.block_n))](
+                h, slots, tw, order, count, self.capacity, dw, ds, dv, dws, dss, dvs, self.srs[1], o, H, I,
+                FMT=self.fmt_id, GROUPED=cfg.grouped, DOT=d.dot, WEIGHT_OUT=wout, BN=d.block_n, BK=d.block_k,
+                BM=d.block_m, INTERP=INTERP, num_warps=d.num_warps, num_stages=d.num_stages)
+            route_sum_kernel[(T, triton.cdiv(H, cfg.sum_block))](
+                o, slots, self.capacity, out, out.stride(0), H, TOP_K=K, BN=cfg.sum_block, INTERP=INTERP,
+                num_warps=4)
+        return out
+
+    __call__ = forward
