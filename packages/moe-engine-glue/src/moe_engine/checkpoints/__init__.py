@@ -1,0 +1,98 @@
+"""Routed experts read from checkpoints in the layouts they ship in, into cpumoe_formats banks, never dequantized:
+
+| layout | checkpoint tensors | bank format | exact? |
+|---|---|---|---|
+| fp8_block | float8_e4m3fn `weight` + fp32 `weight_scale_inv` per 128x128 block (DeepSeek-V3, Qwen FP8) | fp8_block | codes yes; fp32 scales rounded to bf16 (<= 2^-8 relative; ue8m0 scales exact) |
+| mxfp4 | gpt-oss `*_blocks` / `*_scales` / `*_bias` | mxfp4 | yes |
+| nvfp4 | ModelOpt `weight` / `weight_scale` / `weight_scale_2` | nvfp4 | codes and block scales yes; the fp32 per-tensor global rounded to fp16 per row (<= 2^-11 relative) |
+| gguf_q4_0 | GGUF `blk.N.ffn_{gate,up,down}_exps.weight` in Q4_0 | q4_0 | yes |
+
+One small module per layout (fp8_block.py, mxfp4.py, nvfp4.py, gguf_q4_0.py); tensor names per architecture in
+naming.py. `load_experts` reads the decoder layers asked for, in that order, one bank dict each."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import fp8_block, gguf_q4_0, mxfp4, naming, nvfp4
+from ._store import SafetensorsStore
+
+LAYOUTS = ("fp8_block", "mxfp4", "nvfp4", "gguf_q4_0")
+FORMAT_OF = {"fp8_block": "fp8_block", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "gguf_q4_0": "q4_0"}
+# the suffix whose presence on a layer's first expert tensor names the safetensors layout
+# (per expert, fused; None = never fused)
+_SUFFIX = {"mxfp4": ("_blocks", "_blocks"), "fp8_block": (".weight_scale_inv", "_scale_inv"),
+           "nvfp4": (".weight_scale_2", None)}
+
+
+@dataclass
+class LoadedExperts:
+    layout: str
+    format: str
+    banks: list
+    report: dict = field(default_factory=dict)  # per layer: exactness and measured rounding (see each layout)
+
+    def deviation(self) -> dict:
+        """The largest measured rounding over all layers, per kind (empty when bit-exact)."""
+        out: dict = {}
+        for r in self.report.values():
+            for k, v in r.items():
+                if k.endswith("_max_rel"):
+                    out[k] = max(out.get(k, 0.0), v)
+        return out
+
+
+def open_store(path):
+    """A GgufStore for a .gguf file (or a directory holding exactly one), else a SafetensorsStore."""
+    p = Path(os.fspath(path))
+    if p.is_dir():
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1 and not any(p.glob("*.safetensors")):
+            p = ggufs[0]
+    if p.suffix == ".gguf":
+        return gguf_q4_0.GgufStore(p)
+    return SafetensorsStore(p)
+
+
+def detect_layout(store, E: int, layer: int | None = None) -> str:
+    if isinstance(store, gguf_q4_0.GgufStore):
+        return "gguf_q4_0"
+    prefixes = naming.layer_prefixes(store.keys())
+    if not prefixes:
+        raise KeyError(f"{store.path}: no routed-expert tensors ('*layers.N.mlp.experts.*')")
+    layer = min(prefixes) if layer is None else layer
+    for layout, (suffix, fused) in _SUFFIX.items():
+        try:
+            naming.resolve(store.keys(), layer, E, suffix, fused_suffix=fused)
+            return layout
+        except KeyError:
+            continue
+    raise ValueError(f"{store.path}: layer {layer}'s experts are in none of the layouts {list(_SUFFIX)} (no "
+                     "'.weight_scale_inv', '.weight_scale_2' or gpt-oss '_blocks' tensors); "
+                     "float checkpoints are read by transformers and quantized from the model")
+
+
+def load_experts(path, layers, *, E: int, H: int, I: int, layout: str | None = None,  # noqa: E741
+                 model_type: str | None = None, progress=None) -> LoadedExperts:
+    """Banks for the decoder layers `layers` (checkpoint numbering), in that order. progress(n) is called per
+    expert read."""
+    with open_store(path) as store:
+        layout = layout or detect_layout(store, E, layers[0] if layers else None)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout={layout!r}: expected one of {list(LAYOUTS)}")
+        out = LoadedExperts(layout, FORMAT_OF[layout], [])
+        for n in layers:
+            if layout == "gguf_q4_0":
+                banks, rep = gguf_q4_0.load_layer(store, n, E, H, I, progress)
+            else:
+                suffix, fused = _SUFFIX[layout]
+                names = naming.resolve(store.keys(), n, E, suffix, model_type, fused_suffix=fused)
+                mod = {"fp8_block": fp8_block, "mxfp4": mxfp4, "nvfp4": nvfp4}[layout]
+                banks, rep = mod.load_layer(store, names, E, H, I, progress)
+            out.banks.append(banks)
+            out.report[n] = rep
+    return out
+
+
+__all__ = ["FORMAT_OF", "LAYOUTS", "LoadedExperts", "detect_layout", "load_experts", "open_store"]
