@@ -61,7 +61,7 @@ def detect_layout(store, E: int, layer: int | None = None) -> str:
     prefixes = naming.layer_prefixes(store.keys())
     if not prefixes:
         raise KeyError(f"{store.path}: no routed-expert tensors ('*layers.N.mlp.experts.*')")
-    layer = min(prefixes) if layer is None else layer
+    layer = layer if layer in prefixes else min(prefixes)  # a missing layer is named by the loader
     for layout, (suffix, fused) in _SUFFIX.items():
         try:
             naming.resolve(store.keys(), layer, E, suffix, fused_suffix=fused)
