@@ -1,8 +1,7 @@
 """Launch configurations of the GPU experts: block sizes, warps, pipelining, and which kernels run.
 
-A Config is chosen per batch size T (GpuExperts.config_for / set_config); the defaults below come from the H200
-sweep in bench/gpu_experts.py (docs/results/gpu_experts_h200.json) where one was run, else from the arithmetic in
-the comments.
+A Config is chosen per batch size T (GpuExperts.config_for / set_config); the defaults below are the H200 sweep's
+best in bench/gpu_experts.py (docs/results/gpu_experts_h200.json).
 """
 from __future__ import annotations
 
@@ -64,24 +63,38 @@ def check(fmt: str, cfg: Config) -> None:
         raise ValueError(f"Config.sum_block={cfg.sum_block} must be a power of two")
 
 
-# K per step of the FMA kernels: 512 bytes of each weight row (bf16: 256 elements), so that one program has 16 KB
-# of gate_up tile in flight (the FMA loops are not software-pipelined: a tile's loads are what is in flight);
-# fp8_block is capped at one 128-column scale block; the fp4 formats' decode is the bottleneck, not the loads.
-_BK = {"bf16": 256, "fp8_block": 128, "mxfp4": 64, "nvfp4": 64}
-_BK_DOT = {"bf16": 128, "fp8_block": 128, "mxfp4": 64, "nvfp4": 64}
+def _c(gu, dn, grouped, down_mode="group"):
+    return Config(gate_up=StageConfig(*gu[:4], dot=gu[4]), down=StageConfig(*dn[:4], dot=dn[4]), grouped=grouped,
+                  down_mode=down_mode)
+
+
+# The H200 sweep's best (bench/gpu_experts.py, Qwen3-30B-A3B's E=128 H=2048 I=768 top_k=8, every expert resident,
+# random routes; docs/results/gpu_experts_h200.json): (block_n, block_k, num_warps, num_stages, dot) per stage.
+# Batch 1: gate_up one program per (route, 16 gate + 16 up rows) = 384 programs (~3 per SM of 132, one wave); down
+# one program per (route, 16 rows of H) = 1024 programs, then the route sum: the per-token down (no route sum,
+# 128-512 programs each looping over 8 routes) measured 29-67 us against 25.7. Batch 8: routes grouped by slot,
+# tensor-core tiles of 16 tokens (bf16 / fp8_block / mxfp4); nvfp4's e4m3 x e2m1 decode made the per-route FMA
+# gate_up (no grouping) the fastest at batch 8 (168 against 176 us grouped with tensor cores).
+MEASURED = {
+    ("bf16", 1): _c((16, 128, 4, 4, True), (16, 128, 8, 2, False), grouped=False),  # 25.7 us
+    ("bf16", 8): _c((16, 64, 4, 3, True), (32, 128, 4, 4, True), grouped=True),  # 124.5 us
+    ("fp8_block", 1): _c((16, 128, 4, 3, True), (16, 128, 4, 2, False), grouped=False),  # 24.9 us
+    ("fp8_block", 8): _c((16, 128, 4, 3, True), (32, 128, 4, 3, True), grouped=True),  # 103.5 us
+    ("mxfp4", 1): _c((16, 128, 4, 2, False), (16, 128, 4, 2, False), grouped=False),  # 31.0 us
+    ("mxfp4", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),  # 146.1 us
+    ("nvfp4", 1): _c((8, 256, 4, 2, False), (32, 128, 4, 2, False), grouped=False),  # 31.4 us
+    ("nvfp4", 8): _c((16, 64, 4, 2, False), (32, 32, 4, 2, False), grouped=False),  # 158.6 us
+}
+# From 16 tokens on, groups hold several tokens: every format groups and uses tensor-core tiles (nvfp4: its
+# measured batch-8 runner-up, 176 us with gate_up 32x64, 175 with down 32x32).
+_LARGE = {"nvfp4": _c((32, 64, 4, 3, True), (32, 32, 4, 3, True), grouped=True)}
 
 
 def default(fmt: str, T: int, H: int, I: int) -> Config:  # noqa: E741
-    """Batch 1: gate_up one program per (route, 16 rows of gate and of up): 8 x 48 = 384 programs for
-    Qwen3-30B-A3B's I = 768 (~3 per SM of 132, one wave); down one program per (route, 16 rows of H): 1024
-    programs of 24 KB, then the route sum (a program per (token, row block) summing the token's routes itself
-    would be 128-256 programs each looping over 8 routes: too little in flight). Larger batches group routes by
-    slot (each expert's weights read once per step); tensor cores from 16 tokens on, when groups hold several
-    tokens."""
-    if T >= 16:
-        bk = _BK_DOT[fmt]
-        return Config(gate_up=StageConfig(16, bk, 4, 3, dot=True), down=StageConfig(32, bk, 4, 3, dot=True),
-                      grouped=True, down_mode="group")
-    bk = _BK[fmt]
-    return Config(gate_up=StageConfig(16, bk, 4, 2), down=StageConfig(16, bk, 4, 2), grouped=T > 1,
-                  down_mode="group")
+    """The measured config of batch 1 for T = 1, of batch 8 for 2 <= T < 16, and grouped tensor-core tiles from 16
+    tokens on (the batch-8 config where it already is one)."""
+    if T <= 1:
+        return MEASURED[(fmt, 1)]
+    if T < 16 or MEASURED[(fmt, 8)].grouped and MEASURED[(fmt, 8)].gate_up.dot:
+        return MEASURED[(fmt, 8)]
+    return _LARGE[fmt]
