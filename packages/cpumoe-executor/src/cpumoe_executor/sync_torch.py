@@ -79,11 +79,12 @@ class Pending:
     """A submitted step that finish has not completed yet: what finish needs (layer, batch, path, stream,
     whether it was captured, the eager path's y) and the submit's temporaries the stream still reads (`keep`)."""
 
-    __slots__ = ("layer", "T", "path", "device", "stream", "capturing", "y", "keep", "extra")
+    __slots__ = ("layer", "T", "path", "device", "stream", "capturing", "y", "keep", "extra", "in_decode")
 
     def __init__(self, layer, T, path, device, *, stream=None, capturing=False, y=None, keep=(), extra=None):
         self.layer, self.T, self.path, self.device = int(layer), int(T), path, device
         self.stream, self.capturing, self.y, self.keep, self.extra = stream, capturing, y, keep, extra
+        self.in_decode = False  # finished by the same decode() call: same stream and capture state by construction
 
     @property
     def issued(self) -> bool:
@@ -133,6 +134,8 @@ def check_finish(sync, torch, pend: Pending, out, partial, refused) -> None:
     if target is not None and tuple(target.shape) != (pend.T, H):
         raise ValueError(f"out/partial: shape {tuple(target.shape)}, expected {(pend.T, H)} (layer {pend.layer}'s "
                          f"submitted batch of {pend.T})")
+    if pend.in_decode:  # decode(): submit checked everything, on this stream, a moment ago
+        return
     now = capturing(torch)
     if pend.path == "eager":
         if now:
@@ -191,4 +194,5 @@ def decode_step(sync, submit_impl, finish_impl, path, layer, x, w, ids, mask, ou
     if out is not None and partial is not None:
         raise ValueError("give out= or partial=, not both")
     submit_step(sync, submit_impl, path, layer, x, w, ids, mask, partial if partial is not None else out)
+    sync._pending.in_decode = True
     return finish_step(sync, finish_impl, layer, out, partial)
