@@ -30,8 +30,9 @@ def config(arch: str, experts: int = E, top_k: int = K):
                                    max_position_embeddings=512, tie_word_embeddings=False, intermediate_size=256,
                                    moe_intermediate_size=I, num_hidden_layers=3, first_k_dense_replace=1,
                                    n_routed_experts=E, n_shared_experts=1, num_experts_per_tok=K,
-                                   n_group=2 if E > K else 1, topk_group=1, routed_scaling_factor=2.5, q_lora_rank=64, kv_lora_rank=32,
-                                   qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, rope_interleave=True)
+                                   n_group=2 if E > K else 1, topk_group=1, routed_scaling_factor=2.5,
+                                   q_lora_rank=64, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32,
+                                   v_head_dim=32, rope_interleave=True)
     if arch == "gpt_oss":
         return tf.GptOssConfig(**_ATTN, intermediate_size=I, num_hidden_layers=2, num_local_experts=E,
                                num_experts_per_tok=K, sliding_window=64, layer_types=["sliding_attention",

@@ -1,17 +1,18 @@
 """transformers models with their experts through moe_engine (integrations/transformers.py), on the CPU: tiny random
 models of every mapped architecture against the unmodified model.
 
-Tolerances are max |ours - reference| / max |reference|, measured on these models (seeds 0-3) and set about 2x above
-the worst value seen:
-  LAYER_TOL, one experts module on the same inputs, bf16: measured <= 0.8%. transformers' eager experts round to bf16
-    after each of gate_up, the activation, down, the router weight and the top-k sum; moe_engine accumulates in fp32
-    and rounds the intermediate and the output once each, so they differ by a few bf16 ulps (2^-8 relative).
-  LOGITS_TOL, the whole model's logits, bf16: measured <= 0.6% (E = top_k = 4, expert weights N(0, 0.015)), the same
-    rounding carried through two MoE layers. The same models decode 32 greedy tokens identically (GEN_SEEDS: the seeds
-    whose reference has no near-tie on its path; the teacher-forced logits are checked on every step as well).
-  Quantized formats compare with the same model whose expert weights are the banks' dequantized values (rounded to the
-    model's bf16), so only the kernels' arithmetic differs: q4_0's default w4a8 mode adds the int8 activation
-    quantization (measured <= 1.5%, QUANT_TOL), native modes stay within LAYER_TOL.
+Tolerances are max |ours - reference| / max |reference|, measured on these models (seeds 0-3, every architecture)
+and set at 1.5-2.5x the worst value seen:
+  LAYER_TOL, one experts module on the same inputs, bf16: measured <= 0.87%. transformers' eager experts round to
+    bf16 after each of gate_up, the activation, down, the router weight and the top-k sum; moe_engine accumulates in
+    fp32 and rounds the intermediate and the output once each, so they differ by a few bf16 ulps (2^-8 relative).
+  LOGITS_TOL, the whole model's logits, bf16: measured <= 0.63% (E = top_k = 4, expert weights N(0, 0.015): no routing
+    choice a rounding could flip), the same rounding carried through two MoE layers. These models decode 32 greedy
+    tokens identically for GEN_SEEDS (20 of the 24 seeds tried do; the other 4 have a near-tie on the reference's
+    path); the teacher-forced logits of every step are checked too.
+  QUANT_TOL, quantized formats against the same model whose expert weights are the banks' dequantized values rounded
+    to the model's bf16 (that rounding is most of the difference): measured <= 1.32% (fp8_block), 1.03% (mxfp4).
+  W4A8_TOL, q4_0's default w4a8 mode, which also quantizes the activations to int8 per 32: measured <= 1.89%.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import hf_models as hm  # noqa: E402
 import cpumoe_formats as cf  # noqa: E402
 from moe_engine.integrations import transformers as mt  # noqa: E402
 
-LAYER_TOL, LOGITS_TOL, QUANT_TOL = 2e-2, 1.5e-2, 3e-2
+LAYER_TOL, LOGITS_TOL, QUANT_TOL, W4A8_TOL = 2e-2, 1.5e-2, 3e-2, 4e-2
 # per architecture: seeds of the E = top_k = 4 model used for the greedy test (see the module docstring)
 GEN_SEEDS = {"qwen3_moe": 1, "mixtral": 0, "deepseek_v3": 0, "gpt_oss": 0, "qwen3_next": 0, "qwen3_5_moe": 0}
 KW = dict(strategy="cpu", threads=2, progress=False)
@@ -34,10 +35,6 @@ KW = dict(strategy="cpu", threads=2, progress=False)
 
 def _offload(model, **kw):
     return mt.offload_experts(model, **{**KW, **kw})
-
-
-def _bf16_format(arch):
-    return "bf16"
 
 
 # ---- bf16: logits and greedy tokens against the unmodified model ----------------------------------------------------
@@ -133,18 +130,18 @@ def test_quantized_formats_match_dequantized_weights(arch, fmt):
     ref = _dequantized_model(model, fmt)
     off = _offload(model, format=fmt)
     assert off.format == fmt and off.folded_bias == (arch == "gpt_oss" and fmt != "mxfp4")
-    tol = QUANT_TOL if off.runner.executor.mode == "w4a8" else LAYER_TOL
+    tol = W4A8_TOL if off.runner.executor.mode == "w4a8" else QUANT_TOL
     for name, y_ref, y in hm.layer_pairs(ref, model, hm.prompt()):
         assert hm.rel(y.float(), y_ref.float()) < tol, (name, off.runner.executor.mode)
 
 
-def test_q4_0_native_mode_is_as_close_as_bf16():
+def test_q4_0_native_mode():
     model = hm.build("qwen3_moe")
     ref = _dequantized_model(model, "q4_0")
     off = _offload(model, format="q4_0", mode="native")
     assert off.runner.executor.mode == "native"
     for name, y_ref, y in hm.layer_pairs(ref, model, hm.prompt()):
-        assert hm.rel(y.float(), y_ref.float()) < LAYER_TOL, name
+        assert hm.rel(y.float(), y_ref.float()) < QUANT_TOL, name
 
 
 # ---- the extension point -------------------------------------------------------------------------------------------
@@ -222,7 +219,7 @@ def test_fp8_experts_module_goes_through_the_fp8_interface():
     assert off.format == "fp8_block" and 0 < off.deviation()["scale_rounding_max_rel"] <= 2.0 ** -8
     assert fp8.config._experts_implementation == mt.NAME
     for name, y_ref, y in hm.layer_pairs(ref, fp8, hm.prompt()):
-        assert hm.rel(y.float(), y_ref.float()) < LAYER_TOL, name
+        assert hm.rel(y.float(), y_ref.float()) < QUANT_TOL, name
 
 
 _FP8_CLASS = []
@@ -263,7 +260,7 @@ def test_mxfp4_triton_experts_are_swapped_for_dispatched_ones(tmp_path):
     model = hm.build("gpt_oss")
     ckpt = write_mxfp4(model, tmp_path / "model.safetensors")
     ref = mxfp4_reference(model, ckpt)
-    for i, layer in enumerate(model.model.layers):
+    for layer in model.model.layers:
         with torch.device("meta"):
             experts = Mxfp4GptOssExperts(model.config)
         layer.mlp = Mxfp4GptOssMLP(layer.mlp.router, experts)
@@ -272,7 +269,7 @@ def test_mxfp4_triton_experts_are_swapped_for_dispatched_ones(tmp_path):
     assert [type(layer.mlp).__name__ for layer in model.model.layers] == ["GptOssMLP", "GptOssMLP"]
     assert [type(layer.mlp.experts).__name__ for layer in model.model.layers] == ["GptOssExperts"] * 2
     for name, y_ref, y in hm.layer_pairs(ref, model, hm.prompt()):
-        assert hm.rel(y.float(), y_ref.float()) < LAYER_TOL, name
+        assert hm.rel(y.float(), y_ref.float()) < QUANT_TOL, name
 
 
 def test_errors_name_what_to_do():

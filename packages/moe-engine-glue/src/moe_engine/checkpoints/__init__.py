@@ -1,11 +1,11 @@
 """Routed experts read from checkpoints in the layouts they ship in, into cpumoe_formats banks, never dequantized:
 
-| layout | checkpoint tensors | bank format | exact? |
-|---|---|---|---|
-| fp8_block | float8_e4m3fn `weight` + fp32 `weight_scale_inv` per 128x128 block (DeepSeek-V3, Qwen FP8) | fp8_block | codes yes; fp32 scales rounded to bf16 (<= 2^-8 relative; ue8m0 scales exact) |
-| mxfp4 | gpt-oss `*_blocks` / `*_scales` / `*_bias` | mxfp4 | yes |
-| nvfp4 | ModelOpt `weight` / `weight_scale` / `weight_scale_2` | nvfp4 | codes and block scales yes; the fp32 per-tensor global rounded to fp16 per row (<= 2^-11 relative) |
-| gguf_q4_0 | GGUF `blk.N.ffn_{gate,up,down}_exps.weight` in Q4_0 | q4_0 | yes |
+  fp8_block  float8_e4m3fn `weight` + fp32 `weight_scale_inv` per 128x128 block (DeepSeek-V3, Qwen FP8) -> fp8_block:
+             codes copied; fp32 scales rounded to the bank's bf16 (<= 2^-8 relative; ue8m0 scales exact)
+  mxfp4      gpt-oss `*_blocks` / `*_scales` / `*_bias` -> mxfp4: exact
+  nvfp4      ModelOpt `weight` / `weight_scale` / `weight_scale_2` -> nvfp4: codes and block scales copied; the fp32
+             per-tensor global rounded to the bank's fp16 per-row global (<= 2^-11 relative)
+  gguf_q4_0  GGUF `blk.N.ffn_{gate,up,down}_exps.weight` in Q4_0 -> q4_0: exact
 
 One small module per layout (fp8_block.py, mxfp4.py, nvfp4.py, gguf_q4_0.py); tensor names per architecture in
 naming.py. `load_experts` reads the decoder layers asked for, in that order, one bank dict each."""

@@ -64,8 +64,8 @@ def bank_from_tensors(gu_blocks, gu_scales, gu_bias, dn_blocks, dn_scales, dn_bi
 
 def load_layer(store, names, E: int, H: int, I: int, progress=None) -> tuple[dict, dict]:  # noqa: E741
     if names.gate_up is None:
-        raise KeyError(f"layer {names.layer}: gpt-oss MXFP4 experts are fused per layer ('...experts.gate_up_proj_blocks'),"
-                       f" found per-expert names ({names.naming})")
+        raise KeyError(f"layer {names.layer}: gpt-oss MXFP4 experts are fused per layer "
+                       f"('...experts.gate_up_proj_blocks'), found per-expert names ({names.naming})")
     gu, dn = names.gate_up, names.down_fused
     t = [store.get(gu + s) for s in SUFFIXES] + [store.get(dn + s) for s in SUFFIXES]
     banks, info = bank_from_tensors(*t, progress=progress)

@@ -1,14 +1,13 @@
 """Where each architecture's checkpoints keep a decoder layer's routed experts, by name.
 
-Safetensors checkpoints (Hugging Face layouts) keep them either one tensor per expert and projection, or fused per
-layer. A projection's name is followed by the layout's suffixes (`.weight`, `.weight_scale_inv`, `.weight_scale`,
-`.weight_scale_2`, or gpt-oss's `_blocks` / `_scales` / `_bias`):
+Safetensors checkpoints (Hugging Face layouts) keep them one tensor per expert and projection, or fused per layer.
+A projection's name is followed by the layout's suffixes (`.weight`, `.weight_scale_inv`, `.weight_scale`,
+`.weight_scale_2`; gpt-oss's `_blocks` / `_scales` / `_bias`; FP8Experts' `_scale_inv`):
 
-| naming | architectures (transformers model_type) | gate | up | down |
-|---|---|---|---|---|
-| per_expert | qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_moe(_text), deepseek_v3, ModelOpt exports | `mlp.experts.{e}.gate_proj` | `mlp.experts.{e}.up_proj` | `mlp.experts.{e}.down_proj` |
-| mixtral | mixtral (original checkpoints; `mlp.` in transformers-saved ones) | `block_sparse_moe.experts.{e}.w1` | `...w3` | `...w2` |
-| fused | gpt_oss, and transformers-saved FP8Experts | `mlp.experts.gate_up_proj` (gpt-oss: rows interleaved gate, up) | | `mlp.experts.down_proj` |
+  per_expert  `mlp.experts.{e}.gate_proj` / `up_proj` / `down_proj`: qwen2_moe, qwen3_moe, qwen3_next,
+              qwen3_5_moe(_text), deepseek_v3, ModelOpt exports
+  mixtral     `block_sparse_moe.experts.{e}.w1` (gate) / `w3` (up) / `w2` (down); `mlp.` in transformers-saved ones
+  fused       `mlp.experts.gate_up_proj` / `down_proj`: gpt-oss (rows interleaved gate, up), transformers' FP8Experts
 
 The layer prefix is whatever precedes `layers.{n}.` (`model.`, `model.language_model.`, `language_model.model.`);
 it is found by scanning the keys. GGUF files (llama.cpp) name merged expert tensors `blk.{n}.ffn_gate_exps.weight`,
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 
 PER_EXPERT = {
     "per_expert": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
-    "mixtral": ("block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w3", "block_sparse_moe.experts.{e}.w2"),
+    "mixtral": tuple(f"block_sparse_moe.experts.{{e}}.{w}" for w in ("w1", "w3", "w2")),
     "mixtral_hf": ("mlp.experts.{e}.w1", "mlp.experts.{e}.w3", "mlp.experts.{e}.w2"),
 }
 FUSED = {"fused": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}

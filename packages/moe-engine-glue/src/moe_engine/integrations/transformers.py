@@ -19,12 +19,12 @@ read the experts in their shipped layout instead of requantizing the dequantized
     offload_experts(model, format="fp8_block", strategy="cpu")    # or checkpoint=path (its own layout)
     model.generate(...)
 
-Architectures and how their experts map onto a format (gate rows then up rows, router weight on the output):
-| experts class | weights | activation |
-|---|---|---|
-| Qwen3MoeExperts, MixtralExperts, DeepseekV3Experts, Qwen3NextExperts, Qwen3_5MoeExperts | gate_up [E, 2I, H] (gate; up), down [E, H, I] | config.hidden_act (silu) |
-| GptOssExperts | gate_up [E, H, 2I] columns interleaved (gate 2j, up 2j+1), down [E, I, H], biases | swigluoai(alpha, limit) |
-| FP8Experts | e4m3 gate_up / down + fp32 128x128 scale_inv | as the module's _apply_gate |
+Architectures and how their experts map onto a format (banks: gate rows then up rows, router weight on the output):
+  Qwen3MoeExperts, MixtralExperts, DeepseekV3Experts, Qwen3NextExperts, Qwen3_5MoeExperts: gate_up [E, 2I, H]
+    (gate; up), down [E, H, I], activation config.hidden_act (silu)
+  GptOssExperts: gate_up [E, H, 2I] with columns interleaved (gate 2j, up 2j+1), down [E, I, H], biases;
+    swigluoai(alpha, limit)
+  FP8Experts: e4m3 gate_up / down with fp32 128x128 scale_inv; the activation its _apply_gate computes
 gpt-oss's biases go into mxfp4's bias banks; a format without them (bf16, fp8_block, q4_0, ...) gets the gate_up bias
 as one more input column (x gains a constant 1 and zeros up to a multiple of 32: exact) and the down bias added after
 the executor, weighted by each route's router weight (sum_k w_k b[e_k], as transformers adds it).
@@ -416,11 +416,11 @@ def offload_experts(model, format: str | None = None, strategy: str = "auto", *,
     if act["activation"] not in ("swigluoai", "swiglu_clamp"):
         act.pop("alpha"), act.pop("limit")
     cfg = getattr(found[0][1], "config", None) or model.config.get_text_config()
-    top_k = int(getattr(cfg, "num_experts_per_tok"))
+    top_k = int(cfg.num_experts_per_tok)
     runner = MoERunner(fmt, banks, top_k=top_k, strategy=strategy, device=device, residency=residency,
                        threads=threads, progress=progress, **act, **runner_kwargs)
     del banks
-    for i, (name, m) in enumerate(found):
+    for i, (_, m) in enumerate(found):
         m._moe_engine = _Binding(runner, i, first.H, first.E, down_biases[i] if fold else None,
                                  bool(getattr(m, "_is_expert_parallel", False)))
     model.set_experts_implementation(NAME)
