@@ -96,7 +96,8 @@ def test_bad_input_is_named(rng):
         assert r.executor.health()["error"] == 0  # nothing reached the executor
 
 
-def test_construction_errors_are_named(rng):
+def test_construction_errors_are_named(rng, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # with it, the GPU experts may run on CPU tensors
     banks, (E, H, I) = make_banks("bf16", rng)
     with pytest.raises(ValueError, match="strategy='hybrid' runs experts on a GPU, but device=cpu"):
         MoERunner("bf16", banks, top_k=2, strategy="hybrid", device="cpu", qualify=False, progress=False)

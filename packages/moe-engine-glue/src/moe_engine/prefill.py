@@ -40,8 +40,10 @@ class PrefillPolicy:
             return "cpu"
         if r.executor is None:
             return "gpu"
-        if self.chunk_s is None or self.copy_bps is None:
-            return "cpu"  # measures a chunk now; the copy rate is measured on the first stage below
+        if self.copy_bps is None:
+            self._stage_experts(0, np.arange(1))  # one expert's copy: the host -> GPU rate
+        if self.chunk_s is None:
+            return "cpu"  # measures a chunk now
         chunks = -(-T // r.max_tokens)
         return "gpu" if n_experts * r.bytes_per_expert / self.copy_bps < chunks * self.chunk_s else "cpu"
 
@@ -69,8 +71,8 @@ class PrefillPolicy:
                 self.chunk_s = dt if self.chunk_s is None else 0.8 * self.chunk_s + 0.2 * dt
         return out
 
-    def gpu_staged(self, layer: int, x, ids, w, experts: np.ndarray, partial=None):
-        """The routes of `experts` (ids not in them are skipped) on the GPU, their weights copied in for this step."""
+    def _stage_experts(self, layer: int, experts: np.ndarray) -> None:
+        """Copy `experts` of `layer` into the staging slots 0.. (timed: the copy rate the choice uses)."""
         import torch
 
         r = self.runner
@@ -90,6 +92,13 @@ class PrefillPolicy:
         if len(experts):
             bps = len(experts) * r.bytes_per_expert / (time.perf_counter() - t)
             self.copy_bps = bps if self.copy_bps is None else 0.8 * self.copy_bps + 0.2 * bps
+
+    def gpu_staged(self, layer: int, x, ids, w, experts: np.ndarray, partial=None):
+        """The routes of `experts` (ids not in them are skipped) on the GPU, their weights copied in for this step."""
+        import torch
+
+        r = self.runner
+        self._stage_experts(layer, experts)
         table = torch.full((r.E,), -1, dtype=torch.int32)
         table[torch.from_numpy(experts.astype(np.int64))] = torch.arange(len(experts), dtype=torch.int32)
         table = table.to(r.device)
