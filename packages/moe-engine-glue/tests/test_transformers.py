@@ -79,6 +79,28 @@ def test_batched_generate_and_prefill_above_max_tokens():
     assert (got == want).float().mean() > 0.9  # three paths of 8 steps: a near-tie may flip one late token
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_static_cache_compiled_decode_traces_the_custom_op(arch):
+    """transformers' compiled generation (static cache, torch.compile of the decode step, fullgraph) traces the
+    experts call as the custom op torch.ops.moe_engine.experts: the same tokens and logits as eager. aot_eager keeps
+    the CPU run fast; CUDA graphs are test_transformers_gpu.py's."""
+    from transformers import CompileConfig
+
+    model = hm.build(arch, seed=GEN_SEEDS[arch], experts=4, top_k=4, scale=0.3)
+    ids = hm.prompt(seed=GEN_SEEDS[arch])
+    _offload(model, format="bf16")  # gpt-oss: its biases folded, the pad and bias sum traced too
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static",
+              return_dict_in_generate=True, output_logits=True)
+    eager = model.generate(ids, disable_compile=True, **kw)
+    cc = CompileConfig(backend="aot_eager", fullgraph=True)
+    cc._compile_all_devices = True  # transformers compiles on GPUs only unless told
+    torch._dynamo.reset()
+    compiled = model.generate(ids, compile_config=cc, **kw)
+    assert hasattr(model, "_compiled_call")
+    assert torch.equal(compiled.sequences, eager.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(compiled.logits, eager.logits))
+
+
 # ---- quantized formats against the model with dequantized expert weights ----------------------------------------
 def _dequantized_model(model, fmt):
     """A copy of `model` whose expert weights are what `fmt`'s banks of them decode to (cpumoe_formats' float64
