@@ -43,9 +43,9 @@ if [ "${STAGE:-test}" = test ]; then
   run integration 150 8 $PY -m pytest $T tests-integration -m cuda
   run glue 200 20 $PY -m pytest $T packages/moe-engine-glue/tests
 else
-  run step 330 40 $PY -m moe_engine.bench step --json "$OUT/moe_engine_step_h200.json"
-  run overhead 60 3 $PY -m moe_engine.bench overhead --formats bf16 --json "$OUT/moe_engine_overhead_h200.json"
-  [ -f bench/gpu_experts.py ] && run gpu_experts 90 30 $PY bench/gpu_experts.py --json "$OUT/gpu_experts_h200.json"
-  run demo 120 8 $PY -m moe_engine.cli demo --quiet --json "$OUT/demo_h200.json"
+  run demo 90 6 $PY -m moe_engine.cli demo --quiet --json "$OUT/demo_h200.json"
+  run demo16 90 4 $PY -m moe_engine.cli demo --quiet --threads 16 --json "$OUT/demo_h200_16threads.json"
+  run step 420 40 $PY -m moe_engine.bench step --replays 30 --json "$OUT/moe_engine_step_h200.json"
+  [ "${OVERHEAD:-0}" = 1 ] && run overhead 60 3 $PY -m moe_engine.bench overhead --formats bf16 --json "$OUT/moe_engine_overhead_h200.json"
 fi
 exit $rc

@@ -354,4 +354,4 @@ def test_split_on_cuda(shim, mode, path, mechanism, qualify):
     assert res["eager_checks"] == 12 and res["eager_bad"] == [], res["eager_bad"]
     assert res["replays"] == SPLIT_REPLAYS and res["graph_bad_count"] == 0, res["graph_bad"]
     assert res["pending_layer"] is None and not res["pending"], res
-    assert res["ready"] == 0 and res["done"] >= 1 and res["error"] == 0 and res["pending_error"] == 0, res
+    assert res["ready"] == 0 and res["done"] >= 1 and res["error_word"] == 0 and res["pending_error"] == 0, res

@@ -34,3 +34,15 @@ def test_demo_verifies(tmp_path, capsys):
 def test_demo_rejects_a_bad_shape(capsys):
     assert main(["demo", "--shape", "16,256", "--quiet"]) == 2
     assert "expected four positive ints" in capsys.readouterr().err
+
+
+def test_info_probes_the_handshake_on_a_gpu(capsys):
+    import pytest
+    from conftest import cuda_missing
+
+    if cuda_missing():
+        pytest.skip(cuda_missing())
+    assert main(["info", "--json"]) == 0
+    hs = json.loads(capsys.readouterr().out)["gpu"]["handshake"]
+    assert hs["chosen"] == "kernel", hs
+    assert set(hs["paths"]) >= {"kernel", "memop", "host-func"}

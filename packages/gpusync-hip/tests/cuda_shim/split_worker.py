@@ -58,7 +58,7 @@ def main(path: str, replays: int, qualify: bool) -> dict:
         words = sync.words
         out.update(served=ex.health()["served"] - served, pending=sync.pending(), pending_layer=sync.pending_layer,
                    ready=sync._iob.load_word(words["ready"]), done=sync._iob.load_word(words["done"]),
-                   error=ex.health()["error"], pending_error=gpusync_hip._native._peek_error())
+                   error_word=ex.health()["error"], pending_error=gpusync_hip._native._peek_error())
         return out
     finally:
         sync.close()

@@ -74,12 +74,12 @@ class Step:
     def __init__(self, torch, fn, L: int, x, pool_ids, pool_w):
         self.torch, self.n = torch, pool_ids.shape[0]
         dev = x.device
-        self.i = torch.zeros((), dtype=torch.long, device=dev)
+        self.i = torch.zeros(1, dtype=torch.long, device=dev)
         s = torch.cuda.Stream(dev)
         s.wait_stream(torch.cuda.current_stream(dev))
 
         def body():
-            ids, w = pool_ids[self.i], pool_w[self.i]
+            ids, w = pool_ids.index_select(0, self.i)[0], pool_w.index_select(0, self.i)[0]  # no host read
             out = [fn(layer, x, ids[layer], w[layer]) for layer in range(L)]
             self.i.add_(1).remainder_(self.n)
             return out

@@ -49,8 +49,7 @@ def gpu_info(probe: bool = True) -> dict:
     p = torch.cuda.get_device_properties(dev)
     out["device"] = {"index": dev, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
                      "capability": f"{p.major}.{p.minor}"}
-    if probe:
-        out["handshake"] = probe_paths(torch.device("cuda", dev))
+    out["handshake"] = probe_paths(torch.device("cuda", dev)) if probe else "not probed (--no-probe)"
     return out
 
 

@@ -94,8 +94,12 @@ class MoERunner:
         self.prefill_mode, self._prefill, self.last_prefill = prefill, None, None
         act_kw = dict(activation=self.act.name, alpha=alpha, limit=limit)
         if self.strategy in ("cpu", "hybrid"):
-            from cpumoe_executor import CpuMoeExecutor
+            from cpumoe_executor import CpuMoeExecutor, resolve_cores
 
+            if threads is None and self.device.type == "cuda":
+                # one physical core stays free for the thread driving the GPU (launches, replays, its waits): with
+                # every core a worker it shares one with a pinned worker and the step waits for that worker
+                threads = max(1, len(resolve_cores()[0]) - 1)
             self.executor = CpuMoeExecutor(self.format, banks, top_k=top_k, max_tokens=self.max_tokens,
                                            threads=threads, mode=mode, isa=isa,
                                            apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
