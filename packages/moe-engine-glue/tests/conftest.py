@@ -9,7 +9,8 @@ import torch
 
 import cpumoe_formats as cf
 
-if not torch.cuda.is_available():  # the GPU experts run in Triton's interpreter on CPU tensors (set before triton loads)
+# no GPU: the GPU experts run in Triton's interpreter on CPU tensors (set before triton is imported)
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Small shapes per format that satisfy its divisibility (ragged where the format allows).

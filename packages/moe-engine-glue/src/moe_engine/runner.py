@@ -213,14 +213,14 @@ class MoERunner:
 
         if self.strategy == "cpu":
             return self.sync.decode(layer, x, w, ids)
-        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         wf = w if w.dtype == torch.float32 else w.float()
-        slots = self.residency.slots(layer, ids)
-        if self.strategy == "gpu":
-            return self.gpu.forward(layer, xb, slots, wf)
-        self.sync.submit(layer, x, wf, ids, residency_mask=self.residency.mask[layer])  # the CPU starts
-        y = self.gpu.forward(layer, xb, slots, wf)  # the GPU-resident experts, meanwhile
-        return self.sync.finish(layer, partial=y)  # + the CPU's y, every route counted once
+        if self.strategy == "hybrid":
+            # the CPU starts first: the slot lookup and the GPU experts run while it works (the lookup before the
+            # doorbell put its kernels on the CPU's critical path)
+            self.sync.submit(layer, x, wf, ids, residency_mask=self.residency.mask[layer])
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        y = self.gpu.forward(layer, xb, self.residency.slots(layer, ids), wf)  # the GPU-resident experts
+        return y if self.strategy == "gpu" else self.sync.finish(layer, partial=y)  # + the CPU's y: each route once
 
     def op(self, layer: int, hidden_states, topk_ids, topk_weights):
         """forward() through the torch custom op torch.ops.moe_engine.experts (one opaque node for torch.compile)."""
