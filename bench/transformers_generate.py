@@ -95,8 +95,14 @@ class Runs:
                        decode_tok_s=round((n - 1) * b / max(g - f, 1e-9), 3))
 
 
+def _floor(self, hidden_states, top_k_index, top_k_weights):
+    """An experts 'implementation' that costs nothing (returns its input): the tokens/s no experts implementation can
+    beat, the bound on any speedup over transformers' own (the rest of each layer is transformers')."""
+    return hidden_states
+
+
 def cpu_mode(args) -> dict:
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
     from moe_engine.integrations.transformers import offload_experts
 
@@ -121,8 +127,10 @@ def cpu_mode(args) -> dict:
             return base, {}
         return prep
 
+    ExpertsInterface.register("bench_floor", _floor)
     configs = {f"transformers {i}": hf(i) for i in hf_impls}
     configs.update({f"moe_engine {f}": (lambda f=f: (ours[f][0], {})) for f in args.formats})
+    configs["floor: experts cost nothing"] = hf("bench_floor")
     runs = Runs(args, lambda: None)
     for b in args.batch:
         ids = torch.randint(0, args.vocab, (b, args.prompt), generator=torch.Generator().manual_seed(b))
@@ -137,6 +145,10 @@ def cpu_mode(args) -> dict:
             table.append({"batch": b, "format": f, "tok_s": r["generate_tok_s"], "best_transformers": hf_best[1],
                           "best_transformers_tok_s": hf_best[0], "speedup": round(r["generate_tok_s"] / hf_best[0], 2)})
     res["vs_best_transformers"] = table
+    res["floor_vs_best_transformers"] = {
+        b: round(runs.rows[f"batch {b} floor: experts cost nothing"]["generate_tok_s"]
+                 / max(runs.rows[f"batch {b} transformers {i}"]["generate_tok_s"] for i in hf_impls), 2)
+        for b in args.batch}
     return res
 
 
