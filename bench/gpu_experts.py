@@ -1,8 +1,9 @@
+# Run by hand on a CUDA GPU (the H200 figures in docs/moe-engine.md came from it).
 """GPU experts bench: moe_engine.gpu.GpuExperts under a CUDA graph against transformers' batched_mm and grouped_mm
 experts (eager, the same bf16 weights) and the device's copy bandwidth, per format and batch size.
 
     PYTHONPATH=packages/cpumoe-formats/src:packages/moe-engine-glue/src \
-        python packages/moe-engine-glue/bench/gpu_experts.py --json out.json
+        python bench/gpu_experts.py --json out.json
 
 Shape: Qwen3-30B-A3B's experts (E=128, H=2048, I=768, top_k=8) by default, every expert resident, `--layers`
 layers of distinct weights in one graph (so each replay reads more than the L2 holds), random routes (top_k
