@@ -56,7 +56,42 @@ def build_model(layers: int, vocab: int, seed: int = 0):
     return model
 
 
+def others_busy(window_s: float = 0.3) -> float:
+    """CPU cores kept busy by other processes over a short window while this one sleeps (from /proc/stat)."""
+    def total():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[0] + v[1] + v[2] + v[5] + v[6] + v[7], sum(v)  # user nice system irq softirq steal, all
+
+    b0, t0 = total()
+    time.sleep(window_s)
+    b1, t1 = total()
+    return (b1 - b0) / max(t1 - t0, 1) * (os.cpu_count() or 1)
+
+
+class Quiet:
+    """Waits (up to max_wait_s) before each timed run until other processes use under `limit` cores: this machine
+    is shared, and a busy core slows both thread pools (torch's, the executor's) far more than its share."""
+
+    def __init__(self, limit: float, max_wait_s: float):
+        self.limit, self.max_wait_s, self.waited_s, self.busy_runs = limit, max_wait_s, 0.0, 0
+
+    def __call__(self) -> float:
+        if self.limit <= 0 or not os.path.exists("/proc/stat"):
+            return 0.0
+        t = time.time()
+        while (busy := others_busy()) > self.limit and time.time() - t < self.max_wait_s:
+            time.sleep(1.0)
+        self.waited_s += time.time() - t
+        self.busy_runs += busy > self.limit
+        return busy
+
+
+QUIET = Quiet(0.0, 0.0)
+
+
 def timed_generate(model, ids, new_tokens: int, sync, **kw) -> float:
+    QUIET()
     sync()
     t = time.perf_counter()
     with torch.no_grad():
@@ -101,7 +136,21 @@ def _floor(self, hidden_states, top_k_index, top_k_weights):
     return hidden_states
 
 
+def shared_copy(model, experts_only: bool = False):
+    """A second model object over the same tensors (all of them, or only the experts' weights; the rest copied, so
+    that moving it to a GPU leaves `model` where it is): offload_experts on it replaces its own experts' Parameter
+    objects and leaves `model`'s."""
+    if experts_only:
+        tensors = [p for n, p in model.named_parameters() if ".experts." in n]
+    else:
+        tensors = list(model.parameters()) + list(model.buffers())
+    return copy.deepcopy(model, {id(t): t for t in tensors})
+
+
 def cpu_mode(args) -> dict:
+    """One phase per format (the model's bf16 experts plus one format's banks in memory at a time): in each,
+    transformers' grouped_mm and eager, moe_engine in that format and the floor, interleaved; batched_mm (far
+    slower) in the first phase, with fewer repeats."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
     from moe_engine.integrations.transformers import offload_experts
@@ -109,17 +158,8 @@ def cpu_mode(args) -> dict:
     t0 = time.time()
     base = build_model(args.layers, args.vocab)
     print(f"model: {args.layers} layers, built in {time.time() - t0:.0f} s", flush=True)
-    hf_impls = [i for i in ("grouped_mm", "batched_mm", "eager") if i == "eager" or i in ALL_EXPERTS_FUNCTIONS]
-    ours, convert_s = {}, {}
-    for fmt in args.formats:
-        t = time.time()
-        m = copy.deepcopy(base)
-        off = offload_experts(m, format=fmt, strategy="cpu", threads=args.threads, max_tokens=args.max_tokens,
-                              progress=not args.quiet)
-        convert_s[fmt] = round(time.time() - t, 1)
-        ours[fmt] = (m, off)
-        print(f"moe_engine {fmt}: {off.runner.describe()} ({convert_s[fmt]} s)", flush=True)
-        gc.collect()
+    ExpertsInterface.register("bench_floor", _floor)
+    hf_impls = [i for i in ("grouped_mm", "eager") if i == "eager" or i in ALL_EXPERTS_FUNCTIONS]
 
     def hf(impl):
         def prep():
@@ -127,29 +167,35 @@ def cpu_mode(args) -> dict:
             return base, {}
         return prep
 
-    ExpertsInterface.register("bench_floor", _floor)
-    configs = {f"transformers {i}": hf(i) for i in hf_impls}
-    configs.update({f"moe_engine {f}": (lambda f=f: (ours[f][0], {})) for f in args.formats})
-    configs["floor: experts cost nothing"] = hf("bench_floor")
-    runs = Runs(args, lambda: None)
-    for b in args.batch:
-        ids = torch.randint(0, args.vocab, (b, args.prompt), generator=torch.Generator().manual_seed(b))
-        runs.measure(configs, ids, args.repeats, f"batch {b}")
-    res = {"rows": runs.rows, "convert_s": convert_s,
-           "moe_engine": {f: o.runner.describe() for f, (_, o) in ours.items()}}
-    table = []
-    for b in args.batch:
-        hf_best = max((runs.rows[f"batch {b} transformers {i}"]["generate_tok_s"], i) for i in hf_impls)
-        for f in args.formats:
-            r = runs.rows[f"batch {b} moe_engine {f}"]
-            table.append({"batch": b, "format": f, "tok_s": r["generate_tok_s"], "best_transformers": hf_best[1],
-                          "best_transformers_tok_s": hf_best[0], "speedup": round(r["generate_tok_s"] / hf_best[0], 2)})
-    res["vs_best_transformers"] = table
-    res["floor_vs_best_transformers"] = {
-        b: round(runs.rows[f"batch {b} floor: experts cost nothing"]["generate_tok_s"]
-                 / max(runs.rows[f"batch {b} transformers {i}"]["generate_tok_s"] for i in hf_impls), 2)
-        for b in args.batch}
-    return res
+    runs, convert_s, described, table, floor = Runs(args, lambda: None), {}, {}, [], {}
+    for phase, fmt in enumerate(args.formats):
+        t = time.time()
+        m = shared_copy(base)
+        off = offload_experts(m, format=fmt, strategy="cpu", threads=args.threads, max_tokens=args.max_tokens,
+                              progress=not args.quiet)
+        convert_s[fmt], described[fmt] = round(time.time() - t, 1), off.runner.describe()
+        print(f"moe_engine {fmt}: {described[fmt]} ({convert_s[fmt]} s)", flush=True)
+        configs = {f"transformers {i}": hf(i) for i in hf_impls}
+        configs[f"moe_engine {fmt}"] = lambda m=m: (m, {})
+        if phase == 0:
+            configs["floor: experts cost nothing"] = hf("bench_floor")
+        for b in args.batch:
+            ids = torch.randint(0, args.vocab, (b, args.prompt), generator=torch.Generator().manual_seed(b))
+            label = f"batch {b} [{fmt} phase]"
+            runs.measure(configs, ids, args.repeats, label)
+            if phase == 0 and "batched_mm" in ALL_EXPERTS_FUNCTIONS:
+                runs.measure({"transformers batched_mm": hf("batched_mm")}, ids, max(1, args.repeats // 3), label)
+            best = max((runs.rows[f"{label} transformers {i}"]["generate_tok_s"], i) for i in hf_impls)
+            r = runs.rows[f"{label} moe_engine {fmt}"]["generate_tok_s"]
+            table.append({"batch": b, "format": fmt, "tok_s": r, "best_transformers": best[1],
+                          "best_transformers_tok_s": best[0], "speedup": round(r / best[0], 2)})
+            if phase == 0:
+                floor[b] = round(runs.rows[f"{label} floor: experts cost nothing"]["generate_tok_s"] / best[0], 2)
+        off.close()
+        del m, off, configs
+        gc.collect()
+    return {"rows": runs.rows, "convert_s": convert_s, "moe_engine": described, "vs_best_transformers": table,
+            "floor_vs_best_transformers": floor}
 
 
 def h200_mode(args) -> dict:
@@ -158,32 +204,35 @@ def h200_mode(args) -> dict:
 
     from moe_engine.integrations.transformers import offload_experts
 
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
 
     def sync():
-        torch.cuda.synchronize()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     t0 = time.time()
     base = build_model(args.layers, args.vocab)
     print(f"model: {args.layers} layers, built in {time.time() - t0:.0f} s", flush=True)
     models, configs, notes = {}, {}, {}
-    gpu_all = copy.deepcopy(base).to(dev)
+    gpu_all = copy.deepcopy(base).to(dev)  # its own copy: moved to the GPU
     gpu_all.set_experts_implementation("grouped_mm")
     configs["transformers grouped_mm, experts on the GPU"] = lambda: (gpu_all, {})
-    offl = copy.deepcopy(base)
-    dm = {"model.embed_tokens": 0, "model.norm": 0, "model.rotary_emb": 0, "lm_head": 0}
+    offl = shared_copy(base, experts_only=True)  # accelerate keeps the experts on the CPU, streams them
+    main = 0 if dev.type == "cuda" else "cpu"
+    dm = {"model.embed_tokens": main, "model.norm": main, "model.rotary_emb": main, "lm_head": main}
     for i in range(args.layers):
         p = f"model.layers.{i}"
-        dm.update({f"{p}.self_attn": 0, f"{p}.input_layernorm": 0, f"{p}.post_attention_layernorm": 0,
-                   f"{p}.mlp.gate": 0, f"{p}.mlp.experts": "cpu"})
-    offl = dispatch_model(offl, device_map=dm, main_device=0)
+        dm.update({f"{p}.self_attn": main, f"{p}.input_layernorm": main, f"{p}.post_attention_layernorm": main,
+                   f"{p}.mlp.gate": main, f"{p}.mlp.experts": "cpu"})
+    offl = dispatch_model(offl, device_map=dm, main_device=main)
     offl.set_experts_implementation("grouped_mm")
     configs["accelerate cpu offload of the experts"] = lambda: (offl, {})
     for strategy in args.strategies:
         t = time.time()
-        m = copy.deepcopy(base)
+        m = shared_copy(base, experts_only=True)
         off = offload_experts(m, format="bf16", strategy=strategy, device=dev, threads=args.threads,
-                              residency=args.residency if strategy == "hybrid" else None, progress=not args.quiet)
+                              residency=args.residency if strategy == "hybrid" else None,
+                              max_tokens=args.max_tokens or 64, progress=not args.quiet)
         m.to(dev)
         notes[strategy] = {"describe": off.runner.describe(), "convert_s": round(time.time() - t, 1)}
         models[strategy] = m
@@ -212,7 +261,7 @@ def h200_mode(args) -> dict:
             g = m.generate(ids, compile_config=CompileConfig(backend="cudagraphs"), **kw)
         same[strategy] = bool(torch.equal(a, g))
     return {"rows": runs.rows, "moe_engine": notes, "graphs_equal_eager_tokens": same,
-            "gpu": torch.cuda.get_device_name(0)}
+            "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else None}
 
 
 def main(argv=None) -> int:
@@ -230,14 +279,22 @@ def main(argv=None) -> int:
     ap.add_argument("--residency", type=float, default=0.25)
     ap.add_argument("--threads", type=int, default=None, help="CPU executor workers (default: the physical cores)")
     ap.add_argument("--max-tokens", type=int, default=None, help="the runner's decode batch bound (cpu mode)")
+    ap.add_argument("--device", default="cuda", help="h200: where the model runs (cpu: a dry run of the script)")
+    ap.add_argument("--quiet-cores", type=float, default=0.2,
+                    help="cpu: before each timed run, wait until other processes use fewer cores than this (0: off)")
+    ap.add_argument("--quiet-wait", type=float, default=300.0, help="cpu: the longest such wait per run, seconds")
     ap.add_argument("--json", default=None)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     import transformers
 
-    t0 = time.time()
+    if args.mode == "cpu":
+        QUIET.limit, QUIET.max_wait_s = args.quiet_cores, args.quiet_wait
+    t0, load0 = time.time(), os.getloadavg()
     res = cpu_mode(args) if args.mode == "cpu" else h200_mode(args)
     res.update(mode=args.mode, args=vars(args), wall_s=round(time.time() - t0, 1), torch=torch.__version__,
+               loadavg_start_end=[round(load0[0], 2), round(os.getloadavg()[0], 2)],
+               quiet={"cores": QUIET.limit, "waited_s": round(QUIET.waited_s, 1), "runs_still_busy": QUIET.busy_runs},
                transformers=transformers.__version__, torch_threads=torch.get_num_threads(),
                cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
                cpu_model=next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")

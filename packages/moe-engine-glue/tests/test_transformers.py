@@ -101,6 +101,23 @@ def test_static_cache_compiled_decode_traces_the_custom_op(arch):
     assert all(torch.equal(a, b) for a, b in zip(compiled.logits, eager.logits))
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_hybrid_strategy(arch):
+    """Strategy hybrid, half of each layer's experts on the 'GPU' side (here Triton's interpreter on CPU tensors,
+    conftest.py; on a GPU host, the GPU): every route counted once, against the unmodified model."""
+    from conftest import cuda_missing, triton_missing
+
+    if triton_missing():
+        pytest.skip(triton_missing())
+    dev = "cpu" if cuda_missing() else "cuda"
+    model = hm.build(arch).to(dev)
+    ref = hm.clone(model)
+    off = _offload(model, format="bf16", strategy="hybrid", residency=0.5, graph_batch_sizes=(1,), max_tokens=16)
+    assert off.runner.strategy == "hybrid" and off.runner.residency.fraction() == 0.5
+    for name, y_ref, y in hm.layer_pairs(ref, model, hm.prompt().to(dev)):
+        assert hm.rel(y.float(), y_ref.float()) < LAYER_TOL, name
+
+
 # ---- quantized formats against the model with dequantized expert weights ----------------------------------------
 def _dequantized_model(model, fmt):
     """A copy of `model` whose expert weights are what `fmt`'s banks of them decode to (cpumoe_formats' float64
