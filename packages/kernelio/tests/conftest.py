@@ -39,6 +39,8 @@ cuda = [pytest.mark.cuda, pytest.mark.gpu]
 
 @pytest.fixture(scope="session")
 def fake_libcuda(tmp_path_factory) -> Path:
+    # the fake CUDA driver is driven through gpusync-cuda: a session with another backend (rocm) lacks it
+    pytest.importorskip("gpusync_cuda", reason="the fake-driver tests run the CUDA backend (gpusync-cuda)")
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None or not FAKE_SRC.is_file():
         pytest.skip("needs a C++ compiler and gpusync-cuda's fake libcuda source (monorepo checkout)")
