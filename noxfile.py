@@ -51,6 +51,8 @@ class Pkg:
     test_deps: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # backend -> environment of a build-<pkg>-<backend> session (a wheel with that backend's device code)
     build_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # CPU_SIDE backends whose CPU-side tests are the cpu session's own: without the GPU the session skips
+    gpu_only: tuple[str, ...] = ()
 
 
 # The package table, providers first: adding a package is one line. A package's sessions are
@@ -67,7 +69,8 @@ PLANNED = {
                     # a HIP code-object bundle is required (not best-effort) in the rocm wheel
                     build_env={"rocm": {"KERNELIO_HIP": "1"}}),
     "moe-engine-glue": Pkg(("cpu", "cuda", "rocm"),
-                           deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda", "gpusync-hip", "kernelio")),
+                           deps=("cpumoe-formats", "cpumoe-executor", "gpusync-cuda", "gpusync-hip", "kernelio"),
+                           gpu_only=("rocm",)),
 }
 PACKAGES = {n: p for n, p in PLANNED.items() if (ROOT / "packages" / n / "pyproject.toml").is_file()}
 
@@ -214,6 +217,9 @@ def _machine_stack(session: nox.Session) -> None:
 
 def _make_test(name: str, backend: str):
     def test(session: nox.Session) -> None:
+        if backend in PACKAGES[name].gpu_only and detect_gpu.missing(backend) and os.environ.get("REQUIRE_GPU") != "1":
+            session.skip(f"{backend} unavailable ({detect_gpu.missing(backend)}); {name}'s CPU-side tests are its "
+                         "cpu session's")
         _gpu_gate(session, backend)
         if backend in GPU_BACKENDS:
             _machine_stack(session)
@@ -269,7 +275,7 @@ def _register() -> None:
                     requires=[f"build-{name}"])(_make_package_check(name))
         for backend in pkg.backends:
             builds = []
-            if _runnable(backend):  # else it just skips
+            if _runnable(backend) and not (backend in pkg.gpu_only and detect_gpu.missing(backend)):  # else it skips
                 builds = [*(TOOLCHAIN.get(backend, ()) and [TOOLCHAIN[backend]]),
                           *(_build_session(n, backend) if n == name else f"build-{n}" for n in _closure(name, backend))]
             nox.session(name=f"test-{name}-{backend}", tags=["test", backend, name], default=backend == "cpu",
