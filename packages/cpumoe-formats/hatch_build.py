@@ -99,7 +99,8 @@ def build(out_dir: Path = PKG, verbose: bool = True) -> Path:
                          flags + [f"-DCPUMOE_TIER={num}", f"-DCPUMOE_TIER_TAG={tag}"]))
     hdr = _newest_header()
     stamp = obj_dir / "flags.txt"
-    flag_key = " ".join(_cxx() + base) + "|" + built + "|" + info  # CXX may carry -D flags (bench/device/kernel_sweep.sh)
+    # CXX may carry -D flags (bench/device/kernel_sweep.sh)
+    flag_key = " ".join(_cxx() + base) + "|" + built + "|" + info
     stale_flags = not stamp.exists() or stamp.read_text() != flag_key
 
     def compile_one(job):

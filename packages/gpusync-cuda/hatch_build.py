@@ -5,8 +5,9 @@ or cudart (the driver is dlopen'd at run time). When the build machine has a
 cuda.h (CUDA_HOME, /usr/local/cuda), csrc/cuda_check.cpp pins our local copies
 of the driver constants to it with static_asserts.
 
-Needs the cpumoe-executor C ABI headers (cpumoe_executor/abi.h and the backend-neutral gpusync/abi.h): from the installed cpumoe_executor
-(get_include()), else from the monorepo checkout beside this package.
+Needs the cpumoe-executor C ABI headers (cpumoe_executor/abi.h and the backend-neutral
+gpusync/abi.h): from the installed cpumoe_executor (get_include()), else from the
+monorepo checkout beside this package.
 Environment: CXX, CUDA_HOME, CPUMOE_SANITIZE, CPUMOE_DEBUG=1, CPUMOE_BUILD_JOBS.
 Run `python hatch_build.py` for an in-place build.
 """
