@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -342,6 +343,8 @@ def offload_experts(model, format: str | None = None, strategy: str = "auto", *,
     device: where the activations live (default: the input embeddings' device).
     runner_kwargs: the rest of MoERunner's keywords (graph_batch_sizes, max_tokens, mode, isa, handshake, qualify,
         capacity, prefill, tp_group).
+    Unmapped experts, a format that cannot hold the shape and a checkpoint that does not match raise before any weight
+    is freed; the weights go layer by layer as their banks are built.
     """
     import torch
 
@@ -364,8 +367,6 @@ def offload_experts(model, format: str | None = None, strategy: str = "auto", *,
     mtype = getattr(getattr(found[0][1], "config", None) or model.config, "model_type", None)
     if "mxfp4_triton" in kinds and checkpoint is None:
         guess = getattr(model.config, "_name_or_path", None)
-        import os
-
         if not guess or not os.path.isdir(guess):
             raise ValueError("gpt-oss's MXFP4 experts (Mxfp4GptOssExperts) hold Triton-swizzled weights; pass "
                              "checkpoint=<the model's safetensors directory> to read its *_blocks / *_scales")
