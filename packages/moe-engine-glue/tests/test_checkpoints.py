@@ -70,19 +70,23 @@ def _save(tensors: dict, path, shards: int = 1):
 
 
 # ---- FP8 block (DeepSeek-V3 / Qwen FP8) ---------------------------------------------------------------------------
-def _fp8(w):
-    """[R, K] -> (e4m3 codes, fp32 weight_scale_inv [R/128, K/128]): per block scale = amax / 448."""
+def _fp8(w, ue8m0=False):
+    """[R, K] -> (e4m3 codes, weight_scale_inv [R/128, K/128]): per block scale = amax / 448 in fp32, or (ue8m0, as
+    DeepSeek-V3.1-style checkpoints) that rounded up to a power of two, stored as float8_e8m0fnu."""
     R, K = w.shape
     b = w.reshape(R // 128, 128, K // 128, 128)
     s = (b.abs().amax(dim=(1, 3)) / 448.0).clamp(min=1e-12).float()
-    return (b / s[:, None, :, None]).reshape(R, K).to(torch.float8_e4m3fn), s
+    if ue8m0:
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+    codes = (b / s[:, None, :, None]).reshape(R, K).to(torch.float8_e4m3fn)
+    return codes, (s.to(torch.float8_e8m0fnu) if ue8m0 else s)
 
 
 def _fp8_decode(codes, s):
     return codes.double() * s.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
 
 
-def write_fp8(model, path, naming="per_expert", shards=1):
+def write_fp8(model, path, naming="per_expert", shards=1, ue8m0=False):
     """(path, {decoder layer: (gate_up, down) decoded float64}) with experts stored per expert in `naming`."""
     proj = {"per_expert": ("gate_proj", "up_proj", "down_proj"), "mixtral": ("w1", "w3", "w2")}[naming]
     sub = "block_sparse_moe" if naming == "mixtral" else "mlp"
@@ -93,10 +97,10 @@ def write_fp8(model, path, naming="per_expert", shards=1):
         for e in range(s.E):
             for p, w, dst in ((proj[0], gu[e, :s.I], dgu[e, :s.I]), (proj[1], gu[e, s.I:], dgu[e, s.I:]),
                               (proj[2], dn[e], ddn[e])):
-                c, sc = _fp8(w)
+                c, sc = _fp8(w, ue8m0)
                 t[f"model.layers.{n}.{sub}.experts.{e}.{p}.weight"] = c
                 t[f"model.layers.{n}.{sub}.experts.{e}.{p}.weight_scale_inv"] = sc
-                dst.copy_(_fp8_decode(c, sc))
+                dst.copy_(_fp8_decode(c, sc.float()))
         ref[n] = (dgu, ddn)
     return _save(t, path, shards), ref
 
@@ -242,6 +246,17 @@ def test_fp8_block_checkpoint(tmp_path, arch, naming, shards):
     assert off.deviation()["scale_rounding_max_rel"] == dev
     for name, y_ref, y in hm.layer_pairs(ref, model, hm.prompt()):
         assert hm.rel(y.float(), y_ref.float()) < QUANT_TOL, name
+
+
+def test_fp8_block_ue8m0_scales_are_exact(tmp_path):
+    model = hm.build("deepseek_v3")
+    path, want = write_fp8(model, tmp_path / "m.safetensors", ue8m0=True)
+    got = checkpoints.load_experts(path, [1, 2], E=hm.E, H=hm.H, I=hm.I)
+    assert all(r["exact"] for r in got.report.values()) and got.deviation()["scale_rounding_max_rel"] == 0.0
+    for i, n in enumerate([1, 2]):
+        gu, dn = _banks_decode(got, i)
+        np.testing.assert_array_equal(gu, want[n][0].numpy())
+        np.testing.assert_array_equal(dn, want[n][1].numpy())
 
 
 def test_fp8_block_scale_rounding_effect_on_outputs(tmp_path):
