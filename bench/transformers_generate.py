@@ -117,7 +117,7 @@ class Runs:
         self.args, self.sync, self.rows = args, sync, {}
 
     def measure(self, configs: dict, ids, repeats: int, label: str):
-        for name, prep in configs.items():  # warm-up (and compile) once each, untimed
+        for prep in configs.values():  # warm-up (and compile) once each, untimed
             model, kw = prep()
             timed_generate(model, ids, 2, self.sync, **kw)
         for rep in range(repeats):
