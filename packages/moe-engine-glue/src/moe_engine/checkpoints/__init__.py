@@ -35,12 +35,17 @@ class LoadedExperts:
 
     def deviation(self) -> dict:
         """The largest measured rounding over all layers, per kind (empty when bit-exact)."""
-        out: dict = {}
-        for r in self.report.values():
-            for k, v in r.items():
-                if k.endswith("_max_rel"):
-                    out[k] = max(out.get(k, 0.0), v)
-        return out
+        return max_deviation(self.report)
+
+
+def max_deviation(report: dict) -> dict:
+    """{kind: the largest '*_max_rel' over the per-layer reports}: the measured rounding of a conversion."""
+    out: dict = {}
+    for r in report.values():
+        for k, v in r.items():
+            if k.endswith("_max_rel"):
+                out[k] = max(out.get(k, 0.0), v)
+    return out
 
 
 def open_store(path):

@@ -289,12 +289,9 @@ class Offloaded:
     folded_bias: bool = False
 
     def deviation(self) -> dict:
-        out: dict = {}
-        for r in self.report.values():
-            for k, v in r.items():
-                if k.endswith("_max_rel"):
-                    out[k] = max(out.get(k, 0.0), v)
-        return out
+        from ..checkpoints import max_deviation
+
+        return max_deviation(self.report)
 
     def close(self) -> None:
         self.runner.close()
