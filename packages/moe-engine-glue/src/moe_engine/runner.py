@@ -72,6 +72,10 @@ class MoERunner:
             except (ValueError, TypeError) as e:
                 raise type(e)(f"banks[{li}]: {e}") from None
         self.E, self.H, self.I = dims
+        from cpumoe_formats.inputs import MAX_TOP_K
+
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= min(MAX_TOP_K, self.E):
+            raise ValueError(f"top_k={top_k!r}: expected an int in [1, {min(MAX_TOP_K, self.E)}]")
         self.num_layers, self.top_k = len(banks), top_k
         self.act = cf.activations.resolve(activation, alpha, limit)
         self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
@@ -83,7 +87,8 @@ class MoERunner:
         self.graph_batch_sizes = validate.batch_sizes(graph_batch_sizes)
         self.max_tokens = validate.max_tokens(max_tokens, self.graph_batch_sizes)
         self.check_ids = bool(check_ids)
-        self.graphs_ok, self.graphs_reason = self.device.type == "cuda", "not qualified"
+        # qualify=False is the caller's opt-out: graphs then rest on the handshake's own start-up probe alone
+        self.graphs_ok, self.graphs_reason = self.device.type == "cuda", "not qualified (qualify=False)"
         self.executor = self.sync = self.gpu = self.residency = None
         # the GPU loads experts from these (residency changes, staged prefill); the executor may hold a repacked copy
         self._host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
