@@ -107,6 +107,8 @@ def test_construction_errors_are_named(rng, monkeypatch):
         MoERunner("bf16", top_k=2, progress=False)
     with pytest.raises(ValueError, match=r"max_tokens=2: expected an int >= the largest graph batch size \(8\)"):
         MoERunner("bf16", banks, top_k=2, device="cpu", max_tokens=2, progress=False)
+    with pytest.raises(ValueError, match=r"top_k=0: expected an int in \[1, 6\]"):
+        MoERunner("bf16", banks, top_k=0, device="cpu", progress=False)
     with pytest.raises(ValueError, match="prefill='later'"):
         MoERunner("bf16", banks, top_k=2, device="cpu", prefill="later", progress=False)
     bad = [dict(banks[0]), banks[1]]
