@@ -73,3 +73,46 @@ def run_py(code: str, env: dict | None = None, timeout: float = 120) -> subproce
     e["PYTHONPATH"] = os.pathsep.join([str(HERE)] + sys.path)
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=timeout)
+
+
+# The head of every fake-driver script (run in a fresh interpreter by fake_run): the fake libcuda's controls, a
+# 3-layer executor, fresh step inputs with y poisoned, and the check against the executor's synchronous decode.
+FAKE_PRELUDE = """
+import ctypes, gc, json, os, time
+import numpy as np
+from conftest import make_executor
+import cpumoe_executor as ce, cpumoe_formats as cf
+import gpusync_cuda as g
+from gpusync_cuda import _native
+P = _native.PATHS
+lib = ctypes.CDLL(os.environ["GPUSYNC_LIBCUDA"])  # the same loaded instance as the driver's
+lib.fake_cuda_state.restype = lib.fake_cuda_last_graph.restype = ctypes.c_char_p
+lib.fake_cuda_fail.argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
+state = lambda: json.loads(lib.fake_cuda_state())
+ex = make_executor(np.random.default_rng(7), layers=3, H=96, I=40, E=6, top_k=3)
+rng = np.random.default_rng(5)
+
+def inputs(T):
+    x = rng.standard_normal((T, ex.H)).astype(np.float32).astype(cf.numerics.BF16)
+    ids = rng.integers(-1, ex.E, (T, ex.top_k)).astype(np.int32)
+    ids[:, 0] = rng.integers(0, ex.E, T)  # at least one CPU route: the coordinator runs the task
+    w = rng.random((T, ex.top_k), dtype=np.float32)
+    return x, ids, w, np.full((T, ex.H), 0x7FC1, np.uint16)  # y poisoned (a NaN no result has)
+
+def matches(layer, a):
+    x, ids, w, y = a
+    return bool((y == ex.decode(layer, x, w, ids).view(np.uint16)).all())
+"""
+
+
+def fake_run(lib, prelude: str, code: str, **env):
+    """FAKE_PRELUDE + prelude + code under the fake driver `lib`; the JSON its last line prints (dicts get stderr)."""
+    import json
+
+    r = run_py(FAKE_PRELUDE + prelude + code, env={"GPUSYNC_LIBCUDA": str(lib), **env})
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if isinstance(out, dict):
+        out["stderr"] = r.stderr
+    return out
+

@@ -5,40 +5,14 @@ bit-identical with copies slowed down (a missing edge loses the race), every
 new driver call failing in turn (a clear error, no capture left open, nothing
 leaked, the block still usable), and a bad value of the variable."""
 
-import json
 
 import pytest
-from conftest import run_py
+from conftest import fake_run
 
 PRELUDE = """
-import ctypes, gc, json, os, time
-import numpy as np
-from conftest import make_executor
-import cpumoe_executor as ce, cpumoe_formats as cf
-import gpusync_cuda as g
-from gpusync_cuda import _native
-P = _native.PATHS
-lib = ctypes.CDLL(os.environ["GPUSYNC_LIBCUDA"])  # the same loaded instance as the driver's
-lib.fake_cuda_state.restype = lib.fake_cuda_last_graph.restype = ctypes.c_char_p
-lib.fake_cuda_fail.argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
-state = lambda: json.loads(lib.fake_cuda_state())
-ex = make_executor(np.random.default_rng(7), layers=3, H=96, I=40, E=6, top_k=3)
-rng = np.random.default_rng(5)
-
-def inputs(T):
-    x = rng.standard_normal((T, ex.H)).astype(np.float32).astype(cf.numerics.BF16)
-    ids = rng.integers(-1, ex.E, (T, ex.top_k)).astype(np.int32)
-    ids[:, 0] = rng.integers(0, ex.E, T)  # at least one CPU route: the coordinator runs the task
-    w = rng.random((T, ex.top_k), dtype=np.float32)
-    return x, ids, w, np.full((T, ex.H), 0x7FC1, np.uint16)  # y poisoned (a NaN no result has)
-
 def step(b, path, s, layer, args):
     x, ids, w, y = args
     b.step(P[path], s, layer, x.shape[0], x.ctypes.data, ids.ctypes.data, w.ctypes.data, y.ctypes.data)
-
-def matches(layer, args):
-    x, ids, w, y = args
-    return bool((y == ex.decode(layer, x, w, ids).view(np.uint16)).all())
 
 def open_block():  # coordinator running, device 0, the executor's IO block registered
     ex.start_coordinator()
@@ -50,12 +24,7 @@ FORK = {"1": "copies forked (GPUSYNC_COPY_FORK=1", "0": "copies serial (GPUSYNC_
 
 
 def fake(lib, code, **env):
-    r = run_py(PRELUDE + code, env={"GPUSYNC_LIBCUDA": str(lib), **env})
-    assert r.returncode == 0, r.stdout + r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    if isinstance(out, dict):
-        out["stderr"] = r.stderr
-    return out
+    return fake_run(lib, PRELUDE, code, **env)
 
 
 def ancestors(graph, i):

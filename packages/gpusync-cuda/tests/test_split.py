@@ -9,34 +9,13 @@ where torch is installed, the eager path's submit / finish against decode bit fo
 import json
 
 import pytest
-from conftest import run_py
+from conftest import fake_run, run_py
 
-PRELUDE = """
-import ctypes, json, os, time
-import numpy as np
-from conftest import make_executor
-import cpumoe_executor as ce, cpumoe_formats as cf
-import gpusync_cuda as g
-from gpusync_cuda import _native
-P = _native.PATHS
-lib = ctypes.CDLL(os.environ["GPUSYNC_LIBCUDA"])  # the same loaded instance as the driver's
-lib.fake_cuda_state.restype = lib.fake_cuda_last_graph.restype = ctypes.c_char_p
-lib.fake_cuda_fail.argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
-state = lambda: json.loads(lib.fake_cuda_state())
-ex = make_executor(np.random.default_rng(7), layers=3, H=96, I=40, E=6, top_k=3)
-rng = np.random.default_rng(5)
-ex.start_coordinator()
+PRELUDE = """ex.start_coordinator()
 d = _native.Device(0)
 b = _native.Iob(d, ce.C_API_CAPSULE, ex.handle, ex)
 scratch = np.zeros(8, np.uint64)  # a registered word the caller's "other GPU work" writes between the halves
 scratch_d = d._host_register(scratch.ctypes.data, scratch.nbytes)
-
-def inputs(T):
-    x = rng.standard_normal((T, ex.H)).astype(np.float32).astype(cf.numerics.BF16)
-    ids = rng.integers(-1, ex.E, (T, ex.top_k)).astype(np.int32)
-    ids[:, 0] = rng.integers(0, ex.E, T)  # at least one CPU route: the coordinator runs the task
-    w = rng.random((T, ex.top_k), dtype=np.float32)
-    return x, ids, w, np.full((T, ex.H), 0x7FC1, np.uint16)  # y poisoned (a NaN no result has)
 
 def step(path, s, layer, a, split=False, between=None):
     x, ids, w, y = a
@@ -47,10 +26,6 @@ def step(path, s, layer, a, split=False, between=None):
     if between is not None:
         between()
     b.step_finish(P[path], s, T, y.ctypes.data)
-
-def matches(layer, a):
-    x, ids, w, y = a
-    return bool((y == ex.decode(layer, x, w, ids).view(np.uint16)).all())
 
 def captured(s, body):
     d._capture_begin(s)
@@ -63,9 +38,7 @@ def captured(s, body):
 
 
 def fake(lib, code, **env):
-    r = run_py(PRELUDE + code, env={"GPUSYNC_LIBCUDA": str(lib), **env})
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return fake_run(lib, PRELUDE, code, **env)
 
 
 def ancestors(graph, i):
