@@ -136,6 +136,7 @@ def prefill(r, layer: int, x, ids, w):
     cpu_experts = np.unique(host_ids[(host_ids >= 0)])
     cpu_experts = cpu_experts[~resident[cpu_experts]]
     how = pol.choose(x.shape[0], len(cpu_experts))
+    est = pol.estimate(x.shape[0], len(cpu_experts))  # what the choice saw (the run below updates the timings)
     y = None
     if r.residency is not None:  # the GPU-resident routes, all tokens at once
         y = r.gpu.forward(layer, x.to(torch.bfloat16), r.residency.slots(layer, ids), wf)
@@ -144,6 +145,5 @@ def prefill(r, layer: int, x, ids, w):
     else:
         c = pol.cpu_chunks(layer, x, ids, wf, mask)
         y = c if y is None else y.add_(c)
-    r.last_prefill = {"tokens": int(x.shape[0]), "cpu_experts": int(len(cpu_experts)), "how": how,
-                      **pol.estimate(x.shape[0], len(cpu_experts))}
+    r.last_prefill = {"tokens": int(x.shape[0]), "cpu_experts": int(len(cpu_experts)), "how": how, **est}
     return y.to(x.dtype)
