@@ -5,6 +5,9 @@
     python -m moe_engine.bench step [--json F]       on a GPU, under CUDA graphs, per layer: gpu, cpu and hybrid at
                                                      several residencies, hybrid's CPU part alone and GPU part alone,
                                                      then replays with changing inputs and residency against eager
+    python -m moe_engine.bench prefill [--json F]    on a GPU, eager: a prompt of T tokens through one layer (strategy
+                                                     cpu) as CPU chunks, as experts staged on the GPU, and as `auto`
+                                                     picks, for T = 16 .. 1024
 
 Routes are fresh every step: each graph gathers the next routes from a pool on the device (a counter in the graph),
 so the CPU reads experts from DRAM as in decode, not the same experts from its cache.
@@ -201,10 +204,61 @@ def replay_check(torch, hy, L, T, n, rng, s) -> dict:
     return out
 
 
+# ---- prefill ---------------------------------------------------------------------------------------------------
+def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
+    """ms per layer of a T-token prompt (uniform random routes) as CPU chunks of max_tokens and as staged experts,
+    each forced in turn (interleaved), then the `auto` policy's choice with the estimates it saw."""
+    import torch
+
+    from .runner import MoERunner
+
+    s = preset("qwen3-30b-a3b")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    banks = random_layers(fmt, s.E, s.H, s.I, 1, progress=False)
+    r = MoERunner(fmt, banks, top_k=s.top_k, strategy="cpu", device=dev, threads=threads, progress=False)
+    _say(f"prefill {fmt}: {r.describe()}")
+    rng = np.random.default_rng(3)
+    res = {"format": fmt, "shape": s.name, "max_tokens": r.max_tokens, "runner": r.describe(), "rows": []}
+
+    def run(policy, x, ids, w):
+        r._prefill.policy = policy
+        torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        y = r.forward(0, x, ids, w)
+        torch.cuda.synchronize(dev)
+        return 1e3 * (time.perf_counter() - t), y
+
+    for T in tokens:
+        ids, w = routes(rng, 1, 1, T, s.top_k, s.E)
+        ids, w = torch.from_numpy(ids[0, 0]).to(dev), torch.from_numpy(w[0, 0]).to(dev)
+        x = torch.randn(T, s.H, device=dev).to(torch.bfloat16)
+        r.forward(0, x, ids, w)  # creates the policy, measures a chunk and one expert's copy
+        ms = {"cpu": [], "gpu": []}
+        for rep in range(repeats):
+            for pol in (("cpu", "gpu") if rep % 2 == 0 else ("gpu", "cpu")):
+                ms[pol].append(run(pol, x, ids, w)[0])
+        _, yc = run("cpu", x, ids, w)
+        _, yg = run("gpu", x, ids, w)
+        rel = float((yc.float() - yg.float()).norm() / yc.float().norm())
+        r._prefill.policy = "auto"
+        r.forward(0, x, ids, w)
+        lp = dict(r.last_prefill)
+        best = min(("cpu", "gpu"), key=lambda k: statistics.median(ms[k]))
+        row = {"tokens": T, "cpu_experts": lp["cpu_experts"], "cpu_chunks_ms": _stats(ms["cpu"]),
+               "gpu_staged_ms": _stats(ms["gpu"]), "auto": lp["how"], "auto_estimates_s": {k: lp[k] for k in (
+                   "cpu_s", "gpu_copy_s")}, "faster": best, "cpu_vs_gpu_rel_diff": rel}
+        res["rows"].append(row)
+        _say(f"prefill {fmt} T={T}: CPU chunks {statistics.median(ms['cpu']):.1f} ms, staged "
+             f"{statistics.median(ms['gpu']):.1f} ms, auto -> {lp['how']} (faster: {best}), rel diff {rel:.1e}")
+    res["copy_GBps"] = r._prefill.copy_bps / 1e9 if r._prefill.copy_bps else None
+    r.close()
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m moe_engine.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("overhead", "step"))
+    p.add_argument("what", choices=("overhead", "step", "prefill"))
     p.add_argument("--formats", default="bf16,fp8_block")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", default="1,8")
@@ -212,12 +266,16 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=50, help="graph replays per timing")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--check-replays", type=int, default=1000)
+    p.add_argument("--tokens", default="16,32,64,128,256,512,1024", help="prefill: prompt lengths")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", metavar="PATH")
     a = p.parse_args(argv)
     fmts = a.formats.split(",")
     if a.what == "overhead":
         out = {"overhead": [overhead(f, threads=a.threads) for f in fmts]}
+    elif a.what == "prefill":
+        out = {"prefill": [prefill_bench(f, [int(t) for t in a.tokens.split(",")], a.repeats, a.threads)
+                           for f in fmts]}
     else:
         out = {"step": [step_bench(f, a.layers, [int(b) for b in a.batch.split(",")],
                                    [float(r) for r in a.residency.split(",")], a.replays, a.repeats,
