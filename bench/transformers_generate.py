@@ -117,9 +117,9 @@ class Runs:
         self.args, self.sync, self.rows = args, sync, {}
 
     def measure(self, configs: dict, ids, repeats: int, label: str):
-        for prep in configs.values():  # warm-up (and compile) once each, untimed
+        for prep in configs.values():  # warm-up (and compile, for the timed cache length) once each, untimed
             model, kw = prep()
-            timed_generate(model, ids, 2, self.sync, **kw)
+            timed_generate(model, ids, self.args.new_tokens, self.sync, **kw)
         for rep in range(repeats):
             for name, prep in configs.items():
                 model, kw = prep()
@@ -129,9 +129,8 @@ class Runs:
                 row["generate_s"].append(tn)
                 row["first_token_s"].append(t1)
                 print(f"  rep {rep} {label} {name}: {self.args.new_tokens * ids.shape[0] / tn:7.2f} tok/s", flush=True)
-        for key, row in self.rows.items():
-            if not key.startswith(label + " "):
-                continue
+        for key in (f"{label} {name}" for name in configs):  # this call's rows (new_tokens can differ per call)
+            row = self.rows[key]
             g, f = statistics.median(row["generate_s"]), statistics.median(row["first_token_s"])
             n, b = self.args.new_tokens, ids.shape[0]
             row.update(batch=b, new_tokens=n, generate_tok_s=round(n * b / g, 3),
