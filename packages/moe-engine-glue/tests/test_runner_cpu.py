@@ -111,6 +111,13 @@ def test_construction_errors_are_named(rng, monkeypatch):
         MoERunner("bf16", banks, top_k=0, device="cpu", progress=False)
     with pytest.raises(ValueError, match="prefill='later'"):
         MoERunner("bf16", banks, top_k=2, device="cpu", prefill="later", progress=False)
+    with pytest.raises(ValueError, match="prefill='gpu' stages experts on a GPU"):  # at construction, not at a prompt
+        MoERunner("bf16", banks, top_k=2, device="cpu", prefill="gpu", progress=False)
+    with MoERunner("bf16", banks, top_k=2, device="cpu", progress=False) as r:
+        with pytest.raises(ValueError, match="prefill='sometimes'"):
+            r.prefill_policy.set("sometimes")
+        r.prefill_policy.set("cpu")
+        assert r.prefill_policy.policy == "cpu"
     bad = [dict(banks[0]), banks[1]]
     bad[0]["gate_up"] = bad[0]["gate_up"][:, :10]
     with pytest.raises(ValueError, match=r"banks\[0\]: "):

@@ -221,7 +221,7 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
     res = {"format": fmt, "shape": s.name, "max_tokens": r.max_tokens, "runner": r.describe(), "rows": []}
 
     def run(policy, x, ids, w):
-        r._prefill.policy = policy
+        r.prefill_policy.set(policy)
         torch.cuda.synchronize(dev)
         t = time.perf_counter()
         y = r.forward(0, x, ids, w)
@@ -232,7 +232,7 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
         ids, w = routes(rng, 1, 1, T, s.top_k, s.E)
         ids, w = torch.from_numpy(ids[0, 0]).to(dev), torch.from_numpy(w[0, 0]).to(dev)
         x = torch.randn(T, s.H, device=dev).to(torch.bfloat16)
-        r.forward(0, x, ids, w)  # creates the policy, measures a chunk and one expert's copy
+        r.forward(0, x, ids, w)  # the policy measures a chunk and one expert's copy
         ms = {"cpu": [], "gpu": []}
         for rep in range(repeats):
             for pol in (("cpu", "gpu") if rep % 2 == 0 else ("gpu", "cpu")):
@@ -240,7 +240,7 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
         _, yc = run("cpu", x, ids, w)
         _, yg = run("gpu", x, ids, w)
         rel = float((yc.float() - yg.float()).norm() / yc.float().norm())
-        r._prefill.policy = "auto"
+        r.prefill_policy.set("auto")
         r.forward(0, x, ids, w)
         lp = dict(r.last_prefill)
         best = min(("cpu", "gpu"), key=lambda k: statistics.median(ms[k]))
@@ -250,7 +250,8 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
         res["rows"].append(row)
         _say(f"prefill {fmt} T={T}: CPU chunks {statistics.median(ms['cpu']):.1f} ms, staged "
              f"{statistics.median(ms['gpu']):.1f} ms, auto -> {lp['how']} (faster: {best}), rel diff {rel:.1e}")
-    res["copy_GBps"] = r._prefill.copy_bps / 1e9 if r._prefill.copy_bps else None
+    bps = r.prefill_policy.copy_bps
+    res["copy_GBps"] = bps / 1e9 if bps else None
     r.close()
     return res
 

@@ -16,20 +16,29 @@ from . import validate
 POLICIES = ("auto", "cpu", "gpu")
 
 
+def check_policy(policy) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"prefill={policy!r}: expected one of {list(POLICIES)}")
+
+
 class PrefillPolicy:
     def __init__(self, runner, policy: str = "auto"):
-        if policy not in POLICIES:
-            raise ValueError(f"prefill={policy!r}: expected one of {list(POLICIES)}")
-        can_stage = runner.device.type == "cuda" and runner._host_banks is not None and _has_gpu_kernel(runner)
-        if policy == "gpu" and not can_stage:
-            raise ValueError("prefill='gpu' stages experts on a GPU: it needs a CUDA/HIP device and a format with GPU "
-                             "experts kernels; expected prefill='cpu' or 'auto'")
-        if policy == "cpu" and runner.executor is None:
-            raise ValueError("prefill='cpu' needs the CPU executor; strategy 'gpu' has none")
-        self.runner, self.policy, self.can_stage = runner, policy, can_stage
+        self.runner = runner
+        self.can_stage = runner.device.type == "cuda" and runner._host_banks is not None and _has_gpu_kernel(runner)
         self.chunk_s: float | None = None  # measured: one chunk of max_tokens tokens on the CPU
         self.copy_bps: float | None = None  # measured: host -> GPU bytes per second of staged experts
         self._stage = None
+        self.set(policy)
+
+    def set(self, policy: str) -> None:
+        """How later prefills run; the timings measured so far are kept."""
+        check_policy(policy)
+        if policy == "gpu" and not self.can_stage:
+            raise ValueError("prefill='gpu' stages experts on a GPU: it needs a CUDA/HIP device and a format with GPU "
+                             "experts kernels; expected prefill='cpu' or 'auto'")
+        if policy == "cpu" and self.runner.executor is None:
+            raise ValueError("prefill='cpu' needs the CPU executor; strategy 'gpu' has none")
+        self.policy = policy
 
     def choose(self, T: int, n_experts: int) -> str:
         """'cpu' or 'gpu' for a prefill of T tokens whose CPU routes touch n_experts experts."""
@@ -123,9 +132,7 @@ def prefill(r, layer: int, x, ids, w):
 
     if r.check_ids:
         validate.ids_range(ids, r.E)
-    if r._prefill is None:
-        r._prefill = PrefillPolicy(r, r.prefill_mode)
-    pol = r._prefill
+    pol = r.prefill_policy
     wf = w.float()
     if r.strategy == "gpu":
         y = r.gpu.forward(layer, x.to(torch.bfloat16), r.residency.slots(layer, ids), wf)

@@ -43,7 +43,8 @@ class MoERunner:
     threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
     handshake: force a GPU handshake path (CUDA: kernel, memop, host-func, eager; HIP: copy-native, copy-splice,
         host-func, eager); default: the best that its probe and qualification proved.
-    prefill: how a batch above max_tokens runs: auto (measured: CPU chunks or experts staged on the GPU), cpu, gpu.
+    prefill: how a batch above max_tokens runs: auto (measured: CPU chunks or experts staged on the GPU), cpu, gpu;
+        checked here, changed later with runner.prefill_policy.set(...).
     qualify: run the start-up qualification (eager must pass, else this raises; graphs are refused with a warning
         on every tensor-parallel rank of `tp_group` when replay fails).
     """
@@ -92,11 +93,10 @@ class MoERunner:
         self.executor = self.sync = self.gpu = self.residency = None
         # the GPU loads experts from these (residency changes, staged prefill); the executor may hold a repacked copy
         self._host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
-        from .prefill import POLICIES
+        from .prefill import PrefillPolicy, check_policy
 
-        if prefill not in POLICIES:
-            raise ValueError(f"prefill={prefill!r}: expected one of {list(POLICIES)}")
-        self.prefill_mode, self._prefill, self.last_prefill = prefill, None, None
+        check_policy(prefill)  # before the executor is built
+        self.last_prefill = None
         act_kw = dict(activation=self.act.name, alpha=alpha, limit=limit)
         if self.strategy in ("cpu", "hybrid"):
             from cpumoe_executor import CpuMoeExecutor, resolve_cores
@@ -117,6 +117,7 @@ class MoERunner:
                 raise RuntimeError(f"handshake={handshake!r} is unavailable here: {self.sync.summary()}")
         if self.strategy in ("hybrid", "gpu"):
             self._open_gpu(residency, capacity, act_kw)
+        self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
         if qualify:
             from .qualify import qualify_runner
 
