@@ -101,8 +101,8 @@ def _eager(sync, path, name):
             x, w, ids = inputs(torch, g, ring, mask)
             p = torch.randn(T, H, generator=g).to(torch.bfloat16)
             served = ex.health()["served"]
-            y = sync._decode(path, layer, x.to(dev), w.to(dev), ids.to(dev), mask.to(dev), None, None)
-            pd = sync._decode(path, layer, x.to(dev), w.to(dev), ids.to(dev), mask.to(dev), None, p.to(dev))
+            y = sync.decode(layer, x.to(dev), w.to(dev), ids.to(dev), mask.to(dev), path=path)
+            pd = sync.decode(layer, x.to(dev), w.to(dev), ids.to(dev), mask.to(dev), partial=p.to(dev), path=path)
             sync.synchronize()
             assert torch.equal(bits(y), bits(reference(torch, ex, layer, x, w, ids, mask)))
             assert torch.equal(bits(pd), bits(reference(torch, ex, layer, x, w, ids, mask, p)))
@@ -135,7 +135,7 @@ def _graph_replay(sync, path, name):
     with torch.cuda.stream(s):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=s):
-            outs = [sync._decode(path, layer, *static[layer], mask_d, None, parts[layer] if adds[layer] else None)
+            outs = [sync.decode(layer, *static[layer], mask_d, partial=parts[layer] if adds[layer] else None, path=path)
                     for layer in range(LAYERS)]
         mismatches, served0 = 0, ex.health()["served"]
         for _ in range(REPLAYS):

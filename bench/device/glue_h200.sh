@@ -3,7 +3,7 @@
 # the in-place build of the first is reused by the second when the machine is still warm, else rebuilt).
 # test:  builds the five native packages in place (nvcc for kernelio's fatbin), then the GPU suites: gpusync-cuda,
 #        kernelio, gpusync-hip through the HIP-on-CUDA shim, tests-integration, moe-engine-glue (all marks).
-# bench: python -m moe_engine.bench step (gpu / cpu / hybrid per layer under CUDA graphs, 1,000-replay check),
+# bench: python -m moe_engine.tools.bench step (gpu / cpu / hybrid per layer under CUDA graphs, 1,000-replay check),
 #        prefill (CPU chunks against staged experts), overhead (OVERHEAD=1) and `moe-engine demo` (hybrid under graphs).
 # transformers: bench/transformers_generate.py --mode h200 (generate() tokens/s against accelerate's CPU offload).
 set -uo pipefail
@@ -47,10 +47,10 @@ elif [ "${STAGE}" = transformers ]; then
   run transformers 540 30 $PY bench/transformers_generate.py --mode h200 --batch ${BATCH:-1 4} --quiet \
     --json "$OUT/transformers_h200_bench.json"
 else
-  run demo 90 6 $PY -m moe_engine.cli demo --quiet --json "$OUT/demo_h200.json"
-  [ "${DEMO16:-1}" = 1 ] && run demo16 90 4 $PY -m moe_engine.cli demo --quiet --threads 16 --json "$OUT/demo_h200_16threads.json"
-  run step 420 40 $PY -m moe_engine.bench step --replays 30 --repeats ${REPEATS:-9} --json "$OUT/moe_engine_step_h200.json"
-  [ "${PREFILL:-1}" = 1 ] && run prefill 150 16 $PY -m moe_engine.bench prefill --repeats 3 --json "$OUT/moe_engine_prefill_h200.json"
-  [ "${OVERHEAD:-0}" = 1 ] && run overhead 60 3 $PY -m moe_engine.bench overhead --formats bf16 --json "$OUT/moe_engine_overhead_h200.json"
+  run demo 90 6 $PY -m moe_engine.tools.cli demo --quiet --json "$OUT/demo_h200.json"
+  [ "${DEMO16:-1}" = 1 ] && run demo16 90 4 $PY -m moe_engine.tools.cli demo --quiet --threads 16 --json "$OUT/demo_h200_16threads.json"
+  run step 420 40 $PY -m moe_engine.tools.bench step --replays 30 --repeats ${REPEATS:-9} --json "$OUT/moe_engine_step_h200.json"
+  [ "${PREFILL:-1}" = 1 ] && run prefill 150 16 $PY -m moe_engine.tools.bench prefill --repeats 3 --json "$OUT/moe_engine_prefill_h200.json"
+  [ "${OVERHEAD:-0}" = 1 ] && run overhead 60 3 $PY -m moe_engine.tools.bench overhead --formats bf16 --json "$OUT/moe_engine_overhead_h200.json"
 fi
 exit $rc

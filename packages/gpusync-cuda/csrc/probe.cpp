@@ -2,7 +2,7 @@
 // running coordinator: eager, then capture, instantiate and replay with changed
 // inputs, each result compared bit for bit with the synchronous CPU result of
 // the same inputs (run_task). A path is replay-safe only if all of it passed
-// (design.md principle 4: fail closed). Every wait is bounded.
+// (docs/architecture.md, rule 4: fail closed). Every wait is bounded.
 #include <cstring>
 #include <vector>
 

@@ -90,7 +90,7 @@ def test_in_kernel_wait_puts_only_kernels_in_the_graph(sync):
     try:
         d._capture_begin(s)
         with torch.cuda.stream(torch.cuda.ExternalStream(s)):
-            sync._decode("kernel", 0, x, w, ids, None, out, None)
+            sync.decode(0, x, w, ids, None, out=out, path="kernel")
         types = d._capture_end(s)
     finally:
         d._stream_destroy(s)
@@ -152,8 +152,8 @@ def test_decode_matches_the_executor(sync, path, mode, monkeypatch):
             target = {"new": None, "out": torch.empty(T, ex.H, dtype=torch.bfloat16, device=dev),
                       "partial": p.to(dev)}[mode]
             kw = {"out": target} if mode == "out" else {"partial": target} if mode == "partial" else {}
-            y = sync._decode(path, layer, x.to(dev), w.to(dev), ids.to(dev), None if m is None else m.to(dev),
-                             kw.get("out"), kw.get("partial"))
+            y = sync.decode(layer, x.to(dev), w.to(dev), ids.to(dev), None if m is None else m.to(dev),
+                            out=kw.get("out"), partial=kw.get("partial"), path=path)
             sync.synchronize()
             assert target is None or y is target
             exp = want(torch, ex, layer, x, w, ids, m, p if mode == "partial" else None)
@@ -306,8 +306,9 @@ def test_split_matches_decode(sync, path, mode, monkeypatch):
         md = mask.to(dev) if masked else None
         ref_kw = {"out": torch.empty(T, ex.H, dtype=torch.bfloat16, device=dev)} if mode == "out" else \
             {"partial": pd + qd} if mode == "partial" else {}
-        ref = sync._decode(path, layer, xd, wd, idsd, md, ref_kw.get("out"), ref_kw.get("partial"))
-        sync._submit(path, layer, xd, wd, idsd, md)
+        ref = sync.decode(layer, xd, wd, idsd, md, out=ref_kw.get("out"), partial=ref_kw.get("partial"),
+                          path=path)
+        sync.submit(layer, xd, wd, idsd, md, path=path)
         assert sync.pending_layer == layer
         if mode == "partial":
             target = pd + qd  # the GPU-resident experts' stand-in, computed between the halves
@@ -317,7 +318,8 @@ def test_split_matches_decode(sync, path, mode, monkeypatch):
         else:
             target = None
             _ = pd.float() @ qd.float().T  # other GPU work on the stream, its result unused
-        got = sync._finish(layer, target if mode == "out" else None, target if mode == "partial" else None)
+        got = sync.finish(layer, out=target if mode == "out" else None,
+                          partial=target if mode == "partial" else None)
         sync.synchronize()
         assert sync.pending_layer is None
         assert target is None or got is target
@@ -397,14 +399,14 @@ def test_split_under_graph_capture(sync, path, monkeypatch):
 
     def body():
         (x0, w0, i0, p0, q0), (x1, w1, i1, p1, _q1), (x2, w2, i2, p2, q2), (x3, w3, i3, p3, q3) = st
-        sync._submit(path, 0, x0, w0, i0, md)
-        y0 = sync._finish(0, None, p0 + q0)  # the partial computed between the halves
-        sync._submit(path, 1, x1, w1, i1, md)
+        sync.submit(0, x0, w0, i0, md, path=path)
+        y0 = sync.finish(0, partial=p0 + q0)  # the partial computed between the halves
+        sync.submit(1, x1, w1, i1, md, path=path)
         o1.copy_(p1)  # other GPU work writes the output first
-        sync._finish(1, o1, None)
-        sync._submit(path, 2, x2, w2, i2, md)  # no CPU route
-        y2 = sync._finish(2, None, p2 + q2)
-        y3 = sync._decode(path, 3, x3, w3, i3, md, None, p3 + q3)
+        sync.finish(1, out=o1)
+        sync.submit(2, x2, w2, i2, md, path=path)  # no CPU route
+        y2 = sync.finish(2, partial=p2 + q2)
+        y3 = sync.decode(3, x3, w3, i3, md, partial=p3 + q3, path=path)
         return y0, o1, y2, y3
 
     s = torch.cuda.Stream(dev)
@@ -427,11 +429,11 @@ def test_split_under_graph_capture(sync, path, monkeypatch):
             sync.synchronize(s)
             for i, ((layer, T, _cpu), (x, w, ids, p, q), got) in enumerate(zip(steps, st, outs)):
                 if i == 1:
-                    ref = sync._decode(path, layer, x, w, ids, md,
-                                       torch.empty(T, ex.H, dtype=torch.bfloat16, device=dev), None)
+                    ref = sync.decode(layer, x, w, ids, md, out=torch.empty(T, ex.H, dtype=torch.bfloat16, device=dev),
+                                      path=path)
                     exp = want(torch, ex, layer, x, w, ids, mask)
                 else:
-                    ref = sync._decode(path, layer, x, w, ids, md, None, p + q)
+                    ref = sync.decode(layer, x, w, ids, md, partial=p + q, path=path)
                     exp = want(torch, ex, layer, x, w, ids, mask, (p + q).cpu())
                 sync.synchronize(s)
                 assert torch.equal(bits(got), bits(ref)), (path, r, i)

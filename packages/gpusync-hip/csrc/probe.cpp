@@ -1,4 +1,4 @@
-// Start-up probes (design.md principle 4, fail closed). Nothing is decided by
+// Start-up probes (docs/architecture.md, rule 4: fail closed). Nothing is decided by
 // the runtime's version number: a capture is made, instantiated and replayed.
 //  1. native detection: one hipStreamWriteValue64 of a scratch signal word on a
 //     capturing stream (never a wait: before HIP 10 it would block the real

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from moe_engine.cli import main
+from moe_engine.tools.cli import main
 
 
 def test_info_json(capsys):
@@ -29,6 +29,30 @@ def test_demo_verifies(tmp_path, capsys):
     assert res["verified"] and res["checks"] == 4 and res["steps"] == 30
     assert res["ceiling_gbps"] > 0 and res["cpu_gbps"] > 0
     assert "verification passed" in capsys.readouterr().out
+
+
+def test_bare_command_shows_the_commands(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "usage: moe-engine" in err and "COMMAND" in err and "demo" in err and "info" in err
+    assert "arguments are required: cmd" not in err
+
+
+def test_ready_line_names_the_package_once(caplog):
+    import logging
+
+    import numpy as np
+    import torch
+
+    import cpumoe_formats as cf
+    from moe_engine import MoERunner
+
+    banks = [cf.get_format("bf16").random_banks(4, 64, 32, np.random.default_rng(0)) for _ in range(1)]
+    with caplog.at_level(logging.INFO, logger="moe_engine"):
+        with MoERunner("bf16", banks, top_k=2, device=torch.device("cpu"), progress=False):
+            pass
+    ready = [r for r in caplog.records if r.getMessage().startswith("ready: strategy=")]
+    assert len(ready) == 1 and ready[0].name == "moe_engine" and "moe_engine" not in ready[0].getMessage()
 
 
 def test_demo_rejects_a_bad_shape(capsys):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import ACT, make_banks, routes
 
-from moe_engine.qualify import TOLERANCE, reference
+from moe_engine.reference import TOLERANCE, reference
 from moe_engine.runner import MoERunner
 
 FORMATS = ["bf16", "fp8_block", "nvfp4", "mxfp4", "q4_0"]
@@ -29,11 +29,11 @@ def test_cpu_strategy_is_the_executor(fmt, T, rng):
         for layer in range(r.num_layers):
             x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
             ids, w = routes(rng, T, r.top_k, E)
-            y = r.forward(layer, x, ids, w)
+            y = r.forward(layer, x, w, ids)
             want = r.executor.decode(layer, x, w, ids)
             assert y.dtype == torch.bfloat16 and y.shape == (T, H)
             assert torch.equal(y.view(torch.int16), want.view(torch.int16))
-            ref = reference(r, layer, x, ids, w)
+            ref = reference(r, layer, x, w, ids)
             rel = np.abs(y.float().numpy() - ref).max() / (np.abs(ref).max() + 1e-6)
             assert rel < TOLERANCE[r.executor.mode], (fmt, rel)
 
@@ -44,7 +44,7 @@ def test_output_has_the_input_dtype(dtype, rng):
     with r:
         x = torch.randn(2, H, dtype=dtype)
         ids, w = routes(rng, 2, 3, E)
-        y = r.forward(0, x, ids.long(), w.double())
+        y = r.forward(0, x, w.double(), ids.long())
         assert y.dtype == dtype
         want = r.executor.decode(0, x.to(torch.bfloat16), w, ids)
         assert torch.equal(y, want.to(dtype))
@@ -56,7 +56,7 @@ def test_prefill_runs_in_chunks_of_max_tokens(rng):
         T = 11  # max_tokens = 4: chunks of 4, 4, 3
         x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
         ids, w = routes(rng, T, 3, E)
-        y = r.forward(1, x, ids, w)
+        y = r.forward(1, x, w, ids)
         assert r.last_prefill["how"] == "cpu" and r.last_prefill["tokens"] == T
         for t0 in range(0, T, 4):
             want = r.executor.decode(1, x[t0:t0 + 4], w[t0:t0 + 4], ids[t0:t0 + 4])
@@ -71,7 +71,7 @@ def test_custom_op_and_compile(rng):
         torch.library.opcheck(torch.ops.moe_engine.experts.default, (x, ids, w, r.handle, 1),
                               test_utils=("test_schema", "test_faketensor"))
         f = torch.compile(lambda a, b, c: r.op(1, a, b, c) * 2, backend="aot_eager", fullgraph=True)
-        assert torch.equal(f(x, ids, w), r.forward(1, x, ids, w) * 2)
+        assert torch.equal(f(x, w, ids), r.forward(1, x, w, ids) * 2)
 
 
 def test_bad_input_is_named(rng):
@@ -79,15 +79,17 @@ def test_bad_input_is_named(rng):
     x = torch.randn(2, H).to(torch.bfloat16)
     ids, w = routes(rng, 2, 3, E)
     cases = [
-        ((5, x, ids, w), ValueError, r"layer=5: expected an int in \[0, 2\)"),
-        ((0, x[:, :-1], ids, w), ValueError, r"hidden_states: shape \(2, 95\), expected \[num_tokens, H=96\]"),
-        ((0, x.to(torch.int8), ids, w), TypeError, r"hidden_states: dtype torch.int8"),
-        ((0, x, ids[:, :2], w), ValueError, r"topk_ids: shape \(2, 2\), expected \(2, top_k=3\)"),
-        ((0, x, ids.float(), w), TypeError, r"topk_ids: dtype torch.float32, expected an integer dtype"),
-        ((0, x, ids, w.int()), TypeError, r"topk_weights: dtype torch.int32, expected a floating dtype"),
-        ((0, x, ids + E, w), ValueError, r"topk_ids\[0, 0\] = \d+ is not in \[-1, 6\)"),
-        ((0, x, ids - 5, w), ValueError, r"topk_ids\[\d, \d\] = -\d is not in \[-1, 6\)"),
-        ((0, [1, 2], ids, w), TypeError, r"hidden_states: expected a torch tensor"),
+        ((5, x, w, ids), ValueError, r"layer=5: expected an int in \[0, 2\)"),
+        ((0, x[:, :-1], w, ids), ValueError, r"hidden_states: shape \(2, 95\), expected \[num_tokens, H=96\]"),
+        ((0, x.to(torch.int8), w, ids), TypeError, r"hidden_states: dtype torch.int8"),
+        ((0, x, w, ids[:, :2]), ValueError, r"topk_ids: shape \(2, 2\), expected \(2, top_k=3\)"),
+        ((0, x, w, ids.float()), TypeError, r"topk_ids: dtype torch.float32, expected an integer dtype"),
+        ((0, x, w.int(), ids), TypeError, r"topk_weights: dtype torch.int32, expected a floating dtype"),
+        ((0, x, ids, w), TypeError, r"topk_weights: dtype torch.int32, expected a floating dtype \(swapped\? the "
+                                    r"order is \(layer, hidden_states, topk_weights, topk_ids\)"),
+        ((0, x, w, ids + E), ValueError, r"topk_ids\[0, 0\] = \d+ is not in \[-1, 6\)"),
+        ((0, x, w, ids - 5), ValueError, r"topk_ids\[\d, \d\] = -\d is not in \[-1, 6\)"),
+        ((0, [1, 2], w, ids), TypeError, r"hidden_states: expected a torch tensor"),
     ]
     with r:
         for args, exc, msg in cases:
@@ -135,4 +137,59 @@ def test_weights_are_quantized_like_cpumoe_formats(rng):
     ids, w = routes(rng, 2, 2, E)
     kw = dict(top_k=2, device="cpu", threads=1, progress=False)
     with MoERunner("fp8_block", weights=weights, **kw) as a, MoERunner("fp8_block", banks, **kw) as b:
-        assert torch.equal(a.forward(1, x, ids, w).view(torch.int16), b.forward(1, x, ids, w).view(torch.int16))
+        assert torch.equal(a.forward(1, x, w, ids).view(torch.int16), b.forward(1, x, w, ids).view(torch.int16))
+
+
+def test_public_names_import_from_the_package():
+    import moe_engine
+
+    assert moe_engine.MoERunner is MoERunner
+    from moe_engine import CaptureRefusedError, HostSync  # noqa: F401
+    from moe_engine import MoERunner as R
+
+    assert R is MoERunner and "offload_experts" in dir(moe_engine) and "from_pretrained" in moe_engine.__all__
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        moe_engine.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("residency, msg", [
+    (1.5, r"residency=1.5: expected a fraction in \[0, 1\]"),
+    ([np.ones(7, bool), np.ones(6, bool)], r"residency\[0\]: shape \(7,\), expected a bool mask of length E=6"),
+    ([np.ones(6, bool)], r"residency: 1 masks, expected one per layer \(2\)"),
+    (0.5, r"residency=0.5 keeps experts on the GPU, but strategy='cpu' runs every expert on the CPU"),
+])
+def test_residency_is_checked_with_strategy_cpu(residency, msg, rng):
+    banks, _ = make_banks("bf16", rng)
+    with pytest.raises(ValueError, match=msg):
+        MoERunner("bf16", banks, top_k=2, strategy="cpu", device="cpu", residency=residency, progress=False)
+    with MoERunner("bf16", banks, top_k=2, strategy="cpu", device="cpu", residency=0.0, progress=False) as r:
+        assert r.strategy == "cpu"  # nothing on the GPU: consistent, accepted
+
+
+def test_calls_after_close_raise(rng):
+    r, E, H = runner("bf16", rng)
+    x = torch.randn(2, H).to(torch.bfloat16)
+    ids, w = routes(rng, 2, 3, E)
+    r.forward(0, x, w, ids)
+    r.close()
+    r.close()  # idempotent
+    with pytest.raises(RuntimeError, match=r"MoERunner \(bf16, 2 layers\) is closed"):
+        r.forward(0, x, w, ids)
+    assert r.executor is None and r.sync is None
+
+
+def test_device_without_a_gpu_names_the_argument(rng):
+    banks, _ = make_banks("bf16", rng)
+    bad = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    with pytest.raises(ValueError, match=rf"device='{bad}'"):
+        MoERunner("bf16", banks, top_k=2, device=bad, progress=False)
+    with pytest.raises(ValueError, match=r"device='tpu': "):
+        MoERunner("bf16", banks, top_k=2, device="tpu", progress=False)
+
+
+def test_format_name_errors_list_formats_only(rng):
+    banks, _ = make_banks("q4_0", rng)
+    with pytest.raises(ValueError, match=r"format='Q4_0' is not a known weight format \(names are lower case: did "
+                                         r"you mean 'q4_0'\?\)") as e:
+        MoERunner("Q4_0", banks, top_k=2, device="cpu", progress=False)
+    assert "bf16_x16" not in str(e.value) and "mxfp4_panel" not in str(e.value) and "'q4_0'" in str(e.value)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import cuda_missing, make_banks, routes
 
-from moe_engine.qualify import TOLERANCE, reference
+from moe_engine.reference import TOLERANCE, reference
 from moe_engine.runner import CaptureRefusedError, MoERunner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda,
@@ -31,8 +31,8 @@ def test_strategies_qualify_under_graphs(fmt, strategy, rng):
         x = torch.randn(4, H, device=DEV).to(torch.bfloat16)
         ids, w = routes(rng, 4, 3, E)
         ids, w = ids.to(DEV), w.to(DEV)
-        y = r.forward(1, x, ids, w)
-        ref = reference(r, 1, x, ids, w)
+        y = r.forward(1, x, w, ids)
+        ref = reference(r, 1, x, w, ids)
         assert np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max() < TOLERANCE["native"]
         if strategy == "cpu":
             want = r.executor.decode(1, x.cpu(), w.cpu(), ids.cpu())
@@ -51,7 +51,7 @@ def test_replays_follow_inputs_and_residency(rng):
         with torch.cuda.stream(s):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=s):
-                outs = [r.forward(li, xs, ids_s[li], w_s[li]) for li in range(L)]
+                outs = [r.forward(li, xs, w_s[li], ids_s[li]) for li in range(L)]
             for i in range(60):
                 if i % 10 == 9:
                     for li in range(L):
@@ -65,7 +65,7 @@ def test_replays_follow_inputs_and_residency(rng):
                 w_s.copy_(torch.stack([p[1] for p in per]).to(DEV))
                 g.replay()
                 got = [o.clone() for o in outs]
-                want = [r.forward(li, x, ids_s[li].clone(), w_s[li].clone()) for li in range(L)]
+                want = [r.forward(li, x, w_s[li].clone(), ids_s[li].clone()) for li in range(L)]
                 r.sync.synchronize(s)
                 for li in range(L):
                     assert torch.equal(got[li].view(torch.int16), want[li].view(torch.int16)), (i, li)
@@ -83,8 +83,8 @@ def test_refused_graphs_raise_under_capture(rng):
             g = torch.cuda.CUDAGraph()
             with pytest.raises(CaptureRefusedError, match="graph replay failed: test"):
                 with torch.cuda.graph(g, stream=s):
-                    r.forward(0, x, ids, w)
-        y = r.forward(0, x, ids, w)  # eager stays correct
+                    r.forward(0, x, w, ids)
+        y = r.forward(0, x, w, ids)  # eager stays correct
         want = r.executor.decode(0, x.cpu(), w.cpu(), ids.cpu())
         assert torch.equal(y.cpu().view(torch.int16), want.view(torch.int16))
 
@@ -97,8 +97,8 @@ def test_prefill_on_a_gpu(how, rng):
         for _ in range(2):  # auto: the first measures, the second chooses
             x = torch.randn(T, H, device=DEV).to(torch.bfloat16)
             ids, w = (t.to(DEV) for t in routes(rng, T, 3, E))
-            y = r.forward(0, x, ids, w)
-            ref = reference(r, 0, x, ids, w)
+            y = r.forward(0, x, w, ids)
+            ref = reference(r, 0, x, w, ids)
             assert np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max() < TOLERANCE["native"]
         if how == "auto":  # both estimates measured by the second prefill, and the cheaper one taken
             est = r.last_prefill

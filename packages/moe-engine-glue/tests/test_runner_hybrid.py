@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import cuda_missing, make_banks, routes, triton_missing
 
-from moe_engine.qualify import TOLERANCE, reference
+from moe_engine.reference import TOLERANCE, reference
 from moe_engine.runner import MoERunner
 
 pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=str(triton_missing()))
@@ -35,20 +35,20 @@ def test_hybrid_counts_every_route_once(rng):
         want_cpu, want_gpu = cpu.forward(1, x, ids, w), gpu.forward(1, x, ids, w)
     with _runner(banks, "hybrid", residency=0.5, capacity=E) as hy:
         assert hy.residency.capacity == E and 0 < hy.residency.fraction() < 1
-        y = hy.forward(1, x, ids, w)
-        ref = reference(hy, 1, x, ids, w)
+        y = hy.forward(1, x, w, ids)
+        ref = reference(hy, 1, x, w, ids)
         rel = np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max()
         assert rel < TOLERANCE["native"], rel
         hy.set_residency(1, np.zeros(E, bool))  # every route on the CPU
-        assert _same(hy.forward(1, x, ids, w), want_cpu)
+        assert _same(hy.forward(1, x, w, ids), want_cpu)
         hy.set_residency(1, np.ones(E, bool))  # every route on the GPU: nothing reaches the CPU
         served = hy.executor.health()["served"]
-        assert _same(hy.forward(1, x, ids, w), want_gpu)
+        assert _same(hy.forward(1, x, w, ids), want_gpu)
         assert hy.executor.health()["served"] == served
         m = np.zeros(E, bool)
         m[ids[0, 0].item()] = True  # one route of token 0 moves to the GPU
         hy.set_residency(1, m)
-        rel = np.abs(hy.forward(1, x, ids, w).float().cpu().numpy() - ref).max() / np.abs(ref).max()
+        rel = np.abs(hy.forward(1, x, w, ids).float().cpu().numpy() - ref).max() / np.abs(ref).max()
         assert rel < TOLERANCE["native"], rel
 
 
@@ -59,9 +59,9 @@ def test_hybrid_prefill_above_max_tokens(rng):
     ids, w = routes(rng, T, 3, E)
     ids, w = ids.to(DEVICE), w.to(DEVICE)
     with _runner(banks, "hybrid", residency=0.25, prefill="cpu") as hy:
-        y = hy.forward(0, x, ids, w)
+        y = hy.forward(0, x, w, ids)
         assert hy.last_prefill["how"] == "cpu"
-        ref = reference(hy, 0, x, ids, w)
+        ref = reference(hy, 0, x, w, ids)
         assert np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max() < TOLERANCE["native"]
 
 

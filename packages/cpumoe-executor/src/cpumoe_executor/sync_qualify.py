@@ -1,22 +1,21 @@
 """Start-up qualification of a path: the real decode, eager and inside a CUDA
 graph replayed with changed inputs, bit-identical to the executor's synchronous
-decode of the same inputs (design.md principle 4). The step's two halves are
+decode of the same inputs (fail closed: docs/architecture.md). The step's two halves are
 proven the same way: submit, other GPU work on the same stream (a torch add, as an
 engine's GPU-resident experts would run there), then finish adding y into that
 work's result or writing it out; eager and in the graph, with a step that has a
 CPU route and one that has none. Raises on any difference."""
 from __future__ import annotations
 
-from .sync_torch import abandon
-
 REPLAYS = 3
 
 
 def qualify(sync, path: str, torch) -> None:
+    """Raises on any difference; `sync` is a StepSync (gpusync_cuda.CudaSync, gpusync_hip.HipSync) proving `path`."""
     try:
         _qualify(sync, path, torch)
     finally:
-        abandon(sync)  # a failure between the halves leaves nothing pending (its CPU work drained)
+        sync.abandon()  # a failure between the halves leaves nothing pending (its CPU work drained)
 
 
 def _qualify(sync, path: str, torch) -> None:
@@ -62,12 +61,12 @@ def _qualify(sync, path: str, torch) -> None:
         p, q1, q2 = bf16(), bf16(), bf16()
         xd, wd, idsd = x.to(dev), w.to(dev), ids.to(dev)
         q1d, q2d = q1.to(dev), q2.to(dev)
-        y1 = sync._decode(path, layer, xd, wd, idsd, mask_d, None, None)
-        y2 = sync._decode(path, layer, xd, wd, idsd, mask_d, None, p.to(dev))
+        y1 = sync.decode(layer, xd, wd, idsd, mask_d, path=path)
+        y2 = sync.decode(layer, xd, wd, idsd, mask_d, partial=p.to(dev), path=path)
         # The split: other GPU work on the same stream between the halves, its result the partial y is added to.
-        sync._submit(path, layer, xd, wd, idsd, mask_d)
+        sync.submit(layer, xd, wd, idsd, mask_d, path=path)
         part = q1d + q2d
-        y3 = sync._finish(layer, None, part)
+        y3 = sync.finish(layer, partial=part)
         sync.synchronize(s)
         same(y1, want(x, w, ids), "eager")
         same(y2, want(x, w, ids, p), "eager, added into a partial")
@@ -85,13 +84,13 @@ def _qualify(sync, path: str, torch) -> None:
         ou = torch.zeros(T, H, dtype=torch.bfloat16, device=dev)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=s):
-            o1 = sync._decode(path, layer, xs, ws, ids_s, mask_d, None, None)
-            sync._decode(path, layer, xk, wk, idk, mask_d, None, ps)
-            sync._submit(path, layer, xt, wt, idt, mask_d)
-            o3 = sync._finish(layer, None, a1 + a2)
-            sync._submit(path, layer, xu, wu, idu, mask_d)
+            o1 = sync.decode(layer, xs, ws, ids_s, mask_d, path=path)
+            sync.decode(layer, xk, wk, idk, mask_d, partial=ps, path=path)
+            sync.submit(layer, xt, wt, idt, mask_d, path=path)
+            o3 = sync.finish(layer, partial=a1 + a2)
+            sync.submit(layer, xu, wu, idu, mask_d, path=path)
             ou.copy_(a1)
-            sync._finish(layer, ou, None)
+            sync.finish(layer, out=ou)
         for r in range(REPLAYS):
             (x, w, ids), (x2, w2, ids2), (x3, w3, ids3), (x4, w4, ids4) = (
                 fresh(), fresh(skip=True), fresh(), fresh(skip=True))

@@ -23,6 +23,7 @@ ACTIVATIONS = {
     "swigluoai": 3, "gpt_oss_swiglu": 3, "swiglu_clamp": 4,
 }
 CANONICAL = ("silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp")
+PARAMETRIZED = 3  # ids from here on take alpha and limit
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -32,6 +33,19 @@ class Activation:
     id: int
     alpha: float
     limit: float  # +inf = no clamp
+
+    @property
+    def parametrized(self) -> bool:
+        """alpha and limit apply (swigluoai, swiglu_clamp)."""
+        return self.id >= PARAMETRIZED
+
+    def kwargs(self) -> dict:
+        """activation=, alpha=, limit= that resolve() (and every API taking an activation) maps back to this one:
+        alpha and limit only where they apply, limit None for no clamp."""
+        if not self.parametrized:
+            return {"activation": self.name}
+        return {"activation": self.name, "alpha": self.alpha,
+                "limit": self.limit if math.isfinite(self.limit) else None}
 
     def __call__(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """float64 reference of the epilogue."""
@@ -56,7 +70,7 @@ def resolve(activation: str, alpha: float | None = None, limit: float | None = N
         raise ValueError(f"activation={activation!r} is not supported; expected one of {sorted(ACTIVATIONS)}")
     aid = ACTIVATIONS[activation]
     name = CANONICAL[aid]
-    if aid < 3:
+    if aid < PARAMETRIZED:
         if limit is not None:
             raise ValueError(f"limit={limit!r} only applies to swigluoai/swiglu_clamp, not activation={activation!r}")
         return Activation(name, aid, 1.0, math.inf)

@@ -79,11 +79,11 @@ def bench_path(sync, torch, path, T, args, cpu=True):
     s.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(s):
         for layer, x, w, ids in steps[:2]:  # warm-up outside capture
-            sync._decode(path, layer, x, w, ids, None, None, None)
+            sync.decode(layer, x, w, ids, path=path)
         sync.synchronize(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=s):
-            outs = [sync._decode(path, layer, x, w, ids, None, None, None) for layer, x, w, ids in steps]
+            outs = [sync.decode(layer, x, w, ids, path=path) for layer, x, w, ids in steps]
         for _ in range(3):
             graph.replay()
         sync.synchronize(s)

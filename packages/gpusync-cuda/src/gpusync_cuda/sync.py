@@ -19,6 +19,8 @@ import os
 import sys
 import warnings
 
+from cpumoe_executor.sync_torch import Pending, StepSync, apply, mask_ids
+
 from . import _native
 from ._native import CaptureRefusedError
 
@@ -45,7 +47,11 @@ def _ordinal(device) -> int:
     return _ordinal(None) if idx is None else int(idx)
 
 
-class CudaSync:
+def _bf16_rows(torch, t) -> bool:
+    return t.dtype == torch.bfloat16 and t.stride(-1) == 1
+
+
+class CudaSync(StepSync):
     """The GPU side of `executor`'s doorbell on CUDA device `device`.
 
     paths: the paths allowed, best first (default: kernel, memop, host-func, eager).
@@ -64,14 +70,14 @@ class CudaSync:
         if fork not in (None, "", "0", "1"):
             raise ValueError(f"GPUSYNC_COPY_FORK={fork!r}: expected 0 (serial copies, the default) or 1 (forked); "
                              "unset it for the default")
-        self.executor, self.timeout_s, self.ordinal = executor, float(timeout_s), _ordinal(device)
+        self.ordinal = _ordinal(device)
+        super().__init__(executor, f"cuda:{self.ordinal}", timeout_s)
         self.reasons: dict[str, str] = {p: "not tried" for p in PATHS if p != "eager"}
         self.path, self.kernel_image = "eager", None
         # How the kernel path waits for done: "poll" (in combine) or "memop" (stream wait); kernelio's probe
         # chooses, $KERNELIO_WAIT forces (kernelio.probe_wait).
         self.kernel_wait: str | None = None
         self._dev = self._iob = self._kio = None
-        self._pending = None  # the submitted, unfinished step (cpumoe_executor.sync_torch.Pending)
         self._started_coordinator = False
         st = _native.driver_status()
         if not (st["loaded"] and st["initialized"]):
@@ -199,57 +205,66 @@ class CudaSync:
             return None
         return kernelio.wait_override()
 
-    # ---- decode ---------------------------------------------------------------------------------
-    def decode(self, layer: int, x, topk_weights, topk_ids, residency_mask=None, *, out=None, partial=None):
-        """y [T, H] bf16 of `layer`'s CPU experts on the current stream (capture-safe unless eager).
+    # ---- the step's native halves (StepSync does the checks and the bookkeeping) ----------------------------
+    def _enqueue(self, torch, path, layer, T, x, w, ids, mask, target) -> Pending:
+        ex = self.executor
+        if path == "kernel" and not (_bf16_rows(torch, x) and (target is None or _bf16_rows(torch, target))):
+            # Kernel IO moves bf16 only: this step takes the best copy path.
+            path = next((p for p in ("memop", "host-func") if self._usable(p)), "eager")
+            if path == "eager":
+                if torch.cuda.is_current_stream_capturing():
+                    raise self._refused(path)
+                return Pending(layer, T, "eager", x.device, y=self._eager_y(torch, layer, x, w, ids, mask))
+        cap = torch.cuda.is_current_stream_capturing()
+        stream = torch.cuda.current_stream(x.device)
+        h = stream.cuda_stream
+        ids32, w32 = ids.to(torch.int32), w.to(torch.float32)  # no copy when they already are
+        if ids32.stride(-1) != 1 or w32.stride(-1) != 1:  # the kernels take a row stride only
+            ids32, w32 = ids32.contiguous(), w32.contiguous()
+        if path == "kernel":
+            m = None
+            if mask is not None:
+                m = mask.view(torch.uint8) if mask.dtype in (torch.bool, torch.uint8) else (mask != 0).to(torch.uint8)
+                m = m.contiguous()
+            # In-kernel wait (the probe passed it): combine polls done itself, which costs less in a graph than a
+            # satisfied stream memop wait; else the memop wait, then a plain combine.
+            self._kio.publish(h, T, x.data_ptr(), x.stride(0), ids32.data_ptr(), ids32.stride(0), w32.data_ptr(),
+                              w32.stride(0), 0 if m is None else m.data_ptr(), ex.E, (layer << 32) | T)
+            return Pending(layer, T, "kernel", x.device, stream=stream, capturing=cap, keep=(x, ids32, w32, m),
+                           extra=self.kernel_wait == "poll")
+        # Copy paths: D2H x/ids/w and the doorbell now (gpusync step_submit); the wait and H2D y in finish.
+        if mask is not None:
+            ids32 = mask_ids(torch, ids32, mask, ex.E)
+        ids32, w32 = ids32.contiguous(), w32.contiguous()
+        xb = x.to(torch.bfloat16).contiguous()
+        self._iob.step_submit(_ID[path], h, layer, T, xb.data_ptr(), ids32.data_ptr(), w32.data_ptr())
+        return Pending(layer, T, path, x.device, stream=stream, capturing=cap, keep=(xb, ids32, w32))
 
-        residency_mask: bool/u8 [E] on the GPU, True = the expert runs on the GPU (its routes are
-        skipped here). out: write y into it; partial: add y into it in place (a GPU partial result).
-        Returns the tensor holding the result. Exactly submit() + finish(), every argument checked first."""
-        return self._decode(self.path, layer, x, topk_weights, topk_ids, residency_mask, out, partial)
+    def _complete(self, torch, pend: Pending, out, partial):
+        h, T, H = pend.stream.cuda_stream, pend.T, self.executor.H
+        target = partial if partial is not None else out
+        if pend.path == "kernel":
+            poll = pend.extra
+            if not poll:
+                self._iob.wait(_ID["kernel"], h)
+            # combine writes (or adds into) a bf16 target with unit-stride rows; anything else gets y through a
+            # bf16 buffer and a torch op (decode takes a copy path for such a target instead).
+            direct = target is None or _bf16_rows(torch, target)
+            y = target if direct and target is not None else torch.empty((T, H), dtype=torch.bfloat16,
+                                                                          device=pend.device)
+            self._kio.combine(h, T, y.data_ptr(), y.stride(0), direct and partial is not None, poll)
+            return y if direct else apply(y, out, partial)
+        direct = out is not None and out.dtype == torch.bfloat16 and out.is_contiguous()
+        y = out if direct else torch.empty((T, H), dtype=torch.bfloat16, device=pend.device)
+        self._iob.step_finish(_ID[pend.path], h, T, y.data_ptr())
+        return y if direct else apply(y, out, partial)
 
-    def submit(self, layer: int, x, topk_weights, topk_ids, residency_mask=None) -> None:
-        """The first half of decode() on the current stream: checks the step (shapes, dtypes, devices,
-        batch <= max_tokens) before anything is enqueued, then rings the CPU (kernel path: the publish
-        kernel; copy paths: the device-to-host copies and the doorbell; eager: the CPU decodes now). The
-        caller may enqueue other GPU work on the same stream, then calls finish(layer). One task in flight:
-        RuntimeError naming the pending layer while one is submitted and not finished (also while capturing a
-        graph: the graph then holds both halves). Eager path: CaptureRefusedError under capture."""
-        self._submit(self.path, layer, x, topk_weights, topk_ids, residency_mask)
-
-    def finish(self, layer: int, *, out=None, partial=None):
-        """The second half, on the stream submit ran on: waits for the CPU's done and brings y back (kernel path:
-        the memop or in-kernel wait + combine; copy paths: the wait + host-to-device copy), written into out or
-        added into partial ([T, H] for the submitted T). Returns the tensor holding the result. RuntimeError
-        when nothing is pending, ValueError naming both layers when another layer was submitted; after any
-        error nothing is pending (the task is abandoned, its CPU work drained first when it was issued)."""
-        return self._finish(layer, out, partial)
-
-    @property
-    def pending_layer(self) -> int | None:
-        """The layer submitted and not finished yet, or None."""
-        return None if self._pending is None else self._pending.layer
-
-    def _decode(self, path, layer, x, w, ids, mask, out, partial):
-        from cpumoe_executor.sync_torch import decode_step
-
-        from . import _decode
-
-        return decode_step(self, _decode.submit, _decode.finish, path, layer, x, w, ids, mask, out, partial)
-
-    def _submit(self, path, layer, x, w, ids, mask, target=None) -> None:
-        from cpumoe_executor.sync_torch import submit_step
-
-        from . import _decode
-
-        submit_step(self, _decode.submit, path, layer, x, w, ids, mask, target)
-
-    def _finish(self, layer, out, partial):
-        from cpumoe_executor.sync_torch import finish_step
-
-        from . import _decode
-
-        return finish_step(self, _decode.finish, layer, out, partial)
+    def _refused(self, path) -> Exception:
+        why = "; ".join(f"{p}: {r}" for p, r in self.reasons.items())
+        return CaptureRefusedError(
+            "gpusync_cuda: CUDA graph capture refused: no replay-safe GPU<->CPU handshake on this machine "
+            f"({why}). Decode MoE layers eagerly: disable CUDA graphs for decode (e.g. --cuda-graph-max-bs 0 / "
+            "enforce_eager=True); eager decode stays correct.")
 
     # ---- waits and health -----------------------------------------------------------------------
     def synchronize(self, stream=None, timeout_s: float | None = None) -> None:
@@ -278,7 +293,7 @@ class CudaSync:
         return h["ready"] != 0 or h["done"] == 0
 
     def close(self) -> None:
-        self._pending = None
+        self.abandon()
         self._kio = None
         self._iob = None  # unregisters the IO block
         if self._started_coordinator:

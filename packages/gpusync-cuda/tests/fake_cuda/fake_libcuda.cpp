@@ -1,5 +1,5 @@
 // A fake libcuda.so.1 for CPU-only tests of gpusync-cuda's control logic
-// (design.md principle 7): streams are worker threads that run their ops in
+// (docs/architecture.md, rule 7): streams are worker threads that run their ops in
 // order (copies, 64-bit memop writes and GEQ waits, host functions, event
 // records and event waits); capture records ops into a graph of nodes with
 // dependencies (events recorded in a capture fork other streams into it and

@@ -24,6 +24,8 @@ import logging
 import os
 import warnings
 
+from cpumoe_executor.sync_torch import Pending, StepSync, apply, mask_ids, rows
+
 from . import _native
 from ._native import CaptureRefusedError, GpuSyncError
 
@@ -41,7 +43,7 @@ def _torch():
     return torch
 
 
-class HipSync:
+class HipSync(StepSync):
     """The GPU side of `executor`'s doorbell on HIP device `ordinal`.
 
     path: auto | copy-native | copy-splice | host-func | eager (default: $GPUSYNC_HIP_PATH or auto). A forced
@@ -63,12 +65,12 @@ class HipSync:
         want = _ALIASES.get(want, want)
         if not isinstance(ordinal, int) or ordinal < 0:
             raise ValueError(f"ordinal={ordinal!r}: expected a device index >= 0")
-        self.executor, self.ordinal, self.timeout_s = executor, ordinal, float(timeout_s)
+        super().__init__(executor, f"cuda:{ordinal}", timeout_s)  # torch names HIP devices 'cuda'
+        self.ordinal = ordinal
         self.requested = want
         self.reasons: dict[str, str] = {"copy": "not tried", "host-func": "not tried"}
         self.path, self.mechanism = "eager", "none"
         self._dev = self._iob = None
-        self._pending = None  # the submitted, unfinished step (cpumoe_executor.sync_torch.Pending)
         self._hostfn_eager = False
         self._coordinator = None  # None: untouched; "moved": was running on the block's words; "started"
         st = _native.driver_status()
@@ -136,7 +138,7 @@ class HipSync:
         except ImportError:
             self.reasons["copy"] += "; not qualified (torch is not importable)"
             return True
-        from cpumoe_executor.sync_qualify import qualify  # backend-neutral: drives self._decode / self.synchronize
+        from cpumoe_executor.sync_qualify import qualify  # backend-neutral: drives decode / submit / finish
 
         try:
             qualify(self, path, torch)
@@ -157,58 +159,35 @@ class HipSync:
         """Host addresses of the ready/done words the coordinator polls (signal memory when available)."""
         return dict(self._iob.words) if self._iob is not None else {}
 
-    # ---- decode ---------------------------------------------------------------------------------
-    def decode(self, layer: int, x, topk_weights, topk_ids, residency_mask=None, *, out=None, partial=None):
-        """y [T, H] bf16 of `layer`'s CPU experts on the current stream (capture-safe on the copy paths only).
+    # ---- the step's native halves (StepSync does the checks and the bookkeeping) ----------------------------
+    def _enqueue(self, torch, path, layer, T, x, w, ids, mask, target) -> Pending:
+        cap = torch.cuda.is_current_stream_capturing()
+        if path == "host-func" and cap:
+            raise self._refused(path)
+        stream = torch.cuda.current_stream(x.device)
+        ids32, w32 = rows(ids, torch, torch.int32), rows(w, torch, torch.float32)
+        if mask is not None:
+            ids32 = mask_ids(torch, ids32, mask, self.executor.E)
+        ids32, w32 = ids32.contiguous(), w32.contiguous()
+        xb = x.to(torch.bfloat16).contiguous()
+        step_path = _ID["memop"] if path.startswith("copy-") else _ID["host-func"]
+        self._iob.step_submit(step_path, stream.cuda_stream, layer, T, xb.data_ptr(), ids32.data_ptr(),
+                              w32.data_ptr())
+        return Pending(layer, T, path, x.device, stream=stream, capturing=cap, keep=(xb, ids32, w32), extra=step_path)
 
-        residency_mask: bool/u8 [E], True = the expert runs on the GPU (its routes are skipped here).
-        out: write y into it; partial: add y into it in place. Returns the tensor holding the result.
-        Exactly submit() + finish(), every argument checked first."""
-        return self._decode(self.path, layer, x, topk_weights, topk_ids, residency_mask, out, partial)
+    def _complete(self, torch, pend: Pending, out, partial):
+        direct = out is not None and out.dtype == torch.bfloat16 and out.is_contiguous()
+        y = out if direct else torch.empty((pend.T, self.executor.H), dtype=torch.bfloat16, device=pend.device)
+        self._iob.step_finish(pend.extra, pend.stream.cuda_stream, pend.T, y.data_ptr())
+        return y if direct else apply(y, out, partial)
 
-    def submit(self, layer: int, x, topk_weights, topk_ids, residency_mask=None) -> None:
-        """The first half of decode() on the current stream: checks the step (shapes, dtypes, devices,
-        batch <= max_tokens) before anything is enqueued, then rings the CPU (copy paths: the device-to-host
-        copies, the system-release event and the doorbell; host-func: the copies, the release event and the
-        host function; eager: the CPU decodes now). The caller may enqueue other GPU work on the same stream,
-        then calls finish(layer). One task in flight: RuntimeError naming the pending layer while one is
-        submitted and not finished (also while capturing a graph: the graph then holds both halves). Paths
-        other than the copy paths: CaptureRefusedError under capture."""
-        self._submit(self.path, layer, x, topk_weights, topk_ids, residency_mask)
-
-    def finish(self, layer: int, *, out=None, partial=None):
-        """The second half, on the stream submit ran on: waits for the CPU's done and copies y back, written into
-        out or added into partial ([T, H] for the submitted T). Returns the tensor holding the result.
-        RuntimeError when nothing is pending, ValueError naming both layers when another layer was submitted;
-        after any error nothing is pending (the task is abandoned, its CPU work drained first when it was
-        issued)."""
-        return self._finish(layer, out, partial)
-
-    @property
-    def pending_layer(self) -> int | None:
-        """The layer submitted and not finished yet, or None."""
-        return None if self._pending is None else self._pending.layer
-
-    def _decode(self, path, layer, x, w, ids, mask, out, partial):
-        from cpumoe_executor.sync_torch import decode_step
-
-        from . import _decode
-
-        return decode_step(self, _decode.submit, _decode.finish, path, layer, x, w, ids, mask, out, partial)
-
-    def _submit(self, path, layer, x, w, ids, mask, target=None) -> None:
-        from cpumoe_executor.sync_torch import submit_step
-
-        from . import _decode
-
-        submit_step(self, _decode.submit, path, layer, x, w, ids, mask, target)
-
-    def _finish(self, layer, out, partial):
-        from cpumoe_executor.sync_torch import finish_step
-
-        from . import _decode
-
-        return finish_step(self, _decode.finish, layer, out, partial)
+    def _refused(self, path) -> Exception:
+        why = "; ".join(f"{p}: {r}" for p, r in self.reasons.items())
+        return CaptureRefusedError(
+            f"gpusync_hip: HIP graph capture refused: the {path} path is not replay-safe on ROCm and no replay-safe "
+            f"GPU<->CPU handshake was proven on this machine ({why}). Decode MoE layers eagerly: disable HIP graphs "
+            "for decode (e.g. --cuda-graph-max-bs 0 / enforce_eager=True); eager decode stays correct."
+        )
 
     # ---- waits and health -----------------------------------------------------------------------
     def synchronize(self, stream=None, timeout_s: float | None = None) -> None:
@@ -240,7 +219,8 @@ class HipSync:
         return bool(v) and (v["ready"] != 0 or v["done"] == 0)
 
     def close(self) -> None:
-        self._pending = None
+        if getattr(self, "_slot", None) is not None:
+            self.abandon()
         if getattr(self, "_coordinator", None) is not None:
             self.executor.stop_coordinator()  # off our words before they are freed
             if self._coordinator == "moved":

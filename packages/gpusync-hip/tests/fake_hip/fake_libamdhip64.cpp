@@ -1,5 +1,5 @@
 // A fake libamdhip64 for CPU-only tests of gpusync-hip's control logic
-// (design.md principle 7). A CPU model of the parts of the HIP runtime that
+// (docs/architecture.md, rule 7). A CPU model of the parts of the HIP runtime that
 // gpusync-hip touches: streams are worker threads that run their ops in order
 // (copies, 64-bit memop writes and masked non-cyclic Gte waits, events, host
 // functions, a fake kernel); capture builds a graph of nodes with dependency

@@ -31,13 +31,13 @@ def runner_of(handle: int):
 
 
 @torch.library.custom_op("moe_engine::experts", mutates_args=())
-def experts(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, runner: int,
+def experts(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, runner: int,
             layer: int) -> torch.Tensor:
-    y = runner_of(runner).forward(layer, hidden_states, topk_ids, topk_weights)
+    y = runner_of(runner).forward(layer, hidden_states, topk_weights, topk_ids)
     # a custom op may not return one of its inputs (or a view of it)
     return y.clone() if y.data_ptr() == hidden_states.data_ptr() else y
 
 
 @experts.register_fake
-def _(hidden_states, topk_ids, topk_weights, runner, layer):
+def _(hidden_states, topk_weights, topk_ids, runner, layer):
     return torch.empty_like(hidden_states)

@@ -24,7 +24,7 @@ def check_policy(policy) -> None:
 class PrefillPolicy:
     def __init__(self, runner, policy: str = "auto"):
         self.runner = runner
-        self.can_stage = runner.device.type == "cuda" and runner._host_banks is not None and _has_gpu_kernel(runner)
+        self.can_stage = runner.device.type == "cuda" and runner.host_banks is not None and _has_gpu_kernel(runner)
         self.chunk_s: float | None = None  # measured: one chunk of max_tokens tokens on the CPU
         self.copy_bps: float | None = None  # measured: host -> GPU bytes per second of staged experts
         self._stage = None
@@ -63,7 +63,7 @@ class PrefillPolicy:
                 "gpu_copy_s": None if self.copy_bps is None else n_experts * r.bytes_per_expert / self.copy_bps}
 
     # ---- the two ways ---------------------------------------------------------------------------------
-    def cpu_chunks(self, layer: int, x, ids, w, mask):
+    def cpu_chunks(self, layer: int, x, w, ids, mask):
         """y [T, H] bf16 of the routes not resident on the GPU (mask), max_tokens tokens per executor task."""
         import torch
 
@@ -72,7 +72,7 @@ class PrefillPolicy:
         for t0 in range(0, x.shape[0], r.max_tokens):
             sl = slice(t0, t0 + r.max_tokens)
             t = time.perf_counter()
-            r.sync.decode(layer, x[sl], w[sl], ids[sl], mask, out=out[sl])
+            r.sync.decode(layer, x[sl], w[sl], ids[sl], mask, out=out[sl], check=False)
             if x.is_cuda:
                 torch.cuda.current_stream(x.device).synchronize()
             if x[sl].shape[0] == r.max_tokens:
@@ -89,20 +89,18 @@ class PrefillPolicy:
             from .gpu.experts import GpuExperts
 
             self._stage = GpuExperts(r.format, num_layers=1, capacity=r.E, E=r.E, H=r.H, I=r.I, top_k=r.top_k,
-                                     activation=r.act.name, alpha=r.act.alpha if r.act.id >= 3 else None,
-                                     limit=r.act.limit if r.act.id >= 3 and np.isfinite(r.act.limit) else None,
-                                     apply_router_weight_on_input=r.apply_router_weight_on_input,
+                                     **r.act.kwargs(), apply_router_weight_on_input=r.apply_router_weight_on_input,
                                      max_tokens=r.max_tokens, device=r.device)
         torch.cuda.current_stream(r.device).synchronize()
         t = time.perf_counter()
         for slot, e in enumerate(experts.tolist()):
-            self._stage.load(0, slot, r._host_banks[layer], e)
+            self._stage.load(0, slot, r.host_banks[layer], e)
         torch.cuda.current_stream(r.device).synchronize()
         if len(experts):
             bps = len(experts) * r.bytes_per_expert / (time.perf_counter() - t)
             self.copy_bps = bps if self.copy_bps is None else 0.8 * self.copy_bps + 0.2 * bps
 
-    def gpu_staged(self, layer: int, x, ids, w, experts: np.ndarray, partial=None):
+    def gpu_staged(self, layer: int, x, w, ids, experts: np.ndarray, partial=None):
         """The routes of `experts` (ids not in them are skipped) on the GPU, their weights copied in for this step."""
         import torch
 
@@ -114,7 +112,7 @@ class PrefillPolicy:
         ids64 = ids.long()
         slots = torch.where(ids64 >= 0, table[ids64.clamp(0, r.E - 1)], torch.full_like(ids64, -1, dtype=torch.int32))
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-        y = self._stage.forward(0, xb, slots.to(torch.int32), w.float())
+        y = self._stage.forward(0, xb, w.float(), slots.to(torch.int32))
         return y if partial is None else partial.add_(y)
 
 
@@ -126,7 +124,7 @@ def _has_gpu_kernel(r) -> bool:
     return r.format in GpuExperts.FORMATS
 
 
-def prefill(r, layer: int, x, ids, w):
+def prefill(r, layer: int, x, w, ids):
     """forward() for T > max_tokens: eager, exact same math as decode steps (the same kernels, in chunks)."""
     import torch
 
@@ -135,7 +133,7 @@ def prefill(r, layer: int, x, ids, w):
     pol = r.prefill_policy
     wf = w.float()
     if r.strategy == "gpu":
-        y = r.gpu.forward(layer, x.to(torch.bfloat16), r.residency.slots(layer, ids), wf)
+        y = r.gpu.forward(layer, x.to(torch.bfloat16), wf, r.residency.slots(layer, ids))
         return y.to(x.dtype)
     mask = r.residency.mask[layer] if r.residency is not None else None
     host_ids = ids.detach().to("cpu", torch.int64).numpy()
@@ -146,11 +144,11 @@ def prefill(r, layer: int, x, ids, w):
     est = pol.estimate(x.shape[0], len(cpu_experts))  # what the choice saw (the run below updates the timings)
     y = None
     if r.residency is not None:  # the GPU-resident routes, all tokens at once
-        y = r.gpu.forward(layer, x.to(torch.bfloat16), r.residency.slots(layer, ids), wf)
+        y = r.gpu.forward(layer, x.to(torch.bfloat16), wf, r.residency.slots(layer, ids))
     if how == "gpu":
-        y = pol.gpu_staged(layer, x, ids, wf, cpu_experts, partial=y)
+        y = pol.gpu_staged(layer, x, wf, ids, cpu_experts, partial=y)
     else:
-        c = pol.cpu_chunks(layer, x, ids, wf, mask)
+        c = pol.cpu_chunks(layer, x, wf, ids, mask)
         y = c if y is None else y.add_(c)
     r.last_prefill = {"tokens": int(x.shape[0]), "cpu_experts": int(len(cpu_experts)), "how": how, **est}
     return y.to(x.dtype)

@@ -1,5 +1,5 @@
-"""Start-up qualification, fail closed (design.md principle 4). Before a runner serves, one layer in its strategy runs
-at every graph batch size:
+"""Start-up qualification, fail closed (docs/architecture.md, rule 4). Before a runner serves, one layer in its
+strategy runs at every graph batch size:
   eager: steps with CPU and GPU routes, only CPU routes, only GPU routes (no CPU route), compared with the float64
     reference of cpumoe_formats (tolerance below) and, for steps with only CPU routes, with the executor's synchronous
     decode bit for bit. A failure raises: the runner would compute wrong answers.
@@ -14,15 +14,9 @@ import warnings
 
 import numpy as np
 
-import cpumoe_formats as cf
-
-from .banks import expert_slice
+from .reference import TOLERANCE, reference
 
 log = logging.getLogger("moe_engine")
-# max |y - ref| / max |ref|: bf16 output rounding (2^-9 relative) and a bf16 intermediate that rounds one ulp apart
-# when the fp32 sums run in another order measured under 0.6% for bf16 and fp8_block weights; w4a8 adds the int8
-# activation quantisation of that intermediate (a code one apart: 1/127 of its block's range).
-TOLERANCE = {"native": 2e-2, "w4a8": 3e-2}
 SEED = 20261203
 KINDS = ("mixed", "cpu-only", "gpu-only")
 
@@ -34,7 +28,7 @@ def _torch():
 
 
 def step_inputs(r, gen, T: int, kind: str, layer: int):
-    """x bf16 [T, H], ids int32 [T, K], w fp32 [T, K] on the runner's device. kind picks the experts routed to:
+    """x bf16 [T, H], w fp32 [T, K], ids int32 [T, K] on the runner's device. kind picks the experts routed to:
     mixed (any; -1 routes too), cpu-only (non-resident), gpu-only (resident: no CPU route)."""
     torch = _torch()
     K, E = r.top_k, r.E
@@ -52,38 +46,7 @@ def step_inputs(r, gen, T: int, kind: str, layer: int):
     x = torch.randn(T, r.H, generator=gen).to(torch.bfloat16)
     w = torch.rand(T, K, generator=gen) + 0.05
     d = r.device
-    return x.to(d), torch.from_numpy(ids).to(d), w.to(d)
-
-
-def _layer_banks(r, layer: int, cpu: bool) -> tuple[str, dict]:
-    """The banks the float64 reference reads: the given ones where the runner keeps them, else the executor's."""
-    if r._host_banks is not None and not (cpu and r.executor.spec.name != r.format):
-        return r.format, r._host_banks[layer]
-    ex = r.executor
-    return ex.spec.name, dict(zip(ex.spec.bank_names, ex._arrays[layer]))
-
-
-def reference(r, layer: int, x, ids, w) -> np.ndarray:
-    """float64 y [T, H]: CPU routes in the executor's mode, GPU-resident routes in native mode."""
-    ids_np = ids.detach().cpu().numpy().astype(np.int64)
-    resident = r.residency.host_mask(layer) if r.residency is not None else np.zeros(r.E, bool)
-    if r.executor is None:
-        resident = np.ones(r.E, bool)
-    xs, ws = x.detach().float().cpu().numpy(), w.detach().float().cpu().numpy()
-    y = np.zeros((ids_np.shape[0], r.H))
-    for on_gpu in (False, True):
-        part = np.where((ids_np >= 0) & (resident[ids_np.clip(0)] == on_gpu), ids_np, -1)
-        experts = np.unique(part[part >= 0])
-        if not len(experts):
-            continue
-        fmt, banks = _layer_banks(r, layer, cpu=not on_gpu)
-        local = np.searchsorted(experts, part.clip(0)).astype(np.int32)
-        mode = "native" if on_gpu else r.executor.mode
-        y += cf.reference.moe(fmt, expert_slice(banks, experts), xs, ws, np.where(part >= 0, local, -1),
-                              activation=r.act.name, alpha=r.act.alpha if r.act.id >= 3 else None,
-                              limit=r.act.limit if r.act.id >= 3 and np.isfinite(r.act.limit) else None,
-                              apply_router_weight_on_input=r.apply_router_weight_on_input, mode=mode)
-    return y
+    return x.to(d), w.to(d), torch.from_numpy(ids).to(d)
 
 
 def _rel(got, ref: np.ndarray) -> float:
@@ -111,11 +74,11 @@ def check_eager(r, layer: int, gen) -> list[str]:
         for kind in KINDS:
             if kind == "cpu-only" and r.executor is None:
                 continue
-            x, ids, w = step_inputs(r, gen, T, kind, layer)
-            y = r._step(layer, x, ids, w)
+            x, w, ids = step_inputs(r, gen, T, kind, layer)
+            y = r.step(layer, x, w, ids)
             _sync(r)
             if T in (sizes[0], sizes[-1]) or kind == "mixed":
-                rel = _rel(y, reference(r, layer, x, ids, w))
+                rel = _rel(y, reference(r, layer, x, w, ids))
                 if not rel < tol:
                     raise AssertionError(f"eager {kind} step (T={T}): max rel error {rel:.3g} against the float64 "
                                          f"reference, expected < {tol}")
@@ -137,22 +100,22 @@ def check_graphs(r, layer: int, gen, replays: int = 4) -> None:
     try:
         with torch.cuda.stream(s):
             for T in r.graph_batch_sizes:
-                xs, ids_s, ws = step_inputs(r, gen, T, "mixed", layer)
-                r._step(layer, xs, ids_s, ws)  # warm-up: kernels compiled and loaded outside the capture
+                xs, ws, ids_s = step_inputs(r, gen, T, "mixed", layer)
+                r.step(layer, xs, ws, ids_s)  # warm-up: kernels compiled and loaded outside the capture
                 _sync(r, s)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, stream=s):
-                    ys = r._step(layer, xs, ids_s, ws)
+                    ys = r.step(layer, xs, ws, ids_s)
                 for rep in range(replays):
                     kind = KINDS[rep % len(KINDS)] if r.executor is not None else "gpu-only"
                     if rep == replays - 1 and r.strategy == "hybrid" and 0 < saved.sum() < r.E:
                         r.set_residency(layer, np.roll(saved, 1 + T))  # another subset, same size: no recapture
-                    x, ids, w = step_inputs(r, gen, T, kind, layer)
-                    for dst, src in ((xs, x), (ids_s, ids), (ws, w)):
+                    x, w, ids = step_inputs(r, gen, T, kind, layer)
+                    for dst, src in ((xs, x), (ws, w), (ids_s, ids)):
                         dst.copy_(src)
                     graph.replay()
                     _sync(r, s)
-                    want = r._step(layer, x, ids, w)
+                    want = r.step(layer, x, w, ids)
                     _sync(r, s)
                     if not torch.equal(ys.view(torch.int16), want.view(torch.int16)):
                         raise AssertionError(f"graph replay {rep} ({kind} routes, T={T}) differs from the eager step")
@@ -207,4 +170,4 @@ def qualify_runner(r, tp_group=None) -> None:
     if gpu and not graphs_ok:
         warnings.warn(f"moe_engine: decode graphs refused ({why}); decode eagerly (eager steps are correct)",
                       RuntimeWarning, stacklevel=3)
-    log.info("moe_engine qualification: %s", why)
+    log.info("qualification: %s", why)

@@ -57,6 +57,7 @@ class MoERunner:
                  prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True):
         import torch
 
+        self.closed = False
         self.spec = cf.get_format(format)
         self.format = self.spec.name
         if (banks is None) == (weights is None):
@@ -80,11 +81,15 @@ class MoERunner:
         self.num_layers, self.top_k = len(banks), top_k
         self.act = cf.activations.resolve(activation, alpha, limit)
         self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
-        self.device = torch.device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = validate.device(torch, device)
         self.strategy, why = self._pick_strategy(strategy)
+        if residency is not None:
+            masks = self._masks(residency)  # malformed residency is refused whatever the strategy
+            if self.strategy == "cpu" and any(m.any() for m in masks):
+                if strategy == "cpu":
+                    raise ValueError(f"residency={_short(residency)} keeps experts on the GPU, but strategy='cpu' runs "
+                                     "every expert on the CPU; omit residency (or pass 0) or use strategy='hybrid'")
+                why += "; residency ignored: no experts on a GPU"
         self.graph_batch_sizes = validate.batch_sizes(graph_batch_sizes)
         self.max_tokens = validate.max_tokens(max_tokens, self.graph_batch_sizes)
         self.check_ids = bool(check_ids)
@@ -92,7 +97,7 @@ class MoERunner:
         self.graphs_ok, self.graphs_reason = self.device.type == "cuda", "not qualified (qualify=False)"
         self.executor = self.sync = self.gpu = self.residency = None
         # the GPU loads experts from these (residency changes, staged prefill); the executor may hold a repacked copy
-        self._host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
+        self.host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
         from .prefill import PrefillPolicy, check_policy
 
         check_policy(prefill)  # before the executor is built
@@ -125,7 +130,7 @@ class MoERunner:
         from .op import register
 
         self.handle = register(self)
-        log.info("moe_engine ready: strategy=%s (%s) %s", self.strategy, why, self.describe())
+        log.info("ready: strategy=%s (%s) %s", self.strategy, why, self.describe())
 
     # ---- construction ------------------------------------------------------------------------------
     def _pick_strategy(self, strategy: str) -> tuple[str, str]:
@@ -186,16 +191,20 @@ class MoERunner:
             raise ValueError("set_residency: strategy 'gpu' keeps every expert resident")
         loads = self.residency.plan(layer, mask)
         for e, slot in loads:
-            self.gpu.load(layer, slot, self._host_banks[layer], e)
+            self.gpu.load(layer, slot, self.host_banks[layer], e)
         self.residency.commit(layer)
         return len(loads)
 
     # ---- forward -------------------------------------------------------------------------------------
-    def forward(self, layer: int, hidden_states, topk_ids, topk_weights):
-        """y [T, H] = the routed experts' weighted sum for `layer`, on hidden_states' device and dtype."""
+    def forward(self, layer: int, hidden_states, topk_weights, topk_ids):
+        """y [T, H] = the routed experts' weighted sum for `layer`, on hidden_states' device and dtype.
+
+        topk_weights [T, top_k] float, topk_ids [T, top_k] int (-1 = no route): the order of every layer of this
+        project (executor, sync backends, GPU experts) and of vLLM's fused-MoE; transformers' adapter maps its own
+        (top_k_index, top_k_weights) at its boundary. The one check of the step's shapes, dtypes and devices."""
         import torch
 
-        T = validate.step(self, layer, hidden_states, topk_ids, topk_weights)
+        T = validate.step(self, layer, hidden_states, topk_weights, topk_ids)
         capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
         if capturing and not self.graphs_ok:
             raise CaptureRefusedError(f"moe_engine: decode graphs were refused at start-up ({self.graphs_reason}); "
@@ -206,34 +215,35 @@ class MoERunner:
                                  f"max_tokens={self.max_tokens} (the largest graph batch size)")
             from .prefill import prefill
 
-            return prefill(self, int(layer), hidden_states, topk_ids, topk_weights)
+            return prefill(self, int(layer), hidden_states, topk_weights, topk_ids)
         if self.check_ids and not capturing and (hidden_states.is_cuda or self.executor is None):
             validate.ids_range(topk_ids, self.E)  # on the CPU the executor checks them itself, naming the bad one
-        y = self._step(int(layer), hidden_states, topk_ids, topk_weights)
+        y = self.step(int(layer), hidden_states, topk_weights, topk_ids)
         return y if y.dtype == hidden_states.dtype else y.to(hidden_states.dtype)
 
     __call__ = forward
 
-    def _step(self, layer: int, x, ids, w):
-        """One decode step of at most max_tokens tokens (the graph-captured body): bf16 [T, H]."""
+    def step(self, layer: int, x, w, ids):
+        """One decode step of at most max_tokens tokens whose arguments forward() has checked: the body a graph
+        captures, bf16 [T, H]. Qualification and benchmarks call it directly; engines call forward()."""
         import torch
 
         if self.strategy == "cpu":
-            return self.sync.decode(layer, x, w, ids)
+            return self.sync.decode(layer, x, w, ids, check=False)
         wf = w if w.dtype == torch.float32 else w.float()
         if self.strategy == "hybrid":
             # the CPU starts first: the slot lookup and the GPU experts run while it works (the lookup before the
             # doorbell put its kernels on the CPU's critical path)
-            self.sync.submit(layer, x, wf, ids, residency_mask=self.residency.mask[layer])
+            self.sync.submit(layer, x, wf, ids, self.residency.mask[layer], check=False)
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-        y = self.gpu.forward(layer, xb, self.residency.slots(layer, ids), wf)  # the GPU-resident experts
+        y = self.gpu.forward(layer, xb, wf, self.residency.slots(layer, ids))  # the GPU-resident experts
         return y if self.strategy == "gpu" else self.sync.finish(layer, partial=y)  # + the CPU's y: each route once
 
-    def op(self, layer: int, hidden_states, topk_ids, topk_weights):
+    def op(self, layer: int, hidden_states, topk_weights, topk_ids):
         """forward() through the torch custom op torch.ops.moe_engine.experts (one opaque node for torch.compile)."""
         import torch
 
-        return torch.ops.moe_engine.experts(hidden_states, topk_ids, topk_weights, self.handle, int(layer))
+        return torch.ops.moe_engine.experts(hidden_states, topk_weights, topk_ids, self.handle, int(layer))
 
     # ---- reporting -------------------------------------------------------------------------------------
     def describe(self) -> str:
@@ -259,19 +269,30 @@ class MoERunner:
         return self.spec.bytes_per_expert(self.H, self.I)
 
     def close(self) -> None:
+        """Stop serving: the handshake, the executor's threads and buffers, the GPU experts and the host banks go;
+        every later call raises. Idempotent."""
         from .op import unregister
 
+        if self.closed:
+            return
+        self.closed = True
         unregister(getattr(self, "handle", None))
         if self.sync is not None:
             self.sync.close()
         if self.executor is not None:
             self.executor.close()
+        self.sync = self.executor = self.gpu = self.residency = self.host_banks = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def fraction_masks(E: int, num_layers: int, fraction: float, seed: int = 0) -> list[np.ndarray]:

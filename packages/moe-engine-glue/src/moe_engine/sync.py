@@ -3,55 +3,25 @@
 speak submit(layer, x, w, ids, residency_mask) -> finish(layer, out=/partial=) and decode() = both."""
 from __future__ import annotations
 
-from cpumoe_executor.sync_torch import mask_ids
+from cpumoe_executor.sync_torch import StepSync
 
 CUDA_PATHS = ("kernel", "memop", "host-func", "eager")
 HIP_PATHS = ("copy-native", "copy-splice", "host-func", "eager")
 
 
-class HostSync:
-    """Activations on the CPU: the executor's synchronous decode, with the same submit/finish shape (the CPU work
-    happens in submit; finish writes or adds y)."""
+class HostSync(StepSync):
+    """Activations on the CPU: the executor's synchronous decode behind StepSync's submit/finish (the CPU work happens
+    in submit; finish writes or adds y). Thread contract: StepSync's (one thread's step at a time)."""
 
     path = "host"
-    reasons = {"host": "the executor's synchronous decode"}
+    PATHS = ("host",)
 
     def __init__(self, executor):
-        self.executor = executor
-        self._pending = None  # (layer, y)
+        super().__init__(executor, "cpu")
+        self.reasons = {"host": "the executor's synchronous decode"}
 
     def summary(self) -> str:
         return self.reasons["host"]
-
-    def submit(self, layer, x, topk_weights, topk_ids, residency_mask=None) -> None:
-        import torch
-
-        if self._pending is not None:
-            raise RuntimeError(f"submit: layer {self._pending[0]}'s task is still pending (call finish first)")
-        ids = topk_ids
-        if residency_mask is not None:
-            ids = mask_ids(torch, ids.to(torch.int32), residency_mask, self.executor.E)
-        self._pending = (int(layer), self.executor.decode(int(layer), x, topk_weights, ids))
-
-    def finish(self, layer, *, out=None, partial=None):
-        if self._pending is None:
-            raise RuntimeError("finish: no task was submitted")
-        got, y = self._pending
-        if got != int(layer):
-            raise ValueError(f"finish: layer={layer} but layer {got} was submitted")
-        self._pending = None
-        if partial is not None:
-            return partial.add_(y)
-        if out is not None:
-            return out.copy_(y)
-        return y
-
-    def decode(self, layer, x, topk_weights, topk_ids, residency_mask=None, *, out=None, partial=None):
-        self.submit(layer, x, topk_weights, topk_ids, residency_mask)
-        return self.finish(layer, out=out, partial=partial)
-
-    def close(self) -> None:
-        self._pending = None
 
 
 def open_sync(executor, device, handshake: str | None = None, timeout_s: float = 10.0):

@@ -25,6 +25,9 @@ FORMATS: dict[str, FormatSpec] = {
               bf16_x16, mxfp4_x16)
 }
 _ALIASES = {a: s.name for s in FORMATS.values() for a in s.aliases}
+# repacked CPU layouts of a weight format (reached by its cpu_layout links): accepted by name, not listed as formats
+CPU_LAYOUTS = tuple(sorted({s.cpu_layout for s in FORMATS.values() if s.cpu_layout}))
+WEIGHT_FORMATS = tuple(n for n in FORMATS if n not in CPU_LAYOUTS)
 
 
 def get_format(name) -> FormatSpec:
@@ -35,5 +38,8 @@ def get_format(name) -> FormatSpec:
         raise TypeError(f"format must be a format name (str), got {type(name).__name__}")
     key = _ALIASES.get(name, name)
     if key not in FORMATS:
-        raise ValueError(f"format={name!r} is not a known weight format; expected one of {sorted(FORMATS)}")
+        folded = {n.lower(): n for n in (*FORMATS, *_ALIASES)}.get(name.lower())
+        hint = f" (names are lower case: did you mean {folded!r}?)" if folded else ""
+        raise ValueError(f"format={name!r} is not a known weight format{hint}; expected one of "
+                         f"{sorted(WEIGHT_FORMATS)}")
     return FORMATS[key]

@@ -114,7 +114,7 @@ class GpuExperts:
         return v, v.stride(0)
 
     # ---- forward ---------------------------------------------------------------------------------------
-    def forward(self, layer: int, x, slots, topk_weights, out=None):
+    def forward(self, layer: int, x, topk_weights, slots, out=None):
         """y [T, H] bf16 = sum over routes with a resident slot of weight * expert(x) (or into `out`)."""
         self._check_layer(layer)
         T, K, H, I = x.shape[0], self.top_k, self.H, self.I  # noqa: E741

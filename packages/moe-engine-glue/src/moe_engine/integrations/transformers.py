@@ -53,17 +53,26 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """The registered experts function: fn(experts module, hidden_states [T, H], top_k_index [T, K], top_k_weights)."""
-    binding = self.__dict__.get("_moe_engine")
-    if binding is None:
+    """The registered experts function: fn(experts module, hidden_states [T, H], top_k_index [T, K], top_k_weights).
+    transformers' (index, weights) order becomes moe_engine's (weights, ids) here, at the boundary."""
+    import torch
+
+    b = self.__dict__.get("_moe_engine")
+    if b is None:
         raise RuntimeError(f"{type(self).__name__}: experts_implementation={NAME!r} but this module's experts were not "
                            "converted; call moe_engine.integrations.transformers.offload_experts(model, ...) first")
-    return binding(hidden_states, top_k_index, top_k_weights)
+    if b.plain and not torch.compiler.is_compiling():  # the decode path: straight to the runner
+        return b.runner.forward(b.layer, hidden_states, top_k_weights, top_k_index)
+    return b(hidden_states, top_k_weights, top_k_index)
 
 
 def register() -> None:
     """Register NAME in transformers' ExpertsInterface and FP8ExpertsInterface (idempotent; done on import)."""
-    from transformers.integrations.moe import ExpertsInterface
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError as e:
+        raise ImportError(f"moe_engine's transformers integration needs transformers >= 5 with its experts dispatch "
+                          f"({e}); install it with: pip install 'moe-engine-glue[transformers]'") from e
 
     ExpertsInterface.register(NAME, experts_forward)
     try:
@@ -251,6 +260,7 @@ class _Binding:
         self.runner, self.layer, self.H, self.E = runner, layer, H, E
         self.down_bias = down_bias  # [E, H] float32 on the activations' device when the gate_up bias is folded
         self.expert_parallel = expert_parallel
+        self.plain = down_bias is None and not expert_parallel  # nothing to add around the runner's call
         self._pad = None
         if down_bias is not None:
             import torch
@@ -259,16 +269,16 @@ class _Binding:
             pad[0, 0] = 1.0
             self._pad = pad
 
-    def __call__(self, x, ids, w):
+    def __call__(self, x, w, ids):
         import torch
 
         if self.expert_parallel:  # other ranks' experts are ids >= E: no route here
             ids = ids.masked_fill(ids >= self.E, -1)
         xin = x if self._pad is None else torch.cat([x, self._pad.to(x.dtype).expand(x.shape[0], -1)], dim=1)
         if torch.compiler.is_compiling():
-            y = self.runner.op(self.layer, xin, ids, w)  # one opaque node for dynamo / inductor
+            y = self.runner.op(self.layer, xin, w, ids)  # one opaque node for dynamo / inductor
         else:
-            y = self.runner.forward(self.layer, xin, ids, w)
+            y = self.runner.forward(self.layer, xin, w, ids)
         if self._pad is None:
             return y
         bias = (w.float().unsqueeze(-1) * self.down_bias[ids.clamp(min=0).long()]).masked_fill(
@@ -430,7 +440,7 @@ def offload_experts(model, format: str | None = None, strategy: str = "auto", *,
         torch.cuda.empty_cache()
     out = Offloaded(runner, fmt, [n for n, _ in found], layers, source, report, fold)
     model.moe_engine = out  # keeps the runner alive with the model (the custom op holds it weakly)
-    log.info("moe_engine: %d experts modules of %s -> %s (%s); %s", len(found), type(model).__name__, fmt, source,
+    log.info("%d experts modules of %s -> %s (%s); %s", len(found), type(model).__name__, fmt, source,
              runner.describe())
     return out
 

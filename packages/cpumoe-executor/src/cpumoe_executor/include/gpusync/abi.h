@@ -5,7 +5,7 @@
  * publish/combine kernels through the module/launch services at the end, so it
  * never loads a GPU runtime itself.
  *
- * Rules (design.md, principle 2): the struct starts {abi_major, abi_minor,
+ * Rules (docs/architecture.md, rule 2): the struct starts {abi_major, abi_minor,
  * struct_size}; functions are only appended (minor bump); a layout change
  * bumps the major and the capsule name. Enums are append-only.
  *

@@ -1,13 +1,13 @@
 """Benchmarks of the runner (numbers for docs/moe-engine.md; timed side by side in one run, medians over repeats).
 
-    python -m moe_engine.bench overhead [--json F]   runner.forward (strategy cpu) against CpuMoeExecutor.decode,
-                                                     batch 1, CPU tensors, interleaved
-    python -m moe_engine.bench step [--json F]       on a GPU, under CUDA graphs, per layer: gpu, cpu and hybrid at
-                                                     several residencies, hybrid's CPU part alone and GPU part alone,
-                                                     then replays with changing inputs and residency against eager
-    python -m moe_engine.bench prefill [--json F]    on a GPU, eager: a prompt of T tokens through one layer (strategy
-                                                     cpu) as CPU chunks, as experts staged on the GPU, and as `auto`
-                                                     picks, for T = 16 .. 1024
+    python -m moe_engine.tools.bench overhead [--json F]
+        runner.forward (strategy cpu) against CpuMoeExecutor.decode, batch 1, CPU tensors, interleaved
+    python -m moe_engine.tools.bench step [--json F]
+        on a GPU, under CUDA graphs, per layer: gpu, cpu and hybrid at several residencies, hybrid's CPU part alone
+        and GPU part alone, then replays with changing inputs and residency against eager
+    python -m moe_engine.tools.bench prefill [--json F]
+        on a GPU, eager: a prompt of T tokens through one layer (strategy cpu) as CPU chunks, as experts staged on
+        the GPU, and as `auto` picks, for T = 16 .. 1024
 
 Routes are fresh every step: each graph gathers the next routes from a pool on the device (a counter in the graph),
 so the CPU reads experts from DRAM as in decode, not the same experts from its cache.
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .banks import random_layers
+from ..banks import random_layers
 from .demo import routes
 from .shapes import preset
 
@@ -41,7 +41,7 @@ def overhead(fmt: str = "bf16", layers: int = 2, calls: int = 200, repeats: int 
     """us per call of runner.forward and of executor.decode on the same executor and routes, interleaved."""
     import torch
 
-    from .runner import MoERunner
+    from ..runner import MoERunner
 
     s = preset("qwen3-30b-a3b")
     banks = random_layers(fmt, s.E, s.H, s.I, layers, progress=False)
@@ -52,7 +52,7 @@ def overhead(fmt: str = "bf16", layers: int = 2, calls: int = 200, repeats: int 
     with MoERunner(fmt, banks, top_k=s.top_k, strategy="cpu", device="cpu", threads=threads, progress=False) as r:
         ex = r.executor
         fns = {"executor": lambda i, li: ex.decode(li, x, w_t[i, li], ids_t[i, li]),
-               "runner": lambda i, li: r.forward(li, x, ids_t[i, li], w_t[i, li])}
+               "runner": lambda i, li: r.forward(li, x, w_t[i, li], ids_t[i, li])}
         us = {k: [] for k in fns}
         for rep in range(repeats):
             for k in (list(fns) if rep % 2 == 0 else list(fns)[::-1]):
@@ -72,9 +72,9 @@ def overhead(fmt: str = "bf16", layers: int = 2, calls: int = 200, repeats: int 
 
 # ---- decode step on a GPU ------------------------------------------------------------------------------------------
 class Step:
-    """One captured graph of `fn(layer, x, ids, w)` over every layer, its routes gathered from a pool in the graph."""
+    """One captured graph of `fn(layer, x, w, ids)` over every layer, its routes gathered from a pool in the graph."""
 
-    def __init__(self, torch, fn, L: int, x, pool_ids, pool_w):
+    def __init__(self, torch, fn, L: int, x, pool_w, pool_ids):
         self.torch, self.n = torch, pool_ids.shape[0]
         dev = x.device
         self.i = torch.zeros(1, dtype=torch.long, device=dev)
@@ -82,8 +82,8 @@ class Step:
         s.wait_stream(torch.cuda.current_stream(dev))
 
         def body():
-            ids, w = pool_ids.index_select(0, self.i)[0], pool_w.index_select(0, self.i)[0]  # no host read
-            out = [fn(layer, x, ids[layer], w[layer]) for layer in range(L)]
+            w, ids = pool_w.index_select(0, self.i)[0], pool_ids.index_select(0, self.i)[0]  # no host read
+            out = [fn(layer, x, w[layer], ids[layer]) for layer in range(L)]
             self.i.add_(1).remainder_(self.n)
             return out
 
@@ -109,7 +109,7 @@ def step_bench(fmt: str, L: int, batches, residencies, replays: int, repeats: in
                threads=None) -> dict:
     import torch
 
-    from .runner import MoERunner
+    from ..runner import MoERunner
 
     s = preset("qwen3-30b-a3b")
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -130,13 +130,13 @@ def step_bench(fmt: str, L: int, batches, residencies, replays: int, repeats: in
         for f in residencies:
             for layer in range(L):
                 hy.set_residency(layer, (np.random.default_rng(layer).permutation(s.E) < round(f * s.E)))
-            fns = {"hybrid": hy._step,
-                   "cpu_part": lambda li, a, b, c: hy.sync.decode(li, a, c, b, residency_mask=hy.residency.mask[li]),
-                   "gpu_part": lambda li, a, b, c: hy.gpu.forward(li, a, hy.residency.slots(li, b), c)}
+            fns = {"hybrid": hy.step,
+                   "cpu_part": lambda li, x, w, ids: hy.sync.decode(li, x, w, ids, hy.residency.mask[li]),
+                   "gpu_part": lambda li, x, w, ids: hy.gpu.forward(li, x, w, hy.residency.slots(li, ids))}
             if f == residencies[0]:
-                fns["cpu"] = lambda li, a, b, c: hy.sync.decode(li, a, c, b)  # strategy cpu's step: every route
-                fns["gpu"] = gp._step
-            steps = {k: Step(torch, fn, L, x, pid, pw) for k, fn in fns.items()}
+                fns["cpu"] = hy.sync.decode  # strategy cpu's step: every route
+                fns["gpu"] = gp.step
+            steps = {k: Step(torch, fn, L, x, pw, pid) for k, fn in fns.items()}
             us = {k: [] for k in steps}
             for rep in range(repeats):
                 for k in (list(steps) if rep % 2 == 0 else list(steps)[::-1]):
@@ -166,10 +166,10 @@ def replay_check(torch, hy, L, T, n, rng, s) -> dict:
     mismatches, no_cpu, only_cpu = 0, 0, 0
     with torch.cuda.stream(st):
         g = torch.cuda.CUDAGraph()
-        hy._step(0, xs, ids_s[0], w_s[0])
+        hy.step(0, xs, w_s[0], ids_s[0])
         torch.cuda.synchronize(dev)
         with torch.cuda.graph(g, stream=st):
-            outs = [hy._step(li, xs, ids_s[li], w_s[li]) for li in range(L)]
+            outs = [hy.step(li, xs, w_s[li], ids_s[li]) for li in range(L)]
         base = [hy.residency.host_mask(li).copy() for li in range(L)]
         for i in range(n):
             if i % 100 == 99:
@@ -194,7 +194,7 @@ def replay_check(torch, hy, L, T, n, rng, s) -> dict:
             w_s.copy_(torch.from_numpy(w))
             g.replay()
             got = [o.clone() for o in outs]
-            want = [hy._step(li, x, ids_s[li].clone(), w_s[li].clone()) for li in range(L)]
+            want = [hy.step(li, x, w_s[li].clone(), ids_s[li].clone()) for li in range(L)]
             hy.sync.synchronize(st)
             mismatches += sum(not torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want))
     torch.cuda.current_stream(dev).wait_stream(st)
@@ -210,7 +210,7 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
     each forced in turn (interleaved), then the `auto` policy's choice with the estimates it saw."""
     import torch
 
-    from .runner import MoERunner
+    from ..runner import MoERunner
 
     s = preset("qwen3-30b-a3b")
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -220,11 +220,11 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
     rng = np.random.default_rng(3)
     res = {"format": fmt, "shape": s.name, "max_tokens": r.max_tokens, "runner": r.describe(), "rows": []}
 
-    def run(policy, x, ids, w):
+    def run(policy, x, w, ids):
         r.prefill_policy.set(policy)
         torch.cuda.synchronize(dev)
         t = time.perf_counter()
-        y = r.forward(0, x, ids, w)
+        y = r.forward(0, x, w, ids)
         torch.cuda.synchronize(dev)
         return 1e3 * (time.perf_counter() - t), y
 
@@ -232,16 +232,16 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
         ids, w = routes(rng, 1, 1, T, s.top_k, s.E)
         ids, w = torch.from_numpy(ids[0, 0]).to(dev), torch.from_numpy(w[0, 0]).to(dev)
         x = torch.randn(T, s.H, device=dev).to(torch.bfloat16)
-        r.forward(0, x, ids, w)  # the policy measures a chunk and one expert's copy
+        r.forward(0, x, w, ids)  # the policy measures a chunk and one expert's copy
         ms = {"cpu": [], "gpu": []}
         for rep in range(repeats):
             for pol in (("cpu", "gpu") if rep % 2 == 0 else ("gpu", "cpu")):
-                ms[pol].append(run(pol, x, ids, w)[0])
-        _, yc = run("cpu", x, ids, w)
-        _, yg = run("gpu", x, ids, w)
+                ms[pol].append(run(pol, x, w, ids)[0])
+        _, yc = run("cpu", x, w, ids)
+        _, yg = run("gpu", x, w, ids)
         rel = float((yc.float() - yg.float()).norm() / yc.float().norm())
         r.prefill_policy.set("auto")
-        r.forward(0, x, ids, w)
+        r.forward(0, x, w, ids)
         lp = dict(r.last_prefill)
         best = min(("cpu", "gpu"), key=lambda k: statistics.median(ms[k]))
         row = {"tokens": T, "cpu_experts": lp["cpu_experts"], "cpu_chunks_ms": _stats(ms["cpu"]),
@@ -257,7 +257,7 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m moe_engine.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m moe_engine.tools.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("overhead", "step", "prefill"))
     p.add_argument("--formats", default="bf16,fp8_block")

@@ -12,7 +12,7 @@ from .shapes import PRESETS
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moe-engine", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log the components' start-up lines (INFO)")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", title="commands")
     i = sub.add_parser("info", help="CPU tiers per format, the GPU and runtime, which handshake paths probe OK")
     i.add_argument("--json", action="store_true", help="print JSON instead of text")
     i.add_argument("--no-probe", action="store_true", help="skip the handshake probe on the GPU")
@@ -38,7 +38,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    a = _parser().parse_args(argv)
+    parser = _parser()
+    a = parser.parse_args(argv)
+    if a.cmd is None:  # bare `moe-engine`: the commands, not an argparse error
+        parser.print_help(sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(name)s: %(message)s")
     logging.getLogger("moe_engine").setLevel(logging.INFO)  # its one start-up line names the choices and why

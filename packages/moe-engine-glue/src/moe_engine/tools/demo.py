@@ -14,10 +14,10 @@ import numpy as np
 
 import cpumoe_formats as cf
 
-from .banks import random_layers
-from .progress import bar
-from .qualify import TOLERANCE, reference
-from .runner import MoERunner
+from ..banks import random_layers
+from ..progress import bar
+from ..reference import TOLERANCE, reference
+from ..runner import MoERunner
 from .shapes import preset
 
 log = logging.getLogger("moe_engine")
@@ -81,7 +81,7 @@ def run_demo(preset_name: str = "qwen3-30b-a3b", fmt: str = "bf16", layers: int 
     def eager_step(s: int, keep: list | None = None):
         h = x0
         for layer in range(L):
-            y = r.forward(layer, h, ids_d[s, layer], w_d[s, layer])
+            y = r.forward(layer, h, w_d[s, layer], ids_d[s, layer])
             if keep is not None:
                 keep.append((h, y))
             h = _mix(torch, h, y)
@@ -98,7 +98,7 @@ def run_demo(preset_name: str = "qwen3-30b-a3b", fmt: str = "bf16", layers: int 
             with torch.cuda.graph(graph, stream=side):
                 h = x0
                 for layer in range(L):
-                    h = _mix(torch, h, r.forward(layer, h, st_ids[layer], st_w[layer]))
+                    h = _mix(torch, h, r.forward(layer, h, st_w[layer], st_ids[layer]))
                 static = h
         torch.cuda.current_stream(dev).wait_stream(side)
 
@@ -145,7 +145,7 @@ def run_demo(preset_name: str = "qwen3-30b-a3b", fmt: str = "bf16", layers: int 
             if graph is not None and not torch.equal(got.view(torch.int16), want.view(torch.int16)):
                 mismatches += 1
             for layer, (h, y) in enumerate(keep):
-                ref = reference(r, layer, h, ids_d[s, layer], w_d[s, layer])
+                ref = reference(r, layer, h, w_d[s, layer], ids_d[s, layer])
                 worst = max(worst, float(np.abs(y.float().cpu().numpy() - ref).max() / (np.abs(ref).max() + 1e-6)))
             pb.update(1)
     checks = len(kept)

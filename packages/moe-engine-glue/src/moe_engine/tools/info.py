@@ -37,7 +37,7 @@ def gpu_info(probe: bool = True) -> dict:
     out["gpusync_cuda_driver"] = _status(gpusync_cuda.driver_status())
     out["gpusync_hip_runtime"] = _status(gpusync_hip.driver_status())
     try:
-        from .gpu.experts import GpuExperts
+        from ..gpu.experts import GpuExperts
 
         out["gpu_experts_formats"] = list(GpuExperts.FORMATS)
     except ImportError as e:
@@ -61,7 +61,7 @@ def probe_paths(device) -> dict:
     """Each handshake path's verdict from a real start-up probe on a tiny executor (bf16, E=4, H=I=128)."""
     from cpumoe_executor import CpuMoeExecutor
 
-    from .sync import open_sync
+    from ..sync import open_sync
 
     rng = np.random.default_rng(0)
     banks = [cf.get_format("bf16").random_banks(4, 128, 128, rng)]
@@ -79,7 +79,7 @@ def probe_paths(device) -> dict:
 def info(probe: bool = True) -> dict:
     import cpumoe_executor
 
-    from . import __version__
+    from .. import __version__
 
     return {"moe_engine": __version__, "cpumoe_formats": cf.__version__, "cpumoe_executor": cpumoe_executor.__version__,
             "python": platform.python_version(), "cpu": cpu_info(), "gpu": gpu_info(probe)}

@@ -1,0 +1,44 @@
+"""The float64 reference of a runner's step, as the runner splits it: CPU routes in the executor's precision mode,
+GPU-resident routes in native mode, each through cpumoe_formats.reference. Start-up qualification, the demo and the
+tests compare with it."""
+from __future__ import annotations
+
+import numpy as np
+
+import cpumoe_formats as cf
+
+from .banks import expert_slice
+
+# max |y - ref| / max |ref|: bf16 output rounding (2^-9 relative) and a bf16 intermediate that rounds one ulp apart
+# when the fp32 sums run in another order measured under 0.6% for bf16 and fp8_block weights; w4a8 adds the int8
+# activation quantisation of that intermediate (a code one apart: 1/127 of its block's range).
+TOLERANCE = {"native": 2e-2, "w4a8": 3e-2}
+
+
+def layer_banks(r, layer: int, cpu: bool) -> tuple[str, dict]:
+    """The banks the float64 reference reads: the given ones where the runner keeps them, else the executor's."""
+    if r.host_banks is not None and not (cpu and r.executor.spec.name != r.format):
+        return r.format, r.host_banks[layer]
+    ex = r.executor
+    return ex.spec.name, ex.layer_banks(layer)
+
+
+def reference(r, layer: int, x, w, ids) -> np.ndarray:
+    """float64 y [T, H]: CPU routes in the executor's mode, GPU-resident routes in native mode."""
+    ids_np = ids.detach().cpu().numpy().astype(np.int64)
+    resident = r.residency.host_mask(layer) if r.residency is not None else np.zeros(r.E, bool)
+    if r.executor is None:
+        resident = np.ones(r.E, bool)
+    xs, ws = x.detach().float().cpu().numpy(), w.detach().float().cpu().numpy()
+    y = np.zeros((ids_np.shape[0], r.H))
+    for on_gpu in (False, True):
+        part = np.where((ids_np >= 0) & (resident[ids_np.clip(0)] == on_gpu), ids_np, -1)
+        experts = np.unique(part[part >= 0])
+        if not len(experts):
+            continue
+        fmt, banks = layer_banks(r, layer, cpu=not on_gpu)
+        local = np.searchsorted(experts, part.clip(0)).astype(np.int32)
+        mode = "native" if on_gpu else r.executor.mode
+        y += cf.reference.moe(fmt, expert_slice(banks, experts), xs, ws, np.where(part >= 0, local, -1),
+                              **r.act.kwargs(), apply_router_weight_on_input=r.apply_router_weight_on_input, mode=mode)
+    return y
