@@ -172,9 +172,35 @@ def _dist_files(name: str) -> list[Path]:
     return sorted(DIST.glob(f"{stem}-*.whl")) + sorted(DIST.glob(f"{stem}-*.tar.gz"))
 
 
+def _source_hash(name: str, env: dict[str, str] | None) -> str:
+    """What a build of `name` reads: its files (tracked or not, build outputs excluded), the build environment, and
+    the hashes of the packages it builds against (a change below rebuilds above)."""
+    import hashlib
+
+    h = hashlib.sha256(repr(sorted((env or {}).items())).encode())
+    root = ROOT / "packages" / name
+    skip = {"build", "dist", "__pycache__", ".pytest_cache", ".hypothesis"}
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root)
+        if f.is_file() and not skip & set(rel.parts) and f.suffix not in (".so", ".o", ".pyc"):
+            h.update(str(rel).encode() + b"\0" + f.read_bytes())
+    for dep in _closure(name)[:-1]:
+        h.update(_source_hash(dep, None).encode())
+    return h.hexdigest()
+
+
 def _make_build(name: str, env: dict[str, str] | None = None):
     def build(session: nox.Session) -> None:
         DIST.mkdir(exist_ok=True)
+        stamp = DIST / f".{name}{'-' + '-'.join(env.values()) if env else ''}.stamp"
+        digest = _source_hash(name, env)
+        if stamp.is_file() and stamp.read_text() == digest and len(_dist_files(name)) == 2:
+            # e.g. `nox -s demo` then `nox -s test-cpu`: the same sources give the same wheel (CI starts from an
+            # empty dist/, so it always builds)
+            session.log(f"up to date: {', '.join(f.name for f in _dist_files(name))} (sources unchanged)")
+            return
+        for old in DIST.glob(f".{name}*.stamp"):  # a build of another variant (build_env) replaces the wheel too
+            old.unlink()
         for f in _dist_files(name):  # no stale artifact of this package may be picked up later
             f.unlink()
         session.install(BUILD)
@@ -185,6 +211,7 @@ def _make_build(name: str, env: dict[str, str] | None = None):
                     env={"PIP_FIND_LINKS": " ".join(filter(None, (os.environ.get("PIP_FIND_LINKS"), str(DIST)))),
                          **(env or {})})
         session.log("built: " + ", ".join(f.name for f in _dist_files(name)))
+        stamp.write_text(digest)
 
     build.__doc__ = f"Build the {name} sdist, then its wheel from that sdist, into dist/" + (
         f" (with {' '.join(f'{k}={v}' for k, v in env.items())})." if env else ".")

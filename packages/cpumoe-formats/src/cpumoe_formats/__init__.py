@@ -1,5 +1,6 @@
-"""cpumoe-formats: the six expert weight formats of CPU MoE decode (plus their CPU layouts: mxfp4_panel, q4_0_x16,
-ds_fp4_x16).
+"""cpumoe-formats: the six expert weight formats of CPU MoE decode (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0),
+plus the CPU layouts they are repacked into (bf16_x16, fp8_block_x16, nvfp4_x16, mxfp4_panel, mxfp4_x16, ds_fp4_x16,
+q4_0_x16; formats.CPU_LAYOUTS).
 
 Bank schemas and validation, quantizers from float weights, float64
 references, and CPU kernels for every ISA tier behind a versioned C ABI.
