@@ -68,7 +68,7 @@ def test_custom_op_and_compile(rng):
     with r:
         x = torch.randn(3, H).to(torch.bfloat16)
         ids, w = routes(rng, 3, 3, E)
-        torch.library.opcheck(torch.ops.moe_engine.experts.default, (x, ids, w, r.handle, 1),
+        torch.library.opcheck(torch.ops.moe_engine.experts.default, (x, w, ids, r.handle, 1),
                               test_utils=("test_schema", "test_faketensor"))
         f = torch.compile(lambda a, b, c: r.op(1, a, b, c) * 2, backend="aot_eager", fullgraph=True)
         assert torch.equal(f(x, w, ids), r.forward(1, x, w, ids) * 2)
@@ -193,3 +193,32 @@ def test_format_name_errors_list_formats_only(rng):
                                          r"you mean 'q4_0'\?\)") as e:
         MoERunner("Q4_0", banks, top_k=2, device="cpu", progress=False)
     assert "bf16_x16" not in str(e.value) and "mxfp4_panel" not in str(e.value) and "'q4_0'" in str(e.value)
+
+
+def test_one_runner_shared_by_threads_gives_each_its_own_result(rng):
+    """8 threads call forward on one runner: the lock orders their steps; each gets its own y, bit for bit."""
+    import threading
+
+    r, E, H = runner("q4_0", rng)
+    inputs = []
+    for i in range(8):
+        T = 1 + i % 4
+        x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
+        ids, w = routes(rng, T, r.top_k, E)
+        inputs.append((i % 2, x, w, ids))
+    with r:
+        want = [r.forward(*a) for a in inputs]
+        wrong, start = [], threading.Barrier(8)
+
+        def work(i):
+            start.wait()
+            for _ in range(20):
+                if not torch.equal(r.forward(*inputs[i]).view(torch.int16), want[i].view(torch.int16)):
+                    wrong.append(i)
+
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not wrong

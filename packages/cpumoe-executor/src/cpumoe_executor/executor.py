@@ -279,6 +279,20 @@ class CpuMoeExecutor:
     def clear_error(self) -> None:
         self._x.clear_error()
 
+    def layer_banks(self, layer: int) -> dict:
+        """Layer `layer`'s banks as this executor runs them (format `spec.name`: the repacked copies where it repacked),
+        bank name -> array; the arrays are the executor's own (read them, do not write)."""
+        if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer={layer!r}: expected an int in [0, {self.num_layers})")
+        return dict(zip(self.spec.bank_names, self._arrays[layer]))
+
+    def set_team_unit(self, unit_bytes: int) -> None:
+        """Weight bytes per worker when a step sizes its team (0: every worker works on every step; benchmarks and
+        tests pin it, the default is measured for the machine)."""
+        if not isinstance(unit_bytes, int) or unit_bytes < 0:
+            raise ValueError(f"unit_bytes={unit_bytes!r}: expected an int >= 0")
+        _native.set_team_unit(self.handle, unit_bytes)
+
     # ---- step trace ------------------------------------------------------------------------------
     def start_trace(self) -> None:
         """Trace the steps from now on (clears earlier sums): per thread, where its time in a step goes."""

@@ -38,9 +38,7 @@ def _executor(args):
     banks = [spec.random_banks(args.experts, args.hidden, args.inter, rng) for _ in range(args.layers)]
     ex = ce.CpuMoeExecutor("bf16", banks, top_k=args.top_k, max_tokens=max(args.batches), threads=args.threads)
     if args.team_unit is not None:
-        from cpumoe_executor import _native as exn
-
-        exn.set_team_unit(ex.handle, args.team_unit)
+        ex.set_team_unit(args.team_unit)
     return ex
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import numpy as np
 
@@ -30,6 +31,10 @@ def _interpreting() -> bool:
 
 class MoERunner:
     """Routed experts of every MoE layer of one model.
+
+    Thread contract: shareable. forward() / op() / set_residency() / close() hold the runner's lock for the call, so
+    steps from several threads run one after another (one executor, one task in flight) and each gets its own y.
+    step() is the unlocked body for a caller that holds the order itself (a graph capture, a benchmark).
 
     format: a cpumoe_formats format name (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0).
     banks: one dict of bank arrays per layer (cpumoe_formats schema); or weights: one (gate_up [E, 2I, H],
@@ -58,6 +63,7 @@ class MoERunner:
         import torch
 
         self.closed = False
+        self._lock = threading.RLock()  # one step at a time: the executor has one task in flight
         self.spec = cf.get_format(format)
         self.format = self.spec.name
         if (banks is None) == (weights is None):
@@ -184,6 +190,10 @@ class MoERunner:
         """Make `mask` (bool [E], True = on the GPU) layer `layer`'s GPU-resident experts between steps: the new
         experts' weights are copied into free slots and the device tables rewritten in place, on the current stream
         (a captured graph replays with the new split; no recapture). Returns the number of experts loaded."""
+        with self._lock:
+            return self._set_residency(layer, mask)
+
+    def _set_residency(self, layer: int, mask) -> int:
         if self.residency is None:
             raise RuntimeError(f"set_residency: strategy {self.strategy!r} keeps no experts on the GPU")
         validate.layer(layer, self.num_layers)
@@ -204,22 +214,24 @@ class MoERunner:
         (top_k_index, top_k_weights) at its boundary. The one check of the step's shapes, dtypes and devices."""
         import torch
 
-        T = validate.step(self, layer, hidden_states, topk_weights, topk_ids)
-        capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
-        if capturing and not self.graphs_ok:
-            raise CaptureRefusedError(f"moe_engine: decode graphs were refused at start-up ({self.graphs_reason}); "
-                                      "decode MoE layers eagerly (disable CUDA/HIP graphs for decode)")
-        if T > self.max_tokens:
-            if capturing:
-                raise ValueError(f"hidden_states: batch of {T} tokens under graph capture, expected at most "
-                                 f"max_tokens={self.max_tokens} (the largest graph batch size)")
-            from .prefill import prefill
+        with self._lock:
+            T = validate.step(self, layer, hidden_states, topk_weights, topk_ids)
+            capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
+            if capturing and not self.graphs_ok:
+                raise CaptureRefusedError(f"moe_engine: decode graphs were refused at start-up "
+                                          f"({self.graphs_reason}); decode MoE layers eagerly (disable CUDA/HIP "
+                                          "graphs for decode)")
+            if T > self.max_tokens:
+                if capturing:
+                    raise ValueError(f"hidden_states: batch of {T} tokens under graph capture, expected at most "
+                                     f"max_tokens={self.max_tokens} (the largest graph batch size)")
+                from .prefill import prefill
 
-            return prefill(self, int(layer), hidden_states, topk_weights, topk_ids)
-        if self.check_ids and not capturing and (hidden_states.is_cuda or self.executor is None):
-            validate.ids_range(topk_ids, self.E)  # on the CPU the executor checks them itself, naming the bad one
-        y = self.step(int(layer), hidden_states, topk_weights, topk_ids)
-        return y if y.dtype == hidden_states.dtype else y.to(hidden_states.dtype)
+                return prefill(self, int(layer), hidden_states, topk_weights, topk_ids)
+            if self.check_ids and not capturing and (hidden_states.is_cuda or self.executor is None):
+                validate.ids_range(topk_ids, self.E)  # on the CPU the executor checks them, naming the bad one
+            y = self.step(int(layer), hidden_states, topk_weights, topk_ids)
+            return y if y.dtype == hidden_states.dtype else y.to(hidden_states.dtype)
 
     __call__ = forward
 
@@ -271,11 +283,15 @@ class MoERunner:
     def close(self) -> None:
         """Stop serving: the handshake, the executor's threads and buffers, the GPU experts and the host banks go;
         every later call raises. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._close()
+
+    def _close(self) -> None:
         from .op import unregister
 
-        if self.closed:
-            return
-        self.closed = True
         unregister(getattr(self, "handle", None))
         if self.sync is not None:
             self.sync.close()
