@@ -424,10 +424,12 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(name="lint")
 def lint(session: nox.Session) -> None:
-    """ruff check over the whole repo (config in the root pyproject.toml), and no import cycle in any package
-    (ci/check_imports.py: every import of a package's own modules, at module level or in a function, is an edge)."""
-    session.install(RUFF)
+    """ruff check over the whole repo (config in the root pyproject.toml), and ci/check_imports.py: no import cycle in
+    any package, every import of another distribution declared, nothing private of another package (its self-test
+    first: each kind of violation planted in a scratch tree must be caught)."""
+    session.install(RUFF, "packaging>=23", "tomli>=2; python_version < '3.11'")
     session.run("ruff", "check", str(ROOT), *session.posargs)
+    session.run("python", str(ROOT / "ci" / "check_imports.py"), "--self-test")
     session.run("python", str(ROOT / "ci" / "check_imports.py"))
 
 

@@ -286,6 +286,11 @@ class CpuMoeExecutor:
             raise ValueError(f"layer={layer!r}: expected an int in [0, {self.num_layers})")
         return dict(zip(self.spec.bank_names, self._arrays[layer]))
 
+    @property
+    def team_unit(self) -> int:
+        """Weight bytes per worker when a step sizes its team (set_team_unit)."""
+        return _native.team_unit(self.handle)
+
     def set_team_unit(self, unit_bytes: int) -> None:
         """Weight bytes per worker when a step sizes its team (0: every worker works on every step; benchmarks and
         tests pin it, the default is measured for the machine)."""

@@ -154,18 +154,18 @@ def bench_cpu_task(ex, T, args):
     in L1/L2, the number this bench reported before)."""
     import torch
 
-    from cpumoe_executor import _native as exn
+    from cpumoe_executor import latency
 
     n = max(400, args.replays * 2)
     plans, seq = _ring_args(torch, ex, T, args)
-    free = [c for c in exn.allowed_cpus() if c not in ex.core_ids]
+    free = [c for c in latency.allowed_cpus() if c not in ex.core_ids]
     iob = ex.io_block()
     # The coordinator is running (CudaSync started it) and idle: task_loop's thread runs beside it.
-    task = exn.task_loop(ex.handle, *seq, n, 50, free[0] if free else -1)
-    ring = exn.ring_loop(iob["ready"], iob["done"], *seq, n, 50, 10.0, free[1] if len(free) > 1 else -1)
+    task = latency.task_loop(ex, *seq, n, 50, free[0] if free else -1)
+    ring = latency.ring_loop(iob["ready"], iob["done"], *seq, n, 50, 10.0, free[1] if len(free) > 1 else -1)
     a = ex.io_arrays()
     a["ids"][:T] = plans[0]
-    same = exn.task_loop(ex.handle, [T], 0, 0, 0, 0, n, 50, free[0] if free else -1)
+    same = latency.task_loop(ex, [T], 0, 0, 0, 0, n, 50, free[0] if free else -1)
     return {"task": statistics.median(task) / 1e3, "cpu_ring": statistics.median(ring) / 1e3,
             "same_expert": statistics.median(same) / 1e3}
 
@@ -248,9 +248,7 @@ def main(argv=None):
                     continue
                 res["results"].append(bench_path(sync, torch, path, T, args, cpu))
     res["floor"] = bench_floor(sync, torch, args) if sync._dev is not None and sync._dev.memops64 else None
-    from cpumoe_executor import _native as exn
-
-    res["team_unit"] = exn.team_unit(ex.handle)
+    res["team_unit"] = ex.team_unit
     add_differences(res)  # every batch; verdict() reads batch 1
     lines = verdict(res)
     res["verdict"] = lines
