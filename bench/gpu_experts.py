@@ -186,7 +186,7 @@ def time_ours(ge, xs, sl, wl, outs, replays, repeats, graph=True):
 
     def step():
         for layer in range(L):
-            ge.forward(layer, xs, sl[layer], wl[layer], out=outs[layer])
+            ge.forward(layer, xs, wl[layer], sl[layer], out=outs[layer])
 
     if dev.type != "cuda":
         t0 = time.perf_counter()
@@ -226,7 +226,7 @@ def time_ours(ge, xs, sl, wl, outs, replays, repeats, graph=True):
 def measure_config(ge, T, cfg, xs, ids, ws, outs, ref, replays, reps):
     """(us per layer list, error vs the reference) of one config; (None, err) if it is not right."""
     ge.set_config(T, cfg)
-    y = ge.forward(0, xs, ids[0], ws[0])
+    y = ge.forward(0, xs, ws[0], ids[0])
     sync(xs.device)
     err = rel_err(y, ref)
     if not err < 1e-2:
@@ -242,7 +242,7 @@ def kernel_times(ge, xs, ids, ws, outs):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             for layer in range(L):
-                ge.forward(layer, xs, ids[layer], ws[layer], out=outs[layer])
+                ge.forward(layer, xs, ws[layer], ids[layer], out=outs[layer])
         torch.cuda.synchronize()
     out = {}
     for ev in prof.key_averages():
@@ -396,7 +396,7 @@ def _precompile_worker(job):
     for c in cfgs:
         try:
             ge.set_config(T, c)
-            ge.forward(0, x, s, w, out=out)
+            ge.forward(0, x, w, s, out=out)
             if device != "cpu":
                 _t.cuda.synchronize()
         except Exception as e:  # noqa: BLE001

@@ -130,7 +130,7 @@ def _check(fmt, banks, ge, rng, T, device, **ref_kw):
     slots, w, ids_ref = _routes(rng, T, E)
     x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
     out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device=device)
-    y = ge.forward(1, x.to(device), torch.from_numpy(slots).to(device), torch.from_numpy(w).to(device), out=out)
+    y = ge.forward(1, x.to(device), torch.from_numpy(w).to(device), torch.from_numpy(slots).to(device), out=out)
     assert y is out
     y = y.float().cpu().numpy().astype(np.float64)
     ref = cf.reference.moe(fmt, banks, x.float().numpy(), w, ids_ref, **ref_kw)
@@ -254,7 +254,7 @@ def test_bytes_and_validation():
         ge2.set_config(1, Config(StageConfig(16, 256), StageConfig(16, 128), grouped=False))
     x = torch.zeros((0, H), dtype=torch.bfloat16, device=dev)
     e = torch.zeros((0, 2), dtype=torch.int32, device=dev)
-    assert ge.forward(0, x, e, e.float()).shape == (0, H)
+    assert ge.forward(0, x, e.float(), e).shape == (0, H)
 
 
 @pytest.mark.gpu
@@ -283,12 +283,12 @@ def test_cuda_graph_replay(fmt, T):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        ge.forward(1, x, s, w, out=out)  # warm-up (compiles) off the capture
+        ge.forward(1, x, w, s, out=out)  # warm-up (compiles) off the capture
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        ge.forward(1, x, s, w, out=out)
+        ge.forward(1, x, w, s, out=out)
     for _ in range(20):
         xi, si, wi = fresh()
         x.copy_(xi)
@@ -296,6 +296,6 @@ def test_cuda_graph_replay(fmt, T):
         w.copy_(wi)
         out.fill_(float("nan"))
         g.replay()
-        eager = ge.forward(1, xi, si, wi)
+        eager = ge.forward(1, xi, wi, si)
         torch.cuda.synchronize()
         assert torch.equal(out.view(torch.int16), eager.view(torch.int16))

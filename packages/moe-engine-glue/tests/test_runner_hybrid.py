@@ -32,7 +32,7 @@ def test_hybrid_counts_every_route_once(rng):
     ids, w = routes(rng, T, 3, E)
     ids, w = ids.to(DEVICE), w.to(DEVICE)
     with _runner(banks, "cpu") as cpu, _runner(banks, "gpu") as gpu:
-        want_cpu, want_gpu = cpu.forward(1, x, ids, w), gpu.forward(1, x, ids, w)
+        want_cpu, want_gpu = cpu.forward(1, x, w, ids), gpu.forward(1, x, w, ids)
     with _runner(banks, "hybrid", residency=0.5, capacity=E) as hy:
         assert hy.residency.capacity == E and 0 < hy.residency.fraction() < 1
         y = hy.forward(1, x, w, ids)
