@@ -14,8 +14,9 @@ P=$ROOT/packages
 export PYTHONUNBUFFERED=1 CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-$(nproc)}
 export PYTHONPATH=$P/cpumoe-formats/src:$P/cpumoe-executor/src:$P/gpusync-cuda/src:$P/gpusync-hip/src:$P/kernelio/src:$P/moe-engine-glue/src${PYTHONPATH:+:$PYTHONPATH}
 if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then  # wheels the host's image lacks (ml_dtypes, pybind11, hypothesis, gguf)
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl/*.whl \
-    2>&1 | grep -v "^WARNING\|^ERROR: Cannot\|is not a supported wheel" || true
+  for w in "$ROOT"/.whl/*.whl; do  # one at a time: the folder holds builds for several Pythons
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" >/dev/null 2>&1 || true
+  done
   export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 rc=0
