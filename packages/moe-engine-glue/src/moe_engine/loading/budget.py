@@ -1,0 +1,92 @@
+"""What goes on the GPU: the non-expert weights, the KV cache for the configured length, then as many experts as
+the rest of `gpu_memory` holds.
+
+Rule (until live routing counts place them, issue 40): the same number of experts in every MoE layer, a seeded
+random subset of each (MoERunner's fraction residency), so every layer's CPU share is equal and the slowest layer
+is no slower than the others. A reserve for activations, the GPU experts' workspace and CUDA graphs is kept out
+of the budget (RESERVE).
+
+Thread contract: plain functions."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GiB = 1 << 30
+# held back for activations, Triton workspaces, graph pools and the allocator's slack at decode; a round margin, the
+# measured peak is in docs/end-to-end.md
+RESERVE = int(1.5 * GiB)
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
+          "tib": 1 << 40}
+
+
+def parse_bytes(value, name: str = "gpu_memory") -> int:
+    """An int of bytes, or a string like '16GiB', '24 GB', '512MiB'."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}={value!r}: expected bytes (int) or a size such as '16GiB'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{name}={value!r}: expected a positive number of bytes")
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS and float(m.group(1)) > 0:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError(f"{name}={value!r}: expected bytes (int) or a size such as '16GiB', '24GB', '512MiB'")
+
+
+def kv_cache_bytes(config, length: int, batch: int, dtype_bytes: int) -> int:
+    """A full-length cache (keys and values) for every attention layer: the upper bound a static cache allocates."""
+    c = config.get_text_config()
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * heads * head_dim * length * batch * dtype_bytes
+
+
+@dataclass
+class Plan:
+    strategy: str
+    experts_per_layer: int  # resident on the GPU in each MoE layer
+    E: int
+    non_expert_bytes: int
+    kv_bytes: int
+    expert_bytes: int  # one expert on the GPU
+    budget: int | None
+    why: str
+
+    @property
+    def residency(self) -> float:
+        return self.experts_per_layer / self.E
+
+
+def plan(strategy: str, device, budget: int | None, *, non_expert_bytes: int, kv_bytes: int, expert_bytes: int,
+         E: int, layers: int, gpu_kernels: bool) -> Plan:
+    """The strategy and the experts per layer on the GPU; ValueError when the budget cannot hold what must be there."""
+    gib = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
+    if device.type != "cuda":
+        if strategy not in ("auto", "cpu"):
+            raise ValueError(f"strategy={strategy!r} runs experts on a GPU, but device={device}; expected 'cpu' or "
+                             "'auto'")
+        return Plan("cpu", 0, E, non_expert_bytes, kv_bytes, expert_bytes, None,
+                    f"no GPU: every expert on the CPU; non-expert weights {gib(non_expert_bytes)} on the host")
+    need = non_expert_bytes + kv_bytes + RESERVE
+    if budget < need:
+        raise ValueError(f"gpu_memory={gib(budget)} is too small: the non-expert weights need {gib(non_expert_bytes)}, "
+                         f"the KV cache {gib(kv_bytes)} and the reserve {gib(RESERVE)} ({gib(need)} in all); "
+                         "give more, or device='cpu'")
+    fit = min(E, (budget - need) // (expert_bytes * layers)) if gpu_kernels else 0
+    head = (f"gpu_memory {gib(budget)}: non-expert weights {gib(non_expert_bytes)} + KV cache {gib(kv_bytes)} + "
+            f"reserve {gib(RESERVE)}")
+    if strategy == "auto":
+        strategy = "gpu" if fit == E else "hybrid"
+        if not gpu_kernels:
+            strategy = "hybrid"
+    if strategy == "gpu" and fit < E:
+        raise ValueError(f"strategy='gpu' keeps all {E * layers} experts on the GPU ({gib(E * layers * expert_bytes)}), "
+                         f"but {head} leaves room for {fit} per layer; use strategy='hybrid' or 'auto'")
+    if strategy == "cpu":
+        fit = 0
+    where = ("every expert on the GPU" if strategy == "gpu" else
+             f"{fit} of {E} experts per layer on the GPU ({100 * fit / E:.0f}%, "
+             f"{gib(fit * layers * expert_bytes)}), the rest on the CPU")
+    return Plan(strategy, int(fit), E, non_expert_bytes, kv_bytes, expert_bytes, budget, f"{head}; {where}")

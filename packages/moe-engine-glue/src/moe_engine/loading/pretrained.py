@@ -1,0 +1,145 @@
+"""from_pretrained: a transformers model from a shipped checkpoint, its routed experts streamed layer by layer from
+the file into banks and served by one MoERunner; the float copy of the experts is never made.
+
+Order of work, each step before anything heavier: the path; the config; the skeleton (meta device) and its experts
+modules; the experts' format in the file; the GPU budget (what goes where, one log line); the non-expert weights
+onto their device; the experts, layer by layer (progress bar), into banks; the runner (qualified); the binding.
+
+Banks and the file's bytes. GGUF keeps a layer's gate and up experts as two tensors and the q4_0 bank fuses them per
+expert (gate rows, then up rows), so the bytes are copied, never mapped; where the executor runs another CPU layout
+(q4_0_x16 from avx2), a CPU-only model converts each layer right after reading it, so the process holds one copy of
+the experts. With a GPU the host keeps the banks in the file's format (the GPU experts load from them) and the
+executor its own layout beside them.
+
+Thread contract: from_pretrained is a plain function; the model it returns follows transformers' (one generate()
+at a time) and its runner MoERunner's (shareable)."""
+from __future__ import annotations
+
+import gc
+import logging
+import time
+
+import cpumoe_formats as cf
+
+from ..progress import bar
+from . import budget, skeleton
+from .sources import open_source
+
+log = logging.getLogger("moe_engine")
+
+
+def _cpu_layout(fmt: str, H: int, I: int, mode, isa) -> str:  # noqa: E741
+    from cpumoe_executor import cpu_layout
+
+    return cpu_layout(fmt, H=H, I=I, mode=mode, isa=isa)
+
+
+def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", device=None, gpu_memory=None,  # noqa: A002
+                    threads=None, dtype=None, kv_length: int = 4096, kv_batch: int = 1,
+                    allow_nonfinite: bool = False, progress: bool = True, **kwargs):
+    """A transformers model ready for generate(), its routed experts served by moe_engine (`model.moe_engine`).
+
+    path: a Hugging Face directory (config.json + *.safetensors: bf16, FP8 block, gpt-oss MXFP4, ModelOpt NVFP4) or
+        a GGUF file (or the directory holding it, with gguf_file= its name); the config comes from the file.
+    format: the banks' format where the experts are stored in floats (bf16 safetensors): quantized layer by layer
+        to it (default bf16); a quantized checkpoint's own format otherwise (format may only repeat it).
+    strategy: auto (gpu where every expert fits the budget, hybrid otherwise, cpu without a GPU), cpu, hybrid, gpu.
+    device: where the non-expert weights and activations live (default cuda if torch sees a GPU, else cpu).
+    gpu_memory: the GPU bytes this model may use (int or '16GiB'; default: the device's free memory): non-expert
+        weights, a KV cache of kv_length tokens x kv_batch sequences, a reserve, then as many experts as fit.
+    threads: the CPU executor's workers. dtype: the non-expert weights' dtype (default torch.bfloat16).
+    allow_nonfinite: load NaN / Inf scales instead of refusing them (they then propagate as the reference says).
+    kwargs: MoERunner's other keywords (graph_batch_sizes, max_tokens, mode, isa, handshake, qualify, prefill).
+    """
+    import torch
+
+    from ..runner import MoERunner
+    from ..validate import device as check_device
+
+    t0 = time.perf_counter()
+    dtype = torch.bfloat16 if dtype is None else dtype
+    dev = check_device(torch, device)
+    limit = budget.parse_bytes(gpu_memory) if gpu_memory is not None else None
+    for name, v in (("kv_length", kv_length), ("kv_batch", kv_batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r}: expected a positive int")
+    src = open_source(path, gguf_file)
+    try:
+        from ..integrations import transformers as tf
+
+        tf.register()
+        model = skeleton.build(src.config, dtype)
+        found = tf.find_experts(model)
+        if not found:
+            raise NotImplementedError(f"{type(model).__name__} ({src.config.model_type}): no experts module "
+                                      "transformers dispatches (@use_experts_implementation); moe_engine cannot serve "
+                                      "its experts")
+        specs = [tf.inspect_experts(m) for _, m in found]
+        first = specs[0]
+        E, H, I = first.E, first.H, first.I  # noqa: E741
+        layers = [tf.decoder_layer(n, i) for i, (n, _) in enumerate(found)]
+        shipped = src.experts_format(layers)
+        fmt = cf.get_format(format).name if format is not None else shipped
+        if fmt != shipped:
+            raise ValueError(f"format={format!r}, but {src.where} ships its experts as {shipped}; omit format= (the "
+                             "experts are served as shipped)")
+        missing = [n for n in src.bind(model) if not n.startswith(tuple(p + "." for p, _ in found))]
+        tied = getattr(src.config.get_text_config(), "tie_word_embeddings", False)
+        missing = [n for n in missing if not (tied and n.endswith("lm_head.weight"))]
+        if missing:
+            raise ValueError(f"{src.where}: no tensor for {len(missing)} of the model's parameters, e.g. "
+                             f"{missing[:3]}")
+        names = skeleton.non_expert_names(model, [n for n, _ in found])
+        ne_bytes = sum(model.get_parameter(n).numel() for n in names) * torch.finfo(dtype).bits // 8
+        gpu_kernels = _has_gpu_experts(fmt)
+        if dev.type == "cuda" and limit is None:
+            limit = torch.cuda.mem_get_info(dev)[0]
+        kv = budget.kv_cache_bytes(src.config, kv_length, kv_batch, torch.finfo(dtype).bits // 8)
+        plan = budget.plan(strategy, dev, limit, non_expert_bytes=ne_bytes, kv_bytes=kv,
+                           expert_bytes=cf.get_format(fmt).bytes_per_expert(H, I), E=E, layers=len(found),
+                           gpu_kernels=gpu_kernels)
+        log.info("from_pretrained: %s: %s, %d MoE layers x %d experts (%s); strategy=%s: %s", src.where,
+                 type(model).__name__, len(found), E, fmt, plan.strategy, plan.why)
+        skeleton.empty_experts([m for _, m in found], dev)
+        skeleton.load(model, names, src.read, dev, dtype, src.where, progress)
+        left = skeleton.meta_left(model)
+        if left:
+            raise ValueError(f"{src.where}: {len(left)} tensors were never loaded, e.g. {left[:3]}")
+        run_fmt = fmt
+        if plan.strategy == "cpu":  # one copy of the experts: each layer converted as it arrives
+            run_fmt = _cpu_layout(fmt, H, I, kwargs.get("mode"), kwargs.get("isa"))
+        banks = []
+        with bar(total=len(layers), desc=f"moe_engine: experts -> {run_fmt}", unit="layer",
+                 disable=not progress) as pb:
+            for n in layers:
+                b = src.expert_banks(n, E, H, I)
+                if run_fmt != fmt:
+                    b = cf.get_format(fmt).to_layout(b, run_fmt, threads)
+                banks.append(b)
+                pb.update(1)
+        gc.collect()
+        act = dict(activation=first.activation, alpha=first.alpha, limit=first.limit)
+        if act["activation"] not in ("swigluoai", "swiglu_clamp"):
+            act.pop("alpha"), act.pop("limit")
+        cfg = src.config.get_text_config()
+        runner = MoERunner(run_fmt, banks, top_k=int(cfg.num_experts_per_tok), strategy=plan.strategy, device=dev,
+                           residency=plan.residency if plan.strategy == "hybrid" else None, threads=threads,
+                           progress=progress, **act, **kwargs)
+        del banks
+        out = tf.attach(model, found, runner, run_fmt, layers, f"{src.layout} {src.where}")
+        out.tokenizer = src.tokenizer()
+        out.plan = plan
+        out.load_seconds = time.perf_counter() - t0
+        model.eval()
+        log.info("from_pretrained: ready in %.1f s; %s", out.load_seconds, runner.describe())
+        return model
+    finally:
+        src.close()
+
+
+def _has_gpu_experts(fmt: str) -> bool:
+    try:
+        from ..gpu.experts import GpuExperts
+    except ImportError:
+        return False
+    return fmt in GpuExperts.FORMATS
