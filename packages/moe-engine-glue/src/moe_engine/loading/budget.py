@@ -82,8 +82,9 @@ def plan(strategy: str, device, budget: int | None, *, non_expert_bytes: int, kv
         if not gpu_kernels:
             strategy = "hybrid"
     if strategy == "gpu" and fit < E:
-        raise ValueError(f"strategy='gpu' keeps all {E * layers} experts on the GPU ({gib(E * layers * expert_bytes)}), "
-                         f"but {head} leaves room for {fit} per layer; use strategy='hybrid' or 'auto'")
+        raise ValueError(f"strategy='gpu' keeps all {E * layers} experts on the GPU "
+                         f"({gib(E * layers * expert_bytes)}), but {head} leaves room for {fit} per layer; use "
+                         "strategy='hybrid' or 'auto'")
     if strategy == "cpu":
         fit = 0
     where = ("every expert on the GPU" if strategy == "gpu" else

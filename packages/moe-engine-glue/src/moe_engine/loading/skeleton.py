@@ -20,8 +20,8 @@ def build(config, dtype):
         from accelerate import init_empty_weights
         from transformers import AutoModelForCausalLM
     except ImportError as e:
-        raise ImportError(f"moe_engine.from_pretrained needs transformers >= 5 and accelerate ({e}); install them with: "
-                          "pip install 'moe-engine-glue[transformers]'") from e
+        raise ImportError(f"moe_engine.from_pretrained needs transformers >= 5 and accelerate ({e}); install them "
+                          "with: pip install 'moe-engine-glue[transformers]'") from e
     with init_empty_weights(include_buffers=False):
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
