@@ -28,7 +28,8 @@ _ALIASES = {a: s.name for s in FORMATS.values() for a in s.aliases}
 
 
 def get_format(name) -> FormatSpec:
-    """The FormatSpec for a format name (or alias); ValueError naming the valid ones."""
+    """The FormatSpec for a format name (or alias); ValueError naming the valid ones. Threads: any (the registry
+    is fixed at import)."""
     if isinstance(name, FormatSpec):
         return name
     if not isinstance(name, str):
