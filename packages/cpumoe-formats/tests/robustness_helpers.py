@@ -75,28 +75,33 @@ def _nonfinite_weights(spec, banks) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def nonfinite_sites(fmt: str) -> tuple:
-    """(bank, byte offset in expert 1's slab, encoding) per bank that can hold a NaN: found by writing each
-    encoding's NaN at offsets from the middle of the slab on and asking the format's float64 decode (dequantize and
-    biases) whether a weight or bias became non-finite. Banks of codes without a NaN (e2m1, e4m3 whose 0x7F is 480,
-    e8m0 clamped at 254) have none. A new format's float fields are found without an edit here."""
+    """(bank, byte offset in expert 1's slab, encoding) per bank that can hold a NaN: found by writing an encoding's
+    NaN at the offsets of a window from the middle of the slab on (all at once, then halving the set) and asking
+    the format's float64 decode (dequantize and biases) whether a weight or bias became non-finite. Banks of codes
+    without a NaN (e2m1, e4m3 whose 0x7F is 480, e8m0 clamped at 254) have none. A new format's float fields are
+    found without an edit here."""
     spec = cf.get_format(fmt)
     banks = problem(fmt)[0]
+
+    def hits(bank, offs, enc):
+        b = copy_banks(banks)
+        for off in offs:
+            _put(b, bank, 1, off, enc, "nan")
+        return _nonfinite_weights(spec, b)
+
     sites = []
     for bank in spec.bank_names:
         slab = np.asarray(banks[bank])[1].nbytes
-        found = None
         for enc, (size, _) in ENCODINGS.items():
             start = slab // 2 // size * size
-            for off in range(start, min(slab, start + 96) - size + 1, size):
-                b = copy_banks(banks)
-                _put(b, bank, 1, off, enc, "nan")
-                if _nonfinite_weights(spec, b):
-                    found = (bank, off, enc)
-                    break
-            if found:
-                break
-        if found:
-            sites.append(found)
+            offs = list(range(start, min(slab, start + 96) - size + 1, size))
+            if not offs or not hits(bank, offs, enc):
+                continue
+            while len(offs) > 1:
+                half = offs[:len(offs) // 2]
+                offs = half if hits(bank, half, enc) else offs[len(offs) // 2:]
+            sites.append((bank, offs[0], enc))
+            break
     return tuple(sites)
 
 

@@ -59,10 +59,9 @@ def check_array(a, name: str, *, dtype=None, shape=None, writable: bool = False,
           and (a.ctypes.data % want_align == 0 if a.size else True))
     if ok:
         return a
-    want = " ".join(w for w in ("writable" if writable else "", "C-contiguous" if contiguous else "",
-                                " or ".join(str(d) for d in dtypes) if dtypes else "",
-                                f"of shape {tuple(shape)}" if shape is not None else "") if w)
-    want += f", data {want_align}-byte aligned"
+    want = " ".join(w for w in ("C-contiguous" if contiguous else "", " or ".join(str(d) for d in dtypes)
+                                if dtypes else "array", f"of shape {tuple(shape)}" if shape is not None else "") if w)
+    want += f"{', writable' if writable else ''}, data {want_align}-byte aligned"
     got = f"{describe(a)}"
     if not ok_dtype or not ok_shape:
         problem = got
