@@ -54,6 +54,8 @@ class Claim {
                                 (o.write ? "writes (its out)" : "reads (its x, topk_ids or topk_weights)") +
                                 "; give each concurrent call its own out array");
     }
+    mine_.reserve(spans.size());
+    v.reserve(v.size() + spans.size());  // no push_back below can throw and leave a claim behind
     for (const Span& s : spans)
       if (s.hi > s.lo) v.push_back(s), mine_.push_back(s);
   }

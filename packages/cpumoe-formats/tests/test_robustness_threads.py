@@ -5,6 +5,7 @@ finishes; a create/close loop is flat in memory and threads; every public object
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 import time
 
@@ -188,7 +189,8 @@ def test_create_close_loop_is_flat():
     burst(200)  # allocator warm-up
     before = _rss_kb()
     burst(2000)
-    assert _rss_kb() - before < 4096, (before, _rss_kb())
+    if "libasan" not in os.environ.get("LD_PRELOAD", ""):  # ASan keeps freed memory in quarantine (256 MB)
+        assert _rss_kb() - before < 4096, (before, _rss_kb())
     assert threading.active_count() == threads
 
 
