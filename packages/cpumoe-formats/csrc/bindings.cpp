@@ -3,12 +3,16 @@
 // re-checked in kernel_create / moe_step.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pthread.h>
 
+#include <atomic>
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "cpumoe_formats/nogil.h"
 #include "registry.h"
 #include "tiers.h"
 
@@ -24,6 +28,66 @@ std::vector<cpumoe_bank> to_banks(const std::vector<std::tuple<uint64_t, int64_t
   return b;
 }
 
+// A call's claim on the bytes it writes (out) or reads (x, ids, w) while the GIL is released, so that a
+// concurrent call (another thread) writing memory that one in flight uses raises instead of racing. Entries are
+// added and removed with the GIL held, which orders them; a forked child starts with none (the threads that
+// held them do not exist there).
+struct Span {
+  uintptr_t lo, hi;
+  bool write;
+};
+std::vector<Span>& in_flight() {
+  static std::vector<Span>* v = new std::vector<Span>();  // never destroyed: daemon threads may outlive statics
+  return *v;
+}
+void clear_in_flight_in_child() { in_flight().clear(); }
+class Claim {
+ public:
+  Claim(std::initializer_list<Span> spans) {
+    auto& v = in_flight();
+    for (const Span& s : spans) {
+      if (s.hi <= s.lo) continue;
+      for (const Span& o : v)
+        if (s.lo < o.hi && o.lo < s.hi && (s.write || o.write))
+          throw std::runtime_error(std::string(s.write ? "out" : "an input") +
+                                " overlaps memory that a call in flight on another thread " +
+                                (o.write ? "writes (its out)" : "reads (its x, topk_ids or topk_weights)") +
+                                "; give each concurrent call its own out array");
+    }
+    mine_.reserve(spans.size());
+    v.reserve(v.size() + spans.size());  // no push_back below can throw and leave a claim behind
+    for (const Span& s : spans)
+      if (s.hi > s.lo) v.push_back(s), mine_.push_back(s);
+  }
+  ~Claim() {  // with the GIL held again
+    auto& v = in_flight();
+    for (const Span& s : mine_)
+      for (size_t i = v.size(); i-- > 0;)
+        if (v[i].lo == s.lo && v[i].hi == s.hi && v[i].write == s.write) {
+          v.erase(v.begin() + (std::ptrdiff_t)i);
+          break;
+        }
+  }
+  Claim(const Claim&) = delete;
+  Claim& operator=(const Claim&) = delete;
+
+ private:
+  std::vector<Span> mine_;
+};
+Span span(uint64_t p, size_t n, bool write) { return Span{(uintptr_t)p, (uintptr_t)p + n, write}; }
+
+// What a Kernel owns: the native kernel and the step scratch. Held by shared_ptr: close() drops the Kernel's
+// reference and a call in flight on another thread keeps its own, so the kernel is freed after the last call.
+struct KernelState {
+  cpumoe_kernel* k = nullptr;
+  std::vector<char> scratch;                 // the step scratch of the call holding scratch_busy
+  std::atomic<bool> scratch_busy{false};     // a concurrent call allocates its own scratch instead
+  ~KernelState() { kernel_destroy(k); }
+};
+
+// Thread contract: shareable. Every method may be called from any number of threads at once: the native kernel
+// is read-only after creation, and moe_step uses the kernel's scratch when it is free (one uncontended atomic
+// exchange) or its own. close() may race calls in flight; they finish on the state they hold.
 class Kernel {
  public:
   Kernel(int format, int act, int mode, bool apply_on_input, int E, int H, int I, float alpha, float limit,
@@ -32,19 +96,32 @@ class Kernel {
     char err[512] = {0};
     cpumoe_kernel* k = nullptr;
     if (kernel_create(&p, tier_cap, &k, err, sizeof err) != 0) throw py::value_error(err);
-    k_.reset(k);
+    st_ = std::make_shared<KernelState>();
+    st_->k = k;
   }
-  std::string name() const { return k_->name; }
-  int tier() const { return k_->tier; }
-  int block_hint() const { return k_->block_hint; }
-  size_t act_bytes(int K) const { return k_->act_bytes(k_.get(), K); }
+  // Methods run with the GIL held until they release it: st_ is read and reset under the GIL only.
+  std::shared_ptr<KernelState> live() const {
+    if (!st_) throw std::runtime_error("cpumoe_formats._native.Kernel is closed");
+    return st_;
+  }
+  void close() { st_.reset(); }
+  bool closed() const { return !st_; }
+  std::string name() const { return live()->k->name; }
+  int tier() const { return live()->k->tier; }
+  int block_hint() const { return live()->k->block_hint; }
+  size_t act_bytes(int K) const {
+    auto s = live();
+    return s->k->act_bytes(s->k, K);
+  }
   void prep_act(uint64_t src, int K, uint64_t dst) const {
-    py::gil_scoped_release nogil;
-    k_->prep_act(k_.get(), (const uint16_t*)(uintptr_t)src, K, (void*)(uintptr_t)dst);
+    auto s = live();
+    NoGil nogil;
+    s->k->prep_act(s->k, (const uint16_t*)(uintptr_t)src, K, (void*)(uintptr_t)dst);
   }
   void gate_up(const std::vector<std::tuple<uint64_t, int64_t, int64_t>>& banks, int e, int i0, int i1,
                const std::vector<uint64_t>& xs, const std::vector<float>& w_in, const std::vector<uint64_t>& gs) const {
-    const auto& p = k_->params;
+    auto s = live();
+    const auto& p = s->k->params;
     if (e < 0 || e >= p.num_experts) throw py::value_error("expert id out of range");
     if (i0 < 0 || i1 > p.inter || i0 >= i1) throw py::value_error("need 0 <= i0 < i1 <= I");
     if (xs.size() != w_in.size() || xs.size() != gs.size() || xs.empty())
@@ -54,12 +131,13 @@ class Kernel {
     std::vector<uint16_t*> gp;
     for (auto g : gs) gp.push_back((uint16_t*)(uintptr_t)g);
     for (size_t j = 0; j < xs.size(); ++j) xp[j] = (const void*)(uintptr_t)xs[j];
-    py::gil_scoped_release nogil;
-    k_->gate_up(k_.get(), b.data(), e, i0, i1, (int)xs.size(), xp.data(), w_in.data(), gp.data());
+    NoGil nogil;
+    s->k->gate_up(s->k, b.data(), e, i0, i1, (int)xs.size(), xp.data(), w_in.data(), gp.data());
   }
   void down(const std::vector<std::tuple<uint64_t, int64_t, int64_t>>& banks, int h0, int h1,
             const std::vector<std::tuple<int, int, float, uint64_t>>& routes, uint64_t acc, int64_t acc_stride) const {
-    const auto& p = k_->params;
+    auto s = live();
+    const auto& p = s->k->params;
     if (h0 < 0 || h1 > p.hidden || h0 >= h1) throw py::value_error("need 0 <= h0 < h1 <= H");
     std::vector<cpumoe_route> r;
     for (auto& t : routes) {
@@ -68,30 +146,50 @@ class Kernel {
     }
     if (r.empty()) throw py::value_error("down needs at least one route");
     auto b = to_banks(banks);
-    py::gil_scoped_release nogil;
-    k_->down(k_.get(), b.data(), h0, h1, r.data(), (int)r.size(), (float*)(uintptr_t)acc, acc_stride);
+    NoGil nogil;
+    s->k->down(s->k, b.data(), h0, h1, r.data(), (int)r.size(), (float*)(uintptr_t)acc, acc_stride);
   }
   void moe_step(const std::vector<std::tuple<uint64_t, int64_t, int64_t>>& banks, int T, int top_k, uint64_t x,
                 uint64_t ids, uint64_t w, uint64_t y) {
+    auto s = live();
+    const int H = s->k->params.hidden;
+    if (T < 0 || top_k <= 0) throw py::value_error("num_tokens must be >= 0 and top_k > 0");
     auto b = to_banks(banks);
+    const size_t th = (size_t)T * H * sizeof(uint16_t), tk = (size_t)T * top_k;
+    const Claim claim{span(y, th, true), span(x, th, false), span(ids, tk * 4, false), span(w, tk * 4, false)};
     char err[256] = {0};
     int rc;
     {
-      py::gil_scoped_release nogil;
-      size_t need = step_scratch_bytes(k_.get(), T, top_k);
-      if (scratch_.size() < need) scratch_.resize(need);
-      rc = cpumoe::moe_step(k_.get(), b.data(), T, top_k, (const uint16_t*)(uintptr_t)x, (const int32_t*)(uintptr_t)ids,
-                            (const float*)(uintptr_t)w, (uint16_t*)(uintptr_t)y, scratch_.data(), err, sizeof err);
+      NoGil nogil;
+      rc = step(*s, b.data(), T, top_k, x, ids, w, y, err, sizeof err);
     }
     if (rc != 0) throw py::value_error(err);
   }
 
  private:
-  struct Del {
-    void operator()(cpumoe_kernel* k) const { kernel_destroy(k); }
-  };
-  std::unique_ptr<cpumoe_kernel, Del> k_;
-  std::vector<char> scratch_;
+  static int step(KernelState& s, const cpumoe_bank* b, int T, int top_k, uint64_t x, uint64_t ids, uint64_t w,
+                  uint64_t y, char* err, size_t errlen) {
+    const size_t need = step_scratch_bytes(s.k, T, top_k);
+    std::unique_ptr<char[]> own;
+    char* scratch;
+    const bool shared = !s.scratch_busy.exchange(true, std::memory_order_acquire);
+    struct Release {
+      std::atomic<bool>* flag;
+      ~Release() {
+        if (flag) flag->store(false, std::memory_order_release);
+      }
+    } release{shared ? &s.scratch_busy : nullptr};
+    if (shared) {
+      if (s.scratch.size() < need) s.scratch.resize(need);
+      scratch = s.scratch.data();
+    } else {
+      own.reset(new char[need]);
+      scratch = own.get();
+    }
+    return cpumoe::moe_step(s.k, b, T, top_k, (const uint16_t*)(uintptr_t)x, (const int32_t*)(uintptr_t)ids,
+                            (const float*)(uintptr_t)w, (uint16_t*)(uintptr_t)y, scratch, err, errlen);
+  }
+  std::shared_ptr<KernelState> st_;
 };
 }  // namespace
 
@@ -127,19 +225,20 @@ PYBIND11_MODULE(_native, m) {
     return out;
   });
   m.def("read_bandwidth", [](uint64_t p, size_t n, int reps) {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     return read_bandwidth_gbps((const void*)(uintptr_t)p, n, reps);
   });
   m.def("peak_loop", [](int32_t kind, int32_t tier, uint64_t iters) {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     return peak_loop(kind, tier, iters);
   });
   m.def("activate_bf16_both", [](int act, float alpha, float limit, uint64_t gate, uint64_t up, size_t n, uint64_t fast,
                                  uint64_t ref) {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     activate_bf16_both(act, alpha, limit, (const float*)(uintptr_t)gate, (const float*)(uintptr_t)up, n,
                        (uint16_t*)(uintptr_t)fast, (uint16_t*)(uintptr_t)ref);
   });
+  pthread_atfork(nullptr, nullptr, &clear_in_flight_in_child);
   py::class_<Kernel>(m, "Kernel")
       .def(py::init<int, int, int, bool, int, int, int, float, float, int>(), py::arg("format"), py::arg("act"),
            py::arg("mode"), py::arg("apply_router_weight_on_input"), py::arg("E"), py::arg("H"), py::arg("I"),
@@ -151,5 +250,7 @@ PYBIND11_MODULE(_native, m) {
       .def("prep_act", &Kernel::prep_act)
       .def("gate_up", &Kernel::gate_up)
       .def("down", &Kernel::down)
-      .def("moe_step", &Kernel::moe_step);
+      .def("moe_step", &Kernel::moe_step)
+      .def("close", &Kernel::close)
+      .def_property_readonly("closed", &Kernel::closed);
 }

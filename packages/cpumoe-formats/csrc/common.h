@@ -96,21 +96,31 @@ CPUMOE_INLINE float e8m0_to_f32(uint8_t s) {
 
 // The Q8_0 rule every w4a8 mode quantizes its activation blocks with (q4_0, mxfp4, ds_fp4; numerics.int8_blocks
 // in Python): d = amax / 127 in fp32, 1/d (0 where it is not finite: amax == 0, or amax < ~127 * 2^-128 overflows
-// it), q = clamp(rint(x / d), +-127), half to even (the default rounding mode); NaN -> -127 like the SIMD paths.
+// it), q = clamp(rint(x / d), +-127), half to even (the default rounding mode). A block holding a NaN or an inf
+// gets d = NaN and codes 0: its dot products are NaN, as the float64 reference's are (there amax / 127 is NaN or
+// inf and 0 * inf is NaN), where the codes alone would have lost the value (NaN and inf * 0 coded -127).
 CPUMOE_INLINE float q8_inv(float d) {
   const float id = 1.0f / d;
-  return id <= std::numeric_limits<float>::max() ? id : 0.0f;  // also NaN
+  return id <= std::numeric_limits<float>::max() ? id : 0.0f;
 }
 CPUMOE_INLINE int8_t q8_round(float x, float id) {
   const float v = std::nearbyint(x * id);
   return (int8_t)(!(v >= -127.0f) ? -127 : (v > 127.0f ? 127 : (int)v));
 }
+// The scale of a block whose amax (or an element) is not finite.
+CPUMOE_INLINE float nonfinite_scale() { return std::numeric_limits<float>::quiet_NaN(); }
 // x[0..n) -> q[0..n); returns d.
 CPUMOE_INLINE float q8_block(const float* x, int n, int8_t* q) {
   float amax = 0.0f;
+  bool finite = true;
   for (int j = 0; j < n; ++j) {
     const float a = std::fabs(x[j]);
+    finite &= a <= std::numeric_limits<float>::max();  // false for inf and NaN
     amax = a > amax ? a : amax;
+  }
+  if (!finite) {
+    std::memset(q, 0, (size_t)n);
+    return nonfinite_scale();
   }
   const float d = amax / 127.0f, id = q8_inv(d);
   for (int j = 0; j < n; ++j) q[j] = q8_round(x[j], id);
@@ -122,28 +132,38 @@ CPUMOE_INLINE float q8_block(const float* x, int n, int8_t* q) {
 CPUMOE_INLINE __m256 bf16x8_f32(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
-// |x| max of amax and the lanes of x, NaN lanes ignored (as fmax / q8_block's `a > amax`): maxps returns its second
-// operand when either is NaN, so the running max goes second.
-CPUMOE_INLINE __m256 absmax8(__m256 x, __m256 amax) { return _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), amax); }
-CPUMOE_INLINE float hmax8(__m256 m) {  // exact, order-free (no NaN lanes)
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+// amax as bits: |x|'s bits are int32 >= 0 whose integer order is the float order, and every NaN's bits exceed
+// +inf's (0x7F800000), so an integer max of them is the exact amax of a finite block and >= kInfBits otherwise
+// (a float max would drop NaN lanes).
+constexpr uint32_t kInfBits = 0x7F800000u;
+CPUMOE_INLINE __m256i absmax8(__m256 x, __m256i amax) {
+  return _mm256_max_epi32(_mm256_castps_si256(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)), amax);
+}
+CPUMOE_INLINE uint32_t hmax8(__m256i m) {  // the largest lane (all lanes >= 0)
+  __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+  return (uint32_t)_mm_cvtsi128_si32(_mm_max_epi32(h, _mm_shuffle_epi32(h, 0xB1)));
 }
 // q8_block(x, 32, .) on four vectors: the same d (returned in *d) and the same 32 codes, in element order in the
 // result's bytes. Bit for bit: exact abs / max, one fp32 division each for d and 1/d, one multiply, round half to
-// even (the default mode, as nearbyint), clamp to +-127 with NaN -> -127. Used by every SIMD tier's w4a8 prep
-// (q4_0, mxfp4, ds_fp4); scalar prep ~1 ns per element was 5-9% of ds_fp4's 16-thread batch-1 step.
+// even (the default mode, as nearbyint), clamp to +-127; a non-finite block d = NaN, codes 0. Used by every SIMD
+// tier's w4a8 prep (q4_0, mxfp4, ds_fp4); scalar prep ~1 ns per element was 5-9% of ds_fp4's 16-thread batch-1
+// step.
 CPUMOE_INLINE __m256i q8_block32(const __m256 (&x)[4], float* d) {
-  __m256 m = _mm256_setzero_ps();
+  __m256i m = _mm256_setzero_si256();
   for (int i = 0; i < 4; ++i) m = absmax8(x[i], m);
-  *d = hmax8(m) / 127.0f;
+  const uint32_t amax = hmax8(m);
+  if (amax >= kInfBits) {
+    *d = nonfinite_scale();
+    return _mm256_setzero_si256();
+  }
+  *d = bits_f32(amax) / 127.0f;
   const __m256 vid = _mm256_set1_ps(q8_inv(*d));
   const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
   __m256i qi[4];
   for (int i = 0; i < 4; ++i) {
     const __m256 r = _mm256_round_ps(_mm256_mul_ps(x[i], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    qi[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(r), lim), nlim);  // NaN -> INT_MIN -> -127
+    qi[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(r), lim), nlim);
   }
   const __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]), p23 = _mm256_packs_epi32(qi[2], qi[3]);
   // the packs work per 128-bit lane: dwords come out as elements [0-3 8-11 16-19 24-27 | 4-7 12-15 20-23 28-31]

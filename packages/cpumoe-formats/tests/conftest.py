@@ -92,11 +92,15 @@ def routes(rng, T: int, top_k: int, E: int, *, dup: bool = True, skip: bool = Tr
 
 def int8_blocks_slow(v):
     """The 32-block w4a8 activation quantization element by element with numpy float32 scalars
-    (independent of numerics.int8_blocks): d = amax/127, id = 1/d (0 if not finite), q = clamp(rint(x*id), +-127)."""
+    (independent of numerics.int8_blocks): d = amax/127, id = 1/d (0 if not finite), q = clamp(rint(x*id), +-127);
+    a block holding a NaN or an inf: d = NaN, q = 0."""
     x = np.asarray(v, np.float32).reshape(-1, 32)
     qs, ds = np.zeros(x.shape, np.int8), np.zeros(x.shape[0], np.float32)
     with np.errstate(divide="ignore", over="ignore"):
         for b in range(x.shape[0]):
+            if not all(np.isfinite(x[b, t]) for t in range(32)):
+                ds[b] = np.float32(np.nan)
+                continue
             amax = np.float32(0)
             for t in range(32):
                 amax = max(amax, abs(x[b, t]))

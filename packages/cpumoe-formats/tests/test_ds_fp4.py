@@ -235,20 +235,21 @@ def test_roundtrip_kernel_prep_bit_exact(rng, mode, tier):
 @pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",)) if p.values[1] != "scalar"])
 def test_w4a8_prep_nonfinite_matches_scalar(rng, tier):
     """The SIMD prep (the FP8 round trip and the Q8_0 rule in 8-lane vectors) gives the scalar tier's values for
-    128-blocks holding inf, -inf and NaN (ignored by both maxima; NaN codes -127), a NaN-only 32-block, values
-    below the e4m3 subnormal threshold and at the 448 clamp."""
+    128-blocks holding inf, -inf and NaN (all NaN: s_b NaN, codes 0), a NaN-only 32-block, values below the e4m3
+    subnormal threshold and at the 448 clamp."""
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
-    K = 128 * 5
+    K = 128 * 8
     v = rng.standard_normal(K) * np.exp(rng.uniform(-6, 6, K // 128).repeat(128))
-    v[[3, 40, 41, 200, 300, 520]] = [np.inf, np.nan, -np.inf, np.nan, np.nan, -np.inf]
-    v[384:416] = np.nan
+    v[[3, 40, 41, 300, 310, 520]] = [np.inf, np.nan, -np.inf, np.nan, np.nan, -np.inf]
+    v[384:416] = np.nan  # 128-blocks 0, 2, 3 and 4 hold non-finite values, 1, 5, 6 and 7 do not
     v[130:140] = v[129] * np.r_[1e-3, 2e-3, 5e-3, 1e-2, 1.7e-2, 3e-2, -1e-3, -5e-3, -2e-2, 0.0]  # e4m3 subnormals
     bits = to_bf16_bits(v)
     got = _parse_prep_w8(prep(kernel(FMT, 1, K, 128, "w4a8", tier), bits), K, tier)
     want = _parse_prep_w8(prep(kernel(FMT, 1, K, 128, "w4a8", "scalar"), bits), K, "scalar")
     np.testing.assert_array_equal(got, want)
-    assert np.isfinite(want).all() and np.all(want[384:416] == 0)  # NaN codes -127 times s_b = 0
+    bad = np.repeat(~np.isfinite(v.reshape(-1, 128)).all(axis=1), 128)
+    assert bad.sum() == 4 * 128 and np.isnan(want[bad]).all() and np.isfinite(want[~bad]).all()
 
 
 # ---------------------------------------------------------------- work-item edge cases

@@ -496,7 +496,7 @@ def _tie_vector(rng, nb):
 @pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",)) if p.values[1] != "scalar"])
 def test_w4a8_prep_act_nonfinite_matches_scalar(rng, tier):
     """Every tier's prep has the same layout: the SIMD tiers' (common.h q8_block32) bytes equal the scalar tier's
-    for blocks holding inf, -inf and NaN (ignored by the max; NaN codes -127) and a NaN-only block."""
+    for blocks holding inf, -inf and NaN (s_b NaN, codes 0) and a NaN-only block."""
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
     K = 32 * 13
@@ -513,7 +513,10 @@ def test_w4a8_prep_act_nonfinite_matches_scalar(rng, tier):
         return raw
 
     got, want = prepped(tier), prepped("scalar")
-    assert np.all(want[64:96].view(np.int8) == -127)
+    bad = ~np.isfinite(v.reshape(-1, 32)).all(axis=1)
+    sb = want[K:K + 4 * (K // 32)].view(np.float32)
+    assert bad.sum() == 6 and np.isnan(sb[bad]).all() and np.isfinite(sb[~bad]).all()
+    assert np.all(want[:K].view(np.int8).reshape(-1, 32)[bad] == 0)
     np.testing.assert_array_equal(got, want)
 
 

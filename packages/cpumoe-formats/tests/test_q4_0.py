@@ -385,8 +385,8 @@ def parse_q8(raw, K, G):
 @pytest.mark.parametrize("tier", [t for t in GROUP if t != "scalar"])
 def test_prep_act_nonfinite_matches_scalar(rng, tier):
     """The SIMD tiers' Q8_0 prep (common.h q8_block32) gives the scalar tier's q, d_a and corrections for blocks
-    holding inf, -inf and NaN: NaN lanes are ignored by the max (the running max is maxps' second operand), an inf
-    amax makes 1/d_a 0 and inf * 0 = NaN codes -127, and a NaN element's code is -127."""
+    holding inf, -inf and NaN: such a block's d_a is NaN and its codes 0 (its products are NaN, as the reference's),
+    the finite blocks' are as ever."""
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
     K = 32 * 13
@@ -398,7 +398,9 @@ def test_prep_act_nonfinite_matches_scalar(rng, tier):
     want = parse_q8(prep(kernel_for(2, 32, K, "w4a8", "scalar"), g), K, 1)
     for a, b, name in zip(got, want, ("q", "d_a", "corr")):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=name)
-    assert np.all(want[0][2] == -127)  # the NaN-only block
+    bad = ~np.isfinite(np.asarray(g, np.float64).reshape(-1, 32)).all(axis=1)
+    assert bad.sum() == 6 and np.isnan(want[1][bad]).all() and np.isfinite(want[1][~bad]).all()
+    assert np.all(want[0][bad] == 0) and np.all(want[2][bad] == 0)
 
 
 @pytest.mark.parametrize("tier", [p.values[1] for p in tier_cases(FMT, modes=("w4a8",))])

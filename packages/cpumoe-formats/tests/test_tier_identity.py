@@ -41,7 +41,7 @@ def test_work_items_bit_identical(rng, fmt, tier, ref, n):
 def test_nvfp4_prep_nonfinite_matches_scalar(rng, fmt, tier):
     """nvfp4's w4a8 activation prep (fp4_common.h quant16: two 8-lane vectors at avx2 / avxvnni, one 16-lane vector
     from avx512bw) gives the scalar tier's bytes, in nvfp4's record and in nvfp4_x16's, for blocks holding inf, -inf
-    and NaN (amax = inf: every finite element 0, inf * 0 = NaN -> 0; NaN lanes ignored by the max), all-zero blocks,
+    and NaN (s = NaN, codes 0), all-zero blocks,
     halfway codes (amax 127: s = 1, so 2.5 -> 2, 3.5 -> 4, -0.5 -> -0: round half to even), bf16 subnormals (1 / s
     overflows to inf: codes +-127 and 0 * inf -> 0), and ordinary ones, in nvfp4's 128-groups and its 16-block tail."""
     if tier not in USABLE:

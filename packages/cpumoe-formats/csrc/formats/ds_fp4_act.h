@@ -24,7 +24,9 @@ CPUMOE_INLINE float e4m3_rne(float q) {
 }
 
 // v[0..127] (bf16 values as fp32) -> q = e4m3(clamp(v / s, +-448)) in v, returns
-// s = 2^ceil(log2(max(1e-4, amax) / 448)); the round-tripped activation is bf16(q * s) = q * s.
+// s = 2^ceil(log2(max(1e-4, amax) / 448)); the round-tripped activation is bf16(q * s) = q * s. A block holding a
+// NaN or an inf: q = 0 and s = NaN, so every round-tripped value is NaN (the reference's block is NaN; the
+// int8 pieces of native's SIMD tiers and w4a8's codes would have lost it).
 CPUMOE_INLINE float act_scale(float amax) {  // 2^ceil(log2(amax / 448)), amax >= 1e-4 (a normal quotient)
   const uint32_t u = f32_bits(amax / 448.f);
   const int32_t ce = (int32_t)((u >> 23) & 0xFFu) - 127 + ((u & 0x7FFFFFu) != 0);
@@ -32,7 +34,16 @@ CPUMOE_INLINE float act_scale(float amax) {  // 2^ceil(log2(amax / 448)), amax >
 }
 CPUMOE_INLINE float act_quant_block(float* v) {
   float amax = 1e-4f;
-  for (int i = 0; i < 128; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+  bool finite = true;
+  for (int i = 0; i < 128; ++i) {
+    const float a = std::fabs(v[i]);
+    finite &= a <= std::numeric_limits<float>::max();  // false for inf and NaN
+    amax = std::fmax(amax, a);
+  }
+  if (!finite) {
+    for (int i = 0; i < 128; ++i) v[i] = 0.f;
+    return nonfinite_scale();
+  }
   const float s = act_scale(amax), inv = 1.f / s;
   for (int i = 0; i < 128; ++i) {
     float q = v[i] * inv;
@@ -57,9 +68,15 @@ CPUMOE_INLINE void quant_w8_128(const uint16_t* src, int8_t* q, float* hs) {
 // scalar prep, ~4 ns per element, was 30-40 us of the H200 host's 16-thread batch-1 step: x is prepared by one
 // thread while the others wait, and the last expert group's g likewise). Returns the 4 blocks' codes.
 CPUMOE_INLINE void quant_w8_128_simd(const uint16_t* src, __m256i* q, float* hs) {
-  __m256 v[16], m = _mm256_set1_ps(1e-4f);
+  __m256 v[16];
+  __m256i m = _mm256_castps_si256(_mm256_set1_ps(1e-4f));
   for (int i = 0; i < 16; ++i) v[i] = bf16x8_f32(src + 8 * i), m = absmax8(v[i], m);
-  const float s = act_scale(hmax8(m));
+  const uint32_t amax = hmax8(m);
+  if (amax >= kInfBits) {  // quant_w8_128: q8_block of NaN round-tripped values
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_setzero_si256(), hs[j] = 0.5f * nonfinite_scale();
+    return;
+  }
+  const float s = act_scale(bits_f32(amax));
   const __m256 inv = _mm256_set1_ps(1.f / s), vs = _mm256_set1_ps(s), sgn = _mm256_set1_ps(-0.0f);
   const __m256 hi = _mm256_set1_ps(448.f), lo = _mm256_set1_ps(-448.f), sub = _mm256_set1_ps(0.015625f);
   const __m256i bias = _mm256_set1_epi32(0x7FFFF), keep = _mm256_set1_epi32(~0xFFFFF), one = _mm256_set1_epi32(1);

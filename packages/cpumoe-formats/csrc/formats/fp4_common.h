@@ -115,14 +115,21 @@ CPUMOE_INLINE float block16_scalar(const uint8_t* p, const float* x) {
   return s;
 }
 
-// nvfp4 w4a8 activations (nvfp4 and nvfp4_x16 prep), one 16-block: s = amax / 127 (1 if amax = 0), q = clamp(rint(v * (1 / s)), +-127) (a NaN from 0 * inf -> 0);
-// the even elements' codes to qe[0..7], the odd ones' to qo[0..7]. Returns sum(q); *s_out = s.
+// nvfp4 w4a8 activations (nvfp4 and nvfp4_x16 prep), one 16-block: s = amax / 127 (1 if amax = 0), q = clamp(rint(v *
+// (1 / s)), +-127) (a NaN from 0 * inf -> 0); a block holding a NaN or an inf gets s = NaN and codes 0 (common.h
+// q8_block's rule: its dot products are NaN, as the reference's). The even elements' codes to qe[0..7], the odd
+// ones' to qo[0..7]. Returns sum(q); *s_out = s.
 CPUMOE_INLINE int32_t quant16(const uint16_t* src, int8_t* qe, int8_t* qo, float* s_out) {
 #if defined(__AVX512BW__)  // the same fp32 operations on one 16-lane vector
   const __m256i bits = _mm256_loadu_si256((const __m256i*)src);
   const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-  const __m512 av = _mm512_abs_ps(v);  // NaN lanes -> 0 before the max, as fmax ignores them
-  const float amax = _mm512_reduce_max_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(av, av, _CMP_ORD_Q), av));
+  const __m512 av = _mm512_abs_ps(v);
+  if (_mm512_cmp_ps_mask(av, _mm512_set1_ps(std::numeric_limits<float>::max()), _CMP_NLE_UQ)) {  // inf or NaN
+    std::memset(qe, 0, 8), std::memset(qo, 0, 8);
+    *s_out = nonfinite_scale();
+    return 0;
+  }
+  const float amax = _mm512_reduce_max_ps(av);
   const float s = amax == 0.f ? 1.f : amax / 127.f;
   const float inv = 1.f / s;
   __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -138,7 +145,13 @@ CPUMOE_INLINE int32_t quant16(const uint16_t* src, int8_t* qe, int8_t* qo, float
 #elif defined(__AVX2__)  // the same fp32 operations on two 8-lane vectors (~0.6 ns an element on one Zen 3 core,
                          // the scalar loop ~4.8)
   const __m256 v0 = bf16x8_f32(src), v1 = bf16x8_f32(src + 8);
-  const float amax = hmax8(absmax8(v1, absmax8(v0, _mm256_setzero_ps())));  // NaN lanes ignored, as fmax
+  const uint32_t amax_bits = hmax8(absmax8(v1, absmax8(v0, _mm256_setzero_si256())));
+  if (amax_bits >= kInfBits) {
+    std::memset(qe, 0, 8), std::memset(qo, 0, 8);
+    *s_out = nonfinite_scale();
+    return 0;
+  }
+  const float amax = bits_f32(amax_bits);
   const float s = amax == 0.f ? 1.f : amax / 127.f;
   const __m256 inv = _mm256_set1_ps(1.f / s);
   auto code = [&](__m256 v) {  // rint (half to even), NaN -> 0, clamp to +-127: exact in fp32, then the integer
@@ -157,9 +170,17 @@ CPUMOE_INLINE int32_t quant16(const uint16_t* src, int8_t* qe, int8_t* qo, float
   return hsum8_i32(_mm256_add_epi32(q0, q1));
 #else
   float v[16], amax = 0.f;
+  bool finite = true;
   for (int i = 0; i < 16; ++i) {
     v[i] = bf16_to_f32(src[i]);
-    amax = std::fmax(amax, std::fabs(v[i]));
+    const float a = std::fabs(v[i]);
+    finite &= a <= std::numeric_limits<float>::max();  // false for inf and NaN
+    amax = std::fmax(amax, a);
+  }
+  if (!finite) {
+    std::memset(qe, 0, 8), std::memset(qo, 0, 8);
+    *s_out = nonfinite_scale();
+    return 0;
   }
   const float s = amax == 0.f ? 1.f : amax / 127.f;
   const float inv = 1.f / s;

@@ -4,6 +4,11 @@ q4_0_x16; formats.CPU_LAYOUTS).
 
 Bank schemas and validation, quantizers from float weights, float64
 references, and CPU kernels for every ISA tier behind a versioned C ABI.
+
+Contracts (docs/formats.md "Contracts"): every public function and class may be used from any number of threads
+at once (each docstring's "Threads:" line says how); `Kernel` owns native memory and has close() and a context
+manager; the constants (C_API_CAPSULE's table among them) live as long as the process; NaN and inf in inputs and
+banks give NaN / inf where the float64 reference does.
 """
 from __future__ import annotations
 
@@ -37,12 +42,12 @@ BUILD_INFO = _native.BUILD_INFO
 
 
 def get_include() -> str:
-    """Directory holding cpumoe_formats/abi.h (the versioned C ABI)."""
+    """Directory holding cpumoe_formats/abi.h (the versioned C ABI) and nogil.h. Threads: any."""
     return str(Path(__file__).resolve().parent / "include")
 
 
 def require_abi(major: int, minor: int = 0) -> None:
-    """For Python-level consumers: raise ImportError naming both versions on a mismatch."""
+    """For Python-level consumers: raise ImportError naming both versions on a mismatch. Threads: any."""
     if major != ABI_VERSION[0] or minor > ABI_VERSION[1]:
         raise ImportError(f"cpumoe-formats ABI mismatch: installed cpumoe-formats {__version__} provides ABI "
                           f"{ABI_VERSION[0]}.{ABI_VERSION[1]}, the caller needs ABI {major}.{minor}; "
@@ -50,7 +55,8 @@ def require_abi(major: int, minor: int = 0) -> None:
 
 
 def quantize(fmt, gate_up, down, **opts) -> dict:
-    """Float weights gate_up [E, 2I, H] (gate rows, then up rows) and down [E, H, I] -> banks."""
+    """Float weights gate_up [E, 2I, H] (gate rows, then up rows) and down [E, H, I] -> banks.
+    Threads: any (reads its arguments, returns new arrays)."""
     import numpy as np
 
     from ._arrays import as_array
@@ -70,7 +76,7 @@ def quantize(fmt, gate_up, down, **opts) -> dict:
 
 
 def validate_banks(fmt, banks, E: int | None = None, H: int | None = None, I: int | None = None):  # noqa: E741
-    """Check banks against the format's schema; returns (E, H, I)."""
+    """Check banks against the format's schema; returns (E, H, I). Threads: any (reads the banks' metadata)."""
     return get_format(fmt).validate(banks, E, H, I)[1]
 
 

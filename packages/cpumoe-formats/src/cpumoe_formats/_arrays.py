@@ -43,8 +43,52 @@ def describe(a: np.ndarray) -> str:
     return f"shape {tuple(a.shape)} dtype {a.dtype}"
 
 
+def check_array(a, name: str, *, dtype=None, shape=None, writable: bool = False, contiguous: bool = True,
+                align: int | None = None) -> np.ndarray:
+    """`a` as a numpy array (as_array) that a native call may use as is, else ValueError naming `name`, what it
+    is and everything expected of it. The one check every entry point applies to its arrays before a pointer goes to
+    native code: dtype (one or a tuple of them), shape (None = any), C-contiguity (`contiguous`), writability
+    (`writable`: out arrays; a read-only view of bytes or of a PROT_READ mapping would be written through), and
+    base alignment (`align` bytes; default the dtype's own, as numpy's `aligned` flag).
+    Threads: any; it only reads `a`'s metadata."""
+    if type(a) is not np.ndarray:
+        a = as_array(a, name)
+    f = a.flags
+    ok_dtype = dtype is None or (a.dtype in dtype if isinstance(dtype, tuple) else a.dtype == dtype)
+    ok_shape = shape is None or a.shape == tuple(shape)
+    aligned = f.aligned if align is None else a.ctypes.data % align == 0
+    if (ok_dtype and ok_shape and (f.c_contiguous or not contiguous) and (f.writeable or not writable)
+            and (aligned or not a.size)):
+        return a
+    dtypes = None if dtype is None else tuple(np.dtype(d) for d in (dtype if isinstance(dtype, tuple) else (dtype,)))
+    want_align = align if align is not None else (dtypes[0].itemsize if dtypes else a.dtype.itemsize)
+    want = " ".join(w for w in ("C-contiguous" if contiguous else "", " or ".join(str(d) for d in dtypes)
+                                if dtypes else "array", f"of shape {tuple(shape)}" if shape is not None else "") if w)
+    want += f"{', writable' if writable else ''}, data {want_align}-byte aligned"
+    got = f"{describe(a)}"
+    if not ok_dtype or not ok_shape:
+        problem = got
+    elif contiguous and not f.c_contiguous:
+        problem = f"{got} with strides {a.strides} (not C-contiguous)"
+    elif writable and not f.writeable:
+        problem = f"{got}, read-only"
+    else:
+        problem = f"{got} at address {a.ctypes.data:#x} (not {want_align}-byte aligned)"
+    raise ValueError(f"{name}: {problem}; expected {want}")
+
+
+def as_input(a, name: str, dtype, shape=None) -> np.ndarray:
+    """An input array for a native call: `a` converted to `dtype`, C-contiguous and aligned (a copy only when it is
+    not already), checked by check_array."""
+    arr = np.ascontiguousarray(as_array(a, name), dtype)
+    if not arr.flags.aligned:
+        arr = arr.copy()  # a fresh allocation is aligned
+    return check_array(arr, name, dtype=dtype, shape=shape)
+
+
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an `align`-byte boundary."""
+    """An uninitialised C-contiguous array whose data starts on an `align`-byte boundary (a view of a larger numpy
+    array, which it keeps alive). Threads: any."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(n + align, np.uint8)
@@ -53,6 +97,7 @@ def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
 
 
 def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:
+    """A copy of `a` by aligned_empty. Threads: any (`a` must not change meanwhile)."""
     out = aligned_empty(a.shape, a.dtype, align)
     out[...] = a
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import as_array, describe
+from ._arrays import as_array, as_input, describe
 from .numerics import BF16, bf16_decode
 
 MAX_TOP_K = 64
@@ -24,15 +24,15 @@ def check_x(x, H: int) -> np.ndarray:
 
 
 def x_as_bf16(x, H: int) -> np.ndarray:
-    """x [T, H] as a C-contiguous bf16 array (a copy only when needed)."""
+    """x [T, H] as a C-contiguous, aligned bf16 array (a copy only when needed)."""
     a = as_array(x, "x")
     if a.ndim != 2 or a.shape[1] != H:
         raise ValueError(f"x: {describe(a)}, expected shape [num_tokens, {H}]")
-    if a.dtype == BF16:
-        return np.ascontiguousarray(a)
-    if a.dtype not in _FLOAT_X:
-        raise TypeError(f"x: dtype {a.dtype}, expected bfloat16, float16, float32 or float64")
-    return np.ascontiguousarray(a.astype(np.float32).astype(BF16))
+    if a.dtype != BF16:
+        if a.dtype not in _FLOAT_X:
+            raise TypeError(f"x: dtype {a.dtype}, expected bfloat16, float16, float32 or float64")
+        a = a.astype(np.float32).astype(BF16)
+    return as_input(a, "x", BF16, a.shape)
 
 
 def check_routing(topk_weights, topk_ids, T: int, E: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,4 +56,4 @@ def check_routing(topk_weights, topk_ids, T: int, E: int) -> tuple[np.ndarray, n
             bad = np.argwhere((ids < -1) | (ids >= E))[0]
             raise ValueError(f"topk_ids[{bad[0]}, {bad[1]}] = {int(ids[tuple(bad)])} is not in [-1, {E}) "
                              f"(-1 marks a route not on the CPU)")
-    return np.ascontiguousarray(w, np.float32), np.ascontiguousarray(ids, np.int32)
+    return as_input(w, "topk_weights", np.float32), as_input(ids, "topk_ids", np.int32)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from . import _native, activations
-from ._arrays import as_array, describe
+from ._arrays import check_array, describe
 from .formats import get_format
 from .inputs import check_routing, x_as_bf16
 from .numerics import BF16
@@ -19,12 +19,13 @@ _MODES = ("native", "w4a8")
 
 
 def usable_tiers() -> list[str]:
-    """Tiers this CPU, its OS and this build can run, lowest first."""
+    """Tiers this CPU, its OS and this build can run, lowest first. Threads: any."""
     m = _native.usable_tier_mask()
     return [t for i, t in enumerate(TIERS) if m >> i & 1]
 
 
 def detected_tier() -> str:
+    """The best tier of this CPU, OS and build, before any cap. Threads: any."""
     return TIERS[_native.detected_tier()]
 
 
@@ -35,7 +36,8 @@ def peak_loop(kind: str, tier: str, iters: int) -> int:
     """Multiply-adds done by `iters` rounds of `tier`'s widest multiply-add instruction for `kind` on this thread
     (abi.h peak_loop: int8 = vpmaddubsw / vpdpbusd / tdpbssd, bf16 = vdpbf16ps / tdpbf16ps or fp32 FMA below
     avx512bf16, fp32 = vfmadd231ps); 0 where this machine or build cannot run the tier or it has no such
-    instruction (scalar). Timed on every core it is the compute roof of that tier (cpumoe_executor.bench)."""
+    instruction (scalar). Timed on every core it is the compute roof of that tier (cpumoe_executor.bench).
+    Threads: any number at once (the GIL released; one call per thread is what the roof times)."""
     if kind not in PEAK_KINDS:
         raise ValueError(f"kind={kind!r}; expected one of {list(PEAK_KINDS)}")
     if tier not in TIERS:
@@ -54,7 +56,16 @@ def _tier_cap(isa) -> int:
 
 
 class Kernel:
-    """A format kernel at the best tier <= the cap (isa= or CPUMOE_ISA)."""
+    """A format kernel at the best tier <= the cap (isa= or CPUMOE_ISA), and the single-threaded MoE step through it.
+
+    Threads: shareable. forward() and the steps bind() returns may run on any number of threads at once with the
+    GIL released during the native step (a call uses the kernel's scratch when it is free, else its own); each
+    concurrent call needs its own `out`: an `out` overlapping memory that a call in flight writes or reads, or an
+    input overlapping another call's `out`, raises RuntimeError. Banks and inputs must not change during a call.
+    Lifetime: the Kernel owns a native kernel; close() (or leaving a `with` block) frees it and every later call
+    raises RuntimeError naming the kernel; a call in flight on another thread finishes first on the kernel it
+    holds. In a forked child a Kernel from the parent works as in the parent.
+    """
 
     def __init__(self, fmt, E: int, H: int, I: int, *, activation: str = "silu",  # noqa: E741
                  alpha: float | None = None, limit: float | None = None,
@@ -73,59 +84,86 @@ class Kernel:
         limit_f = self.act.limit if math.isfinite(self.act.limit) else float("inf")
         self._k = _native.Kernel(self.spec.id, self.act.id, _MODES.index(mode), bool(apply_router_weight_on_input),
                                  E, H, I, self.act.alpha, limit_f, _tier_cap(isa))
+        self._name, self._tier = self._k.name, TIERS[self._k.tier]
         log.debug("cpumoe_formats: %s kernel %s (E=%d H=%d I=%d %s)", self.spec.name, self.name, E, H, I,
                   self.act.name)
 
     @property
     def name(self) -> str:
         """What runs: tier plus precision mode, e.g. 'avx2+w4a8'."""
-        return self._k.name
+        return self._name
 
     @property
     def tier(self) -> str:
-        return TIERS[self._k.tier]
+        return self._tier
 
-    def forward(self, banks, x, topk_weights, topk_ids, out=None) -> np.ndarray:
+    @property
+    def closed(self) -> bool:
+        return self._k.closed
+
+    def close(self) -> None:
+        """Free the native kernel (idempotent). Later calls raise RuntimeError; calls in flight finish first."""
+        self._k.close()
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"cpumoe_formats.Kernel({self.spec.name!r}, E={self.E}, H={self.H}, I={self.I}, {self._name}"
+                f"{', closed' if self._k.closed else ''})")
+
+    def _live(self):
+        if self._k.closed:
+            raise RuntimeError(f"{self!r} is closed; create a new Kernel")
+        return self._k
+
+    def _check_banks(self, banks):
         arrays, dims = self.spec.validate(banks)
         if dims != (self.E, self.H, self.I):
             raise ValueError(f"banks have (E, H, I) = {dims}, this kernel was made for {(self.E, self.H, self.I)}")
+        return arrays
+
+    def forward(self, banks, x, topk_weights, topk_ids, out=None) -> np.ndarray:
+        """y [T, H] bf16 (into `out` if given: a writable, C-contiguous, aligned bf16 [T, H] array)."""
+        k = self._live()
+        arrays = self._check_banks(banks)
         xb = x_as_bf16(x, self.H)
         T = xb.shape[0]
         w, ids = check_routing(topk_weights, topk_ids, T, self.E)
         if out is None:
             out = np.empty((T, self.H), BF16)
         else:
-            out = as_array(out, "out")
-            if out.shape != (T, self.H) or out.dtype != BF16 or not out.flags.c_contiguous:
-                raise ValueError(f"out: {describe(out)}, expected C-contiguous bfloat16 of shape {(T, self.H)}")
+            out = check_array(out, "out", dtype=BF16, shape=(T, self.H), writable=True)
         if T:
-            self._k.moe_step(self.spec.bank_views(arrays), T, ids.shape[1], xb.ctypes.data, ids.ctypes.data,
-                             w.ctypes.data, out.ctypes.data)
+            k.moe_step(self.spec.bank_views(arrays), T, ids.shape[1], xb.ctypes.data, ids.ctypes.data,
+                       w.ctypes.data, out.ctypes.data)
         return out
 
     def bind(self, banks):
         """Validate `banks` once; returns step(x, topk_weights, topk_ids, out) -> out for tight loops (the bench).
 
-        The step takes C-contiguous numpy arrays only: x and out bf16 [T, H], topk_weights float32
-        [T, top_k], topk_ids int32 [T, top_k] (cheap dtype/shape checks; ids are range-checked natively).
-        The banks are not re-validated per call: keep them alive and unchanged while the step is used.
+        The step takes numpy arrays the native call uses as they are (cheap checks, by check_array): x bf16
+        [T, H], out bf16 [T, H] (writable), topk_weights float32 [T, top_k], topk_ids int32 [T, top_k], all
+        C-contiguous and aligned (ids are range-checked natively). The banks are not re-validated per call: keep
+        them alive and unchanged while the step is used (the step holds them). Threads: as forward().
         """
-        arrays, dims = self.spec.validate(banks)
-        if dims != (self.E, self.H, self.I):
-            raise ValueError(f"banks have (E, H, I) = {dims}, this kernel was made for {(self.E, self.H, self.I)}")
-        views, native, H = self.spec.bank_views(arrays), self._k.moe_step, self.H
+        arrays = self._check_banks(banks)
+        views, H = self.spec.bank_views(arrays), self.H
 
         def step(x, topk_weights, topk_ids, out):
-            T, k = topk_ids.shape
-            if not (x.dtype == BF16 and out.dtype == BF16 and topk_weights.dtype == np.float32
-                    and topk_ids.dtype == np.int32 and x.shape == (T, H) and out.shape == (T, H)
-                    and topk_weights.shape == (T, k) and x.flags.c_contiguous and out.flags.c_contiguous
-                    and topk_weights.flags.c_contiguous and topk_ids.flags.c_contiguous):
-                raise ValueError(f"bound step needs C-contiguous x, out bf16 [T, {H}], topk_weights float32 and "
-                                 f"topk_ids int32 [T, top_k]; got x {describe(x)}, out {describe(out)}, "
-                                 f"topk_weights {describe(topk_weights)}, topk_ids {describe(topk_ids)}")
+            k = self._live()
+            ids = check_array(topk_ids, "topk_ids (bound step)", dtype=np.int32)
+            if ids.ndim != 2:
+                raise ValueError(f"topk_ids (bound step): {describe(ids)}, expected int32 [T, top_k]")
+            T, top_k = ids.shape
+            x = check_array(x, "x (bound step)", dtype=BF16, shape=(T, H))
+            out = check_array(out, "out (bound step)", dtype=BF16, shape=(T, H), writable=True)
+            w = check_array(topk_weights, "topk_weights (bound step)", dtype=np.float32, shape=(T, top_k))
             if T:
-                native(views, T, k, x.ctypes.data, topk_ids.ctypes.data, topk_weights.ctypes.data, out.ctypes.data)
+                k.moe_step(views, T, top_k, x.ctypes.data, ids.ctypes.data, w.ctypes.data, out.ctypes.data)
             return out
 
         step.arrays = arrays  # keeps the validated arrays alive with the step
@@ -139,19 +177,22 @@ def moe_forward(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "sil
 
     x [T, H] (bf16, or float converted to bf16), topk_weights [T, top_k] float32,
     topk_ids [T, top_k] integer in [-1, E) (-1 = skip). `out` may be a
-    preallocated C-contiguous bf16 [T, H] array.
+    preallocated writable, C-contiguous, aligned bf16 [T, H] array.
+    Threads: any number at once (a kernel per call, the GIL released during the step); concurrent calls need
+    their own `out` (Kernel's rule).
     """
     spec = get_format(fmt)
     _, (E, H, I) = spec.validate(banks)
-    k = Kernel(spec, E, H, I, activation=activation, alpha=alpha, limit=limit,
-               apply_router_weight_on_input=apply_router_weight_on_input, mode=mode, isa=isa)
-    return k.forward(banks, x, topk_weights, topk_ids, out=out)
+    with Kernel(spec, E, H, I, activation=activation, alpha=alpha, limit=limit,
+                apply_router_weight_on_input=apply_router_weight_on_input, mode=mode, isa=isa) as k:
+        return k.forward(banks, x, topk_weights, topk_ids, out=out)
 
 
 def selected_tier(fmt, mode: str | None = None, isa: str | None = None) -> str:
-    """The kernel name a format gets on this machine (respects CPUMOE_ISA)."""
+    """The kernel name a format gets on this machine (respects CPUMOE_ISA). Threads: any."""
     spec = get_format(fmt)
     m = spec.k_multiple
-    return Kernel(spec, 1, m * 4, m * 4, mode=mode, isa=isa).name
+    with Kernel(spec, 1, m * 4, m * 4, mode=mode, isa=isa) as k:
+        return k.name
 
 

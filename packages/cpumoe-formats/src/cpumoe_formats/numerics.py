@@ -102,10 +102,14 @@ def int8_blocks(v, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
     """Activation quantization of the w4a8 modes with 32-element blocks (q4_0's Q8_0, mxfp4), bit-exact
     with the kernels' prep_act: v [K] -> (q int8 [K/block, block], d float32 [K/block]). Per block in fp32:
     d = amax / 127, id = 1 / d (0 where not finite: amax == 0 or 1/d overflows), q = clamp(rint(x * id),
-    -127, 127), ties to even."""
+    -127, 127), ties to even. A block holding a NaN or an inf: d = NaN and q = 0 (its products are NaN)."""
     x = np.asarray(v, np.float32).reshape(-1, block)
+    bad = ~np.isfinite(x).all(axis=1)
+    x = np.where(bad[:, None], np.float32(0), x)
     d = (np.abs(x).max(axis=1) / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore", over="ignore"):
         inv = (np.float32(1) / d).astype(np.float32)
     inv = np.where(np.isfinite(inv), inv, np.float32(0)).astype(np.float32)
-    return np.clip(np.rint((x * inv[:, None]).astype(np.float32)), -127, 127).astype(np.int8), d
+    q = np.clip(np.rint((x * inv[:, None]).astype(np.float32)), -127, 127).astype(np.int8)
+    return q, np.where(bad, np.float32(np.nan), d).astype(np.float32)
+

@@ -5,6 +5,8 @@ values (g = bf16(act(gate, up))), the activation is consumed as the format's
 mode prepares it (FormatSpec.act_in), ds_fp4 rounds gate/up and each route's
 term to bf16. Everything else is exact float64, so the kernels' only
 deviation is fp32 accumulation (see docs/formats.md for the tolerances).
+
+Threads: every function may run on any number of threads at once (pure numpy on its arguments).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from .numerics import round_bf16
 
 
 def dequantize(fmt, banks) -> tuple[np.ndarray, np.ndarray]:
-    """float64 (gate_up [E, 2I, H] gate rows then up rows, down [E, H, I])."""
+    """float64 (gate_up [E, 2I, H] gate rows then up rows, down [E, H, I]). Threads: any."""
     spec = get_format(fmt)
     spec.validate(banks)
     return spec.dequantize(banks)
@@ -28,7 +30,7 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
         dequantized: tuple | None = None) -> np.ndarray:
     """y [T, H] float64, before the final bf16 rounding of the output.
 
-    `dequantized` may pass a cached `dequantize(fmt, banks)` result.
+    `dequantized` may pass a cached `dequantize(fmt, banks)` result. Threads: any (pure numpy).
     """
     spec = get_format(fmt)
     _, (E, H, I) = spec.validate(banks)

@@ -25,6 +25,13 @@ def _spec(name: str):
     return _SPECS[name]
 
 
+class BankViews(list):
+    """FormatSpec.bank_views' result: (pointer, expert stride, row stride) per bank, holding the arrays the
+    pointers point into (`.arrays`) alive."""
+
+    arrays: tuple = ()
+
+
 @dataclass(frozen=True)
 class BankSpec:
     name: str
@@ -39,7 +46,10 @@ class BankSpec:
 
 @dataclass
 class FormatSpec:
-    """One weight format, Python side. Subclasses fill in the format's math."""
+    """One weight format, Python side. Subclasses fill in the format's math.
+
+    Threads: shareable; a spec is not changed after its module defines it, and its methods read their arguments
+    and return new arrays (repacks run their numpy copies on threads of their own: to_layout)."""
 
     name: str
     id: int
@@ -192,12 +202,14 @@ class FormatSpec:
         return np.asarray(v, np.float64)
 
     # ---- helpers ----------------------------------------------------------------
-    def bank_views(self, arrays: Sequence[np.ndarray]) -> list[tuple[int, int, int]]:
-        """(pointer, expert stride, row stride) per bank, the native slot order."""
-        out = []
+    def bank_views(self, arrays: Sequence[np.ndarray]) -> BankViews:
+        """(pointer, expert stride, row stride) per bank, the native slot order: a list that holds `arrays` (its
+        `.arrays`), so the pointers stay valid as long as the list lives."""
+        out = BankViews()
         for a in arrays:
             rs = a.strides[1] if a.ndim == 3 else a.strides[-1]
             out.append((a.ctypes.data, a.strides[0], rs))
+        out.arrays = tuple(arrays)
         return out
 
     def bytes_per_expert(self, H: int, I: int) -> int:  # noqa: E741

@@ -31,7 +31,8 @@ WEIGHT_FORMATS = tuple(n for n in FORMATS if n not in CPU_LAYOUTS)
 
 
 def get_format(name) -> FormatSpec:
-    """The FormatSpec for a format name (or alias); ValueError naming the valid ones."""
+    """The FormatSpec for a format name (or alias); ValueError naming the valid ones. Threads: any (the registry
+    is fixed at import)."""
     if isinstance(name, FormatSpec):
         return name
     if not isinstance(name, str):

@@ -32,14 +32,14 @@ from ._layout import GROUP, CpuLayout, from_pair_groups, pair_groups
 
 
 def repack(banks) -> dict:
-    """bf16 banks (validated) -> bf16_x16 banks (new arrays)."""
+    """bf16 banks (validated) -> bf16_x16 banks (new arrays). Threads: any (reads the banks, returns new arrays)."""
     arrs, (_, H, I) = bf16.SPEC.validate(banks)  # noqa: E741
     SPEC.check_dims(H, I)
     return {n: pair_groups(a) for n, a in zip(bf16.SPEC.bank_names, arrs)}
 
 
 def unpack(banks) -> dict:
-    """bf16_x16 banks (validated) -> bf16 banks."""
+    """bf16_x16 banks (validated) -> bf16 banks. Threads: any (reads the banks, returns new arrays)."""
     arrs, _ = SPEC.validate(banks)
     return {n: from_pair_groups(a) for n, a in zip(SPEC.bank_names, arrs)}
 

@@ -53,10 +53,13 @@ def act_quant_roundtrip(v: np.ndarray) -> np.ndarray:
     """DeepSeek-V4 act_quant then dequant, per 128-element block, in numpy float32.
 
     amax = max(1e-4, max|v|); s = 2^ceil(log2(amax / 448)) from the IEEE bits of the
-    fp32 quotient; q = e4m3_rne(clamp(v * (1 / s), +-448)); result bf16(q * s).
+    fp32 quotient; q = e4m3_rne(clamp(v * (1 / s), +-448)); result bf16(q * s). A block holding
+    a NaN or an inf comes out NaN (s = NaN: the kernels' prep).
     v [..., K] (K % 128 == 0, bf16 values) -> float64 [..., K]."""
     v = np.asarray(v)
     x = np.asarray(v, np.float32).reshape(v.shape[:-1] + (-1, ACT_BLOCK))
+    bad = ~np.isfinite(x).all(axis=-1)
+    x = np.where(bad[..., None], np.float32(0), x)
     amax = np.maximum(np.float32(1e-4), np.abs(x).max(axis=-1)).astype(np.float32)
     r = (amax / np.float32(448)).astype(np.float32)
     u = r.view(np.uint32)
@@ -65,6 +68,7 @@ def act_quant_roundtrip(v: np.ndarray) -> np.ndarray:
     inv = (np.float32(1) / s).astype(np.float32)
     q = np.clip((x * inv[..., None]).astype(np.float32), np.float32(-448), np.float32(448))
     q8 = q.astype(E4M3).astype(np.float32)  # round to nearest even (ml_dtypes)
+    s = np.where(bad, np.float32(np.nan), s).astype(np.float32)
     out = (q8 * s[..., None]).astype(np.float32).astype(BF16)
     return out.astype(np.float64).reshape(v.shape)
 

@@ -72,14 +72,14 @@ def from_groups(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def repack(banks) -> dict:
-    """ds_fp4 banks (validated) -> ds_fp4_x16 banks (new arrays)."""
+    """ds_fp4 banks (validated) -> ds_fp4_x16 banks (new arrays). Threads: any (reads the banks, returns new arrays)."""
     ds_fp4.SPEC.validate(banks)
     return {"gate_up": to_groups(banks["gate_up_packed"], banks["gate_up_scale"]),
             "down": to_groups(banks["down_packed"], banks["down_scale"])}
 
 
 def unpack(banks) -> dict:
-    """ds_fp4_x16 banks (validated) -> ds_fp4 banks."""
+    """ds_fp4_x16 banks (validated) -> ds_fp4 banks. Threads: any (reads the banks, returns new arrays)."""
     SPEC.validate(banks)
     gp, gs = from_groups(banks["gate_up"])
     dp, ds = from_groups(banks["down"])

@@ -44,7 +44,8 @@ def _copy(a: np.ndarray) -> np.ndarray:
 
 
 def repack(banks) -> dict:
-    """fp8_block banks (validated) -> fp8_block_x16 banks (new arrays; the scale banks copied as they are)."""
+    """fp8_block banks (validated) -> fp8_block_x16 banks (new arrays; the scale banks copied as they are).
+    Threads: any (reads the banks, returns new arrays)."""
     arrs, (_, H, I) = fp8_block.SPEC.validate(banks)  # noqa: E741
     SPEC.check_dims(H, I)
     gu, gus, dn, dns = arrs
@@ -52,7 +53,7 @@ def repack(banks) -> dict:
 
 
 def unpack(banks) -> dict:
-    """fp8_block_x16 banks (validated) -> fp8_block banks."""
+    """fp8_block_x16 banks (validated) -> fp8_block banks. Threads: any (reads the banks, returns new arrays)."""
     gu, gus, dn, dns = SPEC.validate(banks)[0]
     return {"gate_up": from_groups(gu), "gate_up_scale": _copy(gus), "down": from_groups(dn),
             "down_scale": _copy(dns)}

@@ -77,13 +77,14 @@ _COLUMNS = {"gate_up_blocks": lambda H, I: 2 * I, "gate_up_scales": lambda H, I:
 
 
 def repack(banks) -> dict:
-    """mxfp4 (gpt-oss / Triton) banks -> mxfp4_panel banks (new arrays, 64-byte aligned; biases copied)."""
+    """mxfp4 (gpt-oss / Triton) banks -> mxfp4_panel banks (new arrays, 64-byte aligned; biases copied).
+    Threads: any (reads the banks, returns new arrays)."""
     arrs, _ = mxfp4.SPEC.validate(banks)
     return {n: to_panels(a) if n in _COLUMNS else mxfp4._aligned(a) for n, a in zip(mxfp4.SPEC.bank_names, arrs)}
 
 
 def unpack(banks) -> dict:
-    """mxfp4_panel banks -> mxfp4 (gpt-oss / Triton) banks."""
+    """mxfp4_panel banks -> mxfp4 (gpt-oss / Triton) banks. Threads: any (reads the banks, returns new arrays)."""
     arrs, (_, H, I) = SPEC.validate(banks)  # noqa: E741
     return {n: mxfp4._aligned(from_panels(a, _COLUMNS[n](H, I)) if n in _COLUMNS else a)
             for n, a in zip(SPEC.bank_names, arrs)}

@@ -49,7 +49,7 @@ def _columns(packed, scale, interleave: bool):
 
 
 def repack(banks) -> dict:
-    """mxfp4 banks (validated) -> mxfp4_x16 banks (new arrays)."""
+    """mxfp4 banks (validated) -> mxfp4_x16 banks (new arrays). Threads: any (reads the banks, returns new arrays)."""
     mxfp4.SPEC.validate(banks)
     return {"gate_up": to_groups(*_rows(banks["gate_up_blocks"], banks["gate_up_scales"], True)),
             "gate_up_bias": mxfp4._aligned(mxfp4._deinterleave(np.asarray(banks["gate_up_bias"]), 1)),
@@ -58,7 +58,7 @@ def repack(banks) -> dict:
 
 
 def unpack(banks) -> dict:
-    """mxfp4_x16 banks (validated) -> mxfp4 banks."""
+    """mxfp4_x16 banks (validated) -> mxfp4 banks. Threads: any (reads the banks, returns new arrays)."""
     SPEC.validate(banks)
     gb, gs = _columns(*from_groups(banks["gate_up"]), True)
     db, ds = _columns(*from_groups(banks["down"]), False)

@@ -12,8 +12,8 @@ folded into the block scales.
 
 Modes: "native" (W4A16: activations are consumed as their exact bf16 values) and
 "w4a8" (activations quantized per 16-element block to int8: s = amax / 127 in fp32,
-1 if amax == 0; q = clamp(rint(v * (1 / s)), -127, 127); act_in reproduces it
-bit-exactly).
+1 if amax == 0; q = clamp(rint(v * (1 / s)), -127, 127); a block holding a NaN or an
+inf gets s = NaN; act_in reproduces it bit-exactly).
 """
 from __future__ import annotations
 
@@ -53,15 +53,18 @@ def pack_codes(c: np.ndarray) -> np.ndarray:
 def quantize_w4a8_act(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's w4a8 activation quantization, bit-exact in numpy float32.
 
-    v [..., K] (bf16 values) -> (q [..., K] int8 as float32, s [..., K/16] float32)."""
+    v [..., K] (bf16 values) -> (q [..., K] int8 as float32, s [..., K/16] float32). A block holding a NaN or an
+    inf: s = NaN and q = 0 (its products are NaN)."""
     x = np.asarray(v, np.float32).reshape(v.shape[:-1] + (-1, BLOCK))
+    bad = ~np.isfinite(x).all(axis=-1)
+    x = np.where(bad[..., None], np.float32(0), x)
     amax = np.abs(x).max(axis=-1)
     s = np.where(amax == 0, np.float32(1), amax / np.float32(127)).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         inv = (np.float32(1) / s).astype(np.float32)
         q = np.rint((x * inv[..., None]).astype(np.float32))
     q = np.where(np.isnan(q), np.float32(0), np.clip(q, -127, 127)).astype(np.float32)
-    return q.reshape(v.shape), s
+    return q.reshape(v.shape), np.where(bad, np.float32(np.nan), s).astype(np.float32)
 
 
 class Nvfp4Format(FormatSpec):

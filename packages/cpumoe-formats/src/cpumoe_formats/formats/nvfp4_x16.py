@@ -91,7 +91,7 @@ def globals_to_groups(g: np.ndarray) -> np.ndarray:
 
 
 def repack(banks) -> dict:
-    """nvfp4 banks (validated) -> nvfp4_x16 banks (new arrays)."""
+    """nvfp4 banks (validated) -> nvfp4_x16 banks (new arrays). Threads: any (reads the banks, returns new arrays)."""
     arrs, _ = nvfp4.SPEC.validate(banks)
     b = dict(zip(nvfp4.SPEC.bank_names, arrs))
     return {"gate_up": to_groups(b["gate_up_packed"], b["gate_up_scale"]),
@@ -101,7 +101,7 @@ def repack(banks) -> dict:
 
 
 def unpack(banks) -> dict:
-    """nvfp4_x16 banks (validated) -> nvfp4 banks."""
+    """nvfp4_x16 banks (validated) -> nvfp4 banks. Threads: any (reads the banks, returns new arrays)."""
     arrs, _ = SPEC.validate(banks)
     b = dict(zip(SPEC.bank_names, arrs))
     gp, gs = from_groups(b["gate_up"])

@@ -57,13 +57,13 @@ def from_groups(a: np.ndarray) -> np.ndarray:
 
 
 def repack(banks) -> dict:
-    """q4_0 banks (validated) -> q4_0_x16 banks (new arrays)."""
+    """q4_0 banks (validated) -> q4_0_x16 banks (new arrays). Threads: any (reads the banks, returns new arrays)."""
     arrs, _ = q4_0.SPEC.validate(banks)
     return {n: to_groups(a) for n, a in zip(q4_0.SPEC.bank_names, arrs)}
 
 
 def unpack(banks) -> dict:
-    """q4_0_x16 banks (validated) -> q4_0 banks."""
+    """q4_0_x16 banks (validated) -> q4_0 banks. Threads: any (reads the banks, returns new arrays)."""
     arrs, _ = SPEC.validate(banks)
     return {n: from_groups(a) for n, a in zip(SPEC.bank_names, arrs)}
 
