@@ -40,7 +40,7 @@ static std::string read_file(const std::string & path) {
     return ss.str();
 }
 
-// as cpumoe_formats.bench.llc_bytes: the level-3 cache of cpu0, else the largest data/unified cache
+// as cpumoe_formats.machine.llc_bytes: the level-3 cache of cpu0, else the largest data/unified cache
 int64_t llc_bytes() {
     int64_t l3 = 0, other = 0;
     for (int i = 0; i < 8; i++) {

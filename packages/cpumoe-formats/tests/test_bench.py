@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import cpumoe_formats as cf
-from cpumoe_formats import _bench_report, bench
+from cpumoe_formats import _bench_report, bench, machine
 from cpumoe_formats.numerics import BF16
 from cpumoe_formats.schema import FormatSpec
 
@@ -101,10 +101,10 @@ def test_llc_from_sysfs(tmp_path):
         (d / "level").write_text(f"{lvl}\n")
         (d / "type").write_text(f"{typ}\n")
         (d / "size").write_text(f"{size}\n")
-    assert bench.llc_bytes(str(tmp_path)) == 32 << 20
+    assert machine.llc_bytes(str(tmp_path)) == 32 << 20
     (tmp_path / "index3" / "level").write_text("2\n")  # no level 3: the largest one
-    assert bench.llc_bytes(str(tmp_path)) == 32 << 20
-    assert bench.llc_bytes(str(tmp_path / "missing")) is None
+    assert machine.llc_bytes(str(tmp_path)) == 32 << 20
+    assert machine.llc_bytes(str(tmp_path / "missing")) is None
 
 
 def test_bind_matches_forward(rng):

@@ -42,7 +42,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 import cpumoe_formats as cf
-from cpumoe_formats.bench import PRESETS, build_banks, llc_bytes, machine_info, stats
+from cpumoe_formats.bench import PRESETS, build_banks
+from cpumoe_formats.machine import llc_bytes, machine_info, stats
 
 from .executor import CpuMoeExecutor, resolve_cores
 from .trace import trace_summary

@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         out = {"step": [step_bench(f, a.layers, [int(b) for b in a.batch.split(",")],
                                    [float(r) for r in a.residency.split(",")], a.replays, a.repeats,
                                    a.check_replays if i == 0 else 0, a.threads) for i, f in enumerate(fmts)]}
-    from cpumoe_formats.bench import machine_info
+    from cpumoe_formats.machine import machine_info
 
     out["machine"] = machine_info(None)
     if a.json:

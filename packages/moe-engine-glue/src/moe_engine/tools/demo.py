@@ -30,7 +30,7 @@ def _say(msg: str) -> None:
 
 def read_ceiling(executor, repeats: int = 3) -> dict:
     """Multi-thread read GB/s of a buffer of 4x the LLC (at least 256 MiB) by the executor's pool."""
-    from cpumoe_formats.bench import llc_bytes, stats
+    from cpumoe_formats.machine import llc_bytes, stats
 
     buf = cf.aligned_empty((max(4 * (llc_bytes() or 0), 256 * MiB),), np.uint8)
     buf[:] = 1

@@ -13,7 +13,7 @@ FORMATS = ("bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0")
 
 def cpu_info() -> dict:
     from cpumoe_executor import resolve_cores
-    from cpumoe_formats.bench import cpu_model, llc_bytes
+    from cpumoe_formats.machine import cpu_model, llc_bytes
 
     cores, why = resolve_cores()
     kernels = {}
