@@ -158,7 +158,8 @@ def run_demo(preset_name: str = "qwen3-30b-a3b", fmt: str = "bf16", layers: int 
            "step_us": 1e6 * elapsed / steps, "steps_per_s": steps / elapsed, "layer_us": 1e6 * elapsed / steps / L,
            "cpu_gbps": cpu_bytes / elapsed / 1e9 if r.executor is not None else None,
            "ceiling_gbps": ceiling["median"] if ceiling else None,
-           "llc_bytes": ceiling["llc_bytes"] if ceiling else None, "cpu_experts_bytes": cpu_set, "checks": checks, "max_rel_err": worst,
+           "llc_bytes": ceiling["llc_bytes"] if ceiling else None, "cpu_experts_bytes": cpu_set,
+           "checks": checks, "max_rel_err": worst,
            "tolerance": tol, "graph_mismatches": mismatches if graph is not None else None, "verified": ok}
     r.close()
     return res
