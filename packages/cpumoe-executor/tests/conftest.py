@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
+import cpumoe_executor as ce
 import cpumoe_formats as cf
+from cpumoe_executor import _native
 
 # Formats with kernels in this build (all six once cpumoe-formats is complete).
 FORMATS = [n for n, s in cf.FORMATS.items() if s.banks]
@@ -50,6 +52,15 @@ def ran_banks(ex, banks):
 def reference(ex, banks, layer, x, w, ids, **kw):
     """cf.moe_forward of the format the executor runs (its CPU layout when it repacked), on those banks."""
     return cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[layer], x, w, ids, mode=ex.mode, **kw)
+
+
+def workers(n):
+    """Executor kwargs for n workers: threads=n where this process may use n CPUs, else core_ids cycling the allowed
+    CPUs (several workers on one core on purpose; threads=n would be clamped with a warning)."""
+    if n <= ce.usable_cpus():
+        return dict(threads=n)
+    cpus = list(_native.allowed_cpus())
+    return dict(core_ids=[cpus[i % len(cpus)] for i in range(n)])
 
 
 def routing(rng, T, K, E, dup=True, skip=True):

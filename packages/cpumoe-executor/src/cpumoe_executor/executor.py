@@ -33,10 +33,10 @@ def resolve_cores(threads: int | None = None, core_ids=None) -> tuple[list[int],
     `threads` cores taken from the physical cores first, then the other logical CPUs, clamped to usable_cpus()
     with a RuntimeWarning saying so (spinning workers sharing a core slow every step down); else one per physical
     core (affinity mask and cgroup CPU limit respected). A pure function: any thread may call it."""
-    return _resolve_cores(threads, core_ids, stacklevel=3)
+    return _resolve_cores(threads, core_ids)
 
 
-def _resolve_cores(threads, core_ids, stacklevel: int) -> tuple[list[int], str]:
+def _resolve_cores(threads, core_ids) -> tuple[list[int], str]:
     if core_ids is not None:
         cores = [int(c) for c in core_ids]
         allowed = set(_native.allowed_cpus())
@@ -58,7 +58,7 @@ def _resolve_cores(threads, core_ids, stacklevel: int) -> tuple[list[int], str]:
     if threads > usable:
         msg = (f"threads={threads} is more than the {usable} CPUs this process may use (affinity mask, cgroup CPU "
                f"limit): using threads={usable}. Pass core_ids to place several workers on one core on purpose")
-        warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)  # the caller of resolve_cores or CpuMoeExecutor
         log.warning("cpumoe_executor: %s", msg)
         threads, why = usable, f"threads clamped to {usable} usable CPUs ({len(phys)} physical cores)"
     return order[:threads], why
@@ -128,7 +128,7 @@ class CpuMoeExecutor:
                              f"expected one of {list(self.spec.modes)}")
         if isa is not None and isa not in TIERS:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
-        self.core_ids, why = _resolve_cores(threads, core_ids, stacklevel=4)
+        self.core_ids, why = _resolve_cores(threads, core_ids)
         target = self._repack_target(mode, isa, repack)
         if target is not None:
             self._repack(banks, target)  # the executor then holds the repacked copies (self._arrays), not the given
