@@ -75,3 +75,21 @@ def routing(rng, T, K, E, dup=True, skip=True):
 
 def bits(a):
     return np.asarray(a).view(np.uint16)
+
+
+def executor_for(fmt, rng, layers=2, **kw):
+    """(executor, banks, (E, H, I)): `fmt` on fresh random banks of its small test shape, with its activation;
+    top_k 4, max_tokens 8 and 2 workers unless kw says otherwise."""
+    banks, dims = make_banks(fmt, rng, layers=layers)
+    kw = {"top_k": 4, "max_tokens": 8, **workers(2), **ACT.get(fmt, {}), **kw}
+    return ce.CpuMoeExecutor(fmt, banks, **kw), banks, dims
+
+
+def step_inputs(rng, ex, T):
+    """(x float32 [T, H], topk_weights, topk_ids) for one step of `ex` (routing(): a duplicate and a -1 route)."""
+    x = rng.standard_normal((T, ex.H)).astype(np.float32)
+    return (x, *routing(rng, T, ex.top_k, ex.E))
+
+
+# ThreadSanitizer does not follow a multi-threaded process into a forked child that starts threads.
+UNDER_TSAN = "tsan" in os.environ.get("LD_PRELOAD", "")
