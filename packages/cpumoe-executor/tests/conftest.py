@@ -77,12 +77,17 @@ def bits(a):
     return np.asarray(a).view(np.uint16)
 
 
+def executor_kwargs(fmt, **kw):
+    """CpuMoeExecutor kwargs for `fmt`'s tests: its activation, top_k 4, max_tokens 8 and 2 workers unless kw
+    says otherwise."""
+    placed = {"threads", "core_ids"} & kw.keys()
+    return {"top_k": 4, "max_tokens": 8, **({} if placed else workers(2)), **ACT.get(fmt, {}), **kw}
+
+
 def executor_for(fmt, rng, layers=2, **kw):
-    """(executor, banks, (E, H, I)): `fmt` on fresh random banks of its small test shape, with its activation;
-    top_k 4, max_tokens 8 and 2 workers unless kw says otherwise."""
+    """(executor, banks, (E, H, I)): `fmt` on fresh random banks of its small test shape (executor_kwargs)."""
     banks, dims = make_banks(fmt, rng, layers=layers)
-    kw = {"top_k": 4, "max_tokens": 8, **workers(2), **ACT.get(fmt, {}), **kw}
-    return ce.CpuMoeExecutor(fmt, banks, **kw), banks, dims
+    return ce.CpuMoeExecutor(fmt, banks, **executor_kwargs(fmt, **kw)), banks, dims
 
 
 def step_inputs(rng, ex, T):

@@ -61,6 +61,7 @@ def test_every_call_after_close_raises_naming_the_executor(fmt, rng):
     for name, call in RAISE.items():
         with pytest.raises(RuntimeError, match=CLOSED):
             call(ex, s)
+            pytest.fail(f"{name} ran on a closed executor")
     ex.stop_coordinator()  # a no-op
     assert ex.isa and ex.threads >= 1
 
