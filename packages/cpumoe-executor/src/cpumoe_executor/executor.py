@@ -23,7 +23,8 @@ _MODES = ("native", "w4a8")
 
 
 def usable_cpus() -> int:
-    """Logical CPUs this process may run on: its affinity mask, capped by the cgroup CPU limit."""
+    """Logical CPUs this process may run on: its affinity mask, capped by the cgroup CPU limit (at least 1). A pure
+    function: any thread may call it."""
     n, limit = len(_native.allowed_cpus()) or 1, _native.cgroup_cpu_limit()
     return min(n, limit) if limit > 0 else n
 
