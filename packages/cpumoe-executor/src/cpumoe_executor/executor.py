@@ -59,7 +59,7 @@ def _resolve_cores(threads, core_ids) -> tuple[list[int], str]:
     if threads > usable:
         msg = (f"threads={threads} is more than the {usable} CPUs this process may use (affinity mask, cgroup CPU "
                f"limit): using threads={usable}. Pass core_ids to place several workers on one core on purpose")
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)  # the caller of resolve_cores or CpuMoeExecutor
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)  # the line calling resolve_cores or CpuMoeExecutor
         log.warning("cpumoe_executor: %s", msg)
         threads, why = usable, f"threads clamped to {usable} usable CPUs ({len(phys)} physical cores)"
     return order[:threads], why
