@@ -98,3 +98,5 @@ def step_inputs(rng, ex, T):
 
 # ThreadSanitizer does not follow a multi-threaded process into a forked child that starts threads.
 UNDER_TSAN = "tsan" in os.environ.get("LD_PRELOAD", "")
+# AddressSanitizer keeps freed memory in its quarantine (256 MB by default): RSS says nothing about leaks there.
+UNDER_ASAN = "asan" in os.environ.get("LD_PRELOAD", "")

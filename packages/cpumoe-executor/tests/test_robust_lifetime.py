@@ -7,7 +7,7 @@ import gc
 
 import numpy as np
 import pytest
-from conftest import FORMATS, bits, executor_for, step_inputs, workers
+from conftest import FORMATS, UNDER_ASAN, bits, executor_for, step_inputs, workers
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -161,4 +161,4 @@ def test_create_close_loop_is_flat(rng):
     after = proc_status()
     assert len(kept) == 200 and after["Threads"] == before["Threads"], (before, after)
     grew = (after["VmRSS"] - before["VmRSS"]) / 2**20
-    assert grew < 16, f"RSS grew {grew:.1f} MB over 200 closed executors"
+    assert grew < 16 or UNDER_ASAN, f"RSS grew {grew:.1f} MB over 200 closed executors"
