@@ -1,7 +1,7 @@
 """`out=` buffers a decode must not write, every format (conftest.FORMATS): read-only ones (a flag, an immutable
 bytes object, a PROT_READ mapping: written through, or a SIGSEGV, before), the wrong dtype or shape, strided,
 misaligned. Each is refused before the native call with an error naming `out` and what was expected, and the
-buffer is left as it was."""
+buffer is left as it was. The patterns also fit cpumoe_formats.arrays.check_array, the formats' own check."""
 import mmap
 import re
 
@@ -24,15 +24,15 @@ def bad_outs(H):
     ro_map = mmap.mmap(-1, n, prot=mmap.PROT_READ)
     raw = np.zeros(n + 1, np.uint8)
     return [
-        ("read-only flag", flagged, ValueError, "out: a read-only array"),
-        ("bytes", np.frombuffer(immutable, BF16).reshape(T, H), ValueError, "out: a read-only array"),
-        ("PROT_READ mapping", np.frombuffer(ro_map, BF16).reshape(T, H), ValueError, "out: a read-only array"),
-        ("float32", np.zeros((T, H), np.float32), TypeError, "out: dtype float32"),
-        ("uint16", np.zeros((T, H), np.uint16), TypeError, "out: dtype uint16"),
+        ("read-only flag", flagged, ValueError, "out: .*read-only"),
+        ("bytes", np.frombuffer(immutable, BF16).reshape(T, H), ValueError, "out: .*read-only"),
+        ("PROT_READ mapping", np.frombuffer(ro_map, BF16).reshape(T, H), ValueError, "out: .*read-only"),
+        ("float32", np.zeros((T, H), np.float32), ValueError, "out: .*dtype float32"),
+        ("uint16", np.zeros((T, H), np.uint16), ValueError, "out: .*dtype uint16"),
         ("shape", np.zeros((T + 1, H), BF16), ValueError, rf"out: shape \({T + 1}, {H}\)"),
-        ("transposed", np.zeros((H, T), BF16).T, ValueError, "not C-contiguous"),
-        ("every other row", np.zeros((2 * T, H), BF16)[::2], ValueError, "not C-contiguous"),
-        ("misaligned", raw[1:].view(BF16).reshape(T, H), ValueError, "not aligned to its 2-byte items"),
+        ("transposed", np.zeros((H, T), BF16).T, ValueError, "out: .*not C-contiguous"),
+        ("every other row", np.zeros((2 * T, H), BF16)[::2], ValueError, "out: .*not C-contiguous"),
+        ("misaligned", raw[1:].view(BF16).reshape(T, H), ValueError, "out: .*not 2-byte aligned"),
         ("not an array", [[0.0] * H] * T, TypeError, "out must be a numpy array"),
     ]
 
@@ -42,7 +42,7 @@ def test_bad_out_is_refused_before_the_native_call(fmt, rng):
     ex, _, _ = executor_for(fmt, rng)
     s = step_inputs(rng, ex, T)
     want = bits(ex.decode(0, *s)).copy()
-    expected = rf"expected a writable, aligned, C-contiguous bfloat16 array of shape \({T}, {ex.H}\)"
+    expected = rf"expected .*bfloat16 of shape \({T}, {ex.H}\), writable"  # cpumoe_formats' check_array's words
     for what, out, err, msg in bad_outs(ex.H):
         before = np.array(out, copy=True) if isinstance(out, np.ndarray) else None
         with pytest.raises(err, match=msg) as e:
@@ -62,7 +62,7 @@ def test_check_out_takes_torch_tensors():
     a = check_out(t, (T, 8))
     a[...] = 1.0
     assert bool((t == 1.0).all())
-    with pytest.raises(TypeError, match="out: dtype float32"):
+    with pytest.raises(ValueError, match="out: .*dtype float32"):
         check_out(torch.empty(T, 8), (T, 8))
     with pytest.raises(ValueError, match="not C-contiguous"):
         check_out(torch.empty(8, T, dtype=torch.bfloat16).t(), (T, 8))
