@@ -8,6 +8,7 @@
 
 #include "capi.h"
 #include "executor.h"
+#include "gil.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -21,18 +22,23 @@ namespace {
 const cpumoe_formats_api* g_formats = nullptr;
 using BankTuple = std::tuple<uint64_t, int64_t, int64_t>;
 
+// The IO block's memory as a Python buffer: numpy views made from it keep it alive (executor.h: IoMem).
+struct PyIoMemory {
+  std::shared_ptr<IoMem> m;
+};
+
 struct PyExecutor {
   std::unique_ptr<Executor> ex;
   PyExecutor(int format, int act, int mode, bool on_input, int E, int H, int I, float alpha, float limit,
              int tier_cap, int num_layers, int top_k, int max_tokens, std::vector<int> cores, bool pin,
-             int64_t spin_us) {
+             int64_t spin_us, std::string label) {
     if (num_layers < 1) throw py::value_error("num_layers must be >= 1");
     if (max_tokens < 1) throw py::value_error("max_tokens must be >= 1");
     if (cores.empty()) throw py::value_error("at least one core");
     Config c;
     c.params = {format, act, mode, on_input ? 1 : 0, E, H, I, alpha, limit};
     c.tier_cap = tier_cap, c.num_layers = num_layers, c.top_k = top_k, c.max_tokens = max_tokens;
-    c.cores = std::move(cores), c.pin = pin, c.spin_us = spin_us;
+    c.cores = std::move(cores), c.pin = pin, c.spin_us = spin_us, c.label = std::move(label);
     try {
       ex = std::make_unique<Executor>(g_formats, c);
     } catch (const std::invalid_argument& e) {
@@ -70,17 +76,18 @@ PYBIND11_MODULE(_native, m) {
       "play_gpu",
       [](uint64_t ready, uint64_t done, uint64_t task, double timeout_s) {
         // What the GPU stream does: done = 0, ready = task, wait done >= 1 (bounded).
-        py::gil_scoped_release nogil;
-        auto* r = (uint64_t*)(uintptr_t)ready;
-        auto* d = (uint64_t*)(uintptr_t)done;
-        __atomic_store_n(d, 0, __ATOMIC_RELEASE);
-        __atomic_store_n(r, task, __ATOMIC_RELEASE);
-        const int64_t until = mono_ns() + (int64_t)(timeout_s * 1e9);
-        for (unsigned i = 0; __atomic_load_n(d, __ATOMIC_ACQUIRE) < 1; ++i) {
-          if ((i & 1023) == 0 && mono_ns() > until) return false;
-          spin_pause(i);
-        }
-        return true;
+        return without_gil([&] {
+          auto* r = (uint64_t*)(uintptr_t)ready;
+          auto* d = (uint64_t*)(uintptr_t)done;
+          __atomic_store_n(d, 0, __ATOMIC_RELEASE);
+          __atomic_store_n(r, task, __ATOMIC_RELEASE);
+          const int64_t until = mono_ns() + (int64_t)(timeout_s * 1e9);
+          for (unsigned i = 0; __atomic_load_n(d, __ATOMIC_ACQUIRE) < 1; ++i) {
+            if ((i & 1023) == 0 && mono_ns() > until) return false;
+            spin_pause(i);
+          }
+          return true;
+        });
       },
       py::arg("ready"), py::arg("done"), py::arg("task"), py::arg("timeout_s"));
   register_latency(m);
@@ -105,55 +112,60 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("terms"), py::arg("h0"), py::arg("h1"), py::arg("y"), py::arg("isa") = "");
   m.def("call_hostfn", [](uint64_t arg, bool submit) {
-    py::gil_scoped_release nogil;
-    const auto* api = executor_api();
-    (submit ? api->hostfn_submit : api->hostfn_wait)((void*)(uintptr_t)arg);
+    without_gil([&] {
+      const auto* api = executor_api();
+      (submit ? api->hostfn_submit : api->hostfn_wait)((void*)(uintptr_t)arg);
+    });
   });
 
+  py::class_<PyIoMemory>(m, "IoMemory", py::buffer_protocol())
+      .def_buffer([](PyIoMemory& s) {
+        return py::buffer_info(s.m->p, 1, py::format_descriptor<uint8_t>::format(), 1, {(py::ssize_t)s.m->n}, {1},
+                               false);
+      })
+      .def_property_readonly("address", [](PyIoMemory& s) { return (uint64_t)(uintptr_t)s.m->p; })
+      .def("__len__", [](PyIoMemory& s) { return s.m->n; });
+
+  // Every call that waits for a lock or a step releases the GIL (gil.h): a step in flight never needs it.
   py::class_<PyExecutor>(m, "Executor")
       .def(py::init<int, int, int, bool, int, int, int, float, float, int, int, int, int, std::vector<int>, bool,
-                    int64_t>())
+                    int64_t, std::string>())
       .def("set_banks",
            [](PyExecutor& s, int layer, const std::vector<BankTuple>& banks) {
              std::vector<cpumoe_bank> b;
              for (auto& t : banks) b.push_back({(const void*)(uintptr_t)std::get<0>(t), std::get<1>(t), std::get<2>(t)});
-             s.ex->set_banks(layer, b);
+             without_gil([&] { s.ex->set_banks(layer, b); });
            })
       .def("decode",
            [](PyExecutor& s, int layer, int T, uint64_t x, uint64_t ids, uint64_t w, uint64_t y) {
              std::string err;
-             int rc;
-             {
-               py::gil_scoped_release nogil;
-               rc = s.ex->run(layer, T, (const uint16_t*)(uintptr_t)x, (const int32_t*)(uintptr_t)ids,
-                              (const float*)(uintptr_t)w, (uint16_t*)(uintptr_t)y, &err);
-             }
+             const int rc = without_gil([&] {
+               return s.ex->run(layer, T, (const uint16_t*)(uintptr_t)x, (const int32_t*)(uintptr_t)ids,
+                                (const float*)(uintptr_t)w, (uint16_t*)(uintptr_t)y, &err);
+             });
+             if (rc == CPUMOE_ERR_INTERNAL) throw std::runtime_error(err);  // closed, or a forked child's copy
              if (rc) throw py::value_error(err);
            })
-      .def("run_task",
-           [](PyExecutor& s, uint64_t task) {
-             py::gil_scoped_release nogil;
-             return s.ex->run_task(task);
-           })
+      .def("run_task", [](PyExecutor& s, uint64_t task) { return without_gil([&] { return s.ex->run_task(task); }); })
       .def("start_coordinator",
            [](PyExecutor& s, uint64_t ready, uint64_t done, uint64_t error, int core) {
-             s.ex->start_coordinator((uint64_t*)(uintptr_t)ready, (uint64_t*)(uintptr_t)done,
-                                     (uint64_t*)(uintptr_t)error, core);
+             without_gil([&] {
+               s.ex->start_coordinator((uint64_t*)(uintptr_t)ready, (uint64_t*)(uintptr_t)done,
+                                       (uint64_t*)(uintptr_t)error, core);
+             });
            })
-      .def("stop_coordinator",
-           [](PyExecutor& s) {
-             py::gil_scoped_release nogil;
-             s.ex->stop_coordinator();
-           })
+      .def("stop_coordinator", [](PyExecutor& s) { without_gil([&] { s.ex->stop_coordinator(); }); })
+      .def("close", [](PyExecutor& s) { without_gil([&] { s.ex->close(); }); })
+      .def_property_readonly("closed", [](PyExecutor& s) { return s.ex->closed(); })
+      .def("state_error", [](PyExecutor& s) { return s.ex->state_error(); })
+      .def("io_memory", [](PyExecutor& s) { return PyIoMemory{s.ex->io_memory()}; })
       .def("read_bandwidth",
            [](PyExecutor& s, uint64_t p, size_t n, int reps) {
-             py::gil_scoped_release nogil;
-             return s.ex->read_bandwidth((const void*)(uintptr_t)p, n, reps);
+             return without_gil([&] { return s.ex->read_bandwidth((const void*)(uintptr_t)p, n, reps); });
            })
       .def("compute_peak",
            [](PyExecutor& s, int kind, int tier, uint64_t iters, int reps) {
-             py::gil_scoped_release nogil;
-             return s.ex->compute_peak(kind, tier, iters, reps);
+             return without_gil([&] { return s.ex->compute_peak(kind, tier, iters, reps); });
            })
       .def_property_readonly("coordinator_running", [](PyExecutor& s) { return s.ex->coordinator_running(); })
       .def("hostfn_arg", [](PyExecutor& s, uint32_t layer, uint32_t T) { return (uint64_t)(uintptr_t)s.ex->hostfn_arg(layer, T); })
@@ -161,23 +173,23 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("service_ns", [](PyExecutor& s) { return s.ex->service_ns(); })
       .def_property_readonly("pool_runs", [](PyExecutor& s) { return s.ex->pool_runs(); })
       .def_property_readonly("busy_ns", [](PyExecutor& s) { return s.ex->busy_ns(); })
-      .def("set_trace", [](PyExecutor& s, bool on) { s.ex->set_trace(on); })
+      .def("set_trace", [](PyExecutor& s, bool on) { without_gil([&] { s.ex->set_trace(on); }); })
       .def("trace",
            [](PyExecutor& s) {
-             const auto t = s.ex->trace();
+             const auto t = without_gil([&] { return s.ex->trace(); });
              py::list threads;
              for (const auto& x : t.threads)
                threads.append(py::dict(py::arg("steps") = x.steps, py::arg("enter_ns") = x.enter,
                                        py::arg("prep_ns") = x.prep, py::arg("gate_up_ns") = x.gate_up,
                                        py::arg("down_wait_ns") = x.down_wait, py::arg("down_ns") = x.down,
-                                       py::arg("exit_ns") = x.exit));
+                                       py::arg("exit_ns") = x.exit, py::arg("tail_ns") = x.tail));
              return py::dict(py::arg("steps") = t.steps, py::arg("step_ns") = t.step_ns, py::arg("threads") = threads);
            })
       .def("last_error", [](PyExecutor& s) { return s.ex->last_error(); })
       .def("clear_error", [](PyExecutor& s) { s.ex->clear_error(); })
       .def_property_readonly("iob", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex->iob(); })
       .def_property_readonly("handle", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex.get(); })
-      .def_property_readonly("kernel_name", [](PyExecutor& s) { return std::string(s.ex->kernel()->name); })
+      .def_property_readonly("kernel_name", [](PyExecutor& s) { return s.ex->kernel_name(); })
       .def_property_readonly("route_sum_isa", [](PyExecutor& s) { return std::string(s.ex->route_sum_isa()); })
       .def_property_readonly("threads", [](PyExecutor& s) { return s.ex->threads(); })
       .def_property_readonly("pinned", [](PyExecutor& s) { return s.ex->pinned(); });

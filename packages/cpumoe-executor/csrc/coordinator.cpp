@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <chrono>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "executor.h"
@@ -17,7 +19,10 @@ void store(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); 
 }  // namespace
 
 void Executor::start_coordinator(uint64_t* ready, uint64_t* done, uint64_t* error, int core) {
-  stop_coordinator();
+  if (forked()) throw std::runtime_error(state_error());
+  std::lock_guard<std::mutex> c(coord_mu_);
+  if (closed()) throw std::runtime_error(state_error());
+  stop_coordinator_locked();
   ready_ = ready ? ready : &iob_->ready;
   done_ = done ? done : &iob_->done;
   error_ = error ? error : &iob_->error;
@@ -29,6 +34,12 @@ void Executor::start_coordinator(uint64_t* ready, uint64_t* done, uint64_t* erro
 }
 
 void Executor::stop_coordinator() {
+  if (forked()) return;  // the parent's coordinator is not here (close() forgets it)
+  std::lock_guard<std::mutex> c(coord_mu_);
+  stop_coordinator_locked();
+}
+
+void Executor::stop_coordinator_locked() {
   if (!coord_.joinable()) return;
   coord_stop_.store(true, std::memory_order_release);
   coord_.join();
@@ -76,11 +87,17 @@ void Executor::coordinator_loop(int core) {
     polls = 1023;  // check the clock again right after the next poll
   }
   pool_.set_hot(false);
+  // A doorbell rung and not served gets no y: the error word says so (the engine's health check sees it).
+  if (const uint64_t task = load(ready_))
+    set_error(CPUMOE_ERR_INTERNAL, "task layer=" + std::to_string(CPUMOE_TASK_LAYER(task)) + " num_tokens=" +
+                                       std::to_string(CPUMOE_TASK_TOKENS(task)) +
+                                       ": not run, the coordinator stopped (stop_coordinator or close) first");
   // Shutdown releases any waiter (done >= 1).
   store(done_, CPUMOE_DONE_SHUTDOWN);
 }
 
 cpumoe_hostfn_arg* Executor::hostfn_arg(uint32_t layer, uint32_t T) {
+  if (forked()) return nullptr;  // args_mu_ may have been held by a parent thread at the fork
   if (layer >= (uint32_t)cfg_.num_layers || T < 1 || T > (uint32_t)cfg_.max_tokens) return nullptr;
   const uint64_t task = CPUMOE_TASK(layer, T);
   std::lock_guard<std::mutex> g(args_mu_);
@@ -91,16 +108,16 @@ cpumoe_hostfn_arg* Executor::hostfn_arg(uint32_t layer, uint32_t T) {
 }
 
 void Executor::hostfn_submit(uint64_t task) {
-  if (coordinator_running()) {  // ring exactly as the GPU would
+  if (!forked() && coordinator_running()) {  // ring exactly as the GPU would
     store(done_, CPUMOE_DONE_PENDING);
     store(ready_, task);
   } else {
-    run_task(task);
+    run_task(task);  // closed or a forked child's copy: fails at once, setting the error word
   }
 }
 
 void Executor::hostfn_wait() {
-  if (!coordinator_running()) return;
+  if (forked() || !coordinator_running()) return;
   for (unsigned i = 0; load(done_) < CPUMOE_DONE_COMPLETE; ++i) spin_pause(i);
 }
 }  // namespace cpumoe_exec

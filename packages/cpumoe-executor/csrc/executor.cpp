@@ -14,7 +14,9 @@
 // count and any team size.
 #include "executor.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,7 +31,27 @@ size_t up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
 void prefetch_span(const void* p, size_t n) {
   for (size_t o = 0; o < n; o += 64) __builtin_prefetch((const char*)p + o, 0, 3);
 }
+// Forks of this process so far: the child handler only bumps a lock-free counter (what a handler that runs
+// between fork and exec may do), and an executor compares it with its own at each entry (one relaxed load).
+std::atomic<uint64_t> g_fork_gen{0};
+void on_fork_child() { g_fork_gen.fetch_add(1, std::memory_order_relaxed); }
+uint64_t fork_generation() {
+  static const int registered = pthread_atfork(nullptr, nullptr, &on_fork_child);
+  (void)registered;
+  return g_fork_gen.load(std::memory_order_relaxed);
+}
+template <class T>
+void release(std::vector<T>& v) {
+  std::vector<T>().swap(v);
+}
 }  // namespace
+
+IoMem::IoMem(size_t bytes) : n(bytes) {
+  p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("cannot allocate the IO block (" + std::to_string(bytes) + " bytes)");
+}
+
+IoMem::~IoMem() { munmap(p, n); }
 
 int capped_tier(const cpumoe_formats_api* api, int tier_cap) {
   const int cap = tier_cap >= 0 ? tier_cap : api->tier_cap();
@@ -42,11 +64,12 @@ int64_t mono_ns() {
 }
 
 Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
-    : api_(api), cfg_(cfg), pool_(cfg.cores, cfg.pin, cfg.spin_us) {
+    : api_(api), cfg_(cfg), pool_(cfg.cores, cfg.pin, cfg.spin_us), fork_gen_(fork_generation()), pid_(getpid()) {
   if (cfg_.top_k < 1 || cfg_.top_k > kMaxTopK)
     throw std::invalid_argument("top_k " + std::to_string(cfg_.top_k) + " outside [1, " + std::to_string(kMaxTopK) + "]");
   char err[512] = {0};
   if (api_->kernel_create(&cfg_.params, cfg_.tier_cap, &k_, err, sizeof err) != 0) throw std::invalid_argument(err);
+  kernel_name_ = k_->name;
   rsum_ = route_sum_for(capped_tier(api_, cfg_.tier_cap));
   const auto& p = cfg_.params;
   const size_t T = cfg_.max_tokens, R = T * cfg_.top_k;
@@ -80,10 +103,8 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
   size_t off = sizeof(cpumoe_iob_header);
   const size_t x_off = up(off), ids_off = up(x_off + T * H * 2), w_off = up(ids_off + T * K * 4),
                y_off = up(w_off + T * K * 4), total = up(y_off + T * H * 2, 4096);
-  void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) throw std::runtime_error("cannot allocate the IO block");
-  iob_bytes_ = total;
-  iob_ = static_cast<cpumoe_iob_header*>(mem);
+  iom_ = std::make_shared<IoMem>(total);
+  iob_ = static_cast<cpumoe_iob_header*>(iom_->p);
   iob_->magic = CPUMOE_IOB_MAGIC;
   iob_->version = CPUMOE_PROTOCOL_VERSION;
   iob_->header_bytes = sizeof(cpumoe_iob_header);
@@ -96,17 +117,51 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
 }
 
 Executor::~Executor() {
-  stop_coordinator();
-  pool_.quiesce();  // no worker reads the kernel or the scratch below any more
-  for (auto* a : args_) delete a;
-  if (k_) api_->kernel_destroy(k_);
-  if (iob_) munmap(iob_, iob_bytes_);
+  close();
+  for (auto* a : args_) delete a;  // the hostfn arguments live as long as the object (graphs captured them)
+}
+
+bool Executor::forked() const { return fork_gen_ != g_fork_gen.load(std::memory_order_relaxed); }
+
+std::string Executor::state_error() const {
+  if (forked())
+    return cfg_.label + " was created in process " + std::to_string(pid_) + " and this is a forked child (pid " +
+           std::to_string(getpid()) + "): its worker threads exist only in the parent. Create a new executor in "
+           "the child (or start child processes with multiprocessing's 'spawn' or 'forkserver' method)";
+  if (closed()) return cfg_.label + " is closed (close() joined its threads and freed its buffers): create a new one";
+  return {};
+}
+
+void Executor::abandon_threads() {
+  pool_.abandon();
+  if (coord_.joinable()) (void)new std::thread(std::move(coord_));  // leaked: the parent's coordinator
+  coord_running_.store(false, std::memory_order_release);
+}
+
+void Executor::close() {
+  if (forked()) {  // no lock: a parent thread may have held one at the fork, and nothing else runs here
+    if (closed_.exchange(true)) return;
+    abandon_threads();
+  } else {
+    std::lock_guard<std::mutex> c(coord_mu_);
+    stop_coordinator_locked();
+    std::lock_guard<std::mutex> g(run_mu_);  // the step in flight ends first
+    if (closed_.exchange(true, std::memory_order_acq_rel)) return;
+    pool_.stop();
+  }
+  if (k_) api_->kernel_destroy(k_), k_ = nullptr;
+  release(xprep_), release(g_), release(gprep_), release(part_), release(tstart_), release(troutes_);
+  release(order_), release(gstart_), release(gexpert_), release(count_), release(rxp_), release(rwin_);
+  release(rg_), release(routes_), release(banks_);
+  left_.reset(), gready_.reset(), gnext_.reset(), gdone_.reset(), hleft_.reset();
 }
 
 void Executor::set_banks(int layer, const std::vector<cpumoe_bank>& banks) {
   if (layer < 0 || layer >= cfg_.num_layers) throw std::out_of_range("layer out of range");
   if (banks.size() > CPUMOE_MAX_BANKS) throw std::invalid_argument("too many banks");
+  if (forked()) throw std::runtime_error(state_error());
   std::lock_guard<std::mutex> g(run_mu_);
+  if (closed()) throw std::runtime_error(state_error());
   pool_.quiesce();
   banks_[layer] = {};
   std::copy(banks.begin(), banks.end(), banks_[layer].begin());
@@ -119,6 +174,10 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
                   std::string* err) {
   const auto& p = cfg_.params;
   const int K = cfg_.top_k, E = p.num_experts, H = p.hidden, I = p.inter;
+  if (forked()) {  // before any lock: a parent thread may have held it at the fork
+    if (err) *err = state_error();
+    return CPUMOE_ERR_INTERNAL;
+  }
   if (layer < 0 || layer >= cfg_.num_layers) {
     if (err) *err = "layer " + std::to_string(layer) + " is not in [0, " + std::to_string(cfg_.num_layers) + ")";
     return CPUMOE_ERR_LAYER;
@@ -135,7 +194,12 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
       return CPUMOE_ERR_EXPERT_ID;
     }
   std::lock_guard<std::mutex> g(run_mu_);
+  if (closed()) {
+    if (err) *err = state_error();
+    return CPUMOE_ERR_INTERNAL;
+  }
   pool_.quiesce();  // stragglers of the last step are out of body(): the scratch may change
+  if (fold_pending_) fold_tails();
   if (!banks_[layer][0].ptr) {
     if (err) *err = "banks of layer " + std::to_string(layer) + " are not set";
     return CPUMOE_ERR_LAYER;
@@ -194,7 +258,7 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   // while workers may still be leaving body() (the next step's quiesce() waits for them).
   pool_.start(&Executor::body_tramp, this, team);
   wait_at_least(d3_, st_.n_hblk);
-  if (tracing_) ++trace_steps_, trace_ns_ += mono_ns() - t0_;
+  if (tracing_) last_done_ = mono_ns() - t0_, ++trace_steps_, trace_ns_ += last_done_, fold_pending_ = true;
   pool_runs_.fetch_add(1, std::memory_order_acq_rel);
   busy_since_.store(0, std::memory_order_release);
   return CPUMOE_ERR_NONE;
@@ -279,7 +343,7 @@ void Executor::body(int tid) {
     }
     d3_.fetch_add(1, std::memory_order_release);
   }
-  if (tr) lap(tr->down), tr->exit += mark - t0_;
+  if (tr) lap(tr->down), tr->exit += mark - t0_, tr->last_exit = mark - t0_;
 }
 
 void Executor::prep_routes(int grp) {
@@ -290,25 +354,44 @@ void Executor::prep_routes(int grp) {
   }
 }
 
+void Executor::fold_tails() {
+  for (int i = 0; i < pool_.size(); ++i) {
+    TraceSlot& s = trace_[i].s;
+    if (s.last_exit >= 0) s.tail += std::max<int64_t>(0, last_done_ - s.last_exit), s.last_exit = -1;
+  }
+  fold_pending_ = false;
+}
+
 void Executor::set_trace(bool on) {
+  if (forked()) throw std::runtime_error(state_error());
   std::lock_guard<std::mutex> g(run_mu_);
+  if (closed()) throw std::runtime_error(state_error());
   pool_.quiesce();
+  if (fold_pending_) fold_tails();
   if (on) {
-    for (int i = 0; i < pool_.size(); ++i) trace_[i].s = {};
+    for (int i = 0; i < pool_.size(); ++i) trace_[i].s = {}, trace_[i].s.last_exit = -1;
     trace_steps_ = trace_ns_ = 0;
   }
   tracing_ = on;
 }
 
 Executor::Trace Executor::trace() {
+  if (forked()) throw std::runtime_error(state_error());
   std::lock_guard<std::mutex> g(run_mu_);
+  if (closed()) throw std::runtime_error(state_error());
   pool_.quiesce();  // the last step's workers have added their sums
+  if (fold_pending_) fold_tails();
   Trace t{trace_steps_, trace_ns_, {}};
   for (int i = 0; i < pool_.size(); ++i) t.threads.push_back(trace_[i].s);
   return t;
 }
 
 void Executor::set_error(int code, const std::string& msg) {
+  if (forked()) {  // the word only: err_mu_ may have been held by a parent thread at the fork
+    uint64_t none = 0;
+    __atomic_compare_exchange_n(error_, &none, (uint64_t)code, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return;
+  }
   std::lock_guard<std::mutex> g(err_mu_);
   if (__atomic_load_n(error_, __ATOMIC_ACQUIRE) == 0) {
     last_error_ = msg;
@@ -332,7 +415,9 @@ int Executor::run_task(uint64_t task) {
   const uint32_t layer = CPUMOE_TASK_LAYER(task), T = CPUMOE_TASK_TOKENS(task);
   std::string err;
   int rc;
-  if (layer >= (uint32_t)cfg_.num_layers) {
+  if (forked() || closed()) {
+    rc = CPUMOE_ERR_INTERNAL, err = state_error();
+  } else if (layer >= (uint32_t)cfg_.num_layers) {
     rc = CPUMOE_ERR_LAYER, err = "layer " + std::to_string(layer) + " >= num_layers " + std::to_string(cfg_.num_layers);
   } else if (T < 1 || T > (uint32_t)cfg_.max_tokens) {
     rc = CPUMOE_ERR_NUM_TOKENS, err = "num_tokens " + std::to_string(T) + " > max_tokens";
@@ -346,7 +431,9 @@ int Executor::run_task(uint64_t task) {
 
 template <class Ctx>
 std::vector<double> Executor::timed_rates(Pool::Fn fn, Ctx* ctx, int reps) {
+  if (forked()) throw std::runtime_error(state_error());
   std::lock_guard<std::mutex> g(run_mu_);
+  if (closed()) throw std::runtime_error(state_error());
   std::vector<double> out;
   for (int r = 0; r < reps; ++r) {
     ctx->done.store(0);

@@ -1,5 +1,14 @@
 // The executor: a format kernel (cpumoe-formats C ABI), per-layer banks, the
 // worker pool, scratch sized for max_tokens, the IO block and the coordinator.
+//
+// Threads: every public member may be called from any thread. Steps (run, run_task, the timed pool loops) hold
+// run_mu_ for the whole step, so a decode and a doorbell task never interleave; coordinator start / stop / close
+// hold coord_mu_ (taken before run_mu_, never after).
+// Life: close() joins every thread and frees the kernel, scratch and banks; the object itself (its C ABI handle,
+// the hostfn arguments, the IO block) stays valid until destruction, and every later step fails with an error
+// naming the closed executor. In a forked child (pthread_atfork) the workers are the parent's and do not exist:
+// every entry fails at once, before taking any lock (a parent thread may have held it at the fork), naming what
+// to do; close() and the destructor leak the parent's threads instead of joining them.
 #pragma once
 #include <array>
 #include <atomic>
@@ -18,6 +27,7 @@
 namespace cpumoe_exec {
 
 struct Config {
+  std::string label = "cpumoe executor";  // names the executor in errors (the Python object's description)
   cpumoe_params params;
   int tier_cap = -1;
   int num_layers = 1;
@@ -32,18 +42,40 @@ struct Config {
 // build), under tier_cap, or under the library's own cap (CPUMOE_ISA) when tier_cap < 0 (as kernel_create).
 int capped_tier(const cpumoe_formats_api* api, int tier_cap);
 
+// The IO block's memory (protocol v1): one page-aligned anonymous mapping, owned jointly by the executor and by
+// every view handed out of it (Python's io_arrays), so no view outlives it.
+struct IoMem {
+  explicit IoMem(size_t bytes);  // throws std::runtime_error when the mapping fails
+  ~IoMem();
+  IoMem(const IoMem&) = delete;
+  IoMem& operator=(const IoMem&) = delete;
+  void* p = nullptr;
+  size_t n = 0;
+};
+
 class Executor {
  public:
   Executor(const cpumoe_formats_api* api, const Config& cfg);
   ~Executor();
 
+  // Joins the coordinator and the workers, frees the kernel, scratch and banks; idempotent, waits for the step in
+  // flight. Later steps return CPUMOE_ERR_INTERNAL, later setters throw std::runtime_error (state_error()).
+  void close();
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  // Whether this process is a fork of the one that created the executor (its threads are not here).
+  bool forked() const;
+  // Why the executor cannot run (closed, or created in the parent of this forked process), or "" when it can.
+  std::string state_error() const;
+
   void set_banks(int layer, const std::vector<cpumoe_bank>& banks);
-  // Synchronous step (one at a time per executor). Returns a cpumoe_error_code.
+  // Synchronous step (one at a time per executor). Returns a cpumoe_error_code (CPUMOE_ERR_INTERNAL: closed, or
+  // a forked child's copy).
   int run(int layer, int T, const uint16_t* x, const int32_t* ids, const float* w, uint16_t* y, std::string* err);
   // A task on the IO block; on failure also sets the error word (first error sticks).
   int run_task(uint64_t task);
 
   cpumoe_iob_header* iob() const { return iob_; }
+  const std::shared_ptr<IoMem>& io_memory() const { return iom_; }
   void start_coordinator(uint64_t* ready, uint64_t* done, uint64_t* error, int core);
   void stop_coordinator();
   bool coordinator_running() const { return coord_running_.load(std::memory_order_acquire); }
@@ -80,7 +112,8 @@ class Executor {
   int64_t team_unit() const { return team_unit_.load(std::memory_order_relaxed); }
   int team_size(int layer, int nroutes, int ngroups) const;
 
-  const cpumoe_kernel* kernel() const { return k_; }
+  const cpumoe_kernel* kernel() const { return k_; }  // nullptr once closed
+  const std::string& kernel_name() const { return kernel_name_; }
   const Config& config() const { return cfg_; }
   // The down row block reduction's width ("avx512f", "avx2", "sse2"), from capped_tier like the kernel's tier.
   const char* route_sum_isa() const { return rsum_.isa; }
@@ -90,8 +123,12 @@ class Executor {
 
   // Step trace (off by default; bench --trace): per thread, nanoseconds summed over the traced steps, each
   // measured from the step's start (run() entry after the route sort). One mono_ns() pair per work item.
+  // tail: per step, how long before y was complete the thread left (0 for one that left after: the thread that
+  // completes y, or a worker that woke after the step was done); last_exit: its exit offset in the last traced
+  // step, -1 once that step's tail is added (fold_tails(), after the workers have left).
   struct TraceSlot {
-    int64_t steps, enter, prep, gate_up, down_wait, down, exit;  // enter / exit: offsets from the step start
+    int64_t steps, enter, prep, gate_up, down_wait, down, exit, tail, last_exit;  // enter / exit: offsets from
+                                                                                 // the step start
   };
   struct Trace {
     int64_t steps = 0, step_ns = 0;  // caller: the steps and their summed duration (start to y complete)
@@ -112,6 +149,12 @@ class Executor {
   void set_error(int code, const std::string& msg);
   // Claims and runs route preps of expert group grp (its g rows are complete) until none is left to claim.
   void prep_routes(int grp);
+  // Adds the last traced step's tails (under run_mu_, the pool quiesced).
+  void fold_tails();
+  // Under coord_mu_.
+  void stop_coordinator_locked();
+  // In a forked child: the parent's threads are forgotten, not joined (pool.h: Pool::abandon).
+  void abandon_threads();
 
   const cpumoe_formats_api* api_;
   Config cfg_;
@@ -119,7 +162,12 @@ class Executor {
   RouteSum rsum_{};
   Pool pool_;
   std::vector<std::array<cpumoe_bank, CPUMOE_MAX_BANKS>> banks_;
-  std::mutex run_mu_;  // one task in flight
+  std::mutex run_mu_;    // one task in flight
+  std::mutex coord_mu_;  // coordinator start / stop and close (before run_mu_)
+  std::atomic<bool> closed_{false};
+  uint64_t fork_gen_;    // the process's fork generation at construction (forked())
+  int pid_;              // the creating process (errors)
+  std::string kernel_name_;
 
   // scratch (max_tokens)
   size_t xa_, ga_;
@@ -157,11 +205,12 @@ class Executor {
   };
   std::unique_ptr<Slot[]> trace_;  // pool size entries
   bool tracing_ = false;           // written under run_mu_ with the pool quiesced
-  int64_t t0_ = 0, trace_steps_ = 0, trace_ns_ = 0;
+  bool fold_pending_ = false;      // a traced step's tails are not added yet
+  int64_t t0_ = 0, trace_steps_ = 0, trace_ns_ = 0, last_done_ = 0;
 
   // IO block and coordinator
+  std::shared_ptr<IoMem> iom_;
   cpumoe_iob_header* iob_ = nullptr;
-  size_t iob_bytes_ = 0;
   uint64_t *ready_ = nullptr, *done_ = nullptr, *error_ = nullptr;
   std::thread coord_;
   std::atomic<bool> coord_stop_{false}, coord_running_{false};

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "executor.h"
+#include "gil.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -34,8 +35,7 @@ std::vector<int64_t> ring_loop(uint64_t ready_a, uint64_t done_a, const std::vec
   auto* done = (uint64_t*)(uintptr_t)done_a;
   std::vector<int64_t> out((size_t)n);
   bool timed_out = false;
-  {
-    py::gil_scoped_release nogil;
+  without_gil([&] {
     std::thread ringer([&] {  // its own thread, so it can be pinned apart from the caller
       if (core >= 0) pin_current_thread(core);
       const int64_t limit = (int64_t)(timeout_s * 1e9);
@@ -58,7 +58,7 @@ std::vector<int64_t> ring_loop(uint64_t ready_a, uint64_t done_a, const std::vec
       }
     });
     ringer.join();
-  }
+  });
   if (timed_out) throw std::runtime_error("ring_loop: a doorbell was not answered within timeout_s");
   return out;
 }
@@ -73,31 +73,32 @@ std::vector<int64_t> ping_pong(int n, int ring_core, int echo_core) {
   (void)pad;
   store(&ping, 0), store(&pong, 0);
   std::vector<int64_t> out((size_t)n);
-  py::gil_scoped_release nogil;
-  const uint64_t stop = ~0ull;
-  std::thread echo([&] {
-    if (echo_core >= 0) pin_current_thread(echo_core);
-    uint64_t seen = 0;
-    for (unsigned s = 0;; ++s) {
-      const uint64_t v = load(&ping);
-      if (v == stop) return;
-      if (v != seen) seen = v, store(&pong, v), s = 0;
-      else spin_pause(s);
-    }
+  without_gil([&] {
+    const uint64_t stop = ~0ull;
+    std::thread echo([&] {
+      if (echo_core >= 0) pin_current_thread(echo_core);
+      uint64_t seen = 0;
+      for (unsigned s = 0;; ++s) {
+        const uint64_t v = load(&ping);
+        if (v == stop) return;
+        if (v != seen) seen = v, store(&pong, v), s = 0;
+        else spin_pause(s);
+      }
+    });
+    std::thread ringer([&] {
+      if (ring_core >= 0) pin_current_thread(ring_core);
+      for (int i = 0; i < n + 100; ++i) {
+        const uint64_t v = (uint64_t)i + 1;
+        const int64_t t0 = mono_ns();
+        store(&ping, v);
+        for (unsigned s = 0; load(&pong) != v; ++s) spin_pause(s);
+        if (i >= 100) out[(size_t)(i - 100)] = mono_ns() - t0;
+      }
+      store(&ping, stop);
+    });
+    ringer.join();
+    echo.join();
   });
-  std::thread ringer([&] {
-    if (ring_core >= 0) pin_current_thread(ring_core);
-    for (int i = 0; i < n + 100; ++i) {
-      const uint64_t v = (uint64_t)i + 1;
-      const int64_t t0 = mono_ns();
-      store(&ping, v);
-      for (unsigned s = 0; load(&pong) != v; ++s) spin_pause(s);
-      if (i >= 100) out[(size_t)(i - 100)] = mono_ns() - t0;
-    }
-    store(&ping, stop);
-  });
-  ringer.join();
-  echo.join();
   return out;
 }
 
@@ -114,27 +115,28 @@ std::vector<int64_t> task_loop(uint64_t handle, const std::vector<uint64_t>& tas
     throw std::invalid_argument("task_loop: need an executor handle, tasks, n >= 1, warmup >= 0");
   auto* ex = (Executor*)(uintptr_t)handle;
   std::vector<int64_t> out((size_t)n);
-  py::gil_scoped_release nogil;
-  std::atomic<bool> stop{false};
-  std::thread spinner([&] {
-    if (spin_core < 0) return;
-    pin_current_thread(spin_core);
-    for (unsigned s = 0; !stop.load(std::memory_order_relaxed); ++s) spin_pause(s);
+  without_gil([&] {
+    std::atomic<bool> stop{false};
+    std::thread spinner([&] {
+      if (spin_core < 0) return;
+      pin_current_thread(spin_core);
+      for (unsigned s = 0; !stop.load(std::memory_order_relaxed); ++s) spin_pause(s);
+    });
+    std::thread t([&] {
+      if (core >= 0) pin_current_thread(core);
+      for (int i = 0; i < n + warmup; ++i) {
+        if (nplans > 0)
+          std::memcpy((void*)(uintptr_t)ids_dst, (const int32_t*)(uintptr_t)ids_plans + (size_t)(i % nplans) * plan_ints,
+                      (size_t)plan_ints * sizeof(int32_t));
+        const int64_t t0 = mono_ns();
+        ex->run_task(tasks[(size_t)i % tasks.size()]);
+        if (i >= warmup) out[(size_t)(i - warmup)] = mono_ns() - t0;
+      }
+    });
+    t.join();
+    stop.store(true);
+    spinner.join();
   });
-  std::thread t([&] {
-    if (core >= 0) pin_current_thread(core);
-    for (int i = 0; i < n + warmup; ++i) {
-      if (nplans > 0)
-        std::memcpy((void*)(uintptr_t)ids_dst, (const int32_t*)(uintptr_t)ids_plans + (size_t)(i % nplans) * plan_ints,
-                    (size_t)plan_ints * sizeof(int32_t));
-      const int64_t t0 = mono_ns();
-      ex->run_task(tasks[(size_t)i % tasks.size()]);
-      if (i >= warmup) out[(size_t)(i - warmup)] = mono_ns() - t0;
-    }
-  });
-  t.join();
-  stop.store(true);
-  spinner.join();
   return out;
 }
 }  // namespace

@@ -36,13 +36,24 @@ Pool::Pool(const std::vector<int>& cores, bool pin, int64_t spin_us)
   for (int t = 1; t < n_; ++t) threads_.emplace_back(&Pool::worker, this, t, cores[t], pin);
 }
 
-Pool::~Pool() {
+Pool::~Pool() { stop(); }
+
+void Pool::stop() {
+  if (stopped_) return;
+  stopped_ = true;
   quiesce();
   stop_.store(true, std::memory_order_seq_cst);
   const uint32_t g = gen_.load(std::memory_order_relaxed);
   gen_.store(((g >> 12) + 1) << 12, std::memory_order_seq_cst);  // team 0: nobody runs, everybody sees stop_
   futex_wake_all(&gen_);
   for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void Pool::abandon() {
+  stopped_ = true;
+  (void)new std::vector<std::thread>(std::move(threads_));  // leaked on purpose: see pool.h
+  threads_.clear();
 }
 
 void Pool::worker(int tid, int core, bool pin) {

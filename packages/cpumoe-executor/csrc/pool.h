@@ -37,6 +37,11 @@ class Pool {
   void start(Fn fn, void* ctx, int team);
   // Waits until every worker of the last run has left fn.
   void quiesce();
+  // Waits for the last run, then ends and joins every worker; idempotent. No run may start afterwards.
+  void stop();
+  // In a forked child: the workers are the parent's and do not exist here, so they are neither waited for nor
+  // joined; their thread objects are leaked (joining one would block forever, destroying a joinable one aborts).
+  void abandon();
   // While hot, idle workers spin instead of sleeping after spin_us.
   void set_hot(bool hot) { hot_.store(hot, std::memory_order_relaxed); }
   int pinned() const { return pinned_.load(); }
@@ -48,6 +53,7 @@ class Pool {
   int n_;
   int64_t spin_us_;
   std::vector<std::thread> threads_;
+  bool stopped_ = false;  // caller-only, like expect_
   Fn fn_ = nullptr;
   void* ctx_ = nullptr;
   int expect_ = 0;  // workers in the last run (caller-only)

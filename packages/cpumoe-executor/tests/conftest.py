@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
+import cpumoe_executor as ce
 import cpumoe_formats as cf
+from cpumoe_executor import _native
 
 # Formats with kernels in this build (all six once cpumoe-formats is complete).
 FORMATS = [n for n, s in cf.FORMATS.items() if s.banks]
@@ -52,6 +54,15 @@ def reference(ex, banks, layer, x, w, ids, **kw):
     return cf.moe_forward(ex.spec.name, ran_banks(ex, banks)[layer], x, w, ids, mode=ex.mode, **kw)
 
 
+def workers(n):
+    """Executor kwargs for n workers: threads=n where this process may use n CPUs, else core_ids cycling the allowed
+    CPUs (several workers on one core on purpose; threads=n would be clamped with a warning)."""
+    if n <= ce.usable_cpus():
+        return dict(threads=n)
+    cpus = list(_native.allowed_cpus())
+    return dict(core_ids=[cpus[i % len(cpus)] for i in range(n)])
+
+
 def routing(rng, T, K, E, dup=True, skip=True):
     ids = rng.integers(0, E, size=(T, K)).astype(np.int32)
     if dup and K > 1:
@@ -64,3 +75,28 @@ def routing(rng, T, K, E, dup=True, skip=True):
 
 def bits(a):
     return np.asarray(a).view(np.uint16)
+
+
+def executor_kwargs(fmt, **kw):
+    """CpuMoeExecutor kwargs for `fmt`'s tests: its activation, top_k 4, max_tokens 8 and 2 workers unless kw
+    says otherwise."""
+    placed = {"threads", "core_ids"} & kw.keys()
+    return {"top_k": 4, "max_tokens": 8, **({} if placed else workers(2)), **ACT.get(fmt, {}), **kw}
+
+
+def executor_for(fmt, rng, layers=2, **kw):
+    """(executor, banks, (E, H, I)): `fmt` on fresh random banks of its small test shape (executor_kwargs)."""
+    banks, dims = make_banks(fmt, rng, layers=layers)
+    return ce.CpuMoeExecutor(fmt, banks, **executor_kwargs(fmt, **kw)), banks, dims
+
+
+def step_inputs(rng, ex, T):
+    """(x float32 [T, H], topk_weights, topk_ids) for one step of `ex` (routing(): a duplicate and a -1 route)."""
+    x = rng.standard_normal((T, ex.H)).astype(np.float32)
+    return (x, *routing(rng, T, ex.top_k, ex.E))
+
+
+# ThreadSanitizer does not follow a multi-threaded process into a forked child that starts threads.
+UNDER_TSAN = "tsan" in os.environ.get("LD_PRELOAD", "")
+# AddressSanitizer keeps freed memory in its quarantine (256 MB by default): RSS says nothing about leaks there.
+UNDER_ASAN = "asan" in os.environ.get("LD_PRELOAD", "")

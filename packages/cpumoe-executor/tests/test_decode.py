@@ -4,7 +4,7 @@ thread counts 1..N, batch sizes 1, 3, 8 and max_tokens, duplicated and -1 ids,
 several layers."""
 import numpy as np
 import pytest
-from conftest import ACT, FORMATS, bits, make_banks, ran_banks, reference, routing
+from conftest import ACT, FORMATS, bits, make_banks, ran_banks, reference, routing, workers
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -28,7 +28,7 @@ def test_parity_all_threads_batches_layers(fmt, repack, rng):
     K, max_tokens = 4, 12
     act = ACT.get(fmt, {})
     for threads in THREADS:
-        ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=max_tokens, threads=threads, repack=repack, **act)
+        ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=max_tokens, **workers(threads), repack=repack, **act)
         assert ex.threads == threads
         layout = cf.get_format(fmt).cpu_layout
         assert ex.spec.name in ((fmt, layout) if repack is None and layout else (fmt,))
@@ -93,7 +93,7 @@ def test_a_token_with_every_route_skipped_among_routed_ones(fmt, rng):
     banks, (E, H, I) = make_banks(fmt, rng)
     act = ACT.get(fmt, {})
     for threads in THREADS:
-        ex = ce.CpuMoeExecutor(fmt, banks, top_k=3, max_tokens=5, threads=threads, **act)
+        ex = ce.CpuMoeExecutor(fmt, banks, top_k=3, max_tokens=5, **workers(threads), **act)
         _native.set_team_unit(ex.handle, 0)
         x = rng.standard_normal((5, H)).astype(np.float32)
         w, ids = routing(rng, 5, 3, E)

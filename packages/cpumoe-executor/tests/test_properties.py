@@ -2,7 +2,7 @@
 the Python API. Each call gives the right answer (bit-identical to the
 single-threaded kernels) or a clear ValueError/TypeError, never a crash."""
 import numpy as np
-from conftest import bits, ran_banks
+from conftest import bits, ran_banks, workers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -79,7 +79,7 @@ def test_random_calls_are_right_or_refused(c):
     np.testing.assert_array_equal(bits(y), bits(want))
 
 
-EX3 = ce.CpuMoeExecutor("bf16", BANKS, top_k=3, max_tokens=6, threads=3)
+EX3 = ce.CpuMoeExecutor("bf16", BANKS, top_k=3, max_tokens=6, **workers(3))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -116,7 +116,7 @@ def test_top_k_limit_is_the_formats_one():
     cores = [ce.resolve_cores()[0][0]]
     for bad in (0, MAX_TOP_K + 1):
         with pytest.raises(ValueError, match=f"top_k {bad} outside \\[1, 64\\]"):
-            _native.Executor(0, 0, 0, False, 4, 64, 32, 1.0, float("inf"), -1, 1, bad, 1, cores, False, 0)
+            _native.Executor(0, 0, 0, False, 4, 64, 32, 1.0, float("inf"), -1, 1, bad, 1, cores, False, 0, "x")
 
 
 def test_ready_log_names_route_sum(caplog, rng):

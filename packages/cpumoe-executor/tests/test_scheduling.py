@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ACT, FORMATS, bits, make_banks, ran_banks, reference, routing
+from conftest import ACT, FORMATS, bits, make_banks, ran_banks, reference, routing, workers
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -42,7 +42,7 @@ def test_team_sizes_and_late_workers_are_bit_identical(fmt, rng):
     teams = set()
     for threads in THREADS:
         for spin_us in (2000, 0):  # 0: workers are asleep when each step starts and join it late
-            ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=8, threads=threads, spin_us=spin_us, **act)
+            ex = ce.CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=8, **workers(threads), spin_us=spin_us, **act)
             run = ran_banks(ex, banks)  # the bits to match: the format that runs, single-threaded
             for unit in (0, 1 << 40, ebytes, 4 * ebytes):
                 _native.set_team_unit(ex.handle, unit)
@@ -61,7 +61,7 @@ def test_team_sizes_and_late_workers_are_bit_identical(fmt, rng):
 
 def test_team_policy(rng):
     banks, (E, H, I) = make_banks("bf16", rng, layers=1)  # noqa: E741
-    ex = ce.CpuMoeExecutor("bf16", banks, top_k=4, max_tokens=8, threads=3)
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=4, max_tokens=8, **workers(3))
     h = ex.handle
     assert _native.team_unit(h) == 64 << 10
     assert _native.team_size(h, 0, 1, 1) == 1  # a few KB of work: the coordinator alone
@@ -75,7 +75,7 @@ def test_team_policy(rng):
         _native.team_size(h, 1, 1, 1)
     # A wide expert (9 MiB of bf16 weights) takes every thread even for one route.
     big = [cf.get_format("bf16").random_banks(1, 2048, 768, rng)]
-    ex2 = ce.CpuMoeExecutor("bf16", big, top_k=1, max_tokens=1, threads=3)
+    ex2 = ce.CpuMoeExecutor("bf16", big, top_k=1, max_tokens=1, **workers(3))
     assert _native.team_size(ex2.handle, 0, 1, 1) == 3
 
 
@@ -134,7 +134,7 @@ def test_a_step_returns_only_when_every_item_is_done(rng):
     spec = cf.get_format("bf16")
     E, H, I, K, T = 8, 2048, 64, 4, 8  # noqa: E741 - 64 down items per step
     banks = [spec.random_banks(E, H, I, rng)]
-    ex = ce.CpuMoeExecutor("bf16", banks, top_k=K, max_tokens=T, threads=NCORES + 2)
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=K, max_tokens=T, **workers(NCORES + 2))
     _native.set_team_unit(ex.handle, 0)
     x = rng.standard_normal((T, H)).astype(np.float32)
     w, ids = routing(rng, T, K, E)
@@ -146,7 +146,7 @@ def test_a_step_returns_only_when_every_item_is_done(rng):
 
 def test_step_trace_counts_every_step_and_its_phases(rng):
     banks, (E, H, I) = make_banks("bf16", rng, layers=1)  # noqa: E741
-    ex = ce.CpuMoeExecutor("bf16", banks, top_k=4, max_tokens=8, threads=3)
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=4, max_tokens=8, **workers(3))
     _native.set_team_unit(ex.handle, 0)  # every thread joins every step
     x = rng.standard_normal((8, H)).astype(np.float32)
     w, ids = routing(rng, 8, 4, E)

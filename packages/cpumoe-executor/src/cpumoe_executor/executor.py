@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 
 import numpy as np
 
@@ -14,16 +15,29 @@ from cpumoe_formats.kernels import TIERS
 from cpumoe_formats.numerics import BF16
 
 from . import _native
+from .outputs import check_out
 from .trace import trace_summary
 
 log = logging.getLogger("cpumoe_executor")
 _MODES = ("native", "w4a8")
 
 
+def usable_cpus() -> int:
+    """Logical CPUs this process may run on: its affinity mask, capped by the cgroup CPU limit (at least 1). A pure
+    function: any thread may call it."""
+    n, limit = len(_native.allowed_cpus()) or 1, _native.cgroup_cpu_limit()
+    return min(n, limit) if limit > 0 else n
+
+
 def resolve_cores(threads: int | None = None, core_ids=None) -> tuple[list[int], str]:
-    """Worker cores and why: explicit core_ids; else `threads` cores taken from the
-    physical cores first, then the other logical CPUs; else one per physical core
-    (affinity mask and cgroup CPU limit respected)."""
+    """Worker cores and why: explicit core_ids (repeats allowed: workers sharing a core, on purpose); else
+    `threads` cores taken from the physical cores first, then the other logical CPUs, clamped to usable_cpus()
+    with a RuntimeWarning saying so (spinning workers sharing a core slow every step down); else one per physical
+    core (affinity mask and cgroup CPU limit respected). A pure function: any thread may call it."""
+    return _resolve_cores(threads, core_ids)
+
+
+def _resolve_cores(threads, core_ids) -> tuple[list[int], str]:
     if core_ids is not None:
         cores = [int(c) for c in core_ids]
         allowed = set(_native.allowed_cpus())
@@ -36,15 +50,37 @@ def resolve_cores(threads: int | None = None, core_ids=None) -> tuple[list[int],
     default, why = _native.default_cores()
     if threads is None:
         return list(default), why
-    if not isinstance(threads, int) or threads < 1:
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"threads={threads!r} must be a positive int or None")
     phys = list(_native.physical_cores()) or list(default)
     order = phys + [c for c in _native.allowed_cpus() if c not in phys]
-    return [order[i % len(order)] for i in range(threads)], f"threads={threads} requested ({len(phys)} physical cores)"
+    usable = min(usable_cpus(), len(order))
+    why = f"threads={threads} requested ({len(phys)} physical cores)"
+    if threads > usable:
+        msg = (f"threads={threads} is more than the {usable} CPUs this process may use (affinity mask, cgroup CPU "
+               f"limit): using threads={usable}. Pass core_ids to place several workers on one core on purpose")
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)  # the line calling resolve_cores or CpuMoeExecutor
+        log.warning("cpumoe_executor: %s", msg)
+        threads, why = usable, f"threads clamped to {usable} usable CPUs ({len(phys)} physical cores)"
+    return order[:threads], why
 
 
 class CpuMoeExecutor:
     """MoE decode on the CPU for one model: every layer's banks in one format.
+
+    Threads: safe to share. Any thread may call any method; the steps (decode, doorbell tasks, read_bandwidth,
+    the trace) run one at a time under the executor's lock, so a decode never interleaves with another nor with
+    a task the coordinator serves (each caller gets its own inputs' result). The IO block is one buffer: one
+    ringer (a sync backend) owns it at a time (docs/protocol.md).
+    Life: close() (or leaving a `with` block) waits for the step in flight, joins the coordinator and the worker
+    threads and frees the kernel, scratch and banks (the repacked copies); close() again is a no-op, and every
+    later call raises RuntimeError naming the closed executor (stop_coordinator() too is a no-op). What it hands
+    out stays valid: io_arrays() views keep the IO block alive after close() or `del`; io_block()'s addresses stay
+    valid while its "owner" entry or this object lives; handle and hostfn_arg() while this object lives (after
+    close() their C entry points fail through the error word instead of running).
+    Fork: in a forked child (multiprocessing's default start method on Linux) the worker threads do not exist;
+    every call raises RuntimeError saying so. Create a new executor in the child. Exiting the interpreter with a
+    decode in flight in a daemon thread is safe (that thread parks; the process exits).
 
     banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
@@ -93,7 +129,7 @@ class CpuMoeExecutor:
                              f"expected one of {list(self.spec.modes)}")
         if isa is not None and isa not in TIERS:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
-        self.core_ids, why = resolve_cores(threads, core_ids)
+        self.core_ids, why = _resolve_cores(threads, core_ids)
         target = self._repack_target(mode, isa, repack)
         if target is not None:
             self._repack(banks, target)  # the executor then holds the repacked copies (self._arrays), not the given
@@ -104,7 +140,7 @@ class CpuMoeExecutor:
         self._x = _native.Executor(self.spec.id, self.act.id, _MODES.index(mode), bool(apply_router_weight_on_input),
                                    self.E, self.H, self.I, self.act.alpha, lim,
                                    -1 if isa is None else TIERS.index(isa), self.num_layers, top_k, max_tokens,
-                                   self.core_ids, bool(pin), int(spin_us))
+                                   self.core_ids, bool(pin), int(spin_us), self._label())
         for layer, arrays in enumerate(self._arrays):
             self._x.set_banks(layer, self.spec.bank_views(arrays))
         repacked = "" if self.given_format == self.spec.name else f" (repacked from {self.given_format})"
@@ -162,6 +198,26 @@ class CpuMoeExecutor:
                          time.perf_counter() - t0)
         self.spec = target
 
+    def _label(self) -> str:
+        ran = self.spec.name if self.spec.name == self.given_format else f"{self.given_format} as {self.spec.name}"
+        return (f"CpuMoeExecutor({ran}, {self.num_layers} layers, E={self.E} H={self.H} I={self.I}, "
+                f"id {id(self):#x})")
+
+    def __repr__(self) -> str:
+        x = getattr(self, "_x", None)
+        state = "unbuilt" if x is None else "closed" if x.closed else "forked away" if x.state_error() else "live"
+        return f"<{self._label()[:-1]}, {state})>" if hasattr(self, "num_layers") else "<CpuMoeExecutor (unbuilt)>"
+
+    def _check(self) -> None:
+        """RuntimeError unless the executor can run: not closed, and in the process that created it."""
+        err = self._x.state_error()
+        if err:
+            raise RuntimeError(err)
+
+    @property
+    def closed(self) -> bool:
+        return self._x.closed
+
     # ---- properties ---------------------------------------------------------------
     @property
     def isa(self) -> str:
@@ -174,12 +230,16 @@ class CpuMoeExecutor:
 
     @property
     def handle(self) -> int:
-        """The native executor (cpumoe_executor*) for consumers of the C ABI."""
+        """The native executor (cpumoe_executor*) for consumers of the C ABI: valid while this object lives (hold
+        a reference to it, as gpusync's IO block does); after close() its entry points fail through the error
+        word."""
+        self._check()
         return self._x.handle
 
     # ---- synchronous decode -------------------------------------------------------------
     def decode(self, layer: int, x, topk_weights, topk_ids, out=None):
-        """y [T, H] bf16 for one layer's routed experts; synchronous on host arrays/tensors."""
+        """y [T, H] bf16 for one layer's routed experts; synchronous on host arrays/tensors. out: a writable,
+        aligned, C-contiguous bfloat16 array [T, H] to write y into (outputs.check_out), else a new one."""
         if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer!r} is not in [0, {self.num_layers})")
         torch_in = str(getattr(x, "dtype", "")).startswith("torch.")
@@ -190,12 +250,7 @@ class CpuMoeExecutor:
         w, ids = check_routing(topk_weights, topk_ids, T, self.E)
         if ids.shape[1] != self.top_k:
             raise ValueError(f"topk_ids: {describe(ids)}, expected top_k={self.top_k} columns")
-        if out is None:
-            out = np.empty((T, self.H), BF16)
-        else:
-            out = as_array(out, "out")
-            if out.shape != (T, self.H) or out.dtype != BF16 or not out.flags.c_contiguous:
-                raise ValueError(f"out: {describe(out)}, expected C-contiguous bfloat16 of shape {(T, self.H)}")
+        out = np.empty((T, self.H), BF16) if out is None else check_out(out, (T, self.H))
         self._x.decode(int(layer), T, xb.ctypes.data, ids.ctypes.data, w.ctypes.data, out.ctypes.data)
         if torch_in:
             import torch  # only when given torch tensors
@@ -205,12 +260,16 @@ class CpuMoeExecutor:
 
     # ---- IO block and doorbell (protocol v1) ----------------------------------------------------
     def io_block(self) -> dict:
-        """Addresses and layout of the IO block (docs/protocol.md)."""
-        base = self._x.iob
-        hdr = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint64 * 9).from_address(base))  # up to total_bytes
+        """Addresses and layout of the IO block (docs/protocol.md). The addresses stay valid while the dict's
+        "owner" (the block's memory, which io_arrays' views hold too) or this executor lives."""
+        self._check()
+        mem = self._x.io_memory()
+        base = mem.address
+        hdr = np.frombuffer(mem, np.uint64, count=9)  # up to total_bytes
         x_off, ids_off, w_off, y_off, total = (int(v) for v in hdr[4:9])
         return {
-            "version": _native.PROTOCOL_VERSION, "magic": _native.IOB_MAGIC, "base": base, "bytes": total,
+            "owner": mem, "version": _native.PROTOCOL_VERSION, "magic": _native.IOB_MAGIC, "base": base,
+            "bytes": total,
             "ready": base + 128, "done": base + 192, "error": base + 256, "served": base + 320,
             "x": base + x_off, "ids": base + ids_off, "w": base + w_off, "y": base + y_off,
             "layout": {"x": ("bfloat16", (self.max_tokens, self.H)), "ids": ("int32", (self.max_tokens, self.top_k)),
@@ -219,29 +278,34 @@ class CpuMoeExecutor:
         }
 
     def io_arrays(self) -> dict:
-        """numpy views of x, ids, w, y inside the IO block."""
+        """numpy views of x, ids, w, y inside the IO block. Each keeps the block's memory alive: writing one after
+        close() or `del` of the executor is safe (and reaches no one)."""
         iob = self.io_block()
-        ct = np.ctypeslib.ctypes
+        raw = np.frombuffer(iob["owner"], np.uint8)
         out = {}
         for name, (dt, shape) in iob["layout"].items():
             dtype = BF16 if dt == "bfloat16" else np.dtype(dt)
-            n = int(np.prod(shape)) * dtype.itemsize
-            buf = (ct.c_uint8 * n).from_address(iob[name])
-            out[name] = np.frombuffer(buf, np.uint8).view(dtype).reshape(shape)
+            off, n = iob[name] - iob["base"], int(np.prod(shape)) * dtype.itemsize
+            out[name] = raw[off:off + n].view(dtype).reshape(shape)
         return out
 
     def start_coordinator(self, ready: int | None = None, done: int | None = None, error: int | None = None,
                           core: int | None = None) -> None:
         """Start polling the doorbell (the IO block's words unless a sync backend gives its own)."""
+        self._check()
         c = self.core_ids[0] if core is None else int(core)
         self._x.start_coordinator(ready or 0, done or 0, error or 0, c)
         log.info("cpumoe_executor coordinator polling on core %d", c)
 
     def stop_coordinator(self) -> None:
-        """Stop polling; writes done = SHUTDOWN so any waiter is released."""
+        """Stop polling; writes done = SHUTDOWN so any waiter is released (a doorbell rung and not served sets the
+        error word). A no-op once closed or in a forked child."""
         self._x.stop_coordinator()
 
     def hostfn_arg(self, layer: int, num_tokens: int) -> int:
+        """The stable argument (cpumoe_hostfn_arg*) of the host-function entry points for (layer, num_tokens):
+        valid while this object lives."""
+        self._check()
         a = self._x.hostfn_arg(layer, num_tokens)
         if not a:
             raise ValueError(f"layer={layer}, num_tokens={num_tokens}: need layer < {self.num_layers} and "
@@ -262,6 +326,7 @@ class CpuMoeExecutor:
 
     # ---- health ----------------------------------------------------------------------------------
     def health(self) -> dict:
+        """Doorbells served, service and busy time, the ready / done / error words and the error message."""
         iob = self.io_block()
         return {"served": self._x.served, "service_s": self._x.service_ns / 1e9, "busy_s": self._x.busy_ns / 1e9,
                 "ready": _native.load_u64(iob["ready"]), "done": _native.load_u64(iob["done"]),
@@ -277,6 +342,7 @@ class CpuMoeExecutor:
             raise RuntimeError(f"cpumoe executor step running for {h['busy_s']:.1f} s (> {stuck_after_s} s): stuck")
 
     def clear_error(self) -> None:
+        self._check()
         self._x.clear_error()
 
     def layer_banks(self, layer: int) -> dict:
@@ -314,9 +380,14 @@ class CpuMoeExecutor:
         return {"steps": raw["steps"], **trace_summary(raw), "raw": raw}
 
     def close(self) -> None:
-        self._x.stop_coordinator()
+        """Wait for the step in flight, join the coordinator and the workers, free the kernel, scratch and banks.
+        Idempotent; every later call raises RuntimeError naming this executor (class docstring: what stays valid).
+        In a forked child it forgets the parent's threads instead of joining them."""
+        self._x.close()
+        self._arrays = self._banks_ref = None
 
     def __enter__(self):
+        self._check()
         return self
 
     def __exit__(self, *exc):

@@ -17,7 +17,12 @@ extern "C" {
 #define CPUMOE_EXECUTOR_ABI_MINOR 0
 #define CPUMOE_EXECUTOR_CAPSULE_NAME "cpumoe_executor._native._C_API_v1"
 
-typedef struct cpumoe_executor cpumoe_executor; /* opaque; Python's Executor.handle */
+/* opaque; Python's Executor.handle. Valid while the Python executor lives (hold a reference to it). Every entry
+ * may be called from any thread: tasks run one at a time per executor. Once the executor is closed, or in a
+ * forked child of the process that created it, run_task and hostfn_submit run nothing and set the error word
+ * (CPUMOE_ERR_INTERNAL), hostfn_wait returns at once, and hostfn_arg returns NULL in a forked child
+ * (docs/protocol.md, "Threads, lifetime, fork"). */
+typedef struct cpumoe_executor cpumoe_executor;
 
 /* Argument of the host-function entry points: one per (layer, num_tokens),
  * allocated by hostfn_arg() and owned by the executor (stable address for
