@@ -28,6 +28,9 @@ RAISE = {
     "clear_error": lambda ex, s: ex.clear_error(),
     "start_trace": lambda ex, s: ex.start_trace(),
     "stop_trace": lambda ex, s: ex.stop_trace(),
+    "layer_banks": lambda ex, s: ex.layer_banks(0),
+    "team_unit": lambda ex, s: ex.team_unit,
+    "set_team_unit": lambda ex, s: ex.set_team_unit(0),
 }
 FINE = {"close", "stop_coordinator", "closed", "isa", "threads"}  # teardown stays idempotent; descriptions stay
 

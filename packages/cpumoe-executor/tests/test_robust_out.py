@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from conftest import FORMATS, bits, executor_for, step_inputs
 
-from cpumoe_executor.outputs import check_out
 from cpumoe_formats.numerics import BF16
 
 T = 3
@@ -54,15 +53,3 @@ def test_bad_out_is_refused_before_the_native_call(fmt, rng):
     good = np.empty((T, ex.H), BF16)
     assert ex.decode(0, *s, out=good) is good and (bits(good) == want).all()
     ex.close()
-
-
-def test_check_out_takes_torch_tensors():
-    torch = pytest.importorskip("torch")
-    t = torch.empty(T, 8, dtype=torch.bfloat16)
-    a = check_out(t, (T, 8))
-    a[...] = 1.0
-    assert bool((t == 1.0).all())
-    with pytest.raises(ValueError, match="out: .*dtype float32"):
-        check_out(torch.empty(T, 8), (T, 8))
-    with pytest.raises(ValueError, match="not C-contiguous"):
-        check_out(torch.empty(8, T, dtype=torch.bfloat16).t(), (T, 8))

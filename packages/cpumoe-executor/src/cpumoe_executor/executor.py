@@ -9,13 +9,12 @@ import warnings
 import numpy as np
 
 import cpumoe_formats as cf
-from cpumoe_formats._arrays import as_array, describe
+from cpumoe_formats.arrays import as_array, check_array, describe
 from cpumoe_formats.inputs import MAX_TOP_K, check_routing, x_as_bf16
 from cpumoe_formats.kernels import TIERS
 from cpumoe_formats.numerics import BF16
 
 from . import _native
-from .outputs import check_out
 from .trace import trace_summary
 
 log = logging.getLogger("cpumoe_executor")
@@ -63,6 +62,53 @@ def _resolve_cores(threads, core_ids) -> tuple[list[int], str]:
         log.warning("cpumoe_executor: %s", msg)
         threads, why = usable, f"threads clamped to {usable} usable CPUs ({len(phys)} physical cores)"
     return order[:threads], why
+
+
+def cpu_layout(format, H: int, I: int, mode: str | None = None, isa: str | None = None) -> str:  # noqa: A002, E741
+    """The format a CpuMoeExecutor runs banks of `format` as on this machine (repack=None): the format itself, or the
+    CPU layout it repacks them into (q4_0 -> q4_0_x16, mxfp4 -> mxfp4_panel / mxfp4_x16, ...). A loader that streams a
+    model layer by layer converts each layer to it as it arrives (FormatSpec.to_layout), so the process never holds
+    the given banks and the repacked copy at once. Threads: any; a pure function of its arguments and the machine."""
+    spec = cf.get_format(format)
+    mode = spec.default_mode if mode is None else mode
+    if mode not in spec.modes:
+        raise ValueError(f"mode={mode!r} is not supported by format {spec.name!r}; expected one of {list(spec.modes)}")
+    target = _repack_target(spec, H, I, mode, isa, None)
+    return spec.name if target is None else target.name
+
+
+def _repack_target(spec, H: int, I: int, mode: str, isa: str | None, repack: bool | None):  # noqa: E741
+    """The CPU layout to run as, or None: the format's cpu_layout, then that layout's own, as far as each step
+    passes (mxfp4 -> mxfp4_panel -> mxfp4_x16 in w4a8). repack=True forces the first step only."""
+    target = None
+    while (step := _layout_step(spec, H, I, mode, isa, repack if target is None else None)) is not None:
+        target = spec = step
+    return target
+
+
+def _layout_step(spec, H: int, I: int, mode: str, isa: str | None, repack: bool | None):  # noqa: E741
+    """spec's CPU layout, or None. Auto (repack=None): when the layout has the mode, takes H and I, and its kernel
+    on this machine (isa / CPUMOE_ISA respected) is at least spec's tier and spec's cpu_layout_min_tier (avx2
+    for every layout but bf16's, avx512f: a scalar cap keeps the given format)."""
+    if not spec.cpu_layout or repack is False:
+        return None
+    target = cf.get_format(spec.cpu_layout)
+    if mode not in target.modes:
+        if repack:
+            raise ValueError(f"repack=True: format {target.name!r} (the CPU layout of {spec.name!r}) has "
+                             f"no mode {mode!r}; expected mode in {list(target.modes)} or repack=None")
+        return None
+    try:  # the layout's own shape rules (fp8_block takes any H and I, fp8_block_x16 multiples of 16)
+        target.check_dims(H, I)
+    except ValueError as e:
+        if repack:
+            raise ValueError(f"repack=True: {e}; expected repack=None or False for these banks") from None
+        return None
+    if repack:
+        return target
+    tier = lambda fmt: TIERS.index(cf.selected_tier(fmt, mode, isa).split("+")[0])  # noqa: E731
+    floor = TIERS.index(spec.cpu_layout_min_tier) if spec.cpu_layout_min_tier else 0
+    return target if tier(target.name) >= max(tier(spec.name), floor) else None
 
 
 class CpuMoeExecutor:
@@ -130,7 +176,7 @@ class CpuMoeExecutor:
         if isa is not None and isa not in TIERS:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
         self.core_ids, why = _resolve_cores(threads, core_ids)
-        target = self._repack_target(mode, isa, repack)
+        target = _repack_target(self.spec, self.H, self.I, mode, isa, repack)
         if target is not None:
             self._repack(banks, target)  # the executor then holds the repacked copies (self._arrays), not the given
         self.mode, self.top_k, self.max_tokens, self.num_layers = mode, top_k, max_tokens, len(banks)
@@ -150,38 +196,6 @@ class CpuMoeExecutor:
                  self._x.route_sum_isa)
         if self.spec.hint:
             log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
-
-    def _repack_target(self, mode: str, isa: str | None, repack: bool | None):
-        """The CPU layout to run as, or None: the format's cpu_layout, then that layout's own, as far as each step
-        passes (mxfp4 -> mxfp4_panel -> mxfp4_x16 in w4a8). repack=True forces the first step only."""
-        target, spec = None, self.spec
-        while (step := self._layout_step(spec, mode, isa, repack if target is None else None)) is not None:
-            target = spec = step
-        return target
-
-    def _layout_step(self, spec, mode: str, isa: str | None, repack: bool | None):
-        """spec's CPU layout, or None. Auto (repack=None): when the layout has the mode, takes H and I, and its kernel
-        on this machine (isa / CPUMOE_ISA respected) is at least spec's tier and spec's cpu_layout_min_tier (avx2
-        for every layout but bf16's, avx512f: a scalar cap keeps the given format)."""
-        if not spec.cpu_layout or repack is False:
-            return None
-        target = cf.get_format(spec.cpu_layout)
-        if mode not in target.modes:
-            if repack:
-                raise ValueError(f"repack=True: format {target.name!r} (the CPU layout of {spec.name!r}) has "
-                                 f"no mode {mode!r}; expected mode in {list(target.modes)} or repack=None")
-            return None
-        try:  # the layout's own shape rules (fp8_block takes any H and I, fp8_block_x16 multiples of 16)
-            target.check_dims(self.H, self.I)
-        except ValueError as e:
-            if repack:
-                raise ValueError(f"repack=True: {e}; expected repack=None or False for these banks") from None
-            return None
-        if repack:
-            return target
-        tier = lambda fmt: TIERS.index(cf.selected_tier(fmt, mode, isa).split("+")[0])  # noqa: E731
-        floor = TIERS.index(spec.cpu_layout_min_tier) if spec.cpu_layout_min_tier else 0
-        return target if tier(target.name) >= max(tier(spec.name), floor) else None
 
     def _repack(self, banks, target) -> None:
         """Every layer into `target` down the format's layout chain (progress logged), then run as that format."""
@@ -239,7 +253,8 @@ class CpuMoeExecutor:
     # ---- synchronous decode -------------------------------------------------------------
     def decode(self, layer: int, x, topk_weights, topk_ids, out=None):
         """y [T, H] bf16 for one layer's routed experts; synchronous on host arrays/tensors. out: a writable,
-        aligned, C-contiguous bfloat16 array [T, H] to write y into (outputs.check_out), else a new one."""
+        aligned, C-contiguous bfloat16 array [T, H] to write y into (cpumoe_formats.arrays.check_array), else a new
+        one."""
         if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer!r} is not in [0, {self.num_layers})")
         torch_in = str(getattr(x, "dtype", "")).startswith("torch.")
@@ -250,7 +265,8 @@ class CpuMoeExecutor:
         w, ids = check_routing(topk_weights, topk_ids, T, self.E)
         if ids.shape[1] != self.top_k:
             raise ValueError(f"topk_ids: {describe(ids)}, expected top_k={self.top_k} columns")
-        out = np.empty((T, self.H), BF16) if out is None else check_out(out, (T, self.H))
+        out = np.empty((T, self.H), BF16) if out is None else check_array(out, "out", dtype=BF16, shape=(T, self.H),
+                                                                            writable=True)
         self._x.decode(int(layer), T, xb.ctypes.data, ids.ctypes.data, w.ctypes.data, out.ctypes.data)
         if torch_in:
             import torch  # only when given torch tensors
@@ -348,6 +364,7 @@ class CpuMoeExecutor:
     def layer_banks(self, layer: int) -> dict:
         """Layer `layer`'s banks as this executor runs them (format `spec.name`: the repacked copies where it repacked),
         bank name -> array; the arrays are the executor's own (read them, do not write)."""
+        self._check()
         if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer!r}: expected an int in [0, {self.num_layers})")
         return dict(zip(self.spec.bank_names, self._arrays[layer]))
@@ -355,6 +372,7 @@ class CpuMoeExecutor:
     @property
     def team_unit(self) -> int:
         """Weight bytes per worker when a step sizes its team (set_team_unit)."""
+        self._check()
         return _native.team_unit(self.handle)
 
     def set_team_unit(self, unit_bytes: int) -> None:
@@ -362,6 +380,7 @@ class CpuMoeExecutor:
         tests pin it, the default is measured for the machine)."""
         if not isinstance(unit_bytes, int) or unit_bytes < 0:
             raise ValueError(f"unit_bytes={unit_bytes!r}: expected an int >= 0")
+        self._check()
         _native.set_team_unit(self.handle, unit_bytes)
 
     # ---- step trace ------------------------------------------------------------------------------
