@@ -44,7 +44,7 @@ def _rank(rank: int, port: int, case: str, out) -> None:
         dist.destroy_process_group()
 
 
-def _broken(r, layer, gen):
+def _broken(r, layer, gen, **kw):
     raise AssertionError("eager mixed step (T=1): max rel error 0.5")
 
 
