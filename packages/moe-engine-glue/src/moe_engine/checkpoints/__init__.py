@@ -28,6 +28,9 @@ from .validation import CheckpointError
 
 LAYOUTS = ("fp8_block", "mxfp4", "nvfp4", "gguf_q4_0")
 FORMAT_OF = {"fp8_block": "fp8_block", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "gguf_q4_0": "q4_0"}
+# each layout's module: load_layer(store, names or layer, E, H, I, progress, allow_nonfinite) and DTYPES, the dtypes
+# it accepts per tensor-name suffix
+MODULE_OF = {"fp8_block": fp8_block, "mxfp4": mxfp4, "nvfp4": nvfp4, "gguf_q4_0": gguf_q4_0}
 # the suffix whose presence on a layer's first expert tensor names the safetensors layout
 # (per expert, fused; None = never fused)
 _SUFFIX = {"mxfp4": ("_blocks", "_blocks"), "fp8_block": (".weight_scale_inv", "_scale_inv"),
@@ -105,11 +108,11 @@ def load_experts(path, layers, *, E: int, H: int, I: int, layout: str | None = N
             else:
                 suffix, fused = _SUFFIX[layout]
                 names = naming.resolve(store.keys(), n, E, suffix, model_type, fused_suffix=fused)
-                mod = {"fp8_block": fp8_block, "mxfp4": mxfp4, "nvfp4": nvfp4}[layout]
-                banks, rep = mod.load_layer(store, names, E, H, I, progress, allow_nonfinite)
+                banks, rep = MODULE_OF[layout].load_layer(store, names, E, H, I, progress, allow_nonfinite)
             out.banks.append(banks)
             out.report[n] = rep
     return out
 
 
-__all__ = ["CheckpointError", "FORMAT_OF", "LAYOUTS", "LoadedExperts", "detect_layout", "load_experts", "open_store"]
+__all__ = ["CheckpointError", "FORMAT_OF", "LAYOUTS", "MODULE_OF", "LoadedExperts", "detect_layout", "load_experts",
+           "open_store"]

@@ -20,6 +20,7 @@ from .validation import CheckpointError, bad_float, check_tensor, refuse_nonfini
 SUFFIX, SCALE = ".weight", ".weight_scale_inv"
 WEIGHT_DTYPES = ("F8_E4M3",)  # e5m2 or int8 codes are other numbers: refused, never read as e4m3
 SCALE_DTYPES = ("F32", "BF16", "F8_E8M0")
+DTYPES = {SUFFIX: WEIGHT_DTYPES, SCALE: SCALE_DTYPES}
 
 
 def _codes(t) -> np.ndarray:

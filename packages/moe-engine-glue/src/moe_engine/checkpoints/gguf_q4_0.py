@@ -15,6 +15,7 @@ from .naming import GGUF
 from .validation import bad_q4_0_d, refuse_nonfinite
 
 TYPES = ("Q4_0",)
+DTYPES = {".weight": TYPES}
 _HINT = ("; other GGUF types are not a moe_engine format: requantize the experts with llama-quantize --pure Q4_0, or "
          "load another layout")
 
