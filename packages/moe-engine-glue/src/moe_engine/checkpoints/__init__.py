@@ -91,7 +91,8 @@ def load_experts(path, layers, *, E: int, H: int, I: int, layout: str | None = N
                  model_type: str | None = None, progress=None, allow_nonfinite: bool = False) -> LoadedExperts:
     """Banks for the decoder layers `layers` (checkpoint numbering), in that order. progress(n) is called per
     expert read. allow_nonfinite: load scales (and mxfp4 biases) that are NaN / Inf instead of refusing them; the
-    per-layer report counts them ('nonfinite_scales'), and every token routed through them computes NaN / Inf."""
+    per-layer report counts them ('nonfinite_scales'), and every token routed through them computes NaN / Inf.
+    Thread contract: safe to call from several threads (each call opens its own store; the banks are new arrays)."""
     with open_store(path) as store:
         layout = layout or detect_layout(store, E, layers[0] if layers else None)
         if layout not in LAYOUTS:

@@ -386,6 +386,9 @@ def offload_experts(model, format: str | None = None, strategy: str = "auto", *,
     error at any point leaves the model exactly as it was. The price is peak memory: the experts' weights stay in the
     model until the banks and the runner exist, so the peak holds both (the banks' bytes above what the model held).
     A model offloaded once is refused (ValueError): load it again to change format or strategy.
+
+    Thread contract: nothing may run or change the model while this runs (it reads the weights, then edits it);
+    the returned runner is shareable (MoERunner's contract).
     """
     import torch
 
