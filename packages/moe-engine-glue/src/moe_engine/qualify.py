@@ -2,7 +2,7 @@
   every other layer: one step (one token routed to one expert of each side of a hybrid split, rotating with the
     layer) against the float64 reference of cpumoe_formats, so a layer whose banks or tables are wrong (a poisoned
     checkpoint's layer 0) stops start-up, not only the last layer. The reference's dequantization costs most of it:
-    about 0.13 s a layer for a Qwen3-30B-A3B q4_0 expert (docs/transformers.md).
+    0.10-0.13 s a layer for a Qwen3-30B-A3B q4_0 expert on 2 cores (docs/transformers.md).
   the last layer, at every graph batch size:
     eager: steps with CPU and GPU routes, only CPU routes, only GPU routes (no CPU route), compared with the float64
       reference (tolerance in reference.py) and, for steps with only CPU routes, with the executor's synchronous
