@@ -44,7 +44,7 @@ def _rank(rank: int, port: int, case: str, out) -> None:
         dist.destroy_process_group()
 
 
-def _broken(r, layer, gen):
+def _broken(r, layer, gen, **kw):
     raise AssertionError("eager mixed step (T=1): max rel error 0.5")
 
 
@@ -97,3 +97,60 @@ def test_residency_plan_routes_each_expert_once():
         res.plan(0, np.arange(E) < 5)
     with pytest.raises(ValueError, match="expected a bool array of length E=10"):
         res.plan(0, np.ones(9, bool))
+
+
+# ---- every layer is sampled; NaN / Inf ---------------------------------------------------------------------------
+def _poison(fmt: str, banks: dict) -> None:
+    """Every expert of one layer computes non-finite values: gate row 0 gets a NaN weight (bf16), a NaN block scale
+    (fp8_block) or an Inf fp16 d in its first block (q4_0, a poisoned GGUF)."""
+    if fmt == "bf16":
+        banks["gate_up"][:, 0, 0] = np.nan
+    elif fmt == "fp8_block":
+        banks["gate_up_scale"][:, 0, 0] = np.nan
+    else:
+        banks["gate_up"][:, 0, :2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+
+
+@pytest.mark.parametrize("fmt,layer", [("bf16", 0), ("bf16", 1), ("fp8_block", 0), ("q4_0", 0)])
+def test_poisoned_layer_stops_start_up(rng, fmt, layer):
+    """The last layer gets the full checks; every other layer one step: a poisoned layer 0 no longer serves."""
+    banks, _ = make_banks(fmt, rng, layers=3)
+    _poison(fmt, banks[layer])
+    with pytest.raises(RuntimeError, match=rf"failed eagerly \(AssertionError: layer {layer}: one-token step with "
+                                           r"experts \[\d+\]: \d+ of \d+ outputs are NaN/Inf"):
+        MoERunner(fmt, banks, top_k=2, device="cpu", threads=1, progress=False)
+
+
+def test_allow_nonfinite_follows_the_reference(rng):
+    banks, _ = make_banks("bf16", rng)
+    _poison("bf16", banks[0])
+    r = MoERunner("bf16", banks, top_k=2, device="cpu", threads=1, progress=False, qualify=False)
+    qualify.qualify_runner(r, allow_nonfinite=True)  # NaN exactly where the float64 reference has it
+    ids = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
+    y = r.forward(0, torch.randn(2, r.H).to(torch.bfloat16), torch.rand(2, 2) + 0.1, ids)
+    assert torch.isnan(y.float()).all()
+    r.close()
+
+
+def test_compare_nonfinite_rules():
+    ref = np.array([[1.0, 2.0], [np.nan, np.nan]])
+    ok = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert qualify.compare(ok[:1], ref[:1], 1e-2) is None
+    assert "NaN/Inf" in qualify.compare(ok, ref, 1e-2)  # strict: the reference's NaN fails
+    assert "different places" in qualify.compare(ok, ref, 1e-2, allow_nonfinite=True)  # a kernel that hid the NaN
+    assert qualify.compare(torch.tensor([[1.0, 2.0], [float("nan")] * 2]), ref, 1e-2, allow_nonfinite=True) is None
+    assert "max rel error" in qualify.compare(ok[:1] * 1.1, ref[:1], 1e-2)
+
+
+def test_sample_ids_rotate_through_both_sides():
+    from types import SimpleNamespace
+
+    E, K = 8, 4
+    gpu = np.arange(E) % 2 == 1  # odd experts on the GPU
+    hybrid = SimpleNamespace(E=E, top_k=K, executor=object(), residency=SimpleNamespace(host_mask=lambda _: gpu))
+    picks = [qualify.sample_ids(hybrid, layer)[0] for layer in range(4)]
+    for p in picks:
+        assert list(p[2:]) == [-1, -1] and not gpu[p[0]] and gpu[p[1]]  # one expert on each side
+    assert sorted(int(e) for p in picks for e in p[:2]) == list(range(E))  # 4 layers cover every expert
+    cpu = SimpleNamespace(E=E, top_k=1, executor=object(), residency=None)
+    assert [int(qualify.sample_ids(cpu, layer)[0, 0]) for layer in range(E)] == list(range(E))

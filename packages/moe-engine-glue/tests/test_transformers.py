@@ -293,22 +293,12 @@ def _fp8_dequantize(codes, scale):
 def test_mxfp4_triton_experts_are_swapped_for_dispatched_ones(tmp_path):
     """Mxfp4GptOssExperts (not dispatched: its MLP calls the hub's Triton kernels) -> transformers' GptOssMLP around
     the same router and a decorated GptOssExperts, the experts read from the checkpoint's *_blocks / *_scales."""
-    from test_checkpoints import mxfp4_reference, write_mxfp4
-    from transformers.integrations import mxfp4
+    from checkpoint_writers import as_mxfp4_triton, mxfp4_reference, write_mxfp4
 
     model = hm.build("gpt_oss")
     ckpt = write_mxfp4(model, tmp_path / "model.safetensors")
     ref = mxfp4_reference(model, ckpt)
-    for layer in model.model.layers:  # what replace_with_mxfp4_linear does where the Triton kernels load
-        with torch.device("meta"):
-            experts = mxfp4.Mxfp4GptOssExperts(model.config)
-        if hasattr(mxfp4, "Mxfp4GptOssMLP"):  # transformers 5.2x: an MLP class of its own
-            layer.mlp = mxfp4.Mxfp4GptOssMLP(layer.mlp.router, experts)
-        else:  # 5.17: GptOssMLP keeps its class, its forward is replaced on the instance
-            from types import MethodType
-
-            layer.mlp.experts = experts
-            layer.mlp.forward = MethodType(mxfp4.mlp_forward, layer.mlp)
+    as_mxfp4_triton(model)
     off = _offload(model, checkpoint=tmp_path)
     assert off.format == "mxfp4" and off.source.startswith("mxfp4 checkpoint")
     assert [type(layer.mlp).__name__ for layer in model.model.layers] == ["GptOssMLP", "GptOssMLP"]

@@ -1,11 +1,18 @@
-"""Start-up qualification, fail closed (docs/architecture.md, rule 4). Before a runner serves, one layer in its
-strategy runs at every graph batch size:
-  eager: steps with CPU and GPU routes, only CPU routes, only GPU routes (no CPU route), compared with the float64
-    reference of cpumoe_formats (tolerance below) and, for steps with only CPU routes, with the executor's synchronous
-    decode bit for bit. A failure raises: the runner would compute wrong answers.
-  graphs (a CUDA/HIP device): the step captured once, replayed with changed inputs, routes and residency, each replay
-    equal bit for bit to the eager step on the same inputs. A failure refuses decode graphs (with a warning naming the
-    reason) on every tensor-parallel rank, and eager decode stays correct.
+"""Start-up qualification, fail closed (docs/architecture.md, rule 4). Before a runner serves:
+  every other layer: one step (one token routed to one expert of each side of a hybrid split, rotating with the
+    layer) against the float64 reference of cpumoe_formats, so a layer whose banks or tables are wrong (a poisoned
+    checkpoint's layer 0) stops start-up, not only the last layer. The reference's dequantization costs most of it:
+    0.10-0.13 s a layer for a Qwen3-30B-A3B q4_0 expert on 2 cores (docs/transformers.md).
+  the last layer, at every graph batch size:
+    eager: steps with CPU and GPU routes, only CPU routes, only GPU routes (no CPU route), compared with the float64
+      reference (tolerance in reference.py) and, for steps with only CPU routes, with the executor's synchronous
+      decode bit for bit. A failure raises: the runner would compute wrong answers.
+    graphs (a CUDA/HIP device): the step captured once, replayed with changed inputs, routes and residency, each
+      replay equal bit for bit to the eager step on the same inputs. A failure refuses decode graphs (with a warning
+      naming the reason) on every tensor-parallel rank, and eager decode stays correct.
+Every compared step has finite inputs: a NaN / Inf in its output (or the reference's) fails, unless
+allow_nonfinite (offload_experts' flag for checkpoints loaded with non-finite scales): then the output must be
+NaN / Inf exactly where the reference is, and within tolerance elsewhere.
 """
 from __future__ import annotations
 
@@ -49,9 +56,33 @@ def step_inputs(r, gen, T: int, kind: str, layer: int):
     return x.to(d), w.to(d), torch.from_numpy(ids).to(d)
 
 
-def _rel(got, ref: np.ndarray) -> float:
+def compare(got, ref: np.ndarray, tol: float, allow_nonfinite: bool = False) -> str | None:
+    """Why `got` (a step's output) fails against the float64 reference `ref`, or None: max |got - ref| / max |ref|
+    below tol over the finite values; NaN / Inf in either fails unless allow_nonfinite, where they must coincide."""
     g = got.detach().float().cpu().numpy().astype(np.float64)
-    return float(np.abs(g - ref).max() / (np.abs(ref).max() + 1e-6))
+    fin_g, fin_r = np.isfinite(g), np.isfinite(ref)
+    if not allow_nonfinite and not (fin_g.all() and fin_r.all()):
+        return (f"{int((~fin_g).sum())} of {g.size} outputs are NaN/Inf (the float64 reference has "
+                f"{int((~fin_r).sum())}) for finite inputs: the banks hold non-finite values (a checkpoint's scales?) "
+                "or a kernel made them; offload_experts(allow_nonfinite=True) accepts them where the reference has "
+                "them")
+    if (fin_g != fin_r).any():
+        return (f"NaN/Inf in {int((~fin_g).sum())} outputs, the float64 reference in {int((~fin_r).sum())}, at "
+                "different places")
+    both = fin_g & fin_r
+    rel = float(np.abs(g - ref)[both].max(initial=0.0) / (np.abs(ref[both]).max(initial=0.0) + 1e-6))
+    if not rel < tol:
+        return f"max rel error {rel:.3g} against the float64 reference, expected < {tol}"
+    return None
+
+
+def _reference(r, layer: int, x, w, ids) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):  # poisoned banks: the NaN is the finding, not a warning
+        return reference(r, layer, x, w, ids)
+
+
+def tolerance(r) -> float:
+    return max(TOLERANCE.get(r.executor.mode if r.executor else "native", 3e-2), TOLERANCE["native"])
 
 
 def _sync(r, stream=None) -> None:
@@ -64,10 +95,10 @@ def _sync(r, stream=None) -> None:
         (stream or torch.cuda.current_stream(r.device)).synchronize()
 
 
-def check_eager(r, layer: int, gen) -> list[str]:
+def check_eager(r, layer: int, gen, allow_nonfinite: bool = False) -> list[str]:
     """Raises AssertionError on a wrong eager step; returns what was checked."""
     torch = _torch()
-    tol = max(TOLERANCE.get(r.executor.mode if r.executor else "native", 3e-2), TOLERANCE["native"])
+    tol = tolerance(r)
     done = []
     sizes = r.graph_batch_sizes
     for T in sizes:
@@ -78,16 +109,49 @@ def check_eager(r, layer: int, gen) -> list[str]:
             y = r.step(layer, x, w, ids)
             _sync(r)
             if T in (sizes[0], sizes[-1]) or kind == "mixed":
-                rel = _rel(y, reference(r, layer, x, w, ids))
-                if not rel < tol:
-                    raise AssertionError(f"eager {kind} step (T={T}): max rel error {rel:.3g} against the float64 "
-                                         f"reference, expected < {tol}")
+                why = compare(y, _reference(r, layer, x, w, ids), tol, allow_nonfinite)
+                if why:
+                    raise AssertionError(f"layer {layer}: eager {kind} step (T={T}): {why}")
             if kind == "cpu-only":
                 want = r.executor.decode(layer, x.cpu(), w.cpu(), ids.cpu())
                 if not torch.equal(y.cpu().view(torch.int16), want.view(torch.int16)):
                     raise AssertionError(f"eager cpu-only step (T={T}) differs from the executor's synchronous decode")
             done.append(f"{kind}@{T}")
     return done
+
+
+def sample_ids(r, layer: int) -> np.ndarray:
+    """ids [1, top_k]: one expert of `layer` from each side that holds some (the CPU's, the GPU's), the layer's index
+    into that side's experts (so successive layers cover different experts); the rest -1."""
+    resident = r.residency.host_mask(layer) if r.residency is not None else np.zeros(r.E, bool)
+    if r.executor is None:
+        resident = np.ones(r.E, bool)
+    pools = [p for p in (np.flatnonzero(~resident), np.flatnonzero(resident)) if len(p)]
+    picks = [int(p[layer % len(p)]) for p in pools][:r.top_k]
+    ids = np.full((1, r.top_k), -1, np.int32)
+    ids[0, :len(picks)] = picks
+    return ids
+
+
+def check_every_layer(r, gen, allow_nonfinite: bool = False, skip: int | None = None) -> int:
+    """One one-token step per layer (but `skip`) with sample_ids' experts against the float64 reference; raises
+    AssertionError naming the layer. Returns the number of layers checked."""
+    torch = _torch()
+    tol, n = tolerance(r), 0
+    for layer in range(r.num_layers):
+        if layer == skip:
+            continue
+        ids = torch.from_numpy(sample_ids(r, layer)).to(r.device)
+        x = torch.randn(1, r.H, generator=gen).to(torch.bfloat16).to(r.device)
+        w = (torch.rand(1, r.top_k, generator=gen) + 0.05).to(r.device)
+        y = r.step(layer, x, w, ids)
+        _sync(r)
+        why = compare(y, _reference(r, layer, x, w, ids), tol, allow_nonfinite)
+        if why:
+            experts = [int(e) for e in ids[0].tolist() if e >= 0]
+            raise AssertionError(f"layer {layer}: one-token step with experts {experts}: {why}")
+        n += 1
+    return n
 
 
 def check_graphs(r, layer: int, gen, replays: int = 4) -> None:
@@ -144,16 +208,18 @@ def consensus(eager_ok: bool, graphs_ok: bool, reason: str, group=None) -> tuple
     return not bad_eager, False, "; ".join(f"rank {rk}: {why}" for rk, why in bad)
 
 
-def qualify_runner(r, tp_group=None) -> None:
-    """Sets r.graphs_ok / r.graphs_reason; raises RuntimeError when an eager step is wrong (on any rank)."""
+def qualify_runner(r, tp_group=None, *, allow_nonfinite: bool = False) -> None:
+    """Sets r.graphs_ok / r.graphs_reason; raises RuntimeError when an eager step is wrong (on any rank).
+    allow_nonfinite: NaN / Inf outputs pass where the float64 reference has them (module docstring)."""
     torch = _torch()
     gen = torch.Generator().manual_seed(SEED)
     layer = r.num_layers - 1
     gpu = r.device.type == "cuda"
     eager_ok, graphs_ok = True, gpu
     try:
-        checked = check_eager(r, layer, gen)
-        why = f"eager {len(checked)} steps ok"
+        checked = check_eager(r, layer, gen, allow_nonfinite=allow_nonfinite)
+        sampled = check_every_layer(r, gen, allow_nonfinite, skip=layer)
+        why = f"eager {len(checked)} steps ok on layer {layer}, one step on each of {sampled} other layers"
     except Exception as e:  # noqa: BLE001 - reported below, after the ranks agree
         eager_ok, graphs_ok, why = False, False, f"{type(e).__name__}: {e}"
     if eager_ok and gpu:

@@ -8,7 +8,13 @@
   gguf_q4_0  GGUF `blk.N.ffn_{gate,up,down}_exps.weight` in Q4_0 -> q4_0: exact
 
 One small module per layout (fp8_block.py, mxfp4.py, nvfp4.py, gguf_q4_0.py); tensor names per architecture in
-naming.py. `load_experts` reads the decoder layers asked for, in that order, one bank dict each."""
+naming.py; the two stores (safetensors_store.py, gguf_store.py) and what a tensor must be (validation.py).
+`load_experts` reads the decoder layers asked for, in that order, one bank dict each.
+
+Before any byte is reinterpreted, every tensor's dtype and shape are checked against the layout (from the file's
+header), and a truncated file is refused naming the tensor whose bytes are missing; scales holding NaN / Inf are
+refused unless allow_nonfinite=True. Every such refusal is a CheckpointError (a ValueError) naming the file, the
+tensor, its layer (and expert) and what was expected; a missing tensor is a KeyError naming it."""
 from __future__ import annotations
 
 import os
@@ -16,10 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import fp8_block, gguf_q4_0, mxfp4, naming, nvfp4
-from ._store import SafetensorsStore
+from .gguf_store import GgufStore
+from .safetensors_store import SafetensorsStore
+from .validation import CheckpointError
 
 LAYOUTS = ("fp8_block", "mxfp4", "nvfp4", "gguf_q4_0")
 FORMAT_OF = {"fp8_block": "fp8_block", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "gguf_q4_0": "q4_0"}
+# each layout's module: load_layer(store, names or layer, E, H, I, progress, allow_nonfinite) and DTYPES, the dtypes
+# it accepts per tensor-name suffix
+MODULE_OF = {"fp8_block": fp8_block, "mxfp4": mxfp4, "nvfp4": nvfp4, "gguf_q4_0": gguf_q4_0}
 # the suffix whose presence on a layer's first expert tensor names the safetensors layout
 # (per expert, fused; None = never fused)
 _SUFFIX = {"mxfp4": ("_blocks", "_blocks"), "fp8_block": (".weight_scale_inv", "_scale_inv"),
@@ -56,48 +67,51 @@ def open_store(path):
         if len(ggufs) == 1 and not any(p.glob("*.safetensors")):
             p = ggufs[0]
     if p.suffix == ".gguf":
-        return gguf_q4_0.GgufStore(p)
+        return GgufStore(p)
     return SafetensorsStore(p)
 
 
 def detect_layout(store, E: int, layer: int | None = None) -> str:
-    if isinstance(store, gguf_q4_0.GgufStore):
+    if isinstance(store, GgufStore):
         return "gguf_q4_0"
     prefixes = naming.layer_prefixes(store.keys())
     if not prefixes:
         raise KeyError(f"{store.path}: no routed-expert tensors ('*layers.N.mlp.experts.*')")
     layer = layer if layer in prefixes else min(prefixes)  # a missing layer is named by the loader
-    for layout, (suffix, fused) in _SUFFIX.items():
-        try:
-            naming.resolve(store.keys(), layer, E, suffix, fused_suffix=fused)
+    mine = [k for k in store.keys() if k.startswith(f"{prefixes[layer]}{layer}.") and ".experts." in k]
+    for layout, (suffix, fused) in _SUFFIX.items():  # the suffix decides; missing experts are named by the loader
+        if any(k.endswith(suffix) or (fused is not None and k.endswith(fused)) for k in mine):
             return layout
-        except KeyError:
-            continue
     raise ValueError(f"{store.path}: layer {layer}'s experts are in none of the layouts {list(_SUFFIX)} (no "
                      "'.weight_scale_inv', '.weight_scale_2' or gpt-oss '_blocks' tensors); "
                      "float checkpoints are read by transformers and quantized from the model")
 
 
 def load_experts(path, layers, *, E: int, H: int, I: int, layout: str | None = None,  # noqa: E741
-                 model_type: str | None = None, progress=None) -> LoadedExperts:
+                 model_type: str | None = None, progress=None, allow_nonfinite: bool = False) -> LoadedExperts:
     """Banks for the decoder layers `layers` (checkpoint numbering), in that order. progress(n) is called per
-    expert read."""
+    expert read. allow_nonfinite: load scales (and mxfp4 biases) that are NaN / Inf instead of refusing them; the
+    per-layer report counts them ('nonfinite_scales'), and every token routed through them computes NaN / Inf.
+    Thread contract: safe to call from several threads (each call opens its own store; the banks are new arrays)."""
     with open_store(path) as store:
         layout = layout or detect_layout(store, E, layers[0] if layers else None)
         if layout not in LAYOUTS:
             raise ValueError(f"layout={layout!r}: expected one of {list(LAYOUTS)}")
+        if (layout == "gguf_q4_0") != isinstance(store, GgufStore):
+            kind = "GGUF" if isinstance(store, GgufStore) else "safetensors"
+            raise ValueError(f"layout={layout!r}, but {store.path} is a {kind} checkpoint")
         out = LoadedExperts(layout, FORMAT_OF[layout], [])
         for n in layers:
             if layout == "gguf_q4_0":
-                banks, rep = gguf_q4_0.load_layer(store, n, E, H, I, progress)
+                banks, rep = gguf_q4_0.load_layer(store, n, E, H, I, progress, allow_nonfinite)
             else:
                 suffix, fused = _SUFFIX[layout]
                 names = naming.resolve(store.keys(), n, E, suffix, model_type, fused_suffix=fused)
-                mod = {"fp8_block": fp8_block, "mxfp4": mxfp4, "nvfp4": nvfp4}[layout]
-                banks, rep = mod.load_layer(store, names, E, H, I, progress)
+                banks, rep = MODULE_OF[layout].load_layer(store, names, E, H, I, progress, allow_nonfinite)
             out.banks.append(banks)
             out.report[n] = rep
     return out
 
 
-__all__ = ["FORMAT_OF", "LAYOUTS", "LoadedExperts", "detect_layout", "load_experts", "open_store"]
+__all__ = ["CheckpointError", "FORMAT_OF", "LAYOUTS", "MODULE_OF", "LoadedExperts", "detect_layout", "load_experts",
+           "open_store"]

@@ -10,33 +10,30 @@ Codes and block scales are copied as they are. The nvfp4 bank keeps a global per
 a projection gets fp16(weight_scale_2): nearest even, a relative change of at most 2^-11 for a normal fp16 value
 (6.1e-5 <= |g| <= 65504), the same factor for every weight of that projection; gate and up keep their own.
 `global_rounding_max_rel` in the loader's report is the largest |fp16(g) / g - 1| of the layer (docs/transformers.md).
-A global outside fp16's normal range loses more precision and is reported too."""
+A global outside fp16's normal range loses more precision and is reported too. Dtypes and shapes are checked before
+any byte is viewed; e4m3 block scales (NaN code 0x7F / 0xFF) and globals are scanned for NaN / Inf (validation.py)."""
 from __future__ import annotations
 
 import numpy as np
 
 import cpumoe_formats as cf
 
+from .validation import bad_e4m3, bad_float, refuse_nonfinite
+
 FP16_MIN_NORMAL, FP16_MAX = 2.0 ** -14, 65504.0
+DTYPES = {".weight": ("U8",), ".weight_scale": ("F8_E4M3",), ".weight_scale_2": ("F32", "BF16", "F16")}
 
 
-def _u8(t, shape: tuple, what: str) -> np.ndarray:
+def _u8(t) -> np.ndarray:
     import torch
 
-    if t.dtype not in (torch.uint8, torch.int8, torch.float8_e4m3fn):
-        raise TypeError(f"{what}: dtype {t.dtype}, expected uint8 codes (or float8_e4m3fn scales)")
-    a = t.detach().to("cpu").contiguous().view(torch.uint8).numpy()
-    if a.shape != shape:
-        raise ValueError(f"{what}: shape {a.shape}, expected {shape}")
-    return a
+    return t.detach().to("cpu").contiguous().view(torch.uint8).numpy()
 
 
-def _global(t, what: str) -> tuple[np.float16, float, bool]:
+def _global(t) -> tuple[np.float16, float, bool]:
     g = float(t.detach().to("cpu").float().reshape(-1)[0])
-    if t.numel() != 1:
-        raise ValueError(f"{what}: {t.numel()} values, expected one per-tensor global (weight_scale_2)")
     h = np.float16(g)
-    rel = abs(float(h) - g) / abs(g) if g else 0.0
+    rel = abs(float(h) - g) / abs(g) if g and np.isfinite(g) else 0.0
     return h, rel, not (FP16_MIN_NORMAL <= abs(g) <= FP16_MAX)
 
 
@@ -50,14 +47,22 @@ class _Builder:
                   "down_packed": cf.aligned_empty((E, H, I // 2), np.uint8, 64),
                   "down_scale": cf.aligned_empty((E, H, I // 16), e4m3, 64),
                   "down_global": cf.aligned_empty((E, H), np.float16, 64)}
-        self.dev, self.out_of_range = 0.0, 0
+        self.dev, self.out_of_range, self.bad = 0.0, 0, 0
 
-    def put(self, e: int, proj: str, rows: slice, weight, scale, scale_2, what: str) -> None:
+    def put(self, store, e: int, proj: str, rows: slice, name: str, what: str, allow: bool) -> None:
+        """One projection's tensors, `name` + .weight / .weight_scale / .weight_scale_2, checked, scanned, copied."""
         R = rows.stop - rows.start
         K = self.H if proj == "gate_up" else self.I
-        self.b[f"{proj}_packed"][e, rows] = _u8(weight, (R, K // 2), f"{what}.weight")
-        self.b[f"{proj}_scale"][e, rows] = _u8(scale, (R, K // 16), f"{what}.weight_scale").view(cf.numerics.E4M3)
-        g, rel, odd = _global(scale_2, f"{what}.weight_scale_2")
+        shapes = {".weight": (R, K // 2), ".weight_scale": (R, K // 16), ".weight_scale_2": ((), (1,))}
+        t = {s: store.get(name + s, DTYPES[s], shapes[s], f"{what} {s[1:]}") for s in DTYPES}
+        sc = _u8(t[".weight_scale"])
+        where = str(store.meta(name + ".weight_scale")[0])
+        self.bad += refuse_nonfinite(bad_e4m3(sc), where, name + ".weight_scale", f"{what}, [row, block]", allow)
+        self.bad += refuse_nonfinite(bad_float(t[".weight_scale_2"]), where, name + ".weight_scale_2",
+                                     f"{what}, the per-tensor global", allow)
+        self.b[f"{proj}_packed"][e, rows] = _u8(t[".weight"])
+        self.b[f"{proj}_scale"][e, rows] = sc.view(cf.numerics.E4M3)
+        g, rel, odd = _global(t[".weight_scale_2"])
         self.b[f"{proj}_global"][e, rows] = g
         self.dev = max(self.dev, rel)
         self.out_of_range += odd
@@ -65,20 +70,23 @@ class _Builder:
     def done(self) -> tuple[dict, dict]:
         cf.get_format("nvfp4").validate(self.b)
         return self.b, {"global_rounding_max_rel": self.dev, "exact": self.dev == 0.0,
-                        "globals_outside_fp16_normal": self.out_of_range}
+                        "globals_outside_fp16_normal": self.out_of_range, "nonfinite_scales": self.bad}
 
 
-def load_layer(store, names, E: int, H: int, I: int, progress=None) -> tuple[dict, dict]:  # noqa: E741
+def load_layer(store, names, E: int, H: int, I: int, progress=None,  # noqa: E741
+               allow_nonfinite: bool = False) -> tuple[dict, dict]:
     """One decoder layer's experts from per-expert ModelOpt tensors (gate_proj, up_proj, down_proj)."""
     if names.gate is None:
         raise KeyError(f"layer {names.layer}: ModelOpt NVFP4 experts are stored per expert "
                        "('...experts.{e}.gate_proj.weight' + weight_scale + weight_scale_2), found fused names")
+    if H % 16 or I % 16:
+        raise ValueError(f"NVFP4 needs H and I multiples of 16, got H={H}, I={I}")
     b = _Builder(E, H, I)
     for e in range(E):
-        for proj, rows, name in (("gate_up", slice(0, I), names.gate[e]), ("gate_up", slice(I, 2 * I), names.up[e]),
-                                 ("down", slice(0, H), names.down[e])):
-            b.put(e, proj, rows, store.get(name + ".weight"), store.get(name + ".weight_scale"),
-                  store.get(name + ".weight_scale_2"), name)
+        for proj, rows, name, p in (("gate_up", slice(0, I), names.gate[e], "gate"),
+                                    ("gate_up", slice(I, 2 * I), names.up[e], "up"),
+                                    ("down", slice(0, H), names.down[e], "down")):
+            b.put(store, e, proj, rows, name, f"layer {names.layer} expert {e} {p}", allow_nonfinite)
         if progress is not None:
             progress(1)
     return b.done()

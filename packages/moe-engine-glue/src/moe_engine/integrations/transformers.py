@@ -239,19 +239,6 @@ def _quantize_module(module, spec: ExpertsSpec, fmt: str, fold: bool, tick) -> d
     return out
 
 
-def _free(module) -> None:
-    """Replace every weight of the experts module by an empty tensor of the same dtype and device."""
-    import torch
-
-    for name, p in list(module._parameters.items()):
-        if p is not None:
-            module._parameters[name] = torch.nn.Parameter(torch.empty(0, dtype=p.dtype, device=p.device),
-                                                          requires_grad=False)
-    for name in ("gate_up_proj", "down_proj"):  # Mxfp4GptOssExperts keeps Triton tensors as plain attributes
-        if name in module.__dict__:
-            module.__dict__[name] = None
-
-
 # ---- the per-module call -----------------------------------------------------------------------------------------
 class _Binding:
     """One experts module's call into the shared runner: layer index, gpt-oss's folded biases, EP sentinels."""
@@ -307,8 +294,9 @@ class Offloaded:
         self.runner.close()
 
 
-def _swap_mxfp4_mlps(model, found):
-    """Mxfp4GptOssMLP(router, Mxfp4GptOssExperts) -> GptOssMLP(router, GptOssExperts without weights)."""
+def _mxfp4_replacements(model, found, edit) -> list:
+    """Mxfp4GptOssMLP(router, Mxfp4GptOssExperts) -> GptOssMLP(router, GptOssExperts without weights), recorded in
+    `edit` (applied at commit); returns `found` with the new experts modules in place of the replaced ones."""
     import torch
 
     out = []
@@ -326,7 +314,7 @@ def _swap_mxfp4_mlps(model, found):
         mlp = GptOssMLP.__new__(GptOssMLP)
         torch.nn.Module.__init__(mlp)
         mlp.router, mlp.experts = parent.router, experts
-        model.set_submodule(parent_name, mlp)
+        edit.swap(parent_name, mlp)
         out.append((name, experts))
     return out
 
@@ -336,9 +324,48 @@ def _model_device(model):
     return emb.weight.device if emb is not None else next(model.parameters()).device
 
 
+def _refuse_offloaded(model, found) -> None:
+    """offload_experts runs once per model: a second call would find the first one's modules without weights."""
+    bound = [n for n, m in found if "_moe_engine" in m.__dict__]
+    prior = model.__dict__.get("moe_engine")
+    if bound or prior is not None:
+        what = f" ({prior.format}, strategy {prior.runner.strategy})" if isinstance(prior, Offloaded) else ""
+        raise ValueError(f"{type(model).__name__}: its experts are already offloaded to moe_engine{what}: "
+                         f"model.moe_engine holds the runner. offload_experts converts a model once; for another "
+                         "format or strategy, load the model again")
+    empty = [n for n, m in found if any(p.numel() == 0 for p in m.parameters(recurse=False))]
+    if empty:
+        raise ValueError(f"{empty[0]}: its expert weights are empty (freed?); offload_experts needs the loaded "
+                         "weights, or checkpoint= with the module shapes intact")
+
+
+def _banks_from_model(found, specs, fmt: str, fold: bool, device, progress: bool, allow_nonfinite: bool):
+    """Banks of every experts module (its weights only read), the per-layer reports and gpt-oss's folded down
+    biases."""
+    import torch
+
+    banks, down_biases, report = [], [], {}
+    with bar(total=specs[0].E * len(found), desc=f"moe_engine: experts -> {fmt}", unit="expert",
+             disable=not progress) as pb:
+        for (name, m), s in zip(found, specs):
+            if s.kind == "fp8" and fmt == "fp8_block":
+                from ..checkpoints import fp8_block
+
+                b, rep = fp8_block.bank_from_tensors(m.gate_up_proj, m.gate_up_proj_scale_inv, m.down_proj,
+                                                     m.down_proj_scale_inv, pb.update, where=name,
+                                                     allow_nonfinite=allow_nonfinite)
+                report[_decoder_layer(name, len(banks))] = rep
+            else:
+                b = _quantize_module(m, s, fmt, fold, pb.update)
+            banks.append(b)
+            if fold:
+                down_biases.append(m.down_proj_bias.detach().to(device, torch.float32).clone())
+    return banks, report, down_biases
+
+
 def offload_experts(model, format: str | None = None, strategy: str = "auto", *, checkpoint=None,  # noqa: A002
                     residency=None, threads: int | None = None, device=None, progress: bool = True,
-                    **runner_kwargs) -> Offloaded:
+                    allow_nonfinite: bool = False, **runner_kwargs) -> Offloaded:
     """Run `model`'s routed experts through one moe_engine MoERunner.
 
     format: the banks' format (bf16, fp8_block, q4_0, nvfp4, mxfp4, ds_fp4) quantized from the modules' weights;
@@ -348,20 +375,32 @@ def offload_experts(model, format: str | None = None, strategy: str = "auto", *,
         (moe_engine.checkpoints); needed for Mxfp4GptOssExperts (default there: the model's own directory).
     strategy, residency, threads: MoERunner's (cpu | hybrid | gpu | auto; GPU-resident experts; CPU workers).
     device: where the activations live (default: the input embeddings' device).
+    allow_nonfinite: load checkpoint / FP8Experts scales that are NaN or Inf instead of refusing them (a
+        CheckpointError naming the file, tensor and layer); start-up qualification then accepts NaN / Inf outputs
+        where the float64 reference has them. Tokens routed through such experts compute NaN / Inf.
     runner_kwargs: the rest of MoERunner's keywords (graph_batch_sizes, max_tokens, mode, isa, handshake, qualify,
         capacity, prefill, tp_group).
-    Unmapped experts, a format that cannot hold the shape and a checkpoint that does not match raise before any weight
-    is freed; the weights go layer by layer as their banks are built.
+
+    Transactional: the banks, the runner and its start-up qualification are built while the model is only read; the
+    model changes (weights freed, modules bound, implementation selected) only after all of it succeeded, and an
+    error at any point leaves the model exactly as it was. The price is peak memory: the experts' weights stay in the
+    model until the banks and the runner exist, so the peak holds both (the banks' bytes above what the model held).
+    A model offloaded once is refused (ValueError): load it again to change format or strategy.
+
+    Thread contract: nothing may run or change the model while this runs (it reads the weights, then edits it);
+    the returned runner is shareable (MoERunner's contract).
     """
     import torch
 
     from ..runner import MoERunner
+    from .model_edit import ModelEdit
 
     register()
     found = find_experts(model)
     if not found:
         raise ValueError(f"{type(model).__name__}: no experts module transformers dispatches (no "
                          "@use_experts_implementation class, FP8Experts or Mxfp4GptOssExperts)")
+    _refuse_offloaded(model, found)
     specs = [inspect_experts(m) for _, m in found]
     kinds = {s.kind for s in specs}
     first = specs[0]
@@ -378,15 +417,16 @@ def offload_experts(model, format: str | None = None, strategy: str = "auto", *,
             raise ValueError("gpt-oss's MXFP4 experts (Mxfp4GptOssExperts) hold Triton-swizzled weights; pass "
                              "checkpoint=<the model's safetensors directory> to read its *_blocks / *_scales")
         checkpoint = guess
-    total = first.E * len(found)
-    report, source = {}, "model weights"
+    edit = ModelEdit(model)
+    down_biases = []
+    # ---- build: the model is only read --------------------------------------------------------------------------
     if checkpoint is not None:
         from .. import checkpoints
 
-        with bar(total=total, desc=f"moe_engine: reading experts from {checkpoint}", unit="expert",
+        with bar(total=first.E * len(found), desc=f"moe_engine: reading experts from {checkpoint}", unit="expert",
                  disable=not progress) as pb:
             loaded = checkpoints.load_experts(checkpoint, layers, E=first.E, H=first.H, I=first.I,
-                                              model_type=mtype, progress=pb.update)
+                                              model_type=mtype, progress=pb.update, allow_nonfinite=allow_nonfinite)
         if format is not None and cf.get_format(format).name != loaded.format:
             raise ValueError(f"format={format!r}, but the checkpoint's experts are {loaded.layout} (format "
                              f"{loaded.format!r}); omit format= or pass {loaded.format!r}")
@@ -395,51 +435,44 @@ def offload_experts(model, format: str | None = None, strategy: str = "auto", *,
         if fmt != "mxfp4" and first.bias:
             raise ValueError(f"{loaded.layout} checkpoint for experts with biases: only mxfp4 banks hold them")
         fold = False
-        found = _swap_mxfp4_mlps(model, found)
-        for _, m in found:
-            _free(m)
+        found = _mxfp4_replacements(model, found, edit)
     else:
         fmt = format or ("fp8_block" if kinds == {"fp8"} else "mxfp4" if first.bias else "bf16")
         fspec = cf.get_format(fmt)
-        fmt = fspec.name
+        fmt, source = fspec.name, "model weights"
         fold = first.bias and "gate_up_bias" not in fspec.bank_names
-        fspec.check_dims(first.H + (FOLD_PAD if fold else 0), first.I)  # before any weight is freed
-        banks, down_biases = [], []
-        with bar(total=total, desc=f"moe_engine: experts -> {fmt}", unit="expert", disable=not progress) as pb:
-            for (name, m), s in zip(found, specs):
-                if s.kind == "fp8" and fmt == "fp8_block":
-                    from ..checkpoints import fp8_block
-
-                    b, rep = fp8_block.bank_from_tensors(m.gate_up_proj, m.gate_up_proj_scale_inv, m.down_proj,
-                                                         m.down_proj_scale_inv, pb.update)
-                    report[_decoder_layer(name, len(banks))] = rep
-                else:
-                    b = _quantize_module(m, s, fmt, fold, pb.update)
-                banks.append(b)
-                if fold:
-                    down_biases.append(m.down_proj_bias.detach().to(device, torch.float32).clone())
-                _free(m)  # layer by layer: the float weights go as their banks arrive
-    gc.collect()
+        fspec.check_dims(first.H + (FOLD_PAD if fold else 0), first.I)
+        banks, report, down_biases = _banks_from_model(found, specs, fmt, fold, device, progress, allow_nonfinite)
     act = dict(activation=first.activation, alpha=first.alpha, limit=first.limit)
     if act["activation"] not in ("swigluoai", "swiglu_clamp"):
         act.pop("alpha"), act.pop("limit")
     cfg = getattr(found[0][1], "config", None) or model.config.get_text_config()
     top_k = int(cfg.num_experts_per_tok)
+    qualify = runner_kwargs.pop("qualify", True)
+    # allow_nonfinite qualifies here, accepting NaN / Inf where the reference has them (qualify.py)
     runner = MoERunner(fmt, banks, top_k=top_k, strategy=strategy, device=device, residency=residency,
-                       threads=threads, progress=progress, **act, **runner_kwargs)
+                       threads=threads, progress=progress, qualify=qualify and not allow_nonfinite, **act,
+                       **runner_kwargs)
     del banks
-    for i, (_, m) in enumerate(found):
-        m._moe_engine = _Binding(runner, i, first.H, first.E, down_biases[i] if fold else None,
-                                 bool(getattr(m, "_is_expert_parallel", False)))
-    model.set_experts_implementation(NAME)
-    wrong = [n for n, m in found if getattr(getattr(m, "config", None), "_experts_implementation", NAME) != NAME]
-    if wrong:
-        raise RuntimeError(f"set_experts_implementation({NAME!r}) did not reach {wrong[:3]} (their config's "
-                           "_experts_implementation differs); is this model's experts module dispatched?")
+    try:
+        if qualify and allow_nonfinite:
+            from ..qualify import qualify_runner
+
+            qualify_runner(runner, runner_kwargs.get("tp_group"), allow_nonfinite=True)
+        # ---- commit: the model changes only now, all together or not at all (model_edit.py) -------------------
+        out = Offloaded(runner, fmt, [n for n, _ in found], layers, source, report, fold)
+        for i, (_, m) in enumerate(found):
+            edit.bind(m, _Binding(runner, i, first.H, first.E, down_biases[i] if fold else None,
+                                  bool(getattr(m, "_is_expert_parallel", False))))
+            edit.free(m)
+        # model.moe_engine keeps the runner alive with the model (the custom op holds it weakly)
+        edit.commit(NAME, {"moe_engine": out})
+    except BaseException:
+        runner.close()
+        raise
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    out = Offloaded(runner, fmt, [n for n, _ in found], layers, source, report, fold)
-    model.moe_engine = out  # keeps the runner alive with the model (the custom op holds it weakly)
     log.info("%d experts modules of %s -> %s (%s); %s", len(found), type(model).__name__, fmt, source,
              runner.describe())
     return out
