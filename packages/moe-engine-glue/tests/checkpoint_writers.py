@@ -26,7 +26,7 @@ def moe_layers(model):
     for name, m in hm.experts_modules(model):
         s = mt.inspect_experts(m)
         gu, dn, _, _ = mt._float_chunk(m, s, 0, s.E)
-        out.append((mt._decoder_layer(name, 0), m, s, torch.from_numpy(gu), torch.from_numpy(dn)))
+        out.append((mt.decoder_layer(name, 0), m, s, torch.from_numpy(gu), torch.from_numpy(dn)))
     return out
 
 
@@ -113,7 +113,7 @@ def write_mxfp4(model, path):
     """gpt-oss's per-layer fused tensors (rows = the model's interleaved gate_up columns)."""
     t = _extra(model)
     for name, m in hm.experts_modules(model):
-        n = mt._decoder_layer(name, 0)
+        n = mt.decoder_layer(name, 0)
         p = f"model.layers.{n}.mlp.experts."
         for proj, w, bias in (("gate_up_proj", m.gate_up_proj, m.gate_up_proj_bias),
                               ("down_proj", m.down_proj, m.down_proj_bias)):
@@ -134,7 +134,7 @@ def mxfp4_reference(model, path):
     ref = hm.clone(model)
     with safe_open(str(path), framework="pt") as f, torch.no_grad():
         for name, m in hm.experts_modules(ref):
-            p = f"model.layers.{mt._decoder_layer(name, 0)}.mlp.experts."
+            p = f"model.layers.{mt.decoder_layer(name, 0)}.mlp.experts."
             for proj in ("gate_up_proj", "down_proj"):
                 w = convert_moe_packed_tensors(f.get_tensor(p + proj + "_blocks"), f.get_tensor(p + proj + "_scales"),
                                                dtype=torch.float32)

@@ -20,6 +20,7 @@ from test_transformers import LAYER_TOL, QUANT_TOL  # noqa: E402
 from moe_engine import checkpoints, qualify  # noqa: E402
 from moe_engine.integrations import model_edit  # noqa: E402
 from moe_engine.integrations import transformers as mt  # noqa: E402
+from moe_engine.integrations.transformers import convert  # noqa: E402
 
 KW = dict(strategy="cpu", threads=2, progress=False)
 
@@ -73,7 +74,7 @@ def _failures(tmp_path, model):
         ("format against checkpoint", dict(checkpoint=ckpt, format="q4_0"), None, ValueError, "format='q4_0'"),
         ("NaN scale in the checkpoint", dict(checkpoint=nan), None, checkpoints.CheckpointError, "NaN or Inf"),
         ("banks half built", dict(format="q4_0"),
-         lambda m: m.setattr(mt, "_quantize_module", _raise_on_call(2, mt._quantize_module)),
+         lambda m: m.setattr(convert, "quantize_module", _raise_on_call(2, convert.quantize_module)),
          RuntimeError, "injected"),
         ("runner: residency=1.5", dict(residency=1.5), None, ValueError, "residency"),
         ("runner: residency of the wrong length", dict(residency=[[False] * hm.E]), None, ValueError, "residency"),

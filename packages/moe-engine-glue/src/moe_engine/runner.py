@@ -109,30 +109,35 @@ class MoERunner:
         check_policy(prefill)  # before the executor is built
         self.last_prefill = None
         act_kw = dict(activation=self.act.name, alpha=alpha, limit=limit)
-        if self.strategy in ("cpu", "hybrid"):
-            from cpumoe_executor import CpuMoeExecutor, resolve_cores
+        try:
+            if self.strategy in ("cpu", "hybrid"):
+                from cpumoe_executor import CpuMoeExecutor, resolve_cores
 
-            if threads is None and self.device.type == "cuda":
-                # one physical core stays free for the thread driving the GPU (launches, replays, its waits), which
-                # otherwise shares a pinned worker's core: H200 host, demo hybrid bf16 batch 1, 570 us/layer with 15
-                # workers, 2472 with 16 (docs/moe-engine.md)
-                threads = max(1, len(resolve_cores()[0]) - 1)
-            self.executor = CpuMoeExecutor(self.format, banks, top_k=top_k, max_tokens=self.max_tokens,
-                                           threads=threads, mode=mode, isa=isa,
-                                           apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
-            self.top_k = self.executor.top_k
-            from .sync import open_sync
+                if threads is None and self.device.type == "cuda":
+                    # one physical core stays free for the thread driving the GPU (launches, replays, its waits),
+                    # which otherwise shares a pinned worker's core: H200 host, demo hybrid bf16 batch 1, 570 us/layer
+                    # with 15 workers, 2472 with 16 (docs/moe-engine.md)
+                    threads = max(1, len(resolve_cores()[0]) - 1)
+                self.executor = CpuMoeExecutor(self.format, banks, top_k=top_k, max_tokens=self.max_tokens,
+                                               threads=threads, mode=mode, isa=isa,
+                                               apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
+                self.top_k = self.executor.top_k
+                from .sync import open_sync
 
-            self.sync, self.sync_why = open_sync(self.executor, self.device, handshake)
-            if handshake is not None and self.sync.path != handshake:
-                raise RuntimeError(f"handshake={handshake!r} is unavailable here: {self.sync.summary()}")
-        if self.strategy in ("hybrid", "gpu"):
-            self._open_gpu(residency, capacity, act_kw)
-        self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
-        if qualify:
-            from .qualify import qualify_runner
+                self.sync, self.sync_why = open_sync(self.executor, self.device, handshake)
+                if handshake is not None and self.sync.path != handshake:
+                    raise RuntimeError(f"handshake={handshake!r} is unavailable here: {self.sync.summary()}")
+            if self.strategy in ("hybrid", "gpu"):
+                self._open_gpu(residency, capacity, act_kw)
+            self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
+            if qualify:
+                from .qualify import qualify_runner
 
-            qualify_runner(self, tp_group)
+                qualify_runner(self, tp_group)
+        except BaseException:
+            self.closed = True
+            self._close()  # what was built so far (the executor's threads, the handshake) goes with the error
+            raise
         from .op import register
 
         self.handle = register(self)

@@ -21,8 +21,11 @@ import time
 
 import cpumoe_formats as cf
 
-from ..progress import bar
-from . import budget, skeleton
+from ...loading import budget
+from ...progress import bar
+from . import skeleton
+from .adapter import NAME, Binding, Offloaded, register
+from .experts import decoder_layer, find_experts, inspect_experts
 from .sources import open_source
 
 log = logging.getLogger("moe_engine")
@@ -53,8 +56,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     """
     import torch
 
-    from ..runner import MoERunner
-    from ..validate import device as check_device
+    from ...runner import MoERunner
+    from ...validate import device as check_device
+    from ..model_edit import ModelEdit
 
     t0 = time.perf_counter()
     dtype = torch.bfloat16 if dtype is None else dtype
@@ -65,19 +69,17 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
             raise ValueError(f"{name}={v!r}: expected a positive int")
     src = open_source(path, gguf_file)
     try:
-        from ..integrations import transformers as tf
-
-        tf.register()
+        register()
         model = skeleton.build(src.config, dtype)
-        found = tf.find_experts(model)
+        found = find_experts(model)
         if not found:
             raise NotImplementedError(f"{type(model).__name__} ({src.config.model_type}): no experts module "
                                       "transformers dispatches (@use_experts_implementation); moe_engine cannot serve "
                                       "its experts")
-        specs = [tf.inspect_experts(m) for _, m in found]
+        specs = [inspect_experts(m) for _, m in found]
         first = specs[0]
         E, H, I = first.E, first.H, first.I  # noqa: E741
-        layers = [tf.decoder_layer(n, i) for i, (n, _) in enumerate(found)]
+        layers = [decoder_layer(n, i) for i, (n, _) in enumerate(found)]
         shipped = src.experts_format(layers)
         fmt = cf.get_format(format).name if format is not None else shipped
         if fmt != shipped:
@@ -126,9 +128,12 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
                            residency=plan.residency if plan.strategy == "hybrid" else None, threads=threads,
                            progress=progress, **act, **kwargs)
         del banks
-        out = tf.attach(model, found, runner, run_fmt, layers, f"{src.layout} {src.where}")
-        out.tokenizer = src.tokenizer()
-        out.plan = plan
+        out = Offloaded(runner, run_fmt, [n for n, _ in found], layers, f"{src.layout} {src.where}",
+                        tokenizer=src.tokenizer(), plan=plan)
+        edit = ModelEdit(model)
+        for i, (_, m) in enumerate(found):
+            edit.bind(m, Binding(runner, i, H, E, None, bool(getattr(m, "_is_expert_parallel", False))))
+        edit.commit(NAME, {"moe_engine": out})
         out.load_seconds = time.perf_counter() - t0
         model.eval()
         log.info("from_pretrained: ready in %.1f s; %s", out.load_seconds, runner.describe())
@@ -139,7 +144,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
 
 def _has_gpu_experts(fmt: str) -> bool:
     try:
-        from ..gpu.experts import GpuExperts
+        from ...gpu.experts import GpuExperts
     except ImportError:
         return False
     return fmt in GpuExperts.FORMATS

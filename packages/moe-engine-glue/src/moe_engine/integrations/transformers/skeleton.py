@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..progress import bar
+from ...progress import bar
 
 
 def build(config, dtype):

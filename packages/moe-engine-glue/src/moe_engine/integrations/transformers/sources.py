@@ -16,7 +16,7 @@ import numpy as np
 
 import cpumoe_formats as cf
 
-from .gguf_tensors import GgufTensors, unpermute_qk
+from ...loading.gguf_tensors import GgufTensors, unpermute_qk
 
 # GGUF expert tensor types served as shipped, and the format each is
 GGUF_EXPERT_TYPES = {"Q4_0": "q4_0"}
