@@ -33,8 +33,8 @@ FORMAT_OF = {"fp8_block": "fp8_block", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "gguf
 MODULE_OF = {"fp8_block": fp8_block, "mxfp4": mxfp4, "nvfp4": nvfp4, "gguf_q4_0": gguf_q4_0}
 # the suffix whose presence on a layer's first expert tensor names the safetensors layout
 # (per expert, fused; None = never fused)
-_SUFFIX = {"mxfp4": ("_blocks", "_blocks"), "fp8_block": (".weight_scale_inv", "_scale_inv"),
-           "nvfp4": (".weight_scale_2", None)}
+SUFFIX = {"mxfp4": ("_blocks", "_blocks"), "fp8_block": (".weight_scale_inv", "_scale_inv"),
+          "nvfp4": (".weight_scale_2", None)}
 
 
 @dataclass
@@ -79,10 +79,10 @@ def detect_layout(store, E: int, layer: int | None = None) -> str:
         raise KeyError(f"{store.path}: no routed-expert tensors ('*layers.N.mlp.experts.*')")
     layer = layer if layer in prefixes else min(prefixes)  # a missing layer is named by the loader
     mine = [k for k in store.keys() if k.startswith(f"{prefixes[layer]}{layer}.") and ".experts." in k]
-    for layout, (suffix, fused) in _SUFFIX.items():  # the suffix decides; missing experts are named by the loader
+    for layout, (suffix, fused) in SUFFIX.items():  # the suffix decides; missing experts are named by the loader
         if any(k.endswith(suffix) or (fused is not None and k.endswith(fused)) for k in mine):
             return layout
-    raise ValueError(f"{store.path}: layer {layer}'s experts are in none of the layouts {list(_SUFFIX)} (no "
+    raise ValueError(f"{store.path}: layer {layer}'s experts are in none of the layouts {list(SUFFIX)} (no "
                      "'.weight_scale_inv', '.weight_scale_2' or gpt-oss '_blocks' tensors); "
                      "float checkpoints are read by transformers and quantized from the model")
 
@@ -105,7 +105,7 @@ def load_experts(path, layers, *, E: int, H: int, I: int, layout: str | None = N
             if layout == "gguf_q4_0":
                 banks, rep = gguf_q4_0.load_layer(store, n, E, H, I, progress, allow_nonfinite)
             else:
-                suffix, fused = _SUFFIX[layout]
+                suffix, fused = SUFFIX[layout]
                 names = naming.resolve(store.keys(), n, E, suffix, model_type, fused_suffix=fused)
                 banks, rep = MODULE_OF[layout].load_layer(store, names, E, H, I, progress, allow_nonfinite)
             out.banks.append(banks)
@@ -113,5 +113,5 @@ def load_experts(path, layers, *, E: int, H: int, I: int, layout: str | None = N
     return out
 
 
-__all__ = ["CheckpointError", "FORMAT_OF", "LAYOUTS", "MODULE_OF", "LoadedExperts", "detect_layout", "load_experts",
-           "open_store"]
+__all__ = ["CheckpointError", "FORMAT_OF", "LAYOUTS", "MODULE_OF", "SUFFIX", "LoadedExperts", "detect_layout",
+           "load_experts", "open_store"]

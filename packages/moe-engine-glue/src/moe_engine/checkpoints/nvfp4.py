@@ -90,3 +90,19 @@ def load_layer(store, names, E: int, H: int, I: int, progress=None,  # noqa: E74
         if progress is not None:
             progress(1)
     return b.done()
+
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+
+
+def dequantize_weight(weight, scale, scale_2):
+    """A ModelOpt NVFP4 linear weight ([rows, K/2] uint8 codes, [rows, K/16] e4m3 scales, one fp32 global) as float32
+    [rows, K]: e2m1(code) * e4m3(scale) * scale_2 (the non-expert layers of a ModelOpt checkpoint; small)."""
+    import torch
+
+    codes = weight.detach().to("cpu").contiguous().view(torch.uint8).numpy()
+    lo, hi = E2M1[codes & 0xF], E2M1[codes >> 4]
+    w = np.stack([lo, hi], axis=-1).reshape(codes.shape[0], -1)  # low nibble = even element
+    s = scale.detach().to("cpu").float().numpy()
+    g = float(scale_2.detach().to("cpu").float().reshape(-1)[0])
+    return torch.from_numpy(w * np.repeat(s, 16, axis=1)[:, :w.shape[1]] * g)

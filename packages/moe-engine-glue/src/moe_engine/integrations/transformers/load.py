@@ -67,7 +67,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     for name, v in (("kv_length", kv_length), ("kv_batch", kv_batch)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r}: expected a positive int")
-    src = open_source(path, gguf_file)
+    src = open_source(path, gguf_file, allow_nonfinite)
     try:
         register()
         model = skeleton.build(src.config, dtype)
@@ -81,10 +81,16 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         E, H, I = first.E, first.H, first.I  # noqa: E741
         layers = [decoder_layer(n, i) for i, (n, _) in enumerate(found)]
         shipped = src.experts_format(layers)
-        fmt = cf.get_format(format).name if format is not None else shipped
-        if fmt != shipped:
-            raise ValueError(f"format={format!r}, but {src.where} ships its experts as {shipped}; omit format= (the "
-                             "experts are served as shipped)")
+        if shipped is None:  # float experts: quantized to format= (default bf16) as each layer is read
+            if first.bias:
+                raise NotImplementedError(f"{src.where}: float experts with biases (gpt-oss in bf16) are not read by "
+                                          "from_pretrained; load the model with transformers and use offload_experts")
+            fmt = cf.get_format(format or "bf16").name
+        else:
+            fmt = cf.get_format(format).name if format is not None else shipped
+            if fmt != shipped:
+                raise ValueError(f"format={format!r}, but {src.where} ships its experts as {shipped}; omit format= "
+                                 "(the experts are served as shipped)")
         missing = [n for n in src.bind(model) if not n.startswith(tuple(p + "." for p, _ in found))]
         tied = getattr(src.config.get_text_config(), "tie_word_embeddings", False)
         missing = [n for n in missing if not (tied and n.endswith("lm_head.weight"))]
@@ -114,7 +120,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         with bar(total=len(layers), desc=f"moe_engine: experts -> {run_fmt}", unit="layer",
                  disable=not progress) as pb:
             for n in layers:
-                b = src.expert_banks(n, E, H, I)
+                b = src.expert_banks(n, E, H, I, fmt)
                 if run_fmt != fmt:
                     b = cf.get_format(fmt).to_layout(b, run_fmt, threads)
                 banks.append(b)

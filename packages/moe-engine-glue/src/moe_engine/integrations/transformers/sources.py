@@ -95,7 +95,7 @@ class GgufSource:
             a = unpermute_qk(a, heads)
         return a
 
-    def expert_banks(self, layer: int, E: int, H: int, I: int) -> dict:  # noqa: E741
+    def expert_banks(self, layer: int, E: int, H: int, I: int, fmt: str | None = None) -> dict:  # noqa: E741
         """q4_0 banks of one layer: gate rows then up rows per expert, the file's blocks copied as they are."""
         g, u, d = (p.format(n=layer) for p in GGUF_EXPERTS)
         want = {b.name: b.expected(E, H, I) for b in cf.get_format(self.format).banks}
@@ -128,8 +128,127 @@ class GgufSource:
         self.file.close()
 
 
-def open_source(path, gguf_file=None):
+class SafetensorsSource:
+    """A Hugging Face directory: config.json, *.safetensors (an index or every file), a tokenizer if present. Experts
+    in a shipped layout (FP8 block, gpt-oss MXFP4, ModelOpt NVFP4) are read by moe_engine.checkpoints' loaders;
+    float experts (bf16) are quantized layer by layer to `format=`. Non-expert FP8 / NVFP4 weights are dequantized
+    (they are small), everything else is read as stored."""
+
+    def __init__(self, directory: Path, allow_nonfinite: bool):
+        from transformers import AutoConfig
+
+        from ...checkpoints import open_store
+
+        self.directory, self.where, self.allow = directory, str(directory), allow_nonfinite
+        self.config = AutoConfig.from_pretrained(str(directory))
+        self.model_type = self.config.get_text_config().model_type
+        self.store = open_store(directory)
+        self.layout, self.format, self._names = None, None, None
+
+    def experts_format(self, layers: list[int]) -> str:
+        from ...checkpoints import FORMAT_OF, detect_layout
+
+        E = _num_experts(self.config)
+        try:
+            self.layout = detect_layout(self.store, E, layers[0])
+        except ValueError:  # no quantized experts: float weights, quantized to format= as they are read
+            self.layout = "float"
+            self.format = None
+            return None
+        self.format = FORMAT_OF[self.layout]
+        return self.format
+
+    def bind(self, model) -> list[str]:
+        keys = set(self.store.keys())
+        self._names = {n: n for n, _ in model.named_parameters() if n in keys}
+        return [n for n, _ in model.named_parameters() if n not in keys]
+
+    def read(self, hf_name: str):
+        import torch
+
+        t = self.store.get(hf_name, what="non-expert weight")
+        base = hf_name[: -len(".weight")] if hf_name.endswith(".weight") else None
+        if t.dtype == torch.float8_e4m3fn and base is not None and base + ".weight_scale_inv" in self.store:
+            s = self.store.get(base + ".weight_scale_inv", what="non-expert weight scale").float()
+            rows, cols = t.shape
+            s = s.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+            return (t.float() * s).to(torch.float32)
+        if t.dtype == torch.uint8 and base is not None and base + ".weight_scale_2" in self.store:
+            from ...checkpoints.nvfp4 import dequantize_weight
+
+            return dequantize_weight(t, self.store.get(base + ".weight_scale"),
+                                     self.store.get(base + ".weight_scale_2"))
+        if not t.is_floating_point():
+            raise ValueError(f"{self.where}: tensor {hf_name} is {t.dtype}, expected a float weight (or FP8 / NVFP4 "
+                             "with its scales)")
+        return t
+
+    def expert_banks(self, layer: int, E: int, H: int, I: int, fmt: str | None = None) -> dict:  # noqa: E741
+        from ...checkpoints import MODULE_OF, SUFFIX, naming
+
+        if self.layout == "float":
+            return self._float_banks(layer, E, H, I, fmt)
+        suffix, fused = SUFFIX[self.layout]
+        names = naming.resolve(self.store.keys(), layer, E, suffix, self.model_type, fused_suffix=fused)
+        banks, _report = MODULE_OF[self.layout].load_layer(self.store, names, E, H, I, None, self.allow)
+        self.store.close()  # the layer's pages leave the process's mappings (RSS stays what the banks hold)
+        return banks
+
+    def _float_banks(self, layer: int, E: int, H: int, I: int, fmt: str) -> dict:  # noqa: E741
+        """Float experts (per expert gate / up / down, or fused) quantized to `fmt`, a few experts at a time."""
+        from ...checkpoints import naming
+
+        names = naming.resolve(self.store.keys(), layer, E, ".weight", self.model_type, fused_suffix="")
+        spec = cf.get_format(fmt)
+        out = {b.name: cf.aligned_empty(b.expected(E, H, I), b.dtypes[0], 64) for b in spec.banks}
+        step = max(1, (64 << 20) // (12 * H * I))  # ~64 MB of float32 weights per call
+        for e0 in range(0, E, step):
+            e1 = min(E, e0 + step)
+            if names.gate is not None:
+                gu = np.stack([np.concatenate([self._f32(names.gate[e] + ".weight"),
+                                               self._f32(names.up[e] + ".weight")]) for e in range(e0, e1)])
+                dn = np.stack([self._f32(names.down[e] + ".weight") for e in range(e0, e1)])
+            else:
+                gu = self._f32(names.gate_up + ".weight")[e0:e1]
+                dn = self._f32(names.down_fused + ".weight")[e0:e1]
+            part = cf.quantize(fmt, gu, dn)
+            for k, v in part.items():
+                out[k][e0:e1] = v
+        spec.validate(out)
+        self.store.close()
+        return out
+
+    def _f32(self, name: str) -> np.ndarray:
+        import torch
+
+        return self.store.get(name, what="float expert weight").to(torch.float32).numpy()
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        if not any((self.directory / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+            return None
+        try:
+            return AutoTokenizer.from_pretrained(str(self.directory))
+        except (ValueError, KeyError, OSError, TypeError):
+            return None
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _num_experts(config) -> int:
+    c = config.get_text_config()
+    for k in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if getattr(c, k, None):
+            return int(getattr(c, k))
+    raise ValueError(f"config of {c.model_type}: no expert count (num_experts / num_local_experts / n_routed_experts)")
+
+
+def open_source(path, gguf_file=None, allow_nonfinite: bool = False):
+    """The source for `path` (and gguf_file=); FileNotFoundError / ValueError naming what is wrong, before anything
+    heavy is read."""
     directory, g = resolve(path, gguf_file)
     if g is not None:
         return GgufSource(directory, g)
-    raise NotImplementedError("safetensors directories: SafetensorsSource")
+    return SafetensorsSource(directory, allow_nonfinite)
