@@ -1,0 +1,1 @@
+"""Tools run beside the library: checkpoint writers and other command-line helpers."""
