@@ -211,6 +211,10 @@ def test_transformers_loads_gpt_oss_mxfp4(files):
     # transformers keeps gpt-oss's down as [E, I, H] (convert_moe_packed_tensors transposes the stored [E, H, I])
     got = m.model.layers[1].mlp.experts.down_proj[3].detach().double().T
     assert ((got - want).abs() <= BF16_REL * want.abs()).all()
+    # and they are the seeded weights to MXFP4 precision: relative RMS error of E2M1 with a power-of-two scale on
+    # N(0, 1) data ~0.1; a swapped nibble order or a wrong scale would give ~1.4 or more
+    w = torch.from_numpy(weights.normal(7, p + ".3", (s.hidden, s.moe_inter))).double()
+    assert (want - w).norm() / w.norm() < 0.2
     assert m.model.layers[0].self_attn.sinks.shape == (s.heads,)
 
 
