@@ -90,7 +90,11 @@ if [[ $CUDA == 1 ]]; then
     [[ $CUDA_FA == 1 ]] && args+=(-DGGML_CUDA_FA=ON) || args+=(-DGGML_CUDA_FA=OFF)
     NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
     args+=("-DCMAKE_CUDA_COMPILER=$NVCC")
-    toolkit=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
+    toolkit=${CUDA_HOME:-}
+    for d in "$(dirname "$(readlink -f "$NVCC")")/.." /usr/local/cuda; do  # (nvcc may be a wrapper script)
+        [[ -z $toolkit && -f $d/include/cuda.h ]] && toolkit=$(cd "$d" && pwd)
+    done
+    [[ -n $toolkit ]] || { echo "build_llama_bench: no CUDA toolkit with include/cuda.h (set CUDA_HOME)" >&2; exit 1; }
     if [[ -z "${CUBLAS_DIR:-}" && ! -f $toolkit/include/cublas_v2.h ]]; then
         CUBLAS_DIR=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))' \
             2>/dev/null || true)
@@ -105,6 +109,22 @@ if [[ $CUDA == 1 ]]; then
         for l in cublas cublasLt; do ln -sf "$CUBLAS_DIR/lib/lib$l.so.13" "$stub/lib$l.so"; done
         args+=("-DCUDA_cublas_LIBRARY=$stub/libcublas.so" "-DCUDA_cublasLt_LIBRARY=$stub/libcublasLt.so"
                "-DCMAKE_CUDA_FLAGS=-I$CUBLAS_DIR/include" "-DCMAKE_CXX_FLAGS=-I$CUBLAS_DIR/include")
+    fi
+    # ggml-cuda calls the driver API (cuMem* for its VMM pool), so it links libcuda.so.1. A machine without the
+    # driver and without the toolkit's lib64/stubs gets a link-only stub: the driver-API functions ggml-cuda names
+    # (resolved through cuda.h's macros), each an empty function, in a libcuda.so whose soname is libcuda.so.1.
+    # It is never carried: at run time the GPU host's driver provides libcuda.so.1.
+    if [[ ! -f $toolkit/lib64/stubs/libcuda.so ]] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+        drv=$OUT/build/cuda-driver-stub
+        mkdir -p "$drv"
+        fns=$(grep -ohE '\bcu[A-Z][A-Za-z0-9_]*\s*\(' "$SRC"/ggml/src/ggml-cuda/*.cu "$SRC"/ggml/src/ggml-cuda/*.cuh \
+            | tr -d ' (' | grep -v '^cuBLAS' | sort -u)
+        { echo '#include <cuda.h>'; echo 'void *refs[] = {'; for f in $fns; do echo "(void *) $f,"; done; echo '};'; } \
+            > "$drv/refs.c"
+        gcc -c -I"$toolkit/include" "$drv/refs.c" -o "$drv/refs.o"
+        nm -u "$drv/refs.o" | awk '{print "void " $2 "(void) {}"}' > "$drv/stub.c"
+        gcc -shared -fPIC -Wl,-soname,libcuda.so.1 "$drv/stub.c" -o "$drv/libcuda.so"
+        args+=("-DCUDA_cuda_driver_LIBRARY=$drv/libcuda.so")
     fi
 fi
 
@@ -138,7 +158,7 @@ RUN
 chmod +x "$OUT/bin/run.sh"
 {
     echo "llama.cpp commit $commit (llama-cpp-python $VERSION sdist)"
-    echo "cuda=$CUDA cuda_arch=$CUDA_ARCH cuda_fa=$CUDA_FA cpu_native=$CPU_NATIVE cpu_features=${CPU_FEATURES// /,}"
+    echo "cuda=$CUDA cuda_arch=$CUDA_ARCH cuda_fa=$CUDA_FA cpu_native=$CPU_NATIVE$([[ $CPU_NATIVE == 1 ]] || echo " cpu_features=${CPU_FEATURES// /,}")"
     echo "built $(date -u +%FT%TZ) on $(uname -m) in $((t1 - t0)) s with $JOBS jobs"
     echo "needed at run time:"
     for t in "${TARGETS[@]}"; do ldd "$OUT/bin/$t" | awk '{print "  " $1 " -> " $3}'; done | sort -u
