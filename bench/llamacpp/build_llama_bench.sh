@@ -6,9 +6,9 @@
 #   CUDA=1 bench/llamacpp/build_llama_bench.sh           # CUDA build    -> .ggml/llama-cuda/bin/
 #   .ggml/llama-cpu/bin/llama-bench -m F.gguf -t 2 -p 64 -n 32 -r 3 -o json
 #
-# The bin/ folder is self-contained apart from the CUDA libraries (cudart, cublas, cublasLt): llama.cpp and ggml
-# are linked statically (BUILD_SHARED_LIBS=OFF), libgomp is copied beside the binaries and found through
-# RPATH=$ORIGIN. In the CUDA build, bin/run.sh finds the CUDA 13 libraries of a pip-installed torch
+# The bin/ folder is self-contained apart from glibc >= 2.34 and the CUDA libraries (cudart, cublas, cublasLt):
+# llama.cpp, ggml, libstdc++ and libgcc are linked statically, libgomp is copied beside the binaries and found
+# through RPATH=$ORIGIN. In the CUDA build, bin/run.sh finds the CUDA 13 libraries of a pip-installed torch
 # (site-packages/nvidia/cu13/lib, as torch 2.11+cu130 installs them) or CUDA_LIB_DIR, and execs the tool:
 #   .ggml/llama-cuda/bin/run.sh llama-bench -m F.gguf -ngl 99 --n-cpu-moe 48 ...
 # The CUDA bin/ is ~40-60 MB (the sm_90 kernels), so it can be carried to the GPU host as a folder.
@@ -78,6 +78,9 @@ args=(
     -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DGGML_OPENMP=ON
     "-DCMAKE_BUILD_RPATH=\$ORIGIN" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
+    # libstdc++ and libgcc linked in: a carried binary then needs the other machine's glibc >= 2.34 only, not
+    # GCC 12's GLIBCXX_3.4.30
+    "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc"
 )
 if [[ $CPU_NATIVE == 1 ]]; then
     args+=(-DGGML_NATIVE=ON)
