@@ -80,8 +80,8 @@ args=(
     "-DCMAKE_BUILD_RPATH=\$ORIGIN" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
     # libstdc++ and libgcc linked in: a carried binary then needs the other machine's glibc >= 2.34 only, not
     # GCC 12's GLIBCXX_3.4.30
-    "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc"
 )
+LDFLAGS_EXE="-static-libstdc++ -static-libgcc"
 if [[ $CPU_NATIVE == 1 ]]; then
     args+=(-DGGML_NATIVE=ON)
 else
@@ -112,6 +112,7 @@ if [[ $CUDA == 1 ]]; then
         for l in cublas cublasLt; do ln -sf "$CUBLAS_DIR/lib/lib$l.so.13" "$stub/lib$l.so"; done
         args+=("-DCUDA_cublas_LIBRARY=$stub/libcublas.so" "-DCUDA_cublasLt_LIBRARY=$stub/libcublasLt.so"
                "-DCMAKE_CUDA_FLAGS=-I$CUBLAS_DIR/include" "-DCMAKE_CXX_FLAGS=-I$CUBLAS_DIR/include")
+        LDFLAGS_EXE="$LDFLAGS_EXE -Wl,-rpath-link,$CUBLAS_DIR/lib"  # libcublas.so.13 needs libcublasLt.so.13
     fi
     # ggml-cuda calls the driver API (cuMem* for its VMM pool), so it links libcuda.so.1. A machine without the
     # driver and without the toolkit's lib64/stubs gets a link-only stub: the driver-API functions ggml-cuda names
@@ -130,6 +131,8 @@ if [[ $CUDA == 1 ]]; then
         args+=("-DCUDA_cuda_driver_LIBRARY=$drv/libcuda.so")
     fi
 fi
+
+args+=("-DCMAKE_EXE_LINKER_FLAGS=$LDFLAGS_EXE")
 
 t0=$(date +%s)
 mkdir -p "$OUT/build"
