@@ -78,9 +78,9 @@ args=(
     -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DGGML_OPENMP=ON
     "-DCMAKE_BUILD_RPATH=\$ORIGIN" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
-    # libstdc++ and libgcc linked in: a carried binary then needs the other machine's glibc >= 2.34 only, not
-    # GCC 12's GLIBCXX_3.4.30
 )
+# libstdc++ and libgcc linked in: a carried binary then needs the other machine's glibc >= 2.34 only, not GCC 12's
+# GLIBCXX_3.4.30
 LDFLAGS_EXE="-static-libstdc++ -static-libgcc"
 if [[ $CPU_NATIVE == 1 ]]; then
     args+=(-DGGML_NATIVE=ON)
