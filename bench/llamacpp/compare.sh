@@ -38,35 +38,13 @@ BUDGET_S=${BUDGET_S:-510}
 GGML_BIND=${GGML_BIND:-0}
 GGML_ARGS=${GGML_ARGS:-}
 PY=${PYTHON:-python3}
-QUIET_PCT=${QUIET_PCT:-15}
-QUIET_MAX_WAIT=${QUIET_MAX_WAIT:-20}
 mkdir -p "$OUT/logs"
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[compare $(printf '%4d' "$(elapsed)")s] $*" >&2; }
 
-busy_pct() {  # % of all CPUs busy (not idle/iowait) over 1 s, from /proc/stat
-    local c u n s i w q sq st t1 i1 t2 i2
-    read -r c u n s i w q sq st _ < /proc/stat
-    t1=$((u + n + s + i + w + q + sq + st)); i1=$((i + w))
-    sleep 1
-    read -r c u n s i w q sq st _ < /proc/stat
-    t2=$((u + n + s + i + w + q + sq + st)); i2=$((i + w))
-    echo $(( 100 * ((t2 - t1) - (i2 - i1)) / ((t2 - t1) > 0 ? (t2 - t1) : 1) ))
-}
-
-wait_quiet() {  # label
-    local waited=0 b
-    [[ -f $OUT/logs/quiet.csv ]] || echo "run,busy_pct_before,waited_s,elapsed_s" > "$OUT/logs/quiet.csv"
-    while :; do
-        b=$(busy_pct)
-        if (( b <= QUIET_PCT || waited >= QUIET_MAX_WAIT )); then break; fi
-        if (( waited == 0 )); then say "$1: machine ${b}% busy, waiting (up to ${QUIET_MAX_WAIT}s)"; fi
-        sleep 4
-        waited=$((waited + 5))
-    done
-    echo "$1,$b,$waited,$(elapsed)" >> "$OUT/logs/quiet.csv"
-}
+QUIET_T0=$T0
+. "$ROOT/bench/llamacpp/quiet.sh"  # busy_pct, wait_quiet
 
 model_of() {
     case $1 in
@@ -108,7 +86,7 @@ run_ours() {  # fmt round [mode]
     local args=(--format "$fmt" --model "$(model_of "$fmt")" --batch "$BATCH" --routing both --threads "$THREADS"
                 --repeats "$REPEATS" --steps "$STEPS")
     if [[ -n $mode ]]; then args+=(--mode "$mode"); tag=$fmt-$mode; fi
-    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ours-$tag-r$r"
+    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ours-$tag-r$r" "$OUT/logs/quiet.csv"
     say "round $r: ours $tag"
     "$PY" -m cpumoe_executor.bench "${args[@]}" --json "$OUT/ours-$tag-r$r.json" \
         > "$OUT/logs/ours-$tag-r$r.txt" 2> "$OUT/logs/ours-$tag-r$r.err" \
@@ -129,7 +107,7 @@ run_ours_all() {  # fmt round: the default mode, then w4a8 where the default is 
 
 run_ggml() {  # fmt round
     local fmt=$1 r=$2
-    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ggml-$fmt-r$r"
+    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ggml-$fmt-r$r" "$OUT/logs/quiet.csv"
     say "round $r: ggml $fmt"
     local envs=()
     if [[ $GGML_BIND == 1 ]]; then envs=(OMP_PROC_BIND=close OMP_PLACES=cores); fi
