@@ -1,0 +1,139 @@
+"""moe_engine.from_pretrained against transformers' own loading of the same file, on the CPU: each shipped layout's
+small synthetic checkpoint (moe_engine.tools.synth: real formats and naming, the qwen3moe / gpt-oss structure at
+small dims, 2 decoder layers, random weights), and the refusals that come before anything heavy is read.
+
+Tolerances, per position of a 32-token sequence (the reference's own greedy continuation, teacher-forced):
+  rel = max |ours - reference| / max |reference| over the vocabulary. Measured on these files: <= 1.1% for bf16, FP8
+  and MXFP4 experts (bf16 roundings carried through two layers, as test_transformers.py explains), <= 1.2% for GGUF
+  Q4_0 in q4_0's default w4a8 mode (the int8 activations), at every position but those where a rounding flips a
+  routing choice (E = 16, top-4: a near-tie of the router): one of 32 positions, 8.0%. So: TOL for 90% of positions,
+  FLIP_TOL (a whole expert's contribution) for the rest.
+  Greedy tokens: the argmax equals the reference's wherever the reference's top-2 margin exceeds twice that
+  position's max |error| (a smaller margin is a near-tie that any rounding decides).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers", minversion="5.0")
+pytest.importorskip("gguf")
+pytest.importorskip("safetensors")
+pytest.importorskip("accelerate")
+
+from transformers import AutoModelForCausalLM, Mxfp4Config  # noqa: E402
+
+from moe_engine import from_pretrained  # noqa: E402
+from moe_engine.loading import budget  # noqa: E402
+from moe_engine.tools import synth  # noqa: E402
+
+TOL = {"gguf-q4_0": 2.5e-2}  # default below
+DEFAULT_TOL, FLIP_TOL, SHARE = 2e-2, 0.15, 0.9
+KW = dict(strategy="cpu", threads=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrained")
+    out = {}
+    for kind in ("gguf-q4_0", "bf16", "fp8", "mxfp4", "gguf-q8_0"):
+        p = root / (f"{kind}.gguf" if kind.startswith("gguf") else kind)
+        synth.write(kind, p, small=True, layers=2, seed=11, shard_bytes=4 << 20, progress=False)
+        out[kind] = p
+    return out
+
+
+def _reference(kind, path):
+    if kind.startswith("gguf"):
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16)
+    extra = dict(quantization_config=Mxfp4Config(dequantize=True)) if kind == "mxfp4" else {}
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, **extra)
+
+
+def _compare(model, ref, tol):
+    ids = torch.tensor([[3, 17, 101, 42, 7, 250, 99, 12]])
+    seq = ref.generate(ids, max_new_tokens=24, do_sample=False)
+    with torch.no_grad():
+        want, got = ref(seq).logits.float()[0], model(seq).logits.float()[0]
+    err = (got - want).abs().max(-1).values
+    rel = (err / want.abs().max(-1).values).numpy()
+    top = want.topk(2, -1).values
+    decided = (top[:, 0] - top[:, 1]) > 2 * err
+    assert np.mean(rel <= tol) >= SHARE and rel.max() <= FLIP_TOL, sorted(rel.tolist())[-4:]
+    assert torch.equal(got.argmax(-1)[decided], want.argmax(-1)[decided])
+    return float(np.median(rel))
+
+
+@pytest.mark.parametrize("kind", ["gguf-q4_0", "bf16", "fp8", "mxfp4"])
+def test_matches_transformers_loading(files, kind):
+    path = files[kind]
+    ref = _reference(kind, path)
+    model = from_pretrained(path, **KW)
+    off = model.moe_engine
+    assert off.runner.strategy == "cpu" and off.plan.strategy == "cpu"
+    assert not any(p.device.type == "meta" for p in model.parameters())
+    _compare(model, ref, TOL.get(kind, DEFAULT_TOL))
+    off.close()
+
+
+def test_float_experts_quantized_to_format(files):
+    model = from_pretrained(files["bf16"], format="q4_0", **KW)
+    assert model.moe_engine.format in ("q4_0", "q4_0_x16")
+    ids = torch.tensor([[3, 17, 101, 42]])
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+    model.moe_engine.close()
+
+
+def test_generate_from_ids_and_tokenizer(files):
+    model = from_pretrained(files["gguf-q4_0"], **KW)
+    tok = model.moe_engine.tokenizer
+    assert tok is not None  # the synthetic GGUF carries a small byte-level BPE
+    ids = tok("hello moe", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 4
+    model.moe_engine.close()
+
+
+def test_refusals_name_what_is_wrong(files, tmp_path):
+    with pytest.raises(FileNotFoundError, match="path='/nonexistent/model': no such file"):
+        from_pretrained("/nonexistent/model", **KW)
+    with pytest.raises(ValueError, match=r"expert tensor blk\.0\.ffn_gate_exps\.weight is Q8_0; moe_engine serves "
+                                         r"GGUF experts in \['Q4_0'\]"):
+        from_pretrained(files["gguf-q8_0"], **KW)
+    with pytest.raises(ValueError, match=r"format='fp8_block', but .* ships its experts as q4_0"):
+        from_pretrained(files["gguf-q4_0"], format="fp8_block", **KW)
+    with pytest.raises(ValueError, match="gpu_memory='lots'"):
+        from_pretrained(files["gguf-q4_0"], gpu_memory="lots", **KW)
+    dense = tmp_path / "dense"
+    _dense_model(dense)
+    with pytest.raises(NotImplementedError, match="no experts module transformers dispatches"):
+        from_pretrained(dense, **KW)
+
+
+def _dense_model(path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+
+
+def test_gpu_budget_plan():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    kw = dict(non_expert_bytes=3 << 30, kv_bytes=1 << 30, expert_bytes=9 << 20, E=128, layers=48, gpu_kernels=True)
+    GiB = 1 << 30
+    p = budget.plan("auto", cuda, 16 * GiB, **kw)
+    fit = (16 * GiB - (3 << 30) - (1 << 30) - budget.RESERVE) // ((9 << 20) * 48)
+    assert p.strategy == "hybrid" and p.experts_per_layer == fit and "on the CPU" in p.why
+    assert budget.plan("auto", cuda, 200 * GiB, **kw).strategy == "gpu"
+    assert budget.plan("auto", cpu, None, **kw).strategy == "cpu"
+    with pytest.raises(ValueError, match=r"gpu_memory=2\.00 GiB is too small: the non-expert weights need 3\.00 GiB"):
+        budget.plan("auto", cuda, 2 * GiB, **kw)
+    with pytest.raises(ValueError, match="strategy='gpu' keeps all 6144 experts"):
+        budget.plan("gpu", cuda, 16 * GiB, **kw)
+    assert budget.parse_bytes("16GiB") == 16 * GiB and budget.parse_bytes("1.5 GB") == 1_500_000_000
+    for bad in ("16 parsecs", "-3GiB", 0, True):
+        with pytest.raises((ValueError, TypeError), match="gpu_memory="):
+            budget.parse_bytes(bad)
