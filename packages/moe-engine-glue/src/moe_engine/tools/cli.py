@@ -1,4 +1,5 @@
-"""The `moe-engine` command: `info` (what this machine offers) and `demo` (a synthetic model decoded and verified)."""
+"""The `moe-engine` command: `info` (what this machine offers), `demo` (a synthetic model decoded and verified),
+`generate` and `bench` (a shipped checkpoint loaded with from_pretrained: a generation, or llama-bench's tests)."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
+    from .generate import add_parsers
+
+    add_parsers(sub)
     return p
 
 
@@ -46,6 +50,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(name)s: %(message)s")
     logging.getLogger("moe_engine").setLevel(logging.INFO)  # its one start-up line names the choices and why
+    if a.cmd in ("generate", "bench"):
+        from .generate import run_bench, run_generate
+
+        return run_generate(a) if a.cmd == "generate" else run_bench(a)
     if a.cmd == "info":
         from .info import info, render
 

@@ -1,0 +1,173 @@
+"""`moe-engine generate` and `moe-engine bench`: a shipped checkpoint loaded with from_pretrained, then a generation
+(text or ids, with prefill and decode tokens/s apart) or llama-bench's tests (pp: a prompt of p tokens in one
+forward; tg: n tokens decoded one at a time after a one-token prompt), printed in llama-bench's table shape so the
+two sit side by side, or as JSON.
+
+Thread contract: command-line entry points; one model, one thread."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class _Clock:
+    """A transformers streamer that stamps the prompt and every new token."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def put(self, value) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def load(a):
+    import torch
+
+    from ..integrations.transformers import from_pretrained
+
+    kw = {}
+    if a.gpu_memory is not None:
+        kw["gpu_memory"] = a.gpu_memory
+    if getattr(a, "strategy", None):
+        kw["strategy"] = a.strategy
+    if getattr(a, "device", None):
+        kw["device"] = a.device
+    t = time.perf_counter()
+    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=not a.quiet, dtype=torch.bfloat16, **kw)
+    return model, time.perf_counter() - t
+
+
+def _prompt_ids(a, model):
+    import torch
+
+    tok = model.moe_engine.tokenizer
+    if a.ids:
+        ids = [int(v) for v in a.ids.replace(",", " ").split()]
+        return torch.tensor([ids]), tok
+    if tok is None:
+        raise SystemExit("moe-engine generate: this checkpoint has no tokenizer; pass --ids 1,2,3 instead of --prompt")
+    return tok(a.prompt, return_tensors="pt").input_ids, tok
+
+
+def run_generate(a) -> int:
+    import torch
+
+    model, load_s = load(a)
+    dev = model.moe_engine.runner.device
+    ids, tok = _prompt_ids(a, model)
+    ids = ids.to(dev)
+    clock = _Clock()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=a.max_new_tokens, do_sample=False, streamer=clock)
+    new = out[0, ids.shape[1]:].tolist()
+    first = clock.stamps[1] if len(clock.stamps) > 1 else time.perf_counter()
+    prefill_s = first - t0
+    decode_s = clock.stamps[-1] - first if len(clock.stamps) > 2 else 0.0
+    res = {"path": str(a.path), "load_s": load_s, "prompt_tokens": int(ids.shape[1]), "new_tokens": len(new),
+           "prefill_tok_s": ids.shape[1] / prefill_s if prefill_s > 0 else None,
+           "decode_tok_s": (len(new) - 1) / decode_s if decode_s > 0 else None, "ids": new,
+           "text": tok.decode(new) if tok is not None and not a.ids else None,
+           "runner": model.moe_engine.runner.describe()}
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(res["text"] if res["text"] is not None else " ".join(map(str, new)))
+        pf = f"{res['prefill_tok_s']:.2f}" if res["prefill_tok_s"] else "-"
+        dc = f"{res['decode_tok_s']:.2f}" if res["decode_tok_s"] else "-"
+        print(f"prefill {res['prompt_tokens']} tokens: {pf} tok/s; decode {len(new)} tokens: {dc} tok/s; "
+              f"load {load_s:.1f} s", file=sys.stderr)
+    model.moe_engine.close()
+    return 0
+
+
+def _pp(model, p: int, vocab: int, dev) -> float:
+    import torch
+
+    ids = torch.randint(0, vocab, (1, p), device=dev)
+    t = time.perf_counter()
+    with torch.no_grad():
+        model(ids, use_cache=True)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return p / (time.perf_counter() - t)
+
+
+def _tg(model, n: int, vocab: int, dev) -> float:
+    import torch
+
+    clock = _Clock()
+    ids = torch.randint(0, vocab, (1, 1), device=dev)
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=n + 1, min_new_tokens=n + 1, do_sample=False, streamer=clock)
+    return n / (clock.stamps[-1] - clock.stamps[1])  # after the first new token: n decode steps
+
+
+def run_bench(a) -> int:
+    model, load_s = load(a)
+    off = model.moe_engine
+    dev = off.runner.device
+    vocab = model.config.get_text_config().vocab_size
+    tests = [("pp", p) for p in a.p if p > 0] + [("tg", n) for n in a.n if n > 0]
+    rows = []
+    fn = {"pp": _pp, "tg": _tg}
+    for kind, k in tests:
+        fn[kind](model, min(k, 8), vocab, dev)  # warm-up (llama-bench runs one too)
+        rates = []
+        for _ in range(a.r):
+            rates.append(fn[kind](model, k, vocab, dev))
+        rows.append({"test": f"{kind}{k}", "n_prompt": k if kind == "pp" else 0, "n_gen": k if kind == "tg" else 0,
+                     "avg_ts": statistics.fmean(rates), "stddev_ts": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+                     "samples_ts": rates})
+    cfg = model.config.get_text_config()
+    params = sum(p.numel() for p in model.parameters())
+    info = {"model": f"{cfg.model_type} {off.format}", "file": str(a.path), "load_s": load_s,
+            "strategy": off.runner.strategy, "threads": off.runner.executor.threads if off.runner.executor else 0,
+            "non_expert_params": params, "plan": off.plan.why if off.plan else None, "runner": off.runner.describe()}
+    if a.json:
+        print(json.dumps({**info, "results": rows}, indent=1))
+    else:
+        backend = f"moe_engine {off.runner.strategy}" + (" (CUDA)" if dev.type == "cuda" else "")
+        print("| model | backend | threads | test | t/s |")
+        print("| ------ | ------- | ------: | ---: | ---: |")
+        for r in rows:
+            print(f"| {info['model']} | {backend} | {info['threads']} | {r['test']} | "
+                  f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
+        _say(f"load {load_s:.1f} s; {off.plan.why if off.plan else ''}")
+    off.close()
+    return 0
+
+
+def add_parsers(sub) -> None:
+    g = sub.add_parser("generate", help="load a checkpoint (from_pretrained) and generate greedily")
+    b = sub.add_parser("bench", help="llama-bench's tests on a checkpoint: pp (prompt) and tg (decode) tokens/s")
+    for p in (g, b):
+        p.add_argument("path", help="a Hugging Face directory or a .gguf file (or its directory, with --gguf-file)")
+        p.add_argument("--gguf-file", default=None, help="the GGUF file's name inside PATH")
+        p.add_argument("--gpu-memory", default=None, help="GPU budget, e.g. 16GiB (default: the free memory)")
+        p.add_argument("--strategy", default=None, choices=("auto", "cpu", "hybrid", "gpu"))
+        p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+    w = g.add_mutually_exclusive_group(required=True)
+    w.add_argument("--prompt", help="text (needs the checkpoint's tokenizer)")
+    w.add_argument("--ids", help="token ids, e.g. 1,2,3")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("-t", "--threads", type=int, default=None, help="CPU workers (default: one per physical core)")
+    b.add_argument("-p", type=_ints, default=[512], help="prompt lengths (default 512; comma list)")
+    b.add_argument("-n", type=_ints, default=[128], help="decoded tokens (default 128; comma list)")
+    b.add_argument("-r", type=int, default=5, help="repetitions (default 5)")
+    b.add_argument("-t", "--threads", type=int, default=None, help="CPU workers (default: one per physical core)")
+
+
+def _ints(v: str) -> list[int]:
+    return [int(x) for x in v.split(",") if x.strip()]
