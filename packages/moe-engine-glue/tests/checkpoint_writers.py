@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 import cpumoe_formats as cf
 from moe_engine.integrations import transformers as mt
+from moe_engine.integrations.transformers import convert
 
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
@@ -25,7 +26,7 @@ def moe_layers(model):
     out = []
     for name, m in hm.experts_modules(model):
         s = mt.inspect_experts(m)
-        gu, dn, _, _ = mt._float_chunk(m, s, 0, s.E)
+        gu, dn, _, _ = convert.float_chunk(m, s, 0, s.E)
         out.append((mt.decoder_layer(name, 0), m, s, torch.from_numpy(gu), torch.from_numpy(dn)))
     return out
 

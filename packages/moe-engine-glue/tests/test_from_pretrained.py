@@ -22,7 +22,7 @@ pytest.importorskip("gguf")
 pytest.importorskip("safetensors")
 pytest.importorskip("accelerate")
 
-from transformers import AutoModelForCausalLM, Mxfp4Config  # noqa: E402
+from transformers import AutoModelForCausalLM, FineGrainedFP8Config, Mxfp4Config  # noqa: E402
 
 from moe_engine import from_pretrained  # noqa: E402
 from moe_engine.loading import budget  # noqa: E402
@@ -30,7 +30,7 @@ from moe_engine.tools import synth  # noqa: E402
 
 TOL = {"gguf-q4_0": 2.5e-2}  # default below
 DEFAULT_TOL, FLIP_TOL, SHARE = 2e-2, 0.15, 0.9
-KW = dict(strategy="cpu", threads=2, progress=False)
+KW = dict(strategy="cpu", device="cpu", threads=2, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,9 @@ def files(tmp_path_factory):
 def _reference(kind, path):
     if kind.startswith("gguf"):
         return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16)
-    extra = dict(quantization_config=Mxfp4Config(dequantize=True)) if kind == "mxfp4" else {}
+    # dequantized to bf16 on the CPU, as a GPU-less transformers does anyway (no GPU kernels needed)
+    extra = {"mxfp4": dict(quantization_config=Mxfp4Config(dequantize=True)),
+             "fp8": dict(quantization_config=FineGrainedFP8Config(dequantize=True))}.get(kind, {})
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, **extra)
 
 

@@ -26,6 +26,7 @@ import hf_models as hm  # noqa: E402
 
 import cpumoe_formats as cf  # noqa: E402
 from moe_engine.integrations import transformers as mt  # noqa: E402
+from moe_engine.integrations.transformers import convert  # noqa: E402
 
 LAYER_TOL, LOGITS_TOL, QUANT_TOL, W4A8_TOL = 2e-2, 1.5e-2, 3e-2, 4e-2
 # per architecture: seeds of the E = top_k = 4 model used for the greedy test (see the module docstring)
@@ -126,13 +127,13 @@ def _dequantized_model(model, fmt):
     spec = cf.get_format(fmt)
     for _, m in hm.experts_modules(ref):
         s = mt.inspect_experts(m)
-        gu, dn, gub, dnb = mt._float_chunk(m, s, 0, s.E)
+        gu, dn, gub, dnb = convert.float_chunk(m, s, 0, s.E)
         if gub is not None and "gate_up_bias" in spec.bank_names:
             banks = cf.quantize(fmt, gu, dn, gate_up_bias=gub, down_bias=dnb)
             gub_q, _ = spec.biases(banks)
             gu_q, dn_q = spec.dequantize(banks)
         elif gub is not None:
-            gu_q, dn_q = spec.dequantize(cf.quantize(fmt, *mt._fold(gu, dn, gub)))
+            gu_q, dn_q = spec.dequantize(cf.quantize(fmt, *convert.fold(gu, dn, gub)))
             gu_q, gub_q, dn_q = gu_q[:, :, :s.H], gu_q[:, :, s.H], dn_q[:, :s.H]
         else:
             gu_q, dn_q = spec.dequantize(cf.quantize(fmt, gu, dn))

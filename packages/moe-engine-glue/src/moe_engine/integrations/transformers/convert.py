@@ -22,7 +22,7 @@ def _f32(t) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy()
 
 
-def _float_chunk(module, spec: ExpertsSpec, e0: int, e1: int):
+def float_chunk(module, spec: ExpertsSpec, e0: int, e1: int):
     """Experts e0..e1 as float32 numpy: gate_up [n, 2I, H] (gate rows, up rows), down [n, H, I], biases or None."""
     import torch
 
@@ -46,7 +46,7 @@ def _fp8_values(codes, scale) -> np.ndarray:
     return (w * s).numpy()
 
 
-def _fold(gu, dn, gub):
+def fold(gu, dn, gub):
     """gate_up bias as input column H (x gets a 1 there), zero columns to H + FOLD_PAD; down gets zero rows."""
     n, I2, H = gu.shape
     gu2 = np.zeros((n, I2, H + FOLD_PAD), np.float32)
@@ -63,12 +63,12 @@ def quantize_module(module, spec: ExpertsSpec, fmt: str, fold: bool, tick) -> di
     out = None
     for e0 in range(0, spec.E, chunk):
         e1 = min(spec.E, e0 + chunk)
-        gu, dn, gub, dnb = _float_chunk(module, spec, e0, e1)
+        gu, dn, gub, dnb = float_chunk(module, spec, e0, e1)
         if gub is not None and "gate_up_bias" in fspec.bank_names:
             part = cf.quantize(fmt, gu, dn, gate_up_bias=gub, down_bias=dnb)
         else:
             if fold:
-                gu, dn = _fold(gu, dn, gub)
+                gu, dn = fold(gu, dn, gub)
             part = cf.quantize(fmt, gu, dn)
         if out is None:
             out = {k: cf.aligned_empty((spec.E,) + np.shape(v)[1:], np.asarray(v).dtype, 64) for k, v in part.items()}
