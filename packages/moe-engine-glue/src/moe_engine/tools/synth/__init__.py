@@ -38,12 +38,12 @@ def _resolve(kind: str, small: bool, layers: int | None) -> tuple[Shape, str, st
 
 
 def write(kind: str, out, *, small: bool = False, layers: int | None = None, seed: int = 0,
-          shard_bytes: int = 1 << 30, progress: bool = True) -> dict:
+          shard_bytes: int = 1 << 30, progress: bool = True, random_codes: bool = False) -> dict:
     """Write one checkpoint of `kind` at `out` (a .gguf file for gguf-*, else a directory). Returns
     {'path', 'bytes', 'seconds', 'tensors', 'kind', 'shape'} (+ 'shards' for directories)."""
     s, writer, what = _resolve(kind, small, layers)
     if writer == "gguf":
-        r = gguf_file.write(out, s, what, seed=seed, progress=progress)
+        r = gguf_file.write(out, s, what, seed=seed, progress=progress, random_codes=random_codes)
     else:
         r = hf_dir.write(out, s, what, seed=seed, shard_bytes=shard_bytes, progress=progress)
     return {**r, "kind": kind, "shape": s}

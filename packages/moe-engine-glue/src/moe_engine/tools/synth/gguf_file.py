@@ -44,8 +44,9 @@ def _file_type(experts: str):
     return {"q4_0": F.MOSTLY_Q4_0, "q8_0": F.MOSTLY_Q8_0, "q4_k_m": F.MOSTLY_Q4_K_M}[experts]
 
 
-def _expert_tensor(seed: int, s: Shape, n: int, proj: str, qtype) -> np.ndarray:
-    """One layer's stacked experts of one projection, as GGUF bytes [E, rows, row bytes]."""
+def _expert_tensor(seed: int, s: Shape, n: int, proj: str, qtype, random_codes: bool = False) -> np.ndarray:
+    """One layer's stacked experts of one projection, as GGUF bytes [E, rows, row bytes]; random_codes draws Q4_0 /
+    Q8_0 blocks directly instead of quantizing float weights."""
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as T
 
@@ -58,6 +59,9 @@ def _expert_tensor(seed: int, s: Shape, n: int, proj: str, qtype) -> np.ndarray:
             out[e] = weights.q4_k_blocks(weights.rng(seed, key), rows, cols)
         elif qtype == T.Q6_K:
             out[e] = weights.q6_k_blocks(weights.rng(seed, key), rows, cols)
+        elif random_codes and qtype in (T.Q4_0, T.Q8_0):
+            draw = weights.q4_0_blocks if qtype == T.Q4_0 else weights.q8_0_blocks
+            out[e] = draw(weights.rng(seed, key), rows, cols)
         else:
             out[e] = weights.gguf_quantize(weights.normal(seed, key, (rows, cols)), qtype)
     return out
@@ -76,7 +80,7 @@ def _bf16():
     return T.BF16
 
 
-def plan(s: Shape, experts: str, seed: int) -> list[tuple[str, tuple, object, object]]:
+def plan(s: Shape, experts: str, seed: int, random_codes: bool = False) -> list[tuple[str, tuple, object, object]]:
     """[(GGUF name, numpy shape of what is stored, GGML type, producer)] in file order."""
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as T
@@ -110,13 +114,14 @@ def plan(s: Shape, experts: str, seed: int) -> list[tuple[str, tuple, object, ob
         for proj, qt, rows, cols in (("gate", gu, s.moe_inter, s.hidden), ("up", gu, s.moe_inter, s.hidden),
                                      ("down", dn, s.hidden, s.moe_inter)):
             out.append((b + f"ffn_{proj}_exps.weight", quant_shape(rows, cols, qt), qt,
-                        (lambda n=n, proj=proj, qt=qt: _expert_tensor(seed, s, n, proj, qt))))
+                        (lambda n=n, proj=proj, qt=qt: _expert_tensor(seed, s, n, proj, qt, random_codes))))
     out += [("output_norm.weight", *norm("model.norm.weight", s.hidden)),
             ("output.weight", *mat("lm_head.weight", (s.vocab, s.hidden)))]
     return out
 
 
-def write(path, s: Shape, experts: str = "q4_0", seed: int = 0, progress: bool = True) -> dict:
+def write(path, s: Shape, experts: str = "q4_0", seed: int = 0, progress: bool = True,
+          random_codes: bool = False) -> dict:
     """Write a qwen3moe GGUF file; returns {'path', 'bytes', 'seconds', 'tensors'}."""
     import gguf
 
@@ -124,7 +129,7 @@ def write(path, s: Shape, experts: str = "q4_0", seed: int = 0, progress: bool =
         raise ValueError(f"GGUF output is written for the qwen3moe shape, got {s.arch!r}")
     expert_types(experts, 0, s.layers)  # validates `experts`
     path = os.fspath(path)
-    tensors = plan(s, experts, seed)
+    tensors = plan(s, experts, seed, random_codes)
     w = gguf.GGUFWriter(path, arch="qwen3moe")
     w.add_type("model")
     w.add_name(f"synthetic Qwen3-30B-A3B shape ({s.layers} layers, seed {seed})")
