@@ -102,13 +102,21 @@ def _pp(model, p: int, vocab: int, dev) -> float:
     return p / (time.perf_counter() - t)
 
 
-def _tg(model, n: int, vocab: int, dev) -> float:
+def _tg(model, n: int, vocab: int, dev, graphs: bool = False) -> float:
+    """n tokens decoded one at a time after a one-token prompt. graphs (a GPU): transformers' static cache with the
+    decode step captured as a CUDA graph (torch.compile backend "cudagraphs": the eager kernels, our experts op
+    inside; the first call at a cache length compiles)."""
     import torch
 
     clock = _Clock()
     ids = torch.randint(0, vocab, (1, 1), device=dev)
+    kw = {}
+    if graphs:
+        from transformers import CompileConfig
+
+        kw = dict(cache_implementation="static", compile_config=CompileConfig(backend="cudagraphs", mode=None))
     with torch.no_grad():
-        model.generate(ids, max_new_tokens=n + 1, min_new_tokens=n + 1, do_sample=False, streamer=clock)
+        model.generate(ids, max_new_tokens=n + 1, min_new_tokens=n + 1, do_sample=False, streamer=clock, **kw)
     return n / (clock.stamps[-1] - clock.stamps[1])  # after the first new token: n decode steps
 
 
@@ -119,9 +127,10 @@ def run_bench(a) -> int:
     vocab = model.config.get_text_config().vocab_size
     tests = [("pp", p) for p in a.p if p > 0] + [("tg", n) for n in a.n if n > 0]
     rows = []
-    fn = {"pp": _pp, "tg": _tg}
+    graphs = dev.type == "cuda" and not a.no_graphs and off.runner.graphs_ok
+    fn = {"pp": _pp, "tg": lambda m, k, v, d: _tg(m, k, v, d, graphs)}
     for kind, k in tests:
-        fn[kind](model, min(k, 8), vocab, dev)  # warm-up (llama-bench runs one too)
+        fn[kind](model, k if graphs and kind == "tg" else min(k, 8), vocab, dev)  # warm-up (compiles at length k)
         rates = []
         for _ in range(a.r):
             rates.append(fn[kind](model, k, vocab, dev))
@@ -130,7 +139,7 @@ def run_bench(a) -> int:
                      "samples_ts": rates})
     cfg = model.config.get_text_config()
     params = sum(p.numel() for p in model.parameters())
-    info = {"model": f"{cfg.model_type} {off.format}", "file": str(a.path), "load_s": load_s,
+    info = {"model": f"{cfg.model_type} {off.format}", "file": str(a.path), "load_s": load_s, "graphs": graphs,
             "strategy": off.runner.strategy, "threads": off.runner.executor.threads if off.runner.executor else 0,
             "non_expert_params": params, "plan": off.plan.why if off.plan else None, "runner": off.runner.describe()}
     if a.json:
@@ -167,6 +176,8 @@ def add_parsers(sub) -> None:
     b.add_argument("-n", type=_ints, default=[128], help="decoded tokens (default 128; comma list)")
     b.add_argument("-r", type=int, default=5, help="repetitions (default 5)")
     b.add_argument("-t", "--threads", type=int, default=None, help="CPU workers (default: one per physical core)")
+    b.add_argument("--no-graphs", action="store_true", help="on a GPU, decode eagerly (default: static cache + CUDA "
+                   "graphs through torch.compile's cudagraphs backend)")
 
 
 def _ints(v: str) -> list[int]:

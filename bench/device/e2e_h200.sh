@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Run by hand on the lent GPU host: STAGE=prep|llama|ours OUT=DIR bench/device/e2e_h200.sh (calls of < 10 min on one
+# warm machine; each stage reuses what the one before left in the tree and /tmp/e2e).
+# prep:  our packages built in place; llama.cpp's llama-bench built for CUDA (sm_90) from the source carried as
+#        .ggml/llama-src.tar.xz (bench/llamacpp/build_llama_bench.sh, FlashAttention kernels left out: a shorter
+#        build, the experts' mul_mat_id unchanged); the full-size Qwen3-30B-A3B GGUF (experts Q4_0, rest BF16) written
+#        by moe_engine.tools.synth --random-codes to /tmp/e2e. Then the glue's GPU tests (GLUE_TESTS=1).
+# llama: llama-bench -ngl 99 --n-cpu-moe N for N = 48 36 24 0 (all, 3/4, 1/2, none of the experts on the CPU): pp and
+#        tg (P, N_GEN, R), JSON per N.
+# ours:  moe-engine bench on the same file: strategy cpu, then hybrid with gpu_memory holding the non-expert weights,
+#        the KV cache and a quarter of the expert bytes (as --n-cpu-moe 36), decode under CUDA graphs.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=$(mkdir -p "${OUT:-$ROOT/gpu-out}" && cd "${OUT:-$ROOT/gpu-out}" && pwd)
+PY=${PYTHON:-python3}
+P=$ROOT/packages
+W=/tmp/e2e
+GGUF=$W/qwen3moe-q4_0.gguf
+THREADS=${THREADS:-15}
+PP=${PP:-512} NG=${NG:-32} R=${R:-2}
+export PYTHONUNBUFFERED=1 CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-$(nproc)}
+export PYTHONPATH=$P/cpumoe-formats/src:$P/cpumoe-executor/src:$P/gpusync-cuda/src:$P/gpusync-hip/src:$P/kernelio/src:$P/moe-engine-glue/src
+mkdir -p "$W"
+if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
+  for w in "$ROOT"/.whl/*.whl; do
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" >/dev/null 2>&1 || true
+  done
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+cd "$ROOT" || exit 1
+stamp() { echo "[$(date +%T)] $*"; }
+case "${STAGE:-prep}" in
+prep)
+  stamp "start; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
+  ( mkdir -p .ggml && tar xJf .ggml/llama-src.tar.xz -C .ggml && \
+    CUDA=1 CUDA_FA=0 JOBS=${LLAMA_JOBS:-10} bench/llamacpp/build_llama_bench.sh ) >"$OUT/llama-build.log" 2>&1 &
+  lb=$!
+  $PY -m moe_engine.tools.synth --kind gguf-q4_0 --random-codes --quiet --out "$GGUF" >"$OUT/synth.log" 2>&1 &
+  sy=$!
+  for p in cpumoe-formats cpumoe-executor gpusync-cuda gpusync-hip kernelio; do
+    (cd "$P/$p" && $PY hatch_build.py) >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  done
+  stamp "ours built"
+  if [ "${GLUE_TESTS:-1}" = 1 ]; then
+    timeout 300 $PY -m pytest -p no:cacheprovider -q -rfEs packages/moe-engine-glue/tests >"$OUT/glue.log" 2>&1
+    stamp "glue tests rc=$?"; grep -E "passed|failed" "$OUT/glue.log" | tail -3; grep -E "^FAILED" "$OUT/glue.log" | head -20
+  fi
+  wait $sy; stamp "gguf rc=$? $(ls -la $GGUF 2>/dev/null | awk '{print $5}') bytes"
+  wait $lb; stamp "llama build rc=$?"; tail -3 "$OUT/llama-build.log"
+  ls -la .ggml/llama-cuda/bin 2>/dev/null | head
+  ;;
+llama)
+  for n in ${NCPU:-48 36 24 0}; do
+    timeout 200 .ggml/llama-cuda/bin/run.sh llama-bench -m "$GGUF" -ngl 99 --n-cpu-moe "$n" -t "$THREADS" \
+      -p "$PP" -n "$NG" -r "$R" -o json >"$OUT/llama-ncpumoe$n.json" 2>"$OUT/llama-ncpumoe$n.err"
+    stamp "n-cpu-moe $n rc=$?"
+    $PY -c "import json,sys; [print(r['n_prompt'], r['n_gen'], round(r['avg_ts'],2), round(r['stddev_ts'],2)) for r in json.load(open(sys.argv[1]))]" "$OUT/llama-ncpumoe$n.json" 2>/dev/null
+  done
+  ;;
+ours)
+  budget=$($PY - <<'EOF'
+# non-expert weights (bf16) + KV cache (4096 tokens) + reserve + a quarter of the expert bytes (Q4_0), as --n-cpu-moe 36
+ne = (151936 * 2048 * 2 + 48 * (2048 * 4096 * 2 + 2048 * 512 * 2 * 2 + 128 * 2048) ) * 2
+kv = 2 * 48 * 4 * 128 * 4096 * 2
+experts = 48 * 128 * 3 * 2048 * 768 * 18 // 32
+print(int(ne + kv + 1.5 * 2**30 + experts / 4))
+EOF
+)
+  timeout 280 $PY -m moe_engine.tools.cli bench "$GGUF" --strategy cpu --device cuda -t "$THREADS" -p "$PP" -n "$NG" \
+    -r "$R" --quiet --json >"$OUT/ours-cpu.json" 2>"$OUT/ours-cpu.err"
+  stamp "ours cpu rc=$?"; grep -E "avg_ts|test" "$OUT/ours-cpu.json" | head; tail -2 "$OUT/ours-cpu.err"
+  timeout 280 $PY -m moe_engine.tools.cli bench "$GGUF" --strategy hybrid --gpu-memory "$budget" -t "$THREADS" \
+    -p "$PP" -n "$NG" -r "$R" --quiet --json >"$OUT/ours-hybrid.json" 2>"$OUT/ours-hybrid.err"
+  stamp "ours hybrid rc=$?"; grep -E "avg_ts|test|plan" "$OUT/ours-hybrid.json" | head; tail -2 "$OUT/ours-hybrid.err"
+  ;;
+esac
