@@ -133,7 +133,7 @@ def _dequantized_model(model, fmt):
             gub_q, _ = spec.biases(banks)
             gu_q, dn_q = spec.dequantize(banks)
         elif gub is not None:
-            gu_q, dn_q = spec.dequantize(cf.quantize(fmt, *convert.fold(gu, dn, gub)))
+            gu_q, dn_q = spec.dequantize(cf.quantize(fmt, *convert.fold_bias(gu, dn, gub)))
             gu_q, gub_q, dn_q = gu_q[:, :, :s.H], gu_q[:, :, s.H], dn_q[:, :s.H]
         else:
             gu_q, dn_q = spec.dequantize(cf.quantize(fmt, gu, dn))

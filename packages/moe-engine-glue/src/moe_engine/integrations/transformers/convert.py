@@ -46,7 +46,7 @@ def _fp8_values(codes, scale) -> np.ndarray:
     return (w * s).numpy()
 
 
-def fold(gu, dn, gub):
+def fold_bias(gu, dn, gub):
     """gate_up bias as input column H (x gets a 1 there), zero columns to H + FOLD_PAD; down gets zero rows."""
     n, I2, H = gu.shape
     gu2 = np.zeros((n, I2, H + FOLD_PAD), np.float32)
@@ -68,7 +68,7 @@ def quantize_module(module, spec: ExpertsSpec, fmt: str, fold: bool, tick) -> di
             part = cf.quantize(fmt, gu, dn, gate_up_bias=gub, down_bias=dnb)
         else:
             if fold:
-                gu, dn = fold(gu, dn, gub)
+                gu, dn = fold_bias(gu, dn, gub)
             part = cf.quantize(fmt, gu, dn)
         if out is None:
             out = {k: cf.aligned_empty((spec.E,) + np.shape(v)[1:], np.asarray(v).dtype, 64) for k, v in part.items()}
