@@ -19,6 +19,7 @@ from .residency import Residency
 log = logging.getLogger("moe_engine")
 STRATEGIES = ("auto", "cpu", "hybrid", "gpu")
 DEFAULT_HYBRID_RESIDENCY = 0.25  # a quarter of each layer's experts on the GPU unless told otherwise
+SPIN_US_GPU, SPIN_US_CPU = 2000, 50  # how long idle workers spin before they sleep (cpumoe_executor's spin_us)
 
 
 class CaptureRefusedError(RuntimeError):
@@ -46,6 +47,8 @@ class MoERunner:
     graph_batch_sizes: the decode batch sizes an engine captures; max_tokens (default their max) bounds a decode step,
         a larger batch (a prompt) runs eagerly as prefill (prefill.py).
     threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
+    spin_us: how long the executor's idle workers spin before sleeping (default 50 with CPU activations, where torch
+        shares their cores between steps; 2000 beside a GPU).
     handshake: force a GPU handshake path (CUDA: kernel, memop, host-func, eager; HIP: copy-native, copy-splice,
         host-func, eager); default: the best that its probe and qualification proved.
     prefill: how a batch above max_tokens runs: auto (measured: CPU chunks or experts staged on the GPU), cpu, gpu;
@@ -59,7 +62,8 @@ class MoERunner:
                  strategy: str = "auto", device=None, residency=None, capacity: int | None = None,
                  graph_batch_sizes=(1, 2, 4, 8), max_tokens: int | None = None, threads: int | None = None,
                  mode: str | None = None, isa: str | None = None, handshake: str | None = None, qualify: bool = True,
-                 prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True):
+                 prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True,
+                 spin_us: int | None = None):
         import torch
 
         self.closed = False
@@ -118,8 +122,13 @@ class MoERunner:
                     # which otherwise shares a pinned worker's core: H200 host, demo hybrid bf16 batch 1, 570 us/layer
                     # with 15 workers, 2472 with 16 (docs/moe-engine.md)
                     threads = max(1, len(resolve_cores()[0]) - 1)
+                if spin_us is None:
+                    # with the activations on the CPU, torch runs attention on the workers' cores right after each
+                    # step: workers that spin 2 ms for the next one starve it (2-core VM, small qwen3moe, attention
+                    # 255 ms/token spinning, see docs/end-to-end.md); beside a GPU they spin for the next layer
+                    spin_us = SPIN_US_CPU if self.device.type == "cpu" else SPIN_US_GPU
                 self.executor = CpuMoeExecutor(self.format, banks, top_k=top_k, max_tokens=self.max_tokens,
-                                               threads=threads, mode=mode, isa=isa,
+                                               threads=threads, mode=mode, isa=isa, spin_us=spin_us,
                                                apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
                 self.top_k = self.executor.top_k
                 from .sync import open_sync
