@@ -31,6 +31,9 @@ from packaging.utils import canonicalize_name
 DIST_OF = {"yaml": "pyyaml", "PIL": "pillow", "google": "protobuf"}
 # distributions that arrive with another one and are imported without being declared, and why
 IMPLIED = {"triton": "torch"}  # torch's CUDA / ROCm wheels ship triton; only the GPU experts import it
+# the caller's library, imported inside a function only when the caller passed one of its objects (a torch tensor to
+# a native package, which never depends on torch: docs/architecture.md rule 1); at module level it must be declared
+CALLERS = {"torch"}
 
 
 def modules(src: Path) -> dict[str, Path]:
@@ -52,21 +55,27 @@ def _absolute(node: ast.ImportFrom, pkg: str) -> str:
     return base
 
 
-def imports(name: str, path: Path) -> list[tuple[int, str, list[str]]]:
-    """(line, absolute module, names imported from it) for every import in the file."""
+def imports(name: str, path: Path) -> list[tuple[int, str, list[str], bool]]:
+    """(line, absolute module, names imported from it, at module level) for every import in the file."""
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+
+    def visit(node, in_function: bool) -> None:
         if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name, []) for a in node.names]
+            out.extend((node.lineno, a.name, [], not in_function) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            out.append((node.lineno, _absolute(node, pkg), [a.name for a in node.names]))
+            out.append((node.lineno, _absolute(node, pkg), [a.name for a in node.names], not in_function))
+        inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
     return out
 
 
 def edges(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     out = set()
-    for _line, base, names in imports(name, path):
+    for _line, base, names, _top in imports(name, path):
         for t in [base] + [f"{base}.{n}" for n in names]:
             while t and t not in known:
                 t = t.rpartition(".")[0]
@@ -116,9 +125,11 @@ def foreign(name: str, path: Path, own: str, ours: dict[str, str], deps: set[str
     problems = []
     bound: dict[str, str] = {}  # local name -> the other package's module it is bound to
     where = f"{path}"
-    for line, base, names in imports(name, path):
+    for line, base, names, module_level in imports(name, path):
         top = base.split(".")[0]
         if not top or top == own or top in sys.stdlib_module_names or top == "__future__":
+            continue
+        if top in CALLERS and not module_level:
             continue
         dist = canonicalize_name(ours.get(top, DIST_OF.get(top, top)))
         if dist not in deps and not (top in IMPLIED and canonicalize_name(IMPLIED[top]) in deps):

@@ -23,7 +23,7 @@ w = torch.rand(3, K) + 0.05
 ids = torch.tensor([[0, 1], [3, 3], [2, -1]], dtype=torch.int32)
 with MoERunner("bf16", banks, top_k=K, strategy="cpu", device="cpu", threads=2, progress=False) as r:
     for layer in range(2):
-        y = r.forward(layer, x, ids, w)
+        y = r.forward(layer, x, w, ids)
         want = r.executor.decode(layer, x, w, ids)
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"layer {layer}: runner != executor"
 exe = Path(sys.executable).parent / "moe-engine"
