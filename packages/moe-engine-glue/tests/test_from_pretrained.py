@@ -6,8 +6,9 @@ Tolerances, per position of a 32-token sequence (the reference's own greedy cont
   rel = max |ours - reference| / max |reference| over the vocabulary. Measured on these files: <= 1.1% for bf16, FP8
   and MXFP4 experts (bf16 roundings carried through two layers, as test_transformers.py explains), <= 1.2% for GGUF
   Q4_0 in q4_0's default w4a8 mode (the int8 activations), at every position but those where a rounding flips a
-  routing choice (E = 16, top-4: a near-tie of the router): one of 32 positions, 8.0%. So: TOL for 90% of positions,
-  FLIP_TOL (a whole expert's contribution) for the rest.
+  routing choice (E = 16, top-4: a near-tie of the router): one of 32 positions at 8.0% here, two at 10.6% and 15.0%
+  on the H100 host (torch 2.11). So: TOL for 90% of positions, FLIP_TOL (a whole expert's contribution, 2x the worst
+  seen) for the rest; a wrong weight or mapping moves every position, which SHARE catches.
   Greedy tokens: the argmax equals the reference's wherever the reference's top-2 margin exceeds twice that
   position's max |error| (a smaller margin is a near-tie that any rounding decides).
 """
@@ -29,7 +30,7 @@ from moe_engine.loading import budget  # noqa: E402
 from moe_engine.tools import synth  # noqa: E402
 
 TOL = {"gguf-q4_0": 2.5e-2}  # default below
-DEFAULT_TOL, FLIP_TOL, SHARE = 2e-2, 0.15, 0.9
+DEFAULT_TOL, FLIP_TOL, SHARE = 2e-2, 0.3, 0.9
 KW = dict(strategy="cpu", device="cpu", threads=2, progress=False)
 
 
