@@ -70,3 +70,28 @@ def test_info_probes_the_handshake_on_a_gpu(capsys):
     hs = json.loads(capsys.readouterr().out)["gpu"]["handshake"]
     assert hs["chosen"] == "kernel", hs
     assert set(hs["paths"]) >= {"kernel", "memop", "host-func"}
+
+
+def test_demo_says_why_it_reads_above_the_dram_rate():
+    from moe_engine.tools.demo import render
+
+    res = {"preset": "p", "layers": 2, "format": "bf16", "batch": 1, "strategy": "cpu", "graphs": False,
+           "steps_per_s": 10.0, "step_us": 100.0, "layer_us": 50.0, "cpu_gbps": 30.0, "ceiling_gbps": 20.0,
+           "llc_bytes": 32 << 20, "cpu_experts_bytes": 40 << 20, "verified": True, "checks": 1, "max_rel_err": 1e-3,
+           "tolerance": 2e-2, "graph_mismatches": None}
+    out = render(res)
+    assert "150% of the DRAM read rate" in out and "is read from cache" in out and "ceiling" not in out
+    res["cpu_gbps"] = 10.0
+    assert "is read from cache" not in render(res)
+
+
+def test_missing_transformers_names_the_extra(monkeypatch):
+    import sys
+
+    import pytest
+
+    from moe_engine.integrations.transformers import adapter
+
+    monkeypatch.setitem(sys.modules, "transformers.integrations.moe", None)  # as if transformers were absent
+    with pytest.raises(ImportError, match=r"pip install 'moe-engine-glue\[transformers\]'"):
+        adapter.register()
