@@ -77,9 +77,9 @@ def _nonfinite_weights(spec, banks) -> bool:
 def nonfinite_sites(fmt: str) -> tuple:
     """(bank, byte offset in expert 1's slab, encoding) per bank that can hold a NaN: found by writing an encoding's
     NaN at the offsets of a 256-byte window from the middle of the slab on (all at once, then halving the set) and
-    asking the format's float64 decode (dequantize and biases) whether a weight or bias became non-finite. Banks of codes
-    without a NaN (e2m1, e4m3 whose 0x7F is 480, e8m0 clamped at 254) have none. A new format's float fields are
-    found without an edit here."""
+    asking the format's float64 decode (dequantize and biases) whether a weight or bias became non-finite. Banks of
+    codes without a NaN (e2m1, e4m3 whose 0x7F is 480, e8m0 clamped at 254) have none. A new format's float fields
+    are found without an edit here."""
     spec = cf.get_format(fmt)
     banks = problem(fmt)[0]
 
