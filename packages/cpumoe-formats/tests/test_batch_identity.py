@@ -32,6 +32,7 @@ SHAPES = {
     "mxfp4_x16": (6, 352, 288),  # 22 / 36 groups of 16 rows, 9 / 11 blocks
     "q8_0": (6, 736, 416),  # 23 and 13 blocks: 4-block steps and 3 / 1 lone blocks
     "q4_k": (6, 768, 512),  # 3 and 2 blocks of 256
+    "q6_k": (6, 768, 512),
 }
 PARAMS = [pytest.param(f, *p.values, id=f"{f}-{p.id}", marks=p.marks) for f in SHAPES for p in tier_cases(f)]
 

@@ -19,8 +19,8 @@ multiples of 256. A row is a run of 210-byte blocks of 256 weights:
 Modes:
 
 * ``w4a8`` (default; ggml ``vec_dot_q6_K_q8_K``, W6A8: the project's name for the integer-activation mode):
-  the activations as q4_k's (256-blocks by the Q8_0 rule, int16 sums per 16 codes). Per block the kernels take the
-  exact integer sum_j sc[j] (sum(q q_a) - 32 sum(q_a)) times d * d_a, summed in fp32.
+  the activations as q4_k's (256-blocks by the Q8_0 rule). Per block the kernels take the exact integer
+  sum_j sc[j] sum((q - 32) q_a) times d * d_a, summed in fp32.
 * ``native`` (W6A16): activations are the bf16 values in fp32, per sub-block (d * sc) * sum((q - 32) x) in fp32.
 """
 from __future__ import annotations
