@@ -114,3 +114,17 @@ def finite_random_blocks(rng, n: int, block_bytes: int, fp16_offsets) -> np.ndar
         bits = np.where(bad, bits & ~np.uint16(0x4000), bits).astype(np.uint16)  # exponent 31 -> 15
         raw[:, off:off + 2] = bits.astype("<u2").view(np.uint8).reshape(n, 2)
     return raw
+
+
+def q4_k_mag_terms(bank_rows: np.ndarray) -> np.ndarray:
+    """float64 [..., K] of q4_k rows [..., nb*144]: |d sc q| + |dmin m| per element, the two terms each weight is the
+    difference of (the w4a8 kernels fold them separately, so their fp32 error scales with these, not with |w|)."""
+    from cpumoe_formats.formats import q4_k
+
+    b = bank_rows.reshape(bank_rows.shape[:-1] + (-1, q4_k.BLOCK_BYTES))
+    d = np.abs(np.ascontiguousarray(b[..., 0:2]).view("<f2")[..., 0].astype(np.float64))
+    dmin = np.abs(np.ascontiguousarray(b[..., 2:4]).view("<f2")[..., 0].astype(np.float64))
+    sc, m = q4_k.scales_mins(b[..., 4:16])
+    q = q4_k.nibbles(b[..., 16:]).reshape(b.shape[:-1] + (8, 32)).astype(np.float64)
+    t = (d[..., None] * sc)[..., None] * q + (dmin[..., None] * m)[..., None]
+    return t.reshape(bank_rows.shape[:-1] + (-1,))

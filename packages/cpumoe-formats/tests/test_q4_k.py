@@ -30,6 +30,7 @@ from gguf_helpers import (
     kernel_for,
     prep,
     put_fp16,
+    q4_k_mag_terms,
 )
 
 import cpumoe_formats as cf
@@ -42,21 +43,10 @@ DOT_TOL = 1e-5
 QB = q4.BLOCK_BYTES
 
 
-def mag_terms(bank_rows: np.ndarray) -> np.ndarray:
-    """float64 [..., K]: |d sc q| + |dmin m| per element (the two terms of each weight)."""
-    b = bank_rows.reshape(bank_rows.shape[:-1] + (-1, QB))
-    d = np.abs(np.ascontiguousarray(b[..., 0:2]).view("<f2")[..., 0].astype(np.float64))
-    dmin = np.abs(np.ascontiguousarray(b[..., 2:4]).view("<f2")[..., 0].astype(np.float64))
-    sc, m = q4.scales_mins(b[..., 4:16])
-    q = q4.nibbles(b[..., 16:]).reshape(b.shape[:-1] + (8, 32)).astype(np.float64)
-    t = (d[..., None] * sc)[..., None] * q + (dmin[..., None] * m)[..., None]
-    return t.reshape(bank_rows.shape[:-1] + (-1,))
-
-
 def dot_ref(banks, e, h0, h1, g, mode):
     dn = SPEC.dequantize(banks)[1][e, h0:h1]
     a = SPEC.act_in(g.astype(np.float64), mode)
-    return dn @ a, mag_terms(banks["down"][e, h0:h1]) @ np.abs(a)
+    return dn @ a, q4_k_mag_terms(banks["down"][e, h0:h1]) @ np.abs(a)
 
 
 # ---- the format against gguf and ggml ---------------------------------------------------------------------------

@@ -198,4 +198,5 @@ SPEC = Q4KFormat(
                 "w4a8 = ggml Q4_K x Q8_K, native = W4A16",
     kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni"),
                   "native": ("scalar", "avx2", "avx512f")},
+    cpu_layout="q4_k_x16",  # 16 rows per vector: the scales and the fold once per 16 rows (docs/formats/q4_k.md)
 )

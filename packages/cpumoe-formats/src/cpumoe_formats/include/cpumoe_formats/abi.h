@@ -41,7 +41,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_Q8_0 = 13,       /* GGUF Q8_0 blocks as the file holds them (ABI 1.7) */
   CPUMOE_FMT_Q4_K = 14,       /* GGUF Q4_K blocks as the file holds them (ABI 1.7) */
   CPUMOE_FMT_Q6_K = 15,       /* GGUF Q6_K blocks as the file holds them (ABI 1.7) */
-  CPUMOE_FMT_COUNT = 16
+  CPUMOE_FMT_Q4_K_X16 = 16,   /* q4_k with 16 rows interleaved per 256-block, w4a8 (ABI 1.7) */
+  CPUMOE_FMT_COUNT = 17
 };
 
 enum cpumoe_act_id {
