@@ -109,7 +109,8 @@ def test_edge_codes(rng, mode, tier, case):
         blk = b[name].reshape(b[name].shape[:-1] + (-1, 144))
         if case == "max":
             blk[..., 16:] = 0xFF
-            blk[..., 4:16] = q4_k.pack_scales_mins(np.full(blk.shape[:-1] + (8,), 63), np.full(blk.shape[:-1] + (8,), 63))
+            full = np.full(blk.shape[:-1] + (8,), 63)
+            blk[..., 4:16] = q4_k.pack_scales_mins(full, full)
         else:
             d = np.array([6e-8, -0.0025, 0.0, -0.0, 0.004, 2.0 ** -20], "<f2")
             for off in (0, 2):
