@@ -9,10 +9,9 @@
 //    the int16 sums of each 16 codes (gguf_rows.h prep_act_i8<256>). Per block two exact integers,
 //    S = sum_j sc[j] sum(q q_a) and M = sum_j m[j] (bsum[2j] + bsum[2j+1]), folded into fp32 lanes as
 //    acc += S * (d d_a), acc += M * (-(dmin d_a)). avx2: vpmaddubsw(nibbles, q_a) (a pair <= 2 * 15 * 127 = 3810,
-//    no int16 saturation), vpmaddwd with sc[j] broadcast in int16; avxvnni: vpdpwssd for the second step;
-//    avx512vnni: the same on zmm, two 32-runs a vector (half the instructions a block: in cache 18 -> 30 GB/s on one
-//    Zen 4 core), its halves added into avx2's lanes. Every int32 lane is the same exact integer in the three, so
-//    they are bit-identical (tests/test_q4_k.py).
+//    no int16 saturation), vpmaddwd with sc[j] broadcast in int16; avxvnni / avx512vnni: vpdpwssd for the second
+//    step. Every int32 lane is the same exact integer in the three, so they are bit-identical (tests/test_q4_k.py).
+//    The executor runs q4_k's CPU layout, q4_k_x16, by default (q4_k_x16.cpp).
 //  native (W4A16): fp32 activations, the weights as gguf dequantizes them, fma(q, d sc, -(dmin m)) (d q sc exact,
 //    one rounding), fp32 FMAs. Tiers: scalar, avx2, avx512f.
 #include "gguf_rows.h"
@@ -114,11 +113,13 @@ CPUMOE_INLINE __m128i scales_mins_x(const uint8_t* s) {
 }
 #endif
 
-#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 // s + the int16 pairs p times the broadcast int16 scale sc: int32 lanes, exact (|p| <= 3810, sc <= 63)
 CPUMOE_INLINE __m256i madd_acc(__m256i s, __m256i p, __m256i sc) {
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
   return _mm256_dpwssd_avx_epi32(s, p, sc);
+#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  return _mm256_dpwssd_epi32(s, p, sc);
 #else
   return _mm256_add_epi32(s, _mm256_madd_epi16(p, sc));
 #endif
@@ -131,9 +132,10 @@ CPUMOE_INLINE __m256i bcast16(__m256i v, int j) {
 
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 // R rows x NT tokens; per (row, token) one 8-lane fp32 accumulator and per block 8 int32 lanes of S: lane l holds
-// sum_j sc[j] (products of elements 4l .. 4l+3 of each 32-run j), the same integers in every tier (the zmm tier
-// adds its two halves into them). Per block the row's scales are widened once and its nibbles split once for all NT
-// tokens; acc += S (d d_a), acc += M (-(dmin d_a)) with M = m[j] (bsum[2j] + bsum[2j+1]) in lane j.
+// sum_j sc[j] (products of elements 4l .. 4l+3 of each 32-run j), the same integers in every tier. Per block the
+// row's scales are widened once and its nibbles split once for all NT tokens; acc += S (d d_a), acc += M
+// (-(dmin d_a)) with M = m[j] (bsum[2j] + bsum[2j+1]) in lane j. (zmm, two runs a vector, was level at batch 1 on
+// one Zen 4 core in cache, 18 GB/s, and +20% at batch 8: the executor runs q4_k_x16 instead, q4_k_x16.cpp.)
 struct RowsW4A8 {
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   static constexpr int kGrid = 8;  // zmm / ymm16-31 hold the extra accumulators
@@ -164,33 +166,6 @@ struct RowsW4A8 {
         prefetch_ahead(p, 3);
         const __m256i s16 = _mm256_cvtepu8_epi16(scales_mins_x(p + 4));  // int16 sc[0..7], m[0..7]
         __m256i S[NT];
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-        // run pair c (elements 64c .. 64c+63): [low nibbles of qs[32c ..] | high nibbles] in one zmm (the 32 bytes
-        // broadcast, shifted by 0 / 4 per half), against 64 natural activation codes; int16 scales [sc[2c] x16 |
-        // sc[2c+1] x16]
-        const __m512i s16z = _mm512_castsi256_si512(s16);
-        const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-        __m512i Sz[NT];
-        Q4K_UNROLL
-        for (int t = 0; t < NT; ++t) Sz[t] = _mm512_setzero_si512();
-        Q4K_UNROLL
-        for (int c = 0; c < 4; ++c) {
-          const __m512i W = _mm512_and_si512(
-              _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(p + 16 + 32 * c))), shifts),
-              _mm512_set1_epi8(0x0F));
-          const __m512i sv = _mm512_permutexvar_epi16(
-              _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1), s16z);
-          Q4K_UNROLL
-          for (int t = 0; t < NT; ++t)
-            Sz[t] = _mm512_dpwssd_epi32(
-                Sz[t], _mm512_maddubs_epi16(W, _mm512_loadu_si512(qa[t] + (size_t)b * QK + 64 * c)), sv);
-        }
-        Q4K_UNROLL
-        for (int t = 0; t < NT; ++t)
-          S[t] = _mm256_add_epi32(_mm512_castsi512_si256(Sz[t]), _mm512_extracti64x4_epi64(Sz[t], 1));
-        const __m256i mins = _mm256_permutexvar_epi16(
-            _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), s16);
-#else
         const __m256i scv = _mm256_permute2x128_si256(s16, s16, 0x00);                   // sc[0..7] in both lanes
         const __m256i mw = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(s16, 1));     // m[j] in int32 lane j
         const __m256i mins = _mm256_or_si256(mw, _mm256_slli_epi32(mw, 16));            // int16 lanes 2j, 2j+1
@@ -209,7 +184,6 @@ struct RowsW4A8 {
             S[t] = madd_acc(S[t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(q + 32))), sb);
           }
         }
-#endif
         const float d = _cvtsh_ss(ld16(p)), dmin = _cvtsh_ss(ld16(p + 2));
         Q4K_UNROLL
         for (int t = 0; t < NT; ++t) {
