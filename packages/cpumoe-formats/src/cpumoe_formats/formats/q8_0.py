@@ -119,4 +119,5 @@ SPEC = Q80Format(
     description="GGUF Q8_0 (fp16 d + 32 int8 per 34-byte block); w4a8 = ggml Q8_0 x Q8_0 (W8A8), native = W8A16",
     kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni"),
                   "native": ("scalar", "avx2", "avx512f")},
+    cpu_layout="q8_0_x16",  # 16 rows per vector: the scales and the fold once per 16 rows (docs/formats/q8_0.md)
 )
