@@ -135,7 +135,8 @@ def test_prepared_record(rng, mode, tier):
     q_ref, d_ref = cf.numerics.int8_blocks((bits.astype(np.uint32) << 16).view(np.float32), 256)
     np.testing.assert_array_equal(rec[:, :256].view(np.int8), q_ref)
     np.testing.assert_array_equal(rec[:, 256:260].copy().view(np.uint32).ravel(), d_ref.view(np.uint32))
-    np.testing.assert_array_equal(rec[:, 260:].copy().view(np.int32), -32 * q_ref.reshape(-1, 16, 16).astype(np.int32).sum(-1))
+    sums = q_ref.reshape(-1, 16, 16).astype(np.int32).sum(-1)
+    np.testing.assert_array_equal(rec[:, 260:].copy().view(np.int32), -32 * sums)
 
 
 def test_schema_and_errors(rng):

@@ -7,7 +7,9 @@ vector. Per group of 16 rows and per block, 3360 bytes:
 |---|---|
 | 0-31 | the 16 rows' fp16 d (row r at 2r) |
 | 32-287 | 16 planes of 16 bytes: plane j byte r = row r's int8 scale j |
-| 288-3359 | per half h and code step v < 8, at 288 + 1536 h + 192 v: vectors A, B, C of 64 bytes whose int32 lane r is row r's ql[64h + 4v ..], ql[64h + 32 + 4v ..], qh[32h + 4v ..] |
+| 288-3359 | per half h and code step v < 8, at 288 + 1536 h + 192 v: vectors A, B, C of 64 bytes |
+
+whose int32 lane r is row r's ql[64h + 4v ..], ql[64h + 32 + 4v ..] and qh[32h + 4v ..].
 
 The scales and the per-block fold are paid once per 16 rows and token (docs/formats/q6_k.md "q6_k_x16").
 
@@ -55,7 +57,8 @@ def from_groups(a: np.ndarray) -> np.ndarray:
     out = np.empty((E, G, GROUP, nb, q6_k.BLOCK_BYTES), np.uint8)
     out[..., 208:210] = v[..., 0:32].reshape(E, G, nb, GROUP, 2).transpose(0, 1, 3, 2, 4)
     out[..., 192:208] = v[..., 32:288].reshape(E, G, nb, 16, GROUP).transpose(0, 1, 4, 2, 3)
-    codes = v[..., 288:].reshape(E, G, nb, 2, 8, 3, GROUP, 4).transpose(0, 1, 6, 2, 3, 5, 4, 7)  # [.., row, block, h, ABC, v, byte]
+    # [.., row, block, h, A/B/C, v, byte]
+    codes = v[..., 288:].reshape(E, G, nb, 2, 8, 3, GROUP, 4).transpose(0, 1, 6, 2, 3, 5, 4, 7)
     out[..., 0:128] = codes[..., 0:2, :, :].reshape(E, G, GROUP, nb, 128)
     out[..., 128:192] = codes[..., 2, :, :].reshape(E, G, GROUP, nb, 64)
     return out.reshape(E, G * GROUP, nb * q6_k.BLOCK_BYTES)
