@@ -38,10 +38,10 @@ def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
         np.testing.assert_array_equal(grp[32 + rr:288:16], blk[192:208])
         for h in range(2):
             for v in range(8):
-                at = 288 + 1536 * h + 192 * v + 4 * rr
+                at = 288 + 1536 * h + 64 * v + 4 * rr
                 np.testing.assert_array_equal(grp[at:at + 4], blk[64 * h + 4 * v:64 * h + 4 * v + 4])  # A: ql
-                np.testing.assert_array_equal(grp[at + 64:at + 68], blk[64 * h + 32 + 4 * v:64 * h + 36 + 4 * v])  # B
-                np.testing.assert_array_equal(grp[at + 128:at + 132], blk[128 + 32 * h + 4 * v:132 + 32 * h + 4 * v])
+                np.testing.assert_array_equal(grp[at + 512:at + 516], blk[128 + 32 * h + 4 * v:132 + 32 * h + 4 * v])
+                np.testing.assert_array_equal(grp[at + 1024:at + 1028], blk[64 * h + 32 + 4 * v:64 * h + 36 + 4 * v])
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))

@@ -7,9 +7,10 @@ vector. Per group of 16 rows and per block, 3360 bytes:
 |---|---|
 | 0-31 | the 16 rows' fp16 d (row r at 2r) |
 | 32-287 | 16 planes of 16 bytes: plane j byte r = row r's int8 scale j |
-| 288-3359 | per half h and code step v < 8, at 288 + 1536 h + 192 v: vectors A, B, C of 64 bytes |
+| 288-3359 | per half h, at 288 + 1536 h: the 8 code steps' vectors A, then their C, then their B (64 bytes each) |
 
-whose int32 lane r is row r's ql[64h + 4v ..], ql[64h + 32 + 4v ..] and qh[32h + 4v ..].
+Vector A of step v has in its int32 lane r row r's ql[64h + 4v ..], B ql[64h + 32 + 4v ..], C qh[32h + 4v ..]
+(the order in which the kernels first read them: runs 0 and 2 take A and C, runs 1 and 3 B).
 
 The scales and the per-block fold are paid once per 16 rows and token (docs/formats/q6_k.md "q6_k_x16").
 
@@ -43,8 +44,8 @@ def to_groups(a: np.ndarray) -> np.ndarray:
     v[..., 32:288] = b[..., 192:208].transpose(0, 1, 3, 4, 2).reshape(E, G, nb, 256)  # [.., block, j, row]
     ql = b[..., 0:128].reshape(E, G, GROUP, nb, 2, 2, 8, 4)  # [.., row, block, h, A/B, v, byte]
     qh = b[..., 128:192].reshape(E, G, GROUP, nb, 2, 1, 8, 4)  # [.., row, block, h, C, v, byte]
-    codes = np.concatenate([ql, qh], axis=5)  # [.., row, block, h, A/B/C, v, byte]
-    v[..., 288:] = codes.transpose(0, 1, 3, 4, 6, 5, 2, 7).reshape(E, G, nb, 3072)  # [.., block, h, v, ABC, row, byte]
+    codes = np.concatenate([ql[..., 0:1, :, :], qh, ql[..., 1:2, :, :]], axis=5)  # [.., row, block, h, A/C/B, ..]
+    v[..., 288:] = codes.transpose(0, 1, 3, 4, 5, 6, 2, 7).reshape(E, G, nb, 3072)  # [.., block, h, ACB, v, row, byte]
     return out
 
 
@@ -57,10 +58,10 @@ def from_groups(a: np.ndarray) -> np.ndarray:
     out = np.empty((E, G, GROUP, nb, q6_k.BLOCK_BYTES), np.uint8)
     out[..., 208:210] = v[..., 0:32].reshape(E, G, nb, GROUP, 2).transpose(0, 1, 3, 2, 4)
     out[..., 192:208] = v[..., 32:288].reshape(E, G, nb, 16, GROUP).transpose(0, 1, 4, 2, 3)
-    # [.., row, block, h, A/B/C, v, byte]
-    codes = v[..., 288:].reshape(E, G, nb, 2, 8, 3, GROUP, 4).transpose(0, 1, 6, 2, 3, 5, 4, 7)
-    out[..., 0:128] = codes[..., 0:2, :, :].reshape(E, G, GROUP, nb, 128)
-    out[..., 128:192] = codes[..., 2, :, :].reshape(E, G, GROUP, nb, 64)
+    # [.., row, block, h, A/C/B, v, byte]
+    codes = v[..., 288:].reshape(E, G, nb, 2, 3, 8, GROUP, 4).transpose(0, 1, 6, 2, 3, 4, 5, 7)
+    out[..., 0:128] = codes[..., [0, 2], :, :].reshape(E, G, GROUP, nb, 128)
+    out[..., 128:192] = codes[..., 1, :, :].reshape(E, G, GROUP, nb, 64)
     return out.reshape(E, G * GROUP, nb * q6_k.BLOCK_BYTES)
 
 
