@@ -126,7 +126,7 @@ def test_prepared_record(rng, mode, tier):
 def test_schema_and_errors(rng):
     b = SPEC.random_banks(3, 2048, 768, rng)
     assert cf.validate_banks(FMT, b) == (3, 2048, 768)
-    assert SPEC.id == 18 and cf.get_format("q8_0_cpu") is SPEC and SPEC.modes == ("w4a8",)
+    assert SPEC.id == 17 and cf.get_format("q8_0_cpu") is SPEC and SPEC.modes == ("w4a8",)
     small = SPEC.random_banks(2, 96, 64, rng)
     with pytest.raises(ValueError, match="544"):
         cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :100]))

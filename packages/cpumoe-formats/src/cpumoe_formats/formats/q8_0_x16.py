@@ -75,7 +75,7 @@ class Q80X16Format(CpuLayout, q8_0.Q80Format):
 
 
 SPEC = Q80X16Format(
-    name="q8_0_x16", id=18,
+    name="q8_0_x16", id=17,
     banks=(BankSpec("gate_up", (np.uint8,), lambda E, H, I: (E, 2 * I // GROUP, H // q8_0.QK * GB), align=1),
            BankSpec("down", (np.uint8,), lambda E, H, I: (E, H // GROUP, I // q8_0.QK * GB), align=1)),
     k_multiple=q8_0.QK,

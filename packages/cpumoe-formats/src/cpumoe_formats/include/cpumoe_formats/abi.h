@@ -42,9 +42,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_Q4_K = 14,       /* GGUF Q4_K blocks as the file holds them (ABI 1.7) */
   CPUMOE_FMT_Q6_K = 15,       /* GGUF Q6_K blocks as the file holds them (ABI 1.7) */
   CPUMOE_FMT_Q4_K_X16 = 16,   /* q4_k with 16 rows interleaved per 256-block, w4a8 (ABI 1.7) */
-  CPUMOE_FMT_Q6_K_X16 = 17,   /* q6_k with 16 rows interleaved per 256-block, w4a8 (ABI 1.7) */
-  CPUMOE_FMT_Q8_0_X16 = 18,   /* q8_0 with 16 rows interleaved per 32-block, w4a8 (ABI 1.7) */
-  CPUMOE_FMT_COUNT = 19
+  CPUMOE_FMT_Q8_0_X16 = 17,   /* q8_0 with 16 rows interleaved per 32-block, w4a8 (ABI 1.7) */
+  CPUMOE_FMT_COUNT = 18
 };
 
 enum cpumoe_act_id {
