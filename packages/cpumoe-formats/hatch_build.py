@@ -78,8 +78,8 @@ def _newest_header() -> float:
 
 def _deps_mtime(obj: Path, fallback: float) -> float:
     """Newest mtime of the headers obj was compiled from (its -MMD file), or `fallback` (the newest header of the
-    package) where there is none: a header edit rebuilds only the objects that include it (91 per-tier objects
-    took ~15 minutes on 2 shared cores)."""
+    package) where there is none: a header edit rebuilds only the objects that include it (a full rebuild took
+    3-5 minutes on a shared 2-core VM)."""
     dep = obj.with_suffix(".d")
     try:
         text = dep.read_text()
