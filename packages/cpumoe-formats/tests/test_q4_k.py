@@ -411,3 +411,33 @@ def test_schema_errors(rng):
     with pytest.raises(ValueError, match="finite"):
         q4.quantize_rows(np.full((1, 256), np.nan, np.float32))
     assert SPEC.bytes_per_expert(2048, 768) == 3 * 2048 * 768 // 256 * 144
+
+
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+@pytest.mark.parametrize("kind", ["nan", "inf"])
+def test_nonfinite_dmin(rng, mode, tier, kind):
+    """A NaN or inf in one block's dmin (the robustness suite's site search poisons d, the first fp16 of a block), the
+    block's mins all 0 (a kernel that skipped a zero mins term would lose it): the output rows of the tokens routed
+    to that expert are non-finite where the reference's are (NaN exactly where its are, for NaN), every other row
+    equals the clean run bit for bit."""
+    E, H, I = 3, 256, 256  # noqa: E741
+    banks = SPEC.random_banks(E, H, I, rng)
+    x = rng.standard_normal((4, H)).astype(np.float32)
+    ids = np.array([[0, 1], [2, 0], [1, 1], [2, -1]], np.int32)
+    w = rng.random((4, 2), dtype=np.float32) + np.float32(0.25)
+    clean = run_forced(FMT, banks, x, w, ids, mode, tier)
+    bad = {k: np.array(v) for k, v in banks.items()}
+    blk = bad["gate_up"][1, 5, :144]  # gate row 5's first block: mins all 0, so M = 0 and only NaN * 0 carries it
+    sc, _ = q4.scales_mins(blk[4:16])
+    blk[4:16] = q4.pack_scales_mins(sc, np.zeros(8, np.uint8))
+    blk[2:4] = np.array([np.nan if kind == "nan" else np.inf], "<f2").view(np.uint8)
+    k = kernel_for(FMT, E, H, I, mode, tier)
+    y = k.forward(bad, x, w, ids).astype(np.float64)
+    with np.errstate(all="ignore"):
+        ref = cf.numerics.round_bf16(cf.reference.moe(FMT, bad, x, w, ids, mode=mode))
+    hit = [0, 2]  # the tokens routed to expert 1
+    np.testing.assert_array_equal(np.isfinite(y), np.isfinite(ref))
+    if kind == "nan":
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    assert not np.isfinite(y[hit]).all()
+    np.testing.assert_array_equal(y[[1, 3]], clean[[1, 3]])

@@ -136,9 +136,9 @@ void down(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t h0, int32_t 
       a = b;
       continue;
     }
-    // one route: an expert's rows [h0, h1) are one contiguous span, shorter than the in-stream distance at these
-    // shapes (32 rows x 816 bytes for q4_k at I = 1536): the first group fetches its own, every group fetches the
-    // next group's rows as it reaches the same rows (q4_0's CPUMOE_Q4_AHEAD bit 1)
+    // one route: an expert's rows [h0, h1) are one contiguous span of short rows (q4_k at I = 768: 432 bytes, under
+    // the 3 KB in-stream distance, so that prefetch never covers a row's start): the first group fetches its own,
+    // every group fetches the next group's rows as it reaches the same rows (q4_0's CPUMOE_Q4_AHEAD bit 1)
     const cpumoe_route& rt = routes[a];
     float* o = acc + rt.token * acc_stride - h0;
     const uint8_t* next = b < n ? bank_row<uint8_t>(banks[1], routes[b].expert, 0) : nullptr;
