@@ -50,6 +50,11 @@ inline const Model MODELS[] = {
     {"q4_0", "gemma4-26b", GGML_TYPE_Q4_0, 2816, 704, 128, 8, ACT_GELU, true, false},
     {"mxfp4", "gpt-oss-120b", GGML_TYPE_MXFP4, 2880, 2880, 128, 4, ACT_OAI, false, true},
     {"bf16", "qwen3-30b", GGML_TYPE_BF16, 2048, 768, 128, 8, ACT_SILU, false, false},
+    // the GGUF files of Qwen3-30B-A3B as shipped: Q8_0 (every matrix), Q4_K_M (gate / up Q4_K, down Q4_K or Q6_K by
+    // layer): each type alone on all three matrices, as ours runs one format per layer
+    {"q8_0", "qwen3-30b", GGML_TYPE_Q8_0, 2048, 768, 128, 8, ACT_SILU, false, false},
+    {"q4_k", "qwen3-30b", GGML_TYPE_Q4_K, 2048, 768, 128, 8, ACT_SILU, false, false},
+    {"q6_k", "qwen3-30b", GGML_TYPE_Q6_K, 2048, 768, 128, 8, ACT_SILU, false, false},
 };
 inline const float OAI_ALPHA = 1.702f, OAI_LIMIT = 7.0f;
 

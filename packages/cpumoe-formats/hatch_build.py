@@ -76,6 +76,22 @@ def _newest_header() -> float:
     return max((h.stat().st_mtime for h in hs), default=0.0)
 
 
+def _deps_mtime(obj: Path, fallback: float) -> float:
+    """Newest mtime of the headers obj was compiled from (its -MMD file), or `fallback` (the newest header of the
+    package) where there is none: a header edit rebuilds only the objects that include it (a full rebuild took
+    3-5 minutes on a shared 2-core VM)."""
+    dep = obj.with_suffix(".d")
+    try:
+        text = dep.read_text()
+    except OSError:
+        return fallback
+    paths = text.replace("\\\n", " ").split(":", 1)[-1].split()
+    try:
+        return max((Path(p).stat().st_mtime for p in paths), default=0.0)
+    except OSError:  # a header was removed or renamed: rebuild
+        return float("inf")
+
+
 def build(out_dir: Path = PKG, verbose: bool = True) -> Path:
     """Compile and link the extension into out_dir; returns the .so path."""
     ext = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
@@ -105,9 +121,9 @@ def build(out_dir: Path = PKG, verbose: bool = True) -> Path:
 
     def compile_one(job):
         src, obj, extra = job
-        if not stale_flags and obj.exists() and obj.stat().st_mtime >= max(src.stat().st_mtime, hdr):
+        if not stale_flags and obj.exists() and obj.stat().st_mtime >= max(src.stat().st_mtime, _deps_mtime(obj, hdr)):
             return obj
-        cmd = _cxx() + base + extra + ["-c", str(src), "-o", str(obj)]
+        cmd = _cxx() + base + extra + ["-MMD", "-MF", str(obj.with_suffix(".d")), "-c", str(src), "-o", str(obj)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")

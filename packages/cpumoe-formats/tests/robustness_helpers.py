@@ -76,10 +76,10 @@ def _nonfinite_weights(spec, banks) -> bool:
 @functools.lru_cache(maxsize=None)
 def nonfinite_sites(fmt: str) -> tuple:
     """(bank, byte offset in expert 1's slab, encoding) per bank that can hold a NaN: found by writing an encoding's
-    NaN at the offsets of a window from the middle of the slab on (all at once, then halving the set) and asking
-    the format's float64 decode (dequantize and biases) whether a weight or bias became non-finite. Banks of codes
-    without a NaN (e2m1, e4m3 whose 0x7F is 480, e8m0 clamped at 254) have none. A new format's float fields are
-    found without an edit here."""
+    NaN at the offsets of a 256-byte window from the middle of the slab on (all at once, then halving the set) and
+    asking the format's float64 decode (dequantize and biases) whether a weight or bias became non-finite. Banks of
+    codes without a NaN (e2m1, e4m3 whose 0x7F is 480, e8m0 clamped at 254) have none. A new format's float fields
+    are found without an edit here."""
     spec = cf.get_format(fmt)
     banks = problem(fmt)[0]
 
@@ -94,7 +94,8 @@ def nonfinite_sites(fmt: str) -> tuple:
         slab = np.asarray(banks[bank])[1].nbytes
         for enc, (size, _) in ENCODINGS.items():
             start = slab // 2 // size * size
-            offs = list(range(start, min(slab, start + 96) - size + 1, size))
+            # 256 bytes: a whole block of every block format (q6_k's fp16 d is its block's last 2 of 210 bytes)
+            offs = list(range(start, min(slab, start + 256) - size + 1, size))
             if not offs or not hits(bank, offs, enc):
                 continue
             while len(offs) > 1:

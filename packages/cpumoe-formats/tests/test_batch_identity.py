@@ -30,6 +30,11 @@ SHAPES = {
     "nvfp4_x16": (6, 720, 368),  # 45 / 46 groups of 16 rows, 45 / 23 blocks (partial last chunks of 1 and 3)
     "ds_fp4_x16": (6, 640, 384),  # 40 / 48 groups of 16 rows, 12 / 20 blocks
     "mxfp4_x16": (6, 352, 288),  # 22 / 36 groups of 16 rows, 9 / 11 blocks
+    "q8_0": (6, 736, 416),  # 23 and 13 blocks: 4-block steps and 3 / 1 lone blocks
+    "q4_k": (6, 768, 512),  # 3 and 2 blocks of 256
+    "q6_k": (6, 768, 512),
+    "q4_k_x16": (6, 768, 512),  # 48 / 64 groups of 16 rows, 3 / 2 blocks
+    "q8_0_x16": (6, 736, 416),  # 46 / 52 groups of 16 rows, 23 / 13 blocks
 }
 PARAMS = [pytest.param(f, *p.values, id=f"{f}-{p.id}", marks=p.marks) for f in SHAPES for p in tier_cases(f)]
 

@@ -62,6 +62,11 @@ PRESETS = {
     "fp8_block_x16": Preset("Qwen3.6-35B-A3B-FP8", 2048, 512, 8, "silu"),  # fp8_block with rows interleaved for CPUs
     "nvfp4_x16": Preset("Qwen3.6-35B-A3B-NVFP4", 2048, 512, 8, "silu"),  # nvfp4 with rows interleaved for CPUs
     "ds_fp4_x16": Preset("DeepSeek-V4-Flash", 4096, 2048, 6, "swiglu_clamp", 1.0, 10.0),  # ds_fp4 rows interleaved
+    "q8_0": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # GGUF Q8_0 files
+    "q4_k": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # GGUF Q4_K_M files: gate/up, most down
+    "q6_k": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # GGUF Q4_K_M files: some layers' down; Q6_K files
+    "q4_k_x16": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # q4_k with rows interleaved for CPUs
+    "q8_0_x16": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # q8_0 with rows interleaved for CPUs
 }
 
 

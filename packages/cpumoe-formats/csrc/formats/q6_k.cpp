@@ -1,0 +1,288 @@
+// q6_k experts (native GGUF Q6_K): gate_up [E, 2I, (H/256)*210], down [E, H, (I/256)*210], uint8. Block of 256
+// weights, 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), 16 int8 scales (one per 16 elements), fp16 d.
+// Half h (elements 128h ..) takes ql[64h ..], qh[32h ..]; its four runs of 32 elements are
+//   (ql[l] & 15, qh[l] bits 0-1), (ql[32 + l] & 15, bits 2-3), (ql[l] >> 4, bits 4-5), (ql[32 + l] >> 4, bits 6-7)
+// as (low 4 bits, high 2 bits) of the code q in 0..63; w = d sc[e / 16] (q - 32). Banks (slots): 0 gate_up, 1 down.
+// H, I multiples of 256. Blocks are 210 bytes: weight loads are unaligned (bank alignment 1).
+//
+// Modes (k->params.mode):
+//  w4a8 (default; ggml vec_dot_q6_K_q8_K, W6A8): the activations as q4_k's (gguf_rows.h prep_act_i8<256>: the Q8_0
+//    rule per 256-block). Per block the exact integer S = sum_j sc[j] sum((q - 32) q_a), in 8 int32 lanes, folded
+//    as acc += S * (d d_a) in fp32 lanes. avx2: ggml's sign trick on the signed codes, vpmaddubsw(|q - 32|,
+//    sign(q_a, q - 32)) (|q - 32| <= 32: a pair <= 2 * 32 * 127 = 8128), then vpmaddwd with the two sub-blocks'
+//    scales; avxvnni / avx512vnni: vpdpwssd for the second step. A lane sums 4 products of each of a block's 8 runs
+//    times its scale, |lane| <= 8 * 128 * 4 * 32 * 127 < 2^24: converted exactly (all codes 32 give exactly 0). The
+//    int32 lanes are the same in the three tiers, so they are bit-identical (tests/test_q6_k.py).
+//  native (W6A16): fp32 activations, per sub-block (d sc[j]) * sum((q - 32) x) in fp32. Tiers: scalar, avx2,
+//    avx512f.
+#include "gguf_rows.h"
+
+namespace cpumoe {
+namespace CPUMOE_NS {
+namespace {
+using namespace gguf;
+
+constexpr int QK = 256, QB = 210;
+#if defined(__clang__)
+#define Q6K_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define Q6K_UNROLL _Pragma("GCC unroll 8")
+#else
+#define Q6K_UNROLL
+#endif
+
+// Code of element e (0..255) of the block at p, 0..63.
+CPUMOE_INLINE int code(const uint8_t* p, int e) {
+  const int h = e / 128, g = e % 128 / 32, l = e % 32;
+  const uint8_t lo = p[64 * h + 32 * (g & 1) + l], hi = p[128 + 32 * h + l];
+  return ((g < 2 ? lo & 15 : lo >> 4)) | ((hi >> 2 * g) & 3) << 4;
+}
+
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+struct RowsW4A8 {
+  static constexpr int kGrid = 4, kRowsDown = 2;
+  template <int R, int NT>
+  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t) {
+        const ActI8<QK> a(act[t], K);
+        float acc = 0.0f;
+        for (int b = 0; b < K / QK; ++b) {
+          const uint8_t* p = w[r] + (size_t)b * QB;
+          const int8_t* sc = (const int8_t*)(p + 192);
+          const int8_t* qa = a.q + (size_t)b * QK;
+          int32_t S = 0;
+          for (int j = 0; j < 16; ++j) {
+            int32_t s = 0;
+            for (int i = 0; i < 16; ++i) s += (code(p, 16 * j + i) - 32) * qa[16 * j + i];
+            S += sc[j] * s;
+          }
+          acc += (float)S * (fp16_to_f32(ld16(p + 208)) * a.d[b]);
+        }
+        out[r * NT + t] = acc;
+      }
+  }
+};
+struct RowsNative {
+  static constexpr int kGrid = 4, kRowsDown = 2;
+  template <int R, int NT>
+  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t) {
+        const float* x = (const float*)act[t];
+        float acc = 0.0f;
+        for (int b = 0; b < K / QK; ++b) {
+          const uint8_t* p = w[r] + (size_t)b * QB;
+          const float d = fp16_to_f32(ld16(p + 208));
+          for (int j = 0; j < 16; ++j) {
+            float s = 0.0f;
+            for (int i = 0; i < 16; ++i) s += (float)(code(p, 16 * j + i) - 32) * x[(size_t)b * QK + 16 * j + i];
+            acc = std::fma(d * (float)((const int8_t*)(p + 192))[j], s, acc);
+          }
+        }
+        out[r * NT + t] = acc;
+      }
+  }
+};
+#endif
+
+#if defined(__AVX2__)
+// The four 32-code runs of half h of the block at p, element order (128h + 32g ..), as unsigned bytes 0..63.
+struct Half {
+  __m256i q[4];
+  CPUMOE_INLINE Half(const uint8_t* p, int h) {
+    const __m256i ql0 = _mm256_loadu_si256((const __m256i*)(p + 64 * h));
+    const __m256i ql1 = _mm256_loadu_si256((const __m256i*)(p + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i*)(p + 128 + 32 * h));
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    // the high bits 2g, 2g+1 of qh moved to bits 4-5 (16-bit shifts: the mask keeps each byte's own bits)
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+  }
+};
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+CPUMOE_INLINE __m256i madd_acc(__m256i s, __m256i p, __m256i sc) {
+#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+  return _mm256_dpwssd_avx_epi32(s, p, sc);
+#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  return _mm256_dpwssd_epi32(s, p, sc);
+#else
+  return _mm256_add_epi32(s, _mm256_madd_epi16(p, sc));
+#endif
+}
+// [sc[j] x 8 | sc[j+1] x 8] as int16 (a run of 32 codes spans sub-blocks j and j + 1)
+CPUMOE_INLINE __m256i pair_scales(__m128i sc, int j) {
+  const long long b = 0x0101010101010101ll;
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, _mm_set_epi64x(b * (j + 1), b * j)));
+}
+
+// R rows x NT tokens; per (row, token) one 8-lane fp32 accumulator, per block the int32 lanes of S.
+struct RowsW4A8 {
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  static constexpr int kGrid = 8;
+#else
+  static constexpr int kGrid = 4;
+#endif
+  static constexpr int kRowsDown = 4;
+  template <int R, int NT>
+  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
+    const int nb = K / QK;
+    const int8_t* qa[NT];
+    const float* da[NT];
+    Q6K_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const ActI8<QK> a(act[t], K);
+      qa[t] = a.q, da[t] = a.d;
+    }
+    __m256 acc[R][NT];
+    Q6K_UNROLL
+    for (int r = 0; r < R; ++r)
+      Q6K_UNROLL
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b)
+      Q6K_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 4);  // 210 bytes a block
+        const __m128i sc = _mm_loadu_si128((const __m128i*)(p + 192));
+        __m256i S[NT];
+        Q6K_UNROLL
+        for (int t = 0; t < NT; ++t) S[t] = _mm256_setzero_si256();
+        Q6K_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const Half H(p, h);
+          Q6K_UNROLL
+          for (int g = 0; g < 4; ++g) {
+            const __m256i qm = _mm256_sub_epi8(H.q[g], _mm256_set1_epi8(32)), aq = _mm256_abs_epi8(qm);
+            const __m256i sv = pair_scales(sc, 8 * h + 2 * g);
+            Q6K_UNROLL
+            for (int t = 0; t < NT; ++t) {
+              const __m256i a = _mm256_loadu_si256((const __m256i*)(qa[t] + (size_t)b * QK + 128 * h + 32 * g));
+              S[t] = madd_acc(S[t], _mm256_maddubs_epi16(aq, _mm256_sign_epi8(a, qm)), sv);
+            }
+          }
+        }
+        const float d = _cvtsh_ss(ld16(p + 208));
+        Q6K_UNROLL
+        for (int t = 0; t < NT; ++t)
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), _mm256_set1_ps(d * da[t][b]), acc[r][t]);
+      }
+    Q6K_UNROLL
+    for (int r = 0; r < R; ++r)
+      Q6K_UNROLL
+      for (int t = 0; t < NT; ++t) out[r * NT + t] = hsum256(acc[r][t]);
+  }
+};
+#endif
+
+#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
+// native: per (row, token) one fp32 accumulator of the tier's width: per sub-block s = sum((q - 32) x) in lanes,
+// acc += s * (d sc[j]).
+struct RowsNative {
+#if CPUMOE_TIER == CPUMOE_T_AVX512F
+  using F = __m512;
+  static constexpr int kW = 16, kGrid = 8;
+  static CPUMOE_INLINE F cvt(const int8_t* q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)q))); }
+  static CPUMOE_INLINE F ld(const float* x) { return _mm512_loadu_ps(x); }
+  static CPUMOE_INLINE F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static CPUMOE_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static CPUMOE_INLINE F set1(float v) { return _mm512_set1_ps(v); }
+  static CPUMOE_INLINE F zero() { return _mm512_setzero_ps(); }
+  static CPUMOE_INLINE float hsum(F v) { return hsum512(v); }
+#else
+  using F = __m256;
+  static constexpr int kW = 8, kGrid = 4;
+  static CPUMOE_INLINE F cvt(const int8_t* q) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)q))); }
+  static CPUMOE_INLINE F ld(const float* x) { return _mm256_loadu_ps(x); }
+  static CPUMOE_INLINE F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static CPUMOE_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static CPUMOE_INLINE F set1(float v) { return _mm256_set1_ps(v); }
+  static CPUMOE_INLINE F zero() { return _mm256_setzero_ps(); }
+  static CPUMOE_INLINE float hsum(F v) { return hsum256(v); }
+#endif
+  static constexpr int kRowsDown = 2;
+  template <int R, int NT>
+  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
+    const int nb = K / QK;
+    F acc[R][NT];
+    Q6K_UNROLL
+    for (int r = 0; r < R; ++r)
+      Q6K_UNROLL
+      for (int t = 0; t < NT; ++t) acc[r][t] = zero();
+    const __m256i k32 = _mm256_set1_epi8(32);
+    for (int b = 0; b < nb; ++b)
+      Q6K_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = w[r] + (size_t)b * QB;
+        prefetch_ahead(p, 4);
+        const float d = _cvtsh_ss(ld16(p + 208));
+        const int8_t* sc = (const int8_t*)(p + 192);
+        for (int h = 0; h < 2; ++h) {
+          const Half H(p, h);
+          alignas(32) int8_t qm[128];  // q - 32, signed, element order of the half
+          for (int g = 0; g < 4; ++g) _mm256_store_si256((__m256i*)(qm + 32 * g), _mm256_sub_epi8(H.q[g], k32));
+          Q6K_UNROLL
+          for (int j = 0; j < 8; ++j) {
+            const F dsc = set1(d * (float)sc[8 * h + j]);
+            F wv[16 / kW];
+            Q6K_UNROLL
+            for (int i = 0; i < 16 / kW; ++i) wv[i] = cvt(qm + 16 * j + i * kW);
+            Q6K_UNROLL
+            for (int t = 0; t < NT; ++t) {
+              const float* x = (const float*)act[t] + (size_t)b * QK + 128 * h + 16 * j;
+              F s = mul(wv[0], ld(x));
+              Q6K_UNROLL
+              for (int i = 1; i < 16 / kW; ++i) s = fma(wv[i], ld(x + i * kW), s);
+              acc[r][t] = fma(s, dsc, acc[r][t]);
+            }
+          }
+        }
+      }
+    Q6K_UNROLL
+    for (int r = 0; r < R; ++r)
+      Q6K_UNROLL
+      for (int t = 0; t < NT; ++t) out[r * NT + t] = hsum(acc[r][t]);
+  }
+};
+#endif
+
+}  // namespace
+}  // namespace CPUMOE_NS
+}  // namespace cpumoe
+
+bool CPUMOE_INIT_FN(q6_k)(cpumoe_kernel* k) {
+  using namespace cpumoe::CPUMOE_NS;
+  const bool w4a8 = k->params.mode == CPUMOE_MODE_W4A8;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2
+  if (w4a8) {
+    k->act_bytes = &gguf::act_bytes_i8<256>;
+    k->prep_act = &gguf::prep_act_i8<256>;
+    gguf::install<RowsW4A8>(k);
+  } else {
+    k->act_bytes = &act_bytes_f32;
+    k->prep_act = &prep_act_f32;
+    gguf::install<RowsNative>(k);
+  }
+  return true;
+#elif CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  if (!w4a8) return false;  // native has no int8 work: the tier below runs (avx2 / avx512f)
+  k->act_bytes = &gguf::act_bytes_i8<256>;
+  k->prep_act = &gguf::prep_act_i8<256>;
+  gguf::install<RowsW4A8>(k);
+  return true;
+#elif CPUMOE_TIER == CPUMOE_T_AVX512F
+  if (w4a8) return false;  // w4a8 without VNNI: avxvnni (if the CPU has it) or avx2 runs
+  k->act_bytes = &act_bytes_f32;
+  k->prep_act = &prep_act_f32;
+  gguf::install<RowsNative>(k);
+  return true;
+#else
+  (void)k;
+  (void)w4a8;
+  return false;  // avx512bf16 / amx: nothing specific; avx512vnni (w4a8) / avx512f (native) run
+#endif
+}
