@@ -8,8 +8,6 @@ import numpy as np
 
 import cpumoe_formats as cf
 
-FORMATS = ("bf16", "fp8_block", "nvfp4", "mxfp4", "ds_fp4", "q4_0")
-
 
 def cpu_info() -> dict:
     from cpumoe_executor import resolve_cores
@@ -17,7 +15,7 @@ def cpu_info() -> dict:
 
     cores, why = resolve_cores()
     kernels = {}
-    for fmt in FORMATS:
+    for fmt in cf.formats.WEIGHT_FORMATS:  # every weight format this cpumoe-formats has (layouts apart)
         spec = cf.get_format(fmt)
         kernels[fmt] = {m: cf.selected_tier(fmt, m) for m in spec.modes}
         kernels[fmt]["cpu_layout"] = spec.cpu_layout or None
