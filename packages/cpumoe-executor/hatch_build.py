@@ -7,6 +7,7 @@ CPUMOE_DEBUG=1, CPUMOE_BUILD_JOBS.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -50,26 +51,30 @@ def build(out_dir: Path = PKG) -> Path:
     flags.append(f'-DCPUMOE_EXEC_BUILD_INFO="cpumoe-executor cxx={cc[0] if cc else "?"}"')
     obj_dir = HERE / "build" / ("obj-" + (san or "rel").replace(",", "-"))
     obj_dir.mkdir(parents=True, exist_ok=True)
-    hdr = max(p.stat().st_mtime for p in list(CSRC.glob("*.h")) + list((PKG / "include").rglob("*.h")) +
-              list(Path(_formats_include()).rglob("*.h")))
-    stamp, key = obj_dir / "flags.txt", " ".join(flags)
-    stale = not stamp.exists() or stamp.read_text() != key
+    # An object is reused only when its key (flags, its source's bytes, every header's bytes) is the one it was built
+    # with: mtimes lie when a tree arrives by copy (a carried or checked-out file older than the object it replaces
+    # left stale objects beside new ones, and the link failed on a duplicate symbol).
+    headers = hashlib.sha256(" ".join(flags).encode())
+    for h in sorted(list(CSRC.glob("*.h")) + list((PKG / "include").rglob("*.h")) +
+                    list(Path(_formats_include()).rglob("*.h"))):
+        headers.update(h.name.encode() + h.read_bytes())
 
     def compile_one(src: Path) -> Path:
-        obj = obj_dir / f"{src.stem}.o"
-        if not stale and obj.exists() and obj.stat().st_mtime >= max(src.stat().st_mtime, hdr):
+        obj, stamp = obj_dir / f"{src.stem}.o", obj_dir / f"{src.stem}.key"
+        key = hashlib.sha256(headers.digest() + src.read_bytes()).hexdigest()
+        if obj.exists() and stamp.exists() and stamp.read_text() == key:
             return obj
         cmd = cxx + flags + ["-c", str(src), "-o", str(obj)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+        stamp.write_text(key)
         return obj
 
     srcs = sorted(CSRC.glob("*.cpp"))
     print(f"[cpumoe-executor] compiling {len(srcs)} objects", file=sys.stderr)
     with ThreadPoolExecutor(int(os.environ.get("CPUMOE_BUILD_JOBS", "0")) or os.cpu_count() or 2) as ex:
         objs = list(ex.map(compile_one, srcs))
-    stamp.write_text(key)
     target = out_dir / f"_native{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     link = cxx + ["-shared", "-pthread", "-o", str(target)] + [str(o) for o in objs]
     if san:

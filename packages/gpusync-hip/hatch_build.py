@@ -16,6 +16,7 @@ Run `python hatch_build.py` for an in-place build.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -84,9 +85,11 @@ def build(out_dir: Path = PKG) -> Path:
     obj_dir = HERE / "build" / ("obj-" + (san or "rel").replace(",", "-"))
     obj_dir.mkdir(parents=True, exist_ok=True)
     headers = list(CSRC.glob("*.h")) + list(Path(ex_inc).rglob("*.h"))
-    hdr = max(p.stat().st_mtime for p in headers)
-    stamp, key = obj_dir / "flags.txt", " ".join(flags) + f"|{hip_inc}"
-    stale = not stamp.exists() or stamp.read_text() != key
+    # objects are reused by content key (flags, source, headers), not mtime: a tree that arrives by copy can carry
+    # files older than the objects they replace
+    hkey = hashlib.sha256((" ".join(flags) + f"|{hip_inc}").encode())
+    for h in sorted(headers):
+        hkey.update(h.name.encode() + h.read_bytes())
 
     def compile_one(src: Path) -> Path | None:
         extra: list[str] = []
@@ -95,19 +98,21 @@ def build(out_dir: Path = PKG) -> Path:
                 return None  # no HIP header here: nothing to check against
             extra = ["-DGPUSYNC_HIP_CHECK", f"-I{hip_inc}"]
         obj = obj_dir / f"{src.stem}.o"
-        if not stale and obj.exists() and obj.stat().st_mtime >= max(src.stat().st_mtime, hdr):
+        stamp = obj_dir / f"{src.stem}.key"
+        key = hashlib.sha256(hkey.digest() + " ".join(extra).encode() + src.read_bytes()).hexdigest()
+        if obj.exists() and stamp.exists() and stamp.read_text() == key:
             return obj
         cmd = cxx + flags + extra + ["-c", str(src), "-o", str(obj)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+        stamp.write_text(key)
         return obj
 
     srcs = sorted(CSRC.glob("*.cpp"))
     print(f"[gpusync-hip] compiling {len(srcs)} sources ({info})", file=sys.stderr)
     with ThreadPoolExecutor(int(os.environ.get("CPUMOE_BUILD_JOBS", "0")) or os.cpu_count() or 2) as ex:
         objs = [o for o in ex.map(compile_one, srcs) if o is not None]
-    stamp.write_text(key)
     target = out_dir / f"_native{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     # -ldl for dlopen/dlinfo (part of libc on glibc >= 2.34, harmless before); no -lamdhip64.
     link = cxx + ["-shared", "-pthread", "-o", str(target)] + [str(o) for o in objs] + ["-ldl"]
