@@ -26,7 +26,8 @@ py::dict placement_dict(const Placement& p) {
                   py::arg("node") = p.node, py::arg("bytes") = p.bytes,
                   py::arg("mbind") = p.mbind_errno < 0 ? std::string("not asked") : errno_name(p.mbind_errno),
                   py::arg("touched_by") = p.touched_by, py::arg("touchers_pinned") = p.touchers_pinned,
-                  py::arg("pages_checked") = p.pages_checked, py::arg("pages_on_node") = p.pages_on_node);
+                  py::arg("pages_checked") = p.pages_checked, py::arg("pages_on_node") = p.pages_on_node,
+                  py::arg("offsets") = p.offsets);
 }
 using BankTuple = std::tuple<uint64_t, int64_t, int64_t>;
 

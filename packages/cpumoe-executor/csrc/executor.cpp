@@ -281,7 +281,8 @@ Placement Executor::place_banks(int layer, int group, int part, const std::vecto
     if (pinned_here()) x->pinned.fetch_add(1);
   };
   run_groups(copy, &ctx, group);
-  Placement pl{layer, group, part, G.node, total, mem->mbind_errno, ctx.touched.load(), ctx.pinned.load(), 0, 0, mem};
+  Placement pl{layer, group, part, G.node, total, mem->mbind_errno, ctx.touched.load(), ctx.pinned.load(), 0, 0, mem,
+               off};
   for (int s : page_nodes(mem->p, total, 64)) pl.pages_checked += 1, pl.pages_on_node += s == G.node;
   auto& dst = G.banks[slot][layer];
   dst = {};

@@ -61,6 +61,7 @@ struct Placement {
   int touchers_pinned; // of those, pinned to the group's cores
   int pages_checked, pages_on_node;  // page_nodes() after the copy
   std::shared_ptr<NodeMem> mem;
+  std::vector<size_t> offsets;  // each bank's first byte in mem
 };
 
 // The tier this process's SIMD code may use: the formats library's detection (CPUID, the OS's register state, its
