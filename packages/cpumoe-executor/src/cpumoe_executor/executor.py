@@ -70,6 +70,10 @@ def _span(a: np.ndarray) -> int:
     return sum((n - 1) * st for n, st in zip(a.shape, a.strides)) + a.itemsize if a.size else 0
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
 def cpu_layout(format, H: int, I: int, mode: str | None = None, isa: str | None = None) -> str:  # noqa: A002, E741
     """The format a CpuMoeExecutor runs banks of `format` as on this machine (repack=None): the format itself, or the
     CPU layout it repacks them into (q4_0 -> q4_0_x16, mxfp4 -> mxfp4_panel / mxfp4_x16, ...). A loader that streams a
@@ -273,8 +277,8 @@ class CpuMoeExecutor:
                 if len({topo.node_of(c) for c in cand} - {None}) < 2:
                     return None  # one node with workers: today's pool, untouched
                 if isinstance(unit, str):
-                    warnings.warn(f"{len(topo.nodes)} NUMA nodes, but numa='split' is unavailable ({unit}): running one "
-                                  "pool (numa='off'); numa='replicate' places a full copy on every node",
+                    warnings.warn(f"{len(topo.nodes)} NUMA nodes, but numa='split' is unavailable ({unit}): running "
+                                  "one pool (numa='off'); numa='replicate' places a full copy on every node",
                                   RuntimeWarning, stacklevel=3)
                     return None
             if core_ids is not None:
@@ -298,8 +302,7 @@ class CpuMoeExecutor:
         for node, b in need.items():
             if free.get(node, -1) < 0 or b <= free[node]:
                 continue
-            msg = (f"numa={plan.mode!r}: node {node} needs {b / 1e9:.2f} GB for its banks and has {free[node] / 1e9:.2f} "
-                   "GB free")
+            msg = f"numa={plan.mode!r}: node {node} needs {_size(b)} for its banks and has {_size(free[node])} free"
             if plan.mode == "replicate":
                 raise ValueError(msg + "; expected numa='split' (one copy, cut across the nodes) or 'off'")
             warnings.warn(msg + ": the kernel places the rest on other nodes", RuntimeWarning, stacklevel=4)
