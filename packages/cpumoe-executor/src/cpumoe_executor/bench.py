@@ -4,7 +4,7 @@ measured in the same run with the same threads.
 
     python -m cpumoe_executor.bench [--format bf16,nvfp4] [--model qwen3-30b | --shape H,I,E,TOPK]
         [--batch 1,4,8] [--threads N] [--working-set dram|cache] [--routing random|shared|both]
-        [--repeats 5] [--steps 20] [--json FILE] [--plot PNG] [--quick]
+        [--numa auto,off,split,replicate] [--repeats 5] [--steps 20] [--json FILE] [--plot PNG] [--quick]
     python -m cpumoe_executor.bench --doorbell [...]   (doorbell round trip: see doorbell_bench.py)
 
 dram: the bank holds at least 4 x LLC of experts, cut (per batch size and
@@ -28,6 +28,14 @@ repeats: each repeat runs every (routing, batch) of a format once, forward then
 backward in turn, so the ratios the acceptance asks for are also taken within
 one repeat: % of the ceiling against the window just before, and batch N over
 batch 1 (`*_paired`: median, min, max over the repeats).
+
+numa (docs/numa.md): --numa runs each format once per mode listed (auto: the
+executor's default). Before the formats, the NUMA read ceilings are measured
+once: each node's workers reading a buffer on their own node (per node, alone),
+all nodes at once (all_nodes), and every thread reading one buffer the main
+thread wrote (one_buffer: what a single pool's banks on one node allow). Each
+result reports its GB/s as % of all_nodes (`pct_of_all_nodes`); a split or
+replicate run's paired windows read node-local buffers (all nodes at once).
 """
 from __future__ import annotations
 
@@ -125,8 +133,30 @@ def routes_for(rng, window: np.ndarray, T: int, K: int, shared: bool) -> np.ndar
 
 
 def read_window(ex, ws, passes: int) -> float:
-    """GB/s of `passes` whole-buffer reads by the executor's pool: total bytes over total time."""
-    return ex.read_bandwidth(ws, passes)
+    """GB/s of `passes` whole-buffer reads by the executor's pool: total bytes over total time. Placed on NUMA
+    nodes: every group reads a buffer of ws's size on its own node, all at once."""
+    if ex.numa == "off":
+        return ex.read_bandwidth(ws, passes)
+    bw = ex._x.node_read_bandwidth(ws.nbytes, passes, -1)
+    return len(bw) / sum(1.0 / b for b in bw)
+
+
+def numa_ceilings(threads, llc: int, repeats: int) -> dict:
+    """The read ceilings per NUMA node (its workers alone, on a buffer on their node), of all nodes at once, and of
+    every thread on one buffer the main thread wrote, with the workers a numa="replicate" executor picks (one group
+    per node with workers; one group on a one-node host)."""
+    spec = cf.get_format("bf16")
+    banks = [spec.random_banks(1, 64, 64, np.random.default_rng(0))]
+    size = max(4 * llc, 64 * MiB)
+    with CpuMoeExecutor("bf16", banks, top_k=1, threads=threads, numa="replicate", repack=False) as ex:
+        groups = ex.numa_plan.groups
+        per = {str(g.node): {"cores": list(g.cores), "gbps": stats(ex._x.node_read_bandwidth(size, repeats, k))}
+               for k, g in enumerate(groups)}
+        every = stats(ex._x.node_read_bandwidth(size, repeats, -1))
+        ws = cf.aligned_empty((size,), np.uint8)
+        ws[:] = 1
+        one = stats([ex.read_bandwidth(ws, 1) for _ in range(repeats)])
+    return {"per_node": per, "all_nodes": every, "one_buffer": one, "bytes_per_group": size}
 
 
 def compute_roof(ex, seconds: float = 0.05, reps: int = 5) -> dict | None:
@@ -175,7 +205,7 @@ def add_roofline(entry: dict, m: Model) -> None:
                 entry[f"{key}_over_batch1_paired"] = rs[-1]["over_batch1_paired"]
 
 
-def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
+def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numa: str = "auto") -> dict:
     spec = cf.get_format(fmt)
     bpe = spec.bytes_per_expert(m.H, m.I)
     window = min(m.E, max(m.top_k * max(opts.batch), 1))  # experts one step can touch
@@ -191,7 +221,8 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
     has_layout = spec.cpu_layout and (mode or spec.default_mode) in cf.get_format(spec.cpu_layout).modes
     ex = CpuMoeExecutor(fmt, [banks], top_k=m.top_k, max_tokens=max(opts.batch), threads=threads,
                         activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode,
-                        repack=REPACK[opts.repack] if has_layout else None)
+                        repack=REPACK[opts.repack] if has_layout else None, numa=None if numa == "auto" else numa)
+    log(f"{fmt}: numa {ex._numa_line()}")
     if ex.spec.name != spec.name:
         log(f"{fmt}: running as {ex.spec.name} (the executor's repack; --repack off keeps {fmt}'s own layout)")
     roof = compute_roof(ex)
@@ -262,38 +293,71 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
     base = results.get(f"{opts.routings[0]}/{opts.batch[0]}")
     entry = {"gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"],
              "ratio": base["gbps"]["median"] / ceil["median"], "batch": base["batch"], "threads": ex.threads,
-             "step_us": base["step_us"]["median"], "isa": ex.isa, "layout": ex.spec.name,
+             "step_us": base["step_us"]["median"], "isa": ex.isa, "layout": ex.spec.name, "format": fmt,
+             "numa": ex.numa, "numa_groups": ex.numa_report()["groups"], "numa_bounds": ex.numa_report()["bounds"],
              "shape": asdict(m), "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "compute_roof": roof,
              "results": results}
     add_roofline(entry, m)
+    ex.close()
     return entry
+
+
+def add_numa(report: dict) -> None:
+    """Per result: GB/s as % of the all-nodes ceiling; per format run with several modes: each mode's GB/s over
+    numa off's, result by result (`over_off`)."""
+    every = report["numa_ceilings"]["all_nodes"]["median"]
+    for e in report["formats"].values():
+        for r in e["results"].values():
+            r["pct_of_all_nodes"] = 100 * r["gbps"]["median"] / every
+    for e in report["formats"].values():
+        off = report["formats"].get(f"{e['format']}:off")
+        if off is not None and e is not off:
+            e["over_off"] = {k: r["gbps"]["median"] / off["results"][k]["gbps"]["median"]
+                             for k, r in e["results"].items() if k in off["results"]}
 
 
 def table(report: dict) -> str:
     """One row per (format, batch, routing); a format the executor repacked shows as given>ran (mxfp4>mxfp4_panel)."""
-    name = {f: f if e.get("layout", f) == f else f"{f}>{e['layout']}" for f, e in report["formats"].items()}
+    name = {}
+    for f, e in report["formats"].items():
+        fmt = e.get("format", f)
+        name[f] = fmt if e.get("layout", fmt) == fmt else f"{fmt}>{e['layout']}"
     w = max([10, *map(len, name.values())])
-    lines = [f"{'format':<{w}} {'isa':<16} {'thr':>3} {'batch':>5} {'routing':<7} {'us/step':>8} {'GB/s':>7} "
-             f"{'ceiling':>8} {'%':>5} {'mem us':>7} {'mac us':>7} {'%roof':>6}"]
+    lines = [f"{'format':<{w}} {'isa':<16} {'numa':<9} {'thr':>3} {'batch':>5} {'routing':<7} {'us/step':>8} "
+             f"{'GB/s':>7} {'ceiling':>8} {'%':>5} {'%all':>5} {'mem us':>7} {'mac us':>7} {'%roof':>6}"]
     for fmt, e in report["formats"].items():
         for r in e["results"].values():
             g, cu = r["gbps"]["median"], r.get("compute_floor_us")
             pct = r["pct_of_ceiling_paired"]["median"] if "pct_of_ceiling_paired" in r else 100 * g / e["ceiling_gbps"]
-            lines.append(f"{name[fmt]:<{w}} {e['isa']:<16} {e['threads']:>3} {r['batch']:>5} {r['routing']:<7} "
+            alln = f"{r['pct_of_all_nodes']:.0f}%" if "pct_of_all_nodes" in r else "-"
+            lines.append(f"{name[fmt]:<{w}} {e['isa']:<16} {e.get('numa', 'off'):<9} {e['threads']:>3} "
+                         f"{r['batch']:>5} {r['routing']:<7} "
                          f"{r['step_us']['median']:>8.0f} {g:>7.1f} {e['ceiling_gbps']:>8.1f} "
-                         f"{pct:>4.0f}% {r['memory_floor_us']:>7.0f} "
+                         f"{pct:>4.0f}% {alln:>5} {r['memory_floor_us']:>7.0f} "
                          f"{'-' if cu is None else f'{cu:.0f}':>7} {r['roofline_pct']:>5.0f}%")
     notes = []
+    many = any(e.get("format", f) != f for f, e in report["formats"].items())  # several numa modes per format
     for fmt, e in report["formats"].items():
+        label = f"{name[fmt]} numa {e['numa']}" if many else name[fmt]
         for k, v in e.items():
             if k.endswith("_floor_over_batch1"):
                 measured = e.get(k.replace("_floor_", "_"))
                 routing, batch = k.split("_")[:2]
                 p = e.get(k.replace("_floor_", "_") + "_paired")
                 paired = f" (per repeat {p['median']:.2f}x, {p['min']:.2f}-{p['max']:.2f})" if p else ""
-                notes.append(f"{name[fmt]}: {routing} batch {batch[5:]} / batch 1 measured {measured:.2f}x{paired}; "
+                notes.append(f"{label}: {routing} batch {batch[5:]} / batch 1 measured {measured:.2f}x{paired}; "
                              f"its compute floor / batch 1 {v:.2f}x")
-    lines += ["", "%: GB/s over the ceiling window next to it, median over the repeats; mem us: bytes at the read "
+    for f, e in report["formats"].items():
+        if "over_off" in e:
+            notes.append(f"{name[f]} numa {e['numa']} over off: " + ", ".join(
+                f"{k} {v:.2f}x" for k, v in e["over_off"].items()))
+    nc = report.get("numa_ceilings")
+    if nc:
+        per = ", ".join(f"node {n} {v['gbps']['median']:.1f}" for n, v in nc["per_node"].items())
+        notes.append(f"read ceilings GB/s: {per}; all nodes at once {nc['all_nodes']['median']:.1f}; one buffer "
+                     f"(main thread's node) read by every thread {nc['one_buffer']['median']:.1f}")
+    lines += ["", "%: GB/s over the ceiling window next to it, median over the repeats; %all: over the all-nodes "
+                  "read ceiling (node-local buffers, every node at once); mem us: bytes at the read "
                   "ceiling; mac us: multiply-adds at the compute roof (compute_roof); %roof: the larger over the step",
               *notes] if notes else []
     return "\n".join(lines)
@@ -354,6 +418,9 @@ def parse_args(argv=None):
                         "(table: mxfp4>mxfp4_panel, or mxfp4>mxfp4_x16), "
                         "on forces it, off runs their own layout")
     p.add_argument("--routing", choices=("random", "shared", "both"), default="both")
+    p.add_argument("--numa", default="auto",
+                   help="comma list of auto, off, split, replicate: each format runs once per mode (CpuMoeExecutor's "
+                        "numa=; auto: its default, split on 2+ nodes). The NUMA read ceilings are measured once")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -369,6 +436,9 @@ def parse_args(argv=None):
     except ValueError as e:
         p.error(str(e))
     o.routings = ["random", "shared"] if o.routing == "both" else [o.routing]
+    o.numas = o.numa.split(",")
+    if bad := [n for n in o.numas if n not in ("auto", "off", "split", "replicate")]:
+        p.error(f"--numa {o.numa}: {bad} not in auto, off, split, replicate")
     if o.quick:
         o.repeats, o.steps = 2, 3
     return o
@@ -390,12 +460,19 @@ def main(argv=None) -> int:
     report = {"machine": machine_info(llc), "threads": len(cores), "cores": cores, "cores_why": why,
               "settings": {k: v for k, v in vars(opts).items() if k not in ("json", "plot")}, "formats": {}}
     log(f"{len(cores)} threads on cores {cores} ({why}); working set {opts.working_set}, LLC {llc / MiB:.0f} MiB")
+    nc = report["numa_ceilings"] = numa_ceilings(opts.threads, llc, opts.repeats)
+    log("read ceilings: " + ", ".join(f"node {n} ({len(v['cores'])} cores) {v['gbps']['median']:.1f} GB/s"
+                                      for n, v in nc["per_node"].items()) +
+        f"; all nodes {nc['all_nodes']['median']:.1f} GB/s; one buffer {nc['one_buffer']['median']:.1f} GB/s")
     for fmt in fmts:
         m = model_for(fmt, opts)
         if opts.quick:
             m = Model(max(m.H // 8 // 128 * 128, 256), max(m.I // 8 // 128 * 128, 256), min(m.E, 16),
                       min(m.top_k, 4), m.activation, m.alpha, m.limit)  # multiples of 128: every format's K
-        report["formats"][fmt] = bench_one(fmt, m, opts, rng, opts.threads, llc)
+        for numa in opts.numas:
+            key = fmt if len(opts.numas) == 1 else f"{fmt}:{numa}"
+            report["formats"][key] = bench_one(fmt, m, opts, rng, opts.threads, llc, numa)
+    add_numa(report)
     print(table(report))
     if opts.json:
         with open(opts.json, "w") as f:
