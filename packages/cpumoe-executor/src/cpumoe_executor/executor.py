@@ -70,10 +70,6 @@ def _span(a: np.ndarray) -> int:
     return sum((n - 1) * st for n, st in zip(a.shape, a.strides)) + a.itemsize if a.size else 0
 
 
-def _size(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
-
-
 def cpu_layout(format, H: int, I: int, mode: str | None = None, isa: str | None = None) -> str:  # noqa: A002, E741
     """The format a CpuMoeExecutor runs banks of `format` as on this machine (repack=None): the format itself, or the
     CPU layout it repacks them into (q4_0 -> q4_0_x16, mxfp4 -> mxfp4_panel / mxfp4_x16, ...). A loader that streams a
@@ -256,56 +252,14 @@ class CpuMoeExecutor:
 
     # ---- NUMA (numa.py, numa_banks.py, docs/numa.md) ---------------------------------------------------------
     def _plan_numa(self, numa, root, threads, core_ids, run_spec, layers):
-        """The worker groups and slices, or None for the single pool (numa 'off', auto on one node, a format auto
-        cannot cut)."""
-        if numa == "off":
-            return None
-        unit = numa_banks.cut_unit(run_spec, self.I)
-        if isinstance(numa, numa_mod.NumaPlan):
-            if numa.mode == "off":
-                raise ValueError("numa=NumaPlan(mode='off'): expected numa='off' for the single pool")
-            self._topology = numa_mod.topology(root)
-            numa_mod.check_plan(numa, self.I, unit, set(_native.allowed_cpus()))
-            plan = numa
-        elif numa is None or numa in ("split", "replicate"):
-            topo = self._topology = numa_mod.topology(root)
-            if numa is None:
-                if core_ids is not None:
-                    cand = [int(c) for c in core_ids]
-                else:
-                    cand = [c for c in _native.allowed_cpus() if not topo.online or c in topo.online]
-                if len({topo.node_of(c) for c in cand} - {None}) < 2:
-                    return None  # one node with workers: today's pool, untouched
-                if isinstance(unit, str):
-                    warnings.warn(f"{len(topo.nodes)} NUMA nodes, but numa='split' is unavailable ({unit}): running "
-                                  "one pool (numa='off'); numa='replicate' places a full copy on every node",
-                                  RuntimeWarning, stacklevel=3)
-                    return None
-            if core_ids is not None:
-                _resolve_cores(threads, core_ids)  # the same checks as the single pool's (affinity mask, threads)
-            plan = numa_mod.plan(numa, self.I, unit, topo=topo, threads=threads, core_ids=core_ids)
-            if plan.mode == "off":
-                return None
-        else:
-            raise ValueError(f"numa={numa!r}: expected None (auto), 'split', 'replicate', 'off' or a NumaPlan")
-        self._check_node_memory(plan, run_spec, layers)
+        """The worker groups and slices, or None for the single pool (numa.resolve)."""
+        if core_ids is not None and numa != "off":
+            _resolve_cores(threads, core_ids)  # the single pool's checks first (affinity mask, threads)
+        plan, self._topology = numa_mod.resolve(numa, self.I, numa_banks.cut_unit(run_spec, self.I), root=root,
+                                                threads=threads, core_ids=core_ids)
+        if plan is not None:
+            numa_mod.check_memory(plan, self._topology, run_spec.bytes_per_expert(self.H, self.I) * self.E * layers)
         return plan
-
-    def _check_node_memory(self, plan, run_spec, layers) -> None:
-        """A node that cannot hold its share: replicate raises (a copy per node, the OOM its peers hit), split warns."""
-        total = run_spec.bytes_per_expert(self.H, self.I) * self.E * layers
-        free = {n.id: n.mem_free for n in self._topology.nodes}
-        need = {}
-        for g in plan.groups:
-            share = sum(plan.bounds[q + 1] - plan.bounds[q] for q in g.parts) / self.I
-            need[g.node] = need.get(g.node, 0) + total * share
-        for node, b in need.items():
-            if free.get(node, -1) < 0 or b <= free[node]:
-                continue
-            msg = f"numa={plan.mode!r}: node {node} needs {_size(b)} for its banks and has {_size(free[node])} free"
-            if plan.mode == "replicate":
-                raise ValueError(msg + "; expected numa='split' (one copy, cut across the nodes) or 'off'")
-            warnings.warn(msg + ": the kernel places the rest on other nodes", RuntimeWarning, stacklevel=4)
 
     def _place(self, banks, target) -> None:
         """Each layer (repacked one at a time where the executor repacks), cut into the plan's slices where it

@@ -145,7 +145,7 @@ def select_cores(topo: Topology, threads: int | None = None, core_ids=None, *, a
         if threads > usable:
             warnings.warn(f"threads={threads} is more than the {usable} CPUs this process may use (affinity mask, "
                           f"cgroup CPU limit): using threads={usable}. Pass core_ids to place several workers on one "
-                          "core on purpose", RuntimeWarning, stacklevel=3)
+                          "core on purpose", RuntimeWarning, stacklevel=6)  # CpuMoeExecutor's caller
             n, why = usable, f"threads clamped to {usable} usable CPUs ({len(phys)} physical cores)"
     if not order:
         raise ValueError(f"no usable CPU: affinity {allowed}, nodes {[list(x.cpus) for x in topo.nodes]}")
@@ -204,7 +204,7 @@ def plan(mode: str | None, I: int, unit, *, topo: Topology | None = None, thread
             mode, why = "off", why + f"; numa split unavailable ({cut_why})"
             warnings.warn(f"{len(nodes)} NUMA nodes, but the banks cannot be cut by I ({cut_why}): running one "
                           "pool (numa='off'); numa='replicate' places a full copy on every node", RuntimeWarning,
-                          stacklevel=3)
+                          stacklevel=5)  # CpuMoeExecutor's caller
         else:
             mode = "split"
     if len(nodes) > MAX_PARTS and mode == "split":
@@ -244,3 +244,52 @@ def check_plan(p: NumaPlan, I: int, unit, allowed) -> None:  # noqa: E741
         ran.update(g.parts)
     if ran != set(range(len(b) - 1)):
         raise ValueError(f"numa plan: parts {sorted(set(range(len(b) - 1)) - ran)} are run by no group")
+
+
+def resolve(numa, I: int, unit, *, root: str | None = None, threads: int | None = None,  # noqa: E741
+            core_ids=None) -> tuple:
+    """CpuMoeExecutor's numa= -> (plan, topology): plan None for the single pool ("off"; auto where fewer than two
+    nodes have usable CPUs, or, with a RuntimeWarning, where the format cannot be cut); topology None for "off"."""
+    if numa == "off":
+        return None, None
+    if not (numa is None or isinstance(numa, NumaPlan) or numa in ("split", "replicate")):
+        raise ValueError(f"numa={numa!r}: expected None (auto), 'split', 'replicate', 'off' or a NumaPlan")
+    topo = topology(root)
+    if isinstance(numa, NumaPlan):
+        if numa.mode == "off":
+            raise ValueError("numa=NumaPlan(mode='off'): expected numa='off' for the single pool")
+        check_plan(numa, I, unit, set(_native.allowed_cpus()))
+        return numa, topo
+    if numa is None:
+        cand = core_ids if core_ids is not None else [c for c in _native.allowed_cpus()
+                                                        if not topo.online or c in topo.online]
+        if len({topo.node_of(int(c)) for c in cand} - {None}) < 2:
+            return None, topo  # one node with workers: the single pool, untouched
+        if isinstance(unit, str):
+            warnings.warn(f"{len(topo.nodes)} NUMA nodes, but numa='split' is unavailable ({unit}): running one pool "
+                          "(numa='off'); numa='replicate' places a full copy on every node", RuntimeWarning,
+                          stacklevel=4)
+            return None, topo
+    p = plan(numa, I, unit, topo=topo, threads=threads, core_ids=core_ids)
+    return (None if p.mode == "off" else p), topo
+
+
+def check_memory(p: NumaPlan, topo: Topology, total_bytes: float) -> None:
+    """A node that cannot hold its share of total_bytes (by MemFree): replicate raises (a copy per node: the OOM its
+    peers hit), split warns (mbind's preferred policy places the rest on other nodes)."""
+    I = p.bounds[-1]  # noqa: E741
+    free = {n.id: n.mem_free for n in topo.nodes}
+    need = {}
+    for g in p.groups:
+        need[g.node] = need.get(g.node, 0) + total_bytes * sum(p.bounds[q + 1] - p.bounds[q] for q in g.parts) / I
+    for node, b in need.items():
+        if free.get(node, -1) < 0 or b <= free[node]:
+            continue
+        msg = f"numa={p.mode!r}: node {node} needs {_size(b)} for its banks and has {_size(free[node])} free"
+        if p.mode == "replicate":
+            raise ValueError(msg + "; expected numa='split' (one copy, cut across the nodes) or 'off'")
+        warnings.warn(msg + ": the kernel places the rest on other nodes", RuntimeWarning, stacklevel=4)
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
