@@ -9,6 +9,7 @@
 #include "capi.h"
 #include "executor.h"
 #include "gil.h"
+#include "numa_mem.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -20,6 +21,14 @@ void register_latency(py::module& m);  // latency.cpp: the doorbell bench's prob
 
 namespace {
 const cpumoe_formats_api* g_formats = nullptr;
+py::dict placement_dict(const Placement& p) {
+  return py::dict(py::arg("layer") = p.layer, py::arg("group") = p.group, py::arg("part") = p.part,
+                  py::arg("node") = p.node, py::arg("bytes") = p.bytes,
+                  py::arg("mbind") = p.mbind_errno < 0 ? std::string("not asked") : errno_name(p.mbind_errno),
+                  py::arg("touched_by") = p.touched_by, py::arg("touchers_pinned") = p.touchers_pinned,
+                  py::arg("pages_checked") = p.pages_checked, py::arg("pages_on_node") = p.pages_on_node,
+                  py::arg("offsets") = p.offsets);
+}
 using BankTuple = std::tuple<uint64_t, int64_t, int64_t>;
 
 // The IO block's memory as a Python buffer: numpy views made from it keep it alive (executor.h: IoMem).
@@ -27,18 +36,27 @@ struct PyIoMemory {
   std::shared_ptr<IoMem> m;
 };
 
+// Placed bank memory as a Python buffer: numpy views made from it keep it alive (numa_mem.h: NodeMem).
+struct PyNodeMemory {
+  std::shared_ptr<NodeMem> m;
+};
+
+using GroupTuple = std::tuple<int, std::vector<int>, std::vector<int>>;  // (node, cores, parts)
+
 struct PyExecutor {
   std::unique_ptr<Executor> ex;
   PyExecutor(int format, int act, int mode, bool on_input, int E, int H, int I, float alpha, float limit,
              int tier_cap, int num_layers, int top_k, int max_tokens, std::vector<int> cores, bool pin,
-             int64_t spin_us, std::string label) {
+             int64_t spin_us, std::string label, const std::vector<GroupTuple>& groups, std::vector<int> bounds) {
     if (num_layers < 1) throw py::value_error("num_layers must be >= 1");
     if (max_tokens < 1) throw py::value_error("max_tokens must be >= 1");
-    if (cores.empty()) throw py::value_error("at least one core");
+    if (cores.empty() && groups.empty()) throw py::value_error("at least one core");
     Config c;
     c.params = {format, act, mode, on_input ? 1 : 0, E, H, I, alpha, limit};
     c.tier_cap = tier_cap, c.num_layers = num_layers, c.top_k = top_k, c.max_tokens = max_tokens;
     c.cores = std::move(cores), c.pin = pin, c.spin_us = spin_us, c.label = std::move(label);
+    for (const auto& g : groups) c.groups.push_back({std::get<0>(g), std::get<1>(g), std::get<2>(g)});
+    c.bounds = std::move(bounds);
     try {
       ex = std::make_unique<Executor>(g_formats, c);
     } catch (const std::invalid_argument& e) {
@@ -61,9 +79,23 @@ PYBIND11_MODULE(_native, m) {
   m.attr("MAX_TOP_K") = py::int_(Executor::kMaxTopK);  // checked against cpumoe_formats.inputs.MAX_TOP_K (tests)
   m.attr("FORMATS_ABI") = py::make_tuple(g_formats->abi_major, g_formats->abi_minor);
   m.attr("_C_API_v1") = py::capsule((void*)executor_api(), CPUMOE_EXECUTOR_CAPSULE_NAME);
-  m.def("physical_cores", &physical_cores);
+  m.def("physical_cores", [] { return physical_cores(); });
+  m.def(
+      "physical_cores_in", [](const std::string& root, const std::vector<int>& allowed) { return physical_cores(root, allowed); },
+      py::arg("root"), py::arg("allowed"));
   m.def("allowed_cpus", &allowed_cpus);
-  m.def("cgroup_cpu_limit", &cgroup_cpu_limit);
+  m.def("cgroup_cpu_limit", [](const std::string& root) { return cgroup_cpu_limit(root); }, py::arg("root") = kSysRoot);
+  m.def("online_cpus", &online_cpus, py::arg("root"));
+  m.def("parse_cpulist", &parse_cpulist);
+  m.def(
+      "numa_nodes",
+      [](const std::string& root) {
+        py::list out;
+        for (const auto& n : numa_nodes(root)) out.append(py::make_tuple(n.id, n.cpus, n.mem_total, n.mem_free));
+        return out;
+      },
+      py::arg("root"));
+  m.attr("MAX_PARTS") = Executor::kMaxParts;
   m.def("default_cores", [] {
     std::string why;
     auto c = default_cores(&why);
@@ -126,10 +158,42 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("address", [](PyIoMemory& s) { return (uint64_t)(uintptr_t)s.m->p; })
       .def("__len__", [](PyIoMemory& s) { return s.m->n; });
 
+  py::class_<PyNodeMemory>(m, "NodeMemory", py::buffer_protocol())
+      .def_buffer([](PyNodeMemory& s) {
+        return py::buffer_info(s.m->p, 1, py::format_descriptor<uint8_t>::format(), 1, {(py::ssize_t)s.m->n}, {1},
+                               true);
+      })
+      .def_property_readonly("address", [](PyNodeMemory& s) { return (uint64_t)(uintptr_t)s.m->p; })
+      .def("__len__", [](PyNodeMemory& s) { return s.m->n; });
+
   // Every call that waits for a lock or a step releases the GIL (gil.h): a step in flight never needs it.
   py::class_<PyExecutor>(m, "Executor")
       .def(py::init<int, int, int, bool, int, int, int, float, float, int, int, int, int, std::vector<int>, bool,
-                    int64_t, std::string>())
+                    int64_t, std::string, const std::vector<GroupTuple>&, std::vector<int>>(),
+           py::arg("format"), py::arg("act"), py::arg("mode"), py::arg("on_input"), py::arg("E"), py::arg("H"),
+           py::arg("I"), py::arg("alpha"), py::arg("limit"), py::arg("tier_cap"), py::arg("num_layers"),
+           py::arg("top_k"), py::arg("max_tokens"), py::arg("cores"), py::arg("pin"), py::arg("spin_us"),
+           py::arg("label"), py::arg("groups") = std::vector<GroupTuple>{}, py::arg("bounds") = std::vector<int>{})
+      .def("place_banks",
+           [](PyExecutor& s, int layer, int group, int part, const std::vector<std::tuple<uint64_t, size_t, int64_t, int64_t>>& src) {
+             std::vector<Executor::BankSource> b;
+             for (auto& t : src)
+               b.push_back({(const void*)(uintptr_t)std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t)});
+             const Placement p = without_gil([&] { return s.ex->place_banks(layer, group, part, b); });
+             return py::make_tuple(PyNodeMemory{p.mem}, placement_dict(p));
+           })
+      .def("placements",
+           [](PyExecutor& s) {
+             py::list out;
+             for (const auto& p : without_gil([&] { return s.ex->placements(); })) out.append(placement_dict(p));
+             return out;
+           })
+      .def("node_read_bandwidth",
+           [](PyExecutor& s, size_t bytes, int reps, int group) {
+             return without_gil([&] { return s.ex->node_read_bandwidth(bytes, reps, group); });
+           })
+      .def_property_readonly("num_groups", [](PyExecutor& s) { return s.ex->num_groups(); })
+      .def_property_readonly("num_parts", [](PyExecutor& s) { return s.ex->num_parts(); })
       .def("set_banks",
            [](PyExecutor& s, int layer, const std::vector<BankTuple>& banks) {
              std::vector<cpumoe_bank> b;

@@ -52,12 +52,12 @@ void Executor::coordinator_loop(int core) {
   unsigned polls = 0;
   bool served = false;  // a doorbell since the last clock check (no clock read per task)
   bool hot = true;      // the pool spins (never futex-sleeps) while we are in the spin window
-  pool_.set_hot(true);
+  set_hot(true);
   while (!coord_stop_.load(std::memory_order_acquire)) {
     const uint64_t task = load(ready_);
     if (task != 0) {
       store(ready_, 0);  // clear first: the next doorbell can only follow our done
-      if (!hot) pool_.set_hot(hot = true);  // after a doze: workers woken for this task stay up
+      if (!hot) set_hot(hot = true);  // after a doze: workers woken for this task stay up
       const int64_t t0 = mono_ns();
       run_task(task);
       __atomic_store_n(&iob_->served, served_.fetch_add(1, std::memory_order_acq_rel) + 1, __ATOMIC_RELEASE);
@@ -81,12 +81,12 @@ void Executor::coordinator_loop(int core) {
     if (now - last < kSpinWindowNs) continue;
     // Idle: the pool goes back to sleeping after its own spin, and we doze with exponential
     // backoff, so an idle engine does not burn cores.
-    if (hot) pool_.set_hot(hot = false);
+    if (hot) set_hot(hot = false);
     std::this_thread::sleep_for(std::chrono::microseconds(doze_us));
     doze_us = std::min(doze_us * 2, kDozeMaxUs);
     polls = 1023;  // check the clock again right after the next poll
   }
-  pool_.set_hot(false);
+  set_hot(false);
   // A doorbell rung and not served gets no y: the error word says so (the engine's health check sees it).
   if (const uint64_t task = load(ready_))
     set_error(CPUMOE_ERR_INTERNAL, "task layer=" + std::to_string(CPUMOE_TASK_LAYER(task)) + " num_tokens=" +

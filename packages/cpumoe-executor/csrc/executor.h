@@ -1,5 +1,9 @@
 // The executor: a format kernel (cpumoe-formats C ABI), per-layer banks, the
 // worker pool, scratch sized for max_tokens, the IO block and the coordinator.
+// NUMA (docs/numa.md): the pool is one worker group per node, each with its own pool; the caller is tid 0 of
+// group 0 and wakes the others. A part is an I-slice [i0, i1) of every expert with its own kernel (inter = i1 - i0),
+// scratch and stage counters; a group runs its parts in order, on banks placed on its node. One group running one
+// part, the whole of I, on the given arrays is the single pool (numa "off").
 //
 // Threads: every public member may be called from any thread. Steps (run, run_task, the timed pool loops) hold
 // run_mu_ for the whole step, so a decode and a doorbell task never interleave; coordinator start / stop / close
@@ -21,6 +25,7 @@
 
 #include "cpumoe_executor/abi.h"
 #include "cpumoe_formats/abi.h"
+#include "numa_mem.h"
 #include "pool.h"
 #include "route_sum.h"
 
@@ -33,9 +38,30 @@ struct Config {
   int num_layers = 1;
   int top_k = 1;
   int max_tokens = 1;
-  std::vector<int> cores;  // cores[0]: caller/coordinator; size = threads
+  std::vector<int> cores;  // cores[0]: caller/coordinator; size = threads (the single pool: `groups` empty)
   bool pin = true;
   int64_t spin_us = 2000;
+  // NUMA worker groups (empty: one group of `cores` running the whole of I). Group 0's cores[0] is the caller's;
+  // the other groups' cores are all workers. bounds: the parts' I boundaries, 0 = bounds[0] < ... < bounds[P] = I.
+  struct Group {
+    int node = -1;           // where its banks are placed (place_banks); -1: nowhere in particular
+    std::vector<int> cores;  // at least one
+    std::vector<int> parts;  // the parts it runs, in order
+  };
+  std::vector<Group> groups;
+  std::vector<int> bounds;
+};
+
+// Where place_banks put one (layer, group, part)'s banks, for numa_report().
+struct Placement {
+  int layer, group, part, node;
+  size_t bytes;
+  int mbind_errno;     // NodeMem::mbind_errno
+  int touched_by;      // threads that wrote the pages first (the group's workers; 1: the caller, a group without)
+  int touchers_pinned; // of those, pinned to the group's cores
+  int pages_checked, pages_on_node;  // page_nodes() after the copy
+  std::shared_ptr<NodeMem> mem;
+  std::vector<size_t> offsets;  // each bank's first byte in mem
 };
 
 // The tier this process's SIMD code may use: the formats library's detection (CPUID, the OS's register state, its
@@ -67,7 +93,18 @@ class Executor {
   // Why the executor cannot run (closed, or created in the parent of this forked process), or "" when it can.
   std::string state_error() const;
 
+  // The single pool's banks for `layer` (group 0, part 0): the caller's arrays, used in place.
   void set_banks(int layer, const std::vector<cpumoe_bank>& banks);
+  // Copies the banks of `layer` that `part` runs on into one mapping on `group`'s node (NodeMem), its pages touched
+  // first by that group's workers, and runs the (group, part) from there. src: each bank's first byte, the bytes it
+  // spans and its strides (kept). Under the step lock.
+  struct BankSource {
+    const void* ptr;
+    size_t bytes;
+    int64_t expert_stride, row_stride;
+  };
+  Placement place_banks(int layer, int group, int part, const std::vector<BankSource>& src);
+  std::vector<Placement> placements();
   // Synchronous step (one at a time per executor). Returns a cpumoe_error_code (CPUMOE_ERR_INTERNAL: closed, or
   // a forked child's copy).
   int run(int layer, int T, const uint16_t* x, const int32_t* ids, const float* w, uint16_t* y, std::string* err);
@@ -92,9 +129,12 @@ class Executor {
   std::string last_error();
   void clear_error();
 
-  // Multi-thread read bandwidth of [p, p+n) with this executor's threads: one
+  // Multi-thread read bandwidth of [p, p+n) with this executor's threads (every group's): one
   // GB/s sample per repeat (the bench's ceiling, measured like the decode runs).
   std::vector<double> read_bandwidth(const void* p, size_t n, int reps);
+  // The NUMA read ceiling: each group's threads read `bytes` placed on its own node (NodeMem, first touched by
+  // them); group >= 0: that group alone, -1: every group at once (each its own buffer). GB/s per repeat.
+  std::vector<double> node_read_bandwidth(size_t bytes, int reps, int group);
   // The compute roof: every pool thread runs the formats library's peak_loop(kind, tier, iters) at once; returns
   // multiply-adds per second (G) per rep, or an empty vector where the tier has no such loop here.
   std::vector<double> compute_peak(int kind, int tier, uint64_t iters, int reps);
@@ -110,16 +150,21 @@ class Executor {
   static constexpr int64_t kTeamUnitDefault = 64 << 10;
   void set_team_unit(int64_t bytes) { team_unit_.store(bytes, std::memory_order_relaxed); }
   int64_t team_unit() const { return team_unit_.load(std::memory_order_relaxed); }
+  // The whole team (every group's); a group other than the caller's runs at least one worker where it has a part
+  // no other group runs, and none where every part it runs is shared (replicate) and the step is small.
   int team_size(int layer, int nroutes, int ngroups) const;
+  // The most I-slices a step sums (the reduction keeps a token's term pointers, parts x routes, on the stack).
+  static constexpr int kMaxParts = 16;
 
-  const cpumoe_kernel* kernel() const { return k_; }  // nullptr once closed
   const std::string& kernel_name() const { return kernel_name_; }
   const Config& config() const { return cfg_; }
   // The down row block reduction's width ("avx512f", "avx2", "sse2"), from capped_tier like the kernel's tier.
   const char* route_sum_isa() const { return rsum_.isa; }
-  int threads() const { return pool_.size(); }
-  int pinned() const { return pool_.pinned(); }
-  int pool_sleepers() const { return pool_.sleepers(); }
+  int threads() const { return nthreads_; }
+  int pinned() const;
+  int pool_sleepers() const;
+  int num_groups() const { return (int)groups_.size(); }
+  int num_parts() const { return (int)parts_.size(); }
 
   // Step trace (off by default; bench --trace): per thread, nanoseconds summed over the traced steps, each
   // measured from the step's start (run() entry after the route sort). One mono_ns() pair per work item.
@@ -141,14 +186,59 @@ class Executor {
  private:
   // reps runs of fn(ctx) on every pool thread, timed: per run ctx->done (zeroed before it; the threads add what
   // they did: bytes read, multiply-adds) per second, in G. read_bandwidth and compute_peak.
+  // One I-slice: its kernel, scratch (max_tokens) and the stage counters of the step in flight.
+  struct Part {
+    int i0 = 0, i1 = 0;
+    cpumoe_kernel* k = nullptr;
+    size_t xa = 0, ga = 0;  // prepared x / g row bytes (64-byte multiples)
+    std::vector<char> xprep, g, gprep;
+    std::vector<float> terms;  // [route slot j][H]: route j's down terms over this slice
+    std::vector<const void*> rxp;
+    std::vector<uint16_t*> rg;
+    std::vector<cpumoe_route> routes;
+    std::vector<int64_t> expert_bytes;  // per layer: weight bytes of one expert's slice
+    int n_iblk = 0, iblk = 0;           // this step's gate_up row blocks
+    int sharers = 0;                    // groups that run it
+    alignas(64) std::atomic<int> c0{0};
+    alignas(64) std::atomic<int> d0{0};
+    alignas(64) std::atomic<int> c1{0};
+    alignas(64) std::atomic<int> c3{0};
+    std::unique_ptr<std::atomic<int>[]> left;    // row blocks left per expert group
+    std::unique_ptr<std::atomic<int>[]> gready;  // 1 once an expert group's g rows are all written
+    std::unique_ptr<std::atomic<int>[]> gnext;   // per group: route preps claimed
+    std::unique_ptr<std::atomic<int>[]> gdone;   // per group: route preps done
+  };
+  // One worker group: its pool, the parts it runs and their banks.
+  struct Group {
+    Executor* ex = nullptr;
+    int index = 0, node = -1, first = 0;  // first: the global index (trace) of its first thread
+    std::unique_ptr<Pool> pool;
+    std::vector<int> parts;
+    std::vector<std::vector<std::array<cpumoe_bank, CPUMOE_MAX_BANKS>>> banks;  // [slot][layer]
+    std::vector<std::vector<std::shared_ptr<NodeMem>>> mem;                    // [slot][layer], placed banks
+    int threads() const { return index == 0 ? pool->size() : pool->size() - 1; }  // tid 0 of others is nobody
+  };
+  // fn(ctx, group, i, n): thread i of the n of `group` (group 0's i 0: the caller).
+  using GroupFn = void (*)(void* ctx, int group, int i, int n);
+  // Runs fn on every thread of group `which` (-1: of every group) and returns when all are done.
+  void run_groups(GroupFn fn, void* ctx, int which);
   template <class Ctx>
-  std::vector<double> timed_rates(Pool::Fn fn, Ctx* ctx, int reps);
-  static void body_tramp(void* self, int tid) { static_cast<Executor*>(self)->body(tid); }
-  void body(int tid);
+  std::vector<double> timed_rates(GroupFn fn, Ctx* ctx, int reps, int which = -1);
+  static void body_tramp(void* g, int tid) {
+    auto* G = static_cast<Group*>(g);
+    G->ex->body(*G, tid);
+  }
+  void body(const Group& G, int tid);
+  struct Clock;
+  void part_body(Part& P, const cpumoe_bank* banks, Clock& c);
+  // Each group's team for a step (its pool's run team: 0 where it sits the step out); returns their threads.
+  int size_teams(int layer, int nroutes, int ngroups, std::vector<int>* teams) const;
   void coordinator_loop(int core);
   void set_error(int code, const std::string& msg);
   // Claims and runs route preps of expert group grp (its g rows are complete) until none is left to claim.
-  void prep_routes(int grp);
+  void prep_routes(Part& P, int grp);
+  void quiesce_all();
+  void set_hot(bool hot);
   // Adds the last traced step's tails (under run_mu_, the pool quiesced).
   void fold_tails();
   // Under coord_mu_.
@@ -158,52 +248,37 @@ class Executor {
 
   const cpumoe_formats_api* api_;
   Config cfg_;
-  cpumoe_kernel* k_ = nullptr;
   RouteSum rsum_{};
-  Pool pool_;
-  std::vector<std::array<cpumoe_bank, CPUMOE_MAX_BANKS>> banks_;
+  std::vector<std::unique_ptr<Part>> parts_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  int nthreads_ = 0;
   std::mutex run_mu_;    // one task in flight
   std::mutex coord_mu_;  // coordinator start / stop and close (before run_mu_)
   std::atomic<bool> closed_{false};
   uint64_t fork_gen_;    // the process's fork generation at construction (forked())
   int pid_;              // the creating process (errors)
   std::string kernel_name_;
+  std::vector<Placement> placements_;
 
-  // scratch (max_tokens)
-  size_t xa_, ga_;
-  std::vector<char> xprep_, g_, gprep_;
-  std::vector<float> part_;  // [route slot j][H]: route j's down terms (down items write, the hb reductions read)
+  // scratch shared by the parts (max_tokens)
   std::vector<int32_t> tstart_, troutes_;  // per token, its route slots in route order (CSR)
   std::vector<int32_t> order_, gstart_, gexpert_, count_;
-  std::vector<const void*> rxp_;
   std::vector<float> rwin_;
-  std::vector<uint16_t*> rg_;
-  std::vector<cpumoe_route> routes_;
+  std::vector<int> teams_;  // this step's, per group
 
   // the step being run (read by the workers)
   struct Step {
-    int layer, T, nroutes, ngroups, n_iblk, n_hblk, iblk, hblk;
+    int layer, T, nroutes, ngroups, n_hblk, hblk;
     const uint16_t* x;
     uint16_t* y;
-    const cpumoe_bank* banks;
   } st_{};
-  // claim counters (c*) and completion counters (d*), each on its own line
-  alignas(64) std::atomic<int> c0_{0};
-  alignas(64) std::atomic<int> d0_{0};
-  alignas(64) std::atomic<int> c1_{0};
-  alignas(64) std::atomic<int> c3_{0};
-  alignas(64) std::atomic<int> d3_{0};
-  std::unique_ptr<std::atomic<int>[]> left_;   // row blocks left per expert group
-  std::unique_ptr<std::atomic<int>[]> gready_;  // 1 once an expert group's g rows are all written (preps may start)
-  std::unique_ptr<std::atomic<int>[]> gnext_;   // per group: route preps claimed
-  std::unique_ptr<std::atomic<int>[]> gdone_;   // per group: route preps done (down may read them when all are)
-  std::unique_ptr<std::atomic<int>[]> hleft_;   // down items left per output row block (the last one reduces it)
-  std::vector<int64_t> expert_bytes_;          // per layer
+  alignas(64) std::atomic<int> d3_{0};          // output row blocks complete
+  std::unique_ptr<std::atomic<int>[]> hleft_;  // down items left per output row block, over every part
   std::atomic<int64_t> team_unit_{kTeamUnitDefault};
   struct alignas(64) Slot {
     TraceSlot s;
   };
-  std::unique_ptr<Slot[]> trace_;  // pool size entries
+  std::unique_ptr<Slot[]> trace_;  // threads() entries
   bool tracing_ = false;           // written under run_mu_ with the pool quiesced
   bool fold_pending_ = false;      // a traced step's tails are not added yet
   int64_t t0_ = 0, trace_steps_ = 0, trace_ns_ = 0, last_done_ = 0;

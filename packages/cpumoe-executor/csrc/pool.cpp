@@ -100,18 +100,28 @@ void Pool::quiesce() {
   for (unsigned i = 0; finished_.load(std::memory_order_acquire) < expect_; ++i) spin_pause(i);
 }
 
+void Pool::publish(Fn fn, void* ctx, int team) {
+  quiesce();  // the last run's workers are out of fn: fn_/ctx_ and what fn reads may change
+  fn_ = fn;
+  ctx_ = ctx;
+  expect_ = team - 1;
+  finished_.store(0, std::memory_order_relaxed);
+  const uint32_t g = gen_.load(std::memory_order_relaxed);
+  gen_.store(((g >> 12) + 1) << 12 | (uint32_t)team, std::memory_order_seq_cst);  // publishes fn_/ctx_
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&gen_);
+}
+
+void Pool::launch(Fn fn, void* ctx, int team) {
+  if (n_ < 2) return;
+  publish(fn, ctx, std::max(2, std::min(team, n_)));
+}
+
 void Pool::start(Fn fn, void* ctx, int team) {
   team = std::max(1, std::min(team, n_));
-  quiesce();  // the last run's workers are out of fn: fn_/ctx_ and what fn reads may change
   if (team > 1) {
-    fn_ = fn;
-    ctx_ = ctx;
-    expect_ = team - 1;
-    finished_.store(0, std::memory_order_relaxed);
-    const uint32_t g = gen_.load(std::memory_order_relaxed);
-    gen_.store(((g >> 12) + 1) << 12 | (uint32_t)team, std::memory_order_seq_cst);  // publishes fn_/ctx_
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&gen_);
+    publish(fn, ctx, team);
   } else {
+    quiesce();
     expect_ = 0;  // the caller alone: the workers are not disturbed, only counted (a relaxed store)
     finished_.store(0, std::memory_order_relaxed);
     solo_.store(solo_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);

@@ -8,6 +8,8 @@
 // A run names its team: workers 1..team-1 join it, the others ignore it. The
 // team size and the run's sequence number share one 32-bit word (the futex
 // word), so a worker never pairs one run's number with another run's team.
+// A pool may have no caller (one NUMA group of several): launch() starts its
+// workers and returns at once; tid 0 is then nobody.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -21,7 +23,8 @@ class Pool {
   using Fn = void (*)(void* ctx, int tid);
   static constexpr int kMaxThreads = 4095;  // the team field of the generation word
   static constexpr int kUnusedAfter = 64;   // left out of this many runs in a row: not kept hot
-  // cores[0] is the caller's (coordinator's) core; pool thread i pins to cores[i].
+  // cores[0] is the caller's (coordinator's) core (unused by a pool that is only launched); pool thread i pins to
+  // cores[i].
   Pool(const std::vector<int>& cores, bool pin, int64_t spin_us);
   ~Pool();
   Pool(const Pool&) = delete;
@@ -35,6 +38,9 @@ class Pool {
   // the work the caller needs. Workers may still be inside fn; quiesce() waits for them and
   // must precede any change to what fn reads (the next start() calls it first).
   void start(Fn fn, void* ctx, int team);
+  // Runs fn(ctx, tid) on workers 1..team-1 (team clamped to [2, size()]) and returns at once: the caller takes no
+  // part (a pool of a NUMA group the caller is not in). Nothing runs where size() < 2. quiesce() waits for them.
+  void launch(Fn fn, void* ctx, int team);
   // Waits until every worker of the last run has left fn.
   void quiesce();
   // Waits for the last run, then ends and joins every worker; idempotent. No run may start afterwards.
@@ -50,6 +56,8 @@ class Pool {
 
  private:
   void worker(int tid, int core, bool pin);
+  // Hands fn/ctx to workers 1..team-1 (team >= 2) after the last run's workers left fn.
+  void publish(Fn fn, void* ctx, int team);
   int n_;
   int64_t spin_us_;
   std::vector<std::thread> threads_;

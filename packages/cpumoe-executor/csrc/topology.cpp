@@ -1,9 +1,11 @@
-// CPU topology from sysfs and the cgroup CPU limit (v2 cpu.max, v1 cfs quota).
+// CPU and NUMA topology from sysfs and the cgroup CPU limit (v2 cpu.max, v1 cfs quota).
 #include "topology.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -17,8 +19,9 @@ std::string read_file(const std::string& p) {
   s << f.rdbuf();
   return s.str();
 }
-// "0-3,8,10-11" -> {0,1,2,3,8,10,11}
-std::vector<int> parse_list(const std::string& s) {
+}  // namespace
+
+std::vector<int> parse_cpulist(const std::string& s) {
   std::vector<int> out;
   std::stringstream ss(s);
   std::string part;
@@ -33,7 +36,6 @@ std::vector<int> parse_list(const std::string& s) {
   }
   return out;
 }
-}  // namespace
 
 std::vector<int> allowed_cpus() {
   cpu_set_t set;
@@ -45,19 +47,21 @@ std::vector<int> allowed_cpus() {
   return out;
 }
 
-std::vector<int> physical_cores() {
+std::vector<int> physical_cores(const std::string& root, const std::vector<int>& allowed) {
   std::vector<int> out;
   std::set<std::vector<int>> seen;
-  for (int c : allowed_cpus()) {
-    auto sib = parse_list(read_file("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list"));
+  for (int c : allowed) {
+    auto sib = parse_cpulist(read_file(root + "/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list"));
     if (sib.empty()) sib = {c};
     if (seen.insert(sib).second) out.push_back(c);
   }
   return out;
 }
 
-int cgroup_cpu_limit() {
-  std::string v2 = read_file("/sys/fs/cgroup/cpu.max");
+std::vector<int> physical_cores() { return physical_cores(kSysRoot, allowed_cpus()); }
+
+int cgroup_cpu_limit(const std::string& root) {
+  std::string v2 = read_file(root + "/fs/cgroup/cpu.max");
   if (!v2.empty()) {
     std::stringstream ss(v2);
     std::string quota;
@@ -66,7 +70,8 @@ int cgroup_cpu_limit() {
     if (quota != "max" && period > 0) return std::max(1, (int)std::ceil(std::stod(quota) / period));
     return 0;
   }
-  std::string q = read_file("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), p = read_file("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+  std::string q = read_file(root + "/fs/cgroup/cpu/cpu.cfs_quota_us"),
+              p = read_file(root + "/fs/cgroup/cpu/cpu.cfs_period_us");
   if (!q.empty() && !p.empty()) {
     double quota = std::stod(q), period = std::stod(p);
     if (quota > 0 && period > 0) return std::max(1, (int)std::ceil(quota / period));
@@ -93,5 +98,36 @@ bool pin_current_thread(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+std::vector<int> online_cpus(const std::string& root) {
+  return parse_cpulist(read_file(root + "/devices/system/cpu/online"));
+}
+
+std::vector<NumaNode> numa_nodes(const std::string& root) {
+  std::vector<NumaNode> out;
+  const std::string dir = root + "/devices/system/node";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() < 5 || name.compare(0, 4, "node") != 0 ||
+        name.find_first_not_of("0123456789", 4) != std::string::npos)
+      continue;
+    NumaNode n{std::stoi(name.substr(4)), parse_cpulist(read_file(dir + "/" + name + "/cpulist")), -1, -1};
+    // "Node 0 MemTotal:       24683784 kB"
+    std::stringstream mi(read_file(dir + "/" + name + "/meminfo"));
+    for (std::string line; std::getline(mi, line);) {
+      std::stringstream ls(line);
+      std::string node_word, id, key;
+      int64_t kb = -1;
+      ls >> node_word >> id >> key >> kb;
+      if (key == "MemTotal:") n.mem_total = kb < 0 ? -1 : kb * 1024;
+      if (key == "MemFree:") n.mem_free = kb < 0 ? -1 : kb * 1024;
+    }
+    out.push_back(std::move(n));
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end(), [](const NumaNode& a, const NumaNode& b) { return a.id < b.id; });
+  return out;
 }
 }  // namespace cpumoe_exec

@@ -100,3 +100,47 @@ def step_inputs(rng, ex, T):
 UNDER_TSAN = "tsan" in os.environ.get("LD_PRELOAD", "")
 # AddressSanitizer keeps freed memory in its quarantine (256 MB by default): RSS says nothing about leaks there.
 UNDER_ASAN = "asan" in os.environ.get("LD_PRELOAD", "")
+
+
+def fake_sysfs(root, nodes: dict, online: str | None = None, siblings: dict | None = None,
+               cpu_max: str | None = None) -> str:
+    """A sysfs tree under `root` describing a machine (numa.topology reads it): nodes = {id: (cpulist, MemTotal kB,
+    MemFree kB)} (cpulist "" for a memory-only node), online = devices/system/cpu/online (default: every listed CPU),
+    siblings = {cpu: thread_siblings_list}, cpu_max = fs/cgroup/cpu.max ("200000 100000": 2 CPUs). Returns root."""
+    root = str(root)
+    for nid, (cpus, total, free) in nodes.items():
+        d = os.path.join(root, "devices/system/node", f"node{nid}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "cpulist"), "w") as f:
+            f.write(cpus + "\n")
+        with open(os.path.join(d, "meminfo"), "w") as f:
+            f.write(f"Node {nid} MemTotal:       {total} kB\nNode {nid} MemFree:        {free} kB\n"
+                    f"Node {nid} MemUsed:        {total - free} kB\n")
+    cpu = os.path.join(root, "devices/system/cpu")
+    os.makedirs(cpu, exist_ok=True)
+    if online is None:
+        listed = sorted(c for cpus, _, _ in nodes.values() for c in _native.parse_cpulist(cpus))
+        online = ",".join(map(str, listed))
+    with open(os.path.join(cpu, "online"), "w") as f:
+        f.write(online + "\n")
+    for c, sib in (siblings or {}).items():
+        os.makedirs(os.path.join(cpu, f"cpu{c}", "topology"), exist_ok=True)
+        with open(os.path.join(cpu, f"cpu{c}", "topology", "thread_siblings_list"), "w") as f:
+            f.write(sib + "\n")
+    if cpu_max is not None:
+        os.makedirs(os.path.join(root, "fs/cgroup"), exist_ok=True)
+        with open(os.path.join(root, "fs/cgroup/cpu.max"), "w") as f:
+            f.write(cpu_max + "\n")
+    return root
+
+
+GB_KB = 1 << 20  # kB in a GiB, for fake_sysfs' meminfo
+
+
+def two_real_nodes(tmp_path, free_kb: int = 64 * GB_KB) -> str:
+    """A fake sysfs splitting this machine's first two usable CPUs across nodes 0 and 1 (the executor's groups then
+    run on real CPUs; mbind for node 1 fails where the host has one node, and the report says so)."""
+    cpus = list(_native.allowed_cpus())[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs two usable CPUs")
+    return fake_sysfs(tmp_path, {0: (str(cpus[0]), 2 * free_kb, free_kb), 1: (str(cpus[1]), 2 * free_kb, free_kb)})

@@ -132,3 +132,27 @@ def test_quick_bench_repack(tmp_path, capsys, repack, layout):
     assert json.loads(out.read_text())["formats"]["mxfp4"]["layout"] == layout
     row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("mxfp4")][0]
     assert row.split()[0] == ("mxfp4>mxfp4_panel" if repack == "auto" else "mxfp4")
+
+
+def test_quick_bench_numa_modes_on_a_fake_two_node_host(tmp_path, monkeypatch, capsys):
+    """--numa off,split,replicate: one run per mode, the per-node and all-nodes read ceilings, % of the all-nodes
+    ceiling per result and each mode over off (a fake topology: this machine's CPUs on two nodes)."""
+    from conftest import two_real_nodes
+
+    monkeypatch.setenv("CPUMOE_SYSFS_ROOT", two_real_nodes(tmp_path))
+    out = tmp_path / "n.json"
+    assert bench.main(["--quick", "--format", "q4_0", "--batch", "1", "--routing", "shared", "--numa",
+                       "off,split,replicate", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    nc = r["numa_ceilings"]
+    assert set(nc["per_node"]) == {"0", "1"} and nc["all_nodes"]["median"] > 0 and nc["one_buffer"]["median"] > 0
+    assert set(r["formats"]) == {"q4_0:off", "q4_0:split", "q4_0:replicate"}
+    assert [r["formats"][f"q4_0:{m}"]["numa"] for m in ("off", "split", "replicate")] == ["off", "split", "replicate"]
+    assert r["formats"]["q4_0:split"]["numa_bounds"] == [0, 128, 256]  # --quick: I = 256, two one-core nodes
+    for e in r["formats"].values():
+        assert e["results"]["shared/1"]["pct_of_all_nodes"] > 0
+    over = r["formats"]["q4_0:split"]["over_off"]["shared/1"]  # paired per repeat
+    assert len(over["samples"]) == 2 and over["median"] > 0 and "over_off" not in r["formats"]["q4_0:off"]
+    assert "read ceilings GB/s: node 0" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--numa", "split,half"])

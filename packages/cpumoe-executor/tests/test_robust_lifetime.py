@@ -31,8 +31,9 @@ RAISE = {
     "layer_banks": lambda ex, s: ex.layer_banks(0),
     "team_unit": lambda ex, s: ex.team_unit,
     "set_team_unit": lambda ex, s: ex.set_team_unit(0),
+    "numa_report": lambda ex, s: ex.numa_report(),
 }
-FINE = {"close", "stop_coordinator", "closed", "isa", "threads"}  # teardown stays idempotent; descriptions stay
+FINE = {"close", "stop_coordinator", "closed", "isa", "threads", "numa"}  # teardown stays idempotent; descriptions stay
 
 
 def proc_status() -> dict:

@@ -4,7 +4,7 @@ measured in the same run with the same threads.
 
     python -m cpumoe_executor.bench [--format bf16,nvfp4] [--model qwen3-30b | --shape H,I,E,TOPK]
         [--batch 1,4,8] [--threads N] [--working-set dram|cache] [--routing random|shared|both]
-        [--repeats 5] [--steps 20] [--json FILE] [--plot PNG] [--quick]
+        [--numa auto,off,split,replicate] [--repeats 5] [--steps 20] [--json FILE] [--plot PNG] [--quick]
     python -m cpumoe_executor.bench --doorbell [...]   (doorbell round trip: see doorbell_bench.py)
 
 dram: the bank holds at least 4 x LLC of experts, cut (per batch size and
@@ -28,6 +28,16 @@ repeats: each repeat runs every (routing, batch) of a format once, forward then
 backward in turn, so the ratios the acceptance asks for are also taken within
 one repeat: % of the ceiling against the window just before, and batch N over
 batch 1 (`*_paired`: median, min, max over the repeats).
+
+numa (docs/numa.md): --numa runs each format with an executor per mode listed
+(auto: the executor's default) on the same banks, their runs interleaved in
+every repeat (each mode over off is paired per repeat: `over_off`). Before the
+formats, the NUMA read ceilings are measured once: each node's workers reading
+a buffer on their own node (per node, alone),
+all nodes at once (all_nodes), and every thread reading one buffer the main
+thread wrote (one_buffer: what a single pool's banks on one node allow). Each
+result reports its GB/s as % of all_nodes (`pct_of_all_nodes`); a split or
+replicate run's paired windows read node-local buffers (all nodes at once).
 """
 from __future__ import annotations
 
@@ -127,8 +137,33 @@ def routes_for(rng, window: np.ndarray, T: int, K: int, shared: bool) -> np.ndar
 
 
 def read_window(ex, ws, passes: int) -> float:
-    """GB/s of `passes` whole-buffer reads by the executor's pool: total bytes over total time."""
-    return ex.read_bandwidth(ws, passes)
+    """GB/s of `passes` whole-buffer reads by the executor's pool: total bytes over total time. Placed on NUMA
+    nodes: every group reads a buffer of ws's size on its own node, all at once."""
+    if ex.numa == "off":
+        return ex.read_bandwidth(ws, passes)
+    bw = ex._x.node_read_bandwidth(ws.nbytes, passes, -1)
+    return len(bw) / sum(1.0 / b for b in bw)
+
+
+def numa_ceilings(threads, llc: int, repeats: int) -> dict:
+    """The read ceilings per NUMA node (its workers alone, on a buffer on their node), of all nodes at once, and of
+    every thread on one buffer the main thread wrote, with the workers a numa="replicate" executor picks (one group
+    per node with workers; one group on a one-node host)."""
+    spec = cf.get_format("bf16")
+    banks = [spec.random_banks(1, 64, 64, np.random.default_rng(0))]
+    size = max(4 * llc, 64 * MiB)
+    with CpuMoeExecutor("bf16", banks, top_k=1, threads=threads, numa="replicate", repack=False) as ex:
+        groups = ex.numa_plan.groups
+        ws = cf.aligned_empty((size,), np.uint8)
+        ws[:] = 1
+        per, every, one = [[] for _ in groups], [], []
+        for _ in range(repeats):  # interleaved, as the decode runs are
+            for k in range(len(groups)):
+                per[k] += ex._x.node_read_bandwidth(size, 1, k)
+            every += ex._x.node_read_bandwidth(size, 1, -1)
+            one.append(ex.read_bandwidth(ws, 1))
+    return {"per_node": {str(g.node): {"cores": list(g.cores), "gbps": stats(v)} for g, v in zip(groups, per)},
+            "all_nodes": stats(every), "one_buffer": stats(one), "bytes_per_group": size}
 
 
 def compute_roof(ex, seconds: float = 0.05, reps: int = 5) -> dict | None:
@@ -177,7 +212,9 @@ def add_roofline(entry: dict, m: Model) -> None:
                 entry[f"{key}_over_batch1_paired"] = rs[-1]["over_batch1_paired"]
 
 
-def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
+def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numas=("auto",)) -> dict:
+    """One format at its model shape: an executor per --numa mode on the same banks, their runs interleaved
+    repeat by repeat; numa mode -> the format's entry."""
     spec = cf.get_format(fmt)
     bpe = spec.bytes_per_expert(m.H, m.I)
     window = min(m.E, max(m.top_k * max(opts.batch), 1))  # experts one step can touch
@@ -191,9 +228,14 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
     mode = mode_for(fmt, opts.mode)
     # a layout without the mode (ds_fp4_x16 has only w4a8) is never forced: ds_fp4 native stays ds_fp4
     has_layout = spec.cpu_layout and (mode or spec.default_mode) in cf.get_format(spec.cpu_layout).modes
-    ex = CpuMoeExecutor(fmt, [banks], top_k=m.top_k, max_tokens=max(opts.batch), threads=threads,
-                        activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode,
-                        repack=REPACK[opts.repack] if has_layout else None)
+    exs = {}
+    for numa in numas:
+        exs[numa] = ex = CpuMoeExecutor(fmt, [banks], top_k=m.top_k, max_tokens=max(opts.batch), threads=threads,
+                                        activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode,
+                                        repack=REPACK[opts.repack] if has_layout else None,
+                                        numa=None if numa == "auto" else numa)
+        log(f"{fmt}: numa {numa}: {ex._numa_line()}")
+    ex = exs[numas[0]]
     if ex.spec.name != spec.name:
         log(f"{fmt}: running as {ex.spec.name} (the executor's repack; --repack off keeps {fmt}'s own layout)")
     roof = compute_roof(ex)
@@ -202,38 +244,43 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
             f"{ex.threads} threads)")
     ws = cf.aligned_empty((max(4 * llc, 64 * MiB),), np.uint8)
     ws[:] = 1
-    io = ex.io_arrays()  # steps run on the IO block as a doorbell task would (no Python per step)
     T_max = max(opts.batch)
-    io["x"][:T_max] = rng.standard_normal((T_max, m.H)).astype(np.float32).astype(cf.numerics.BF16)
-    io["w"][:T_max] = 1.0 / m.top_k
-    runs = []  # one per (routing, batch): its route plans, the bytes each reads, its samples
+    x = rng.standard_normal((T_max, m.H)).astype(np.float32).astype(cf.numerics.BF16)
+    ios = {}
+    for numa, e in exs.items():
+        ios[numa] = io = e.io_arrays()  # steps run on the IO block as a doorbell task would (no Python per step)
+        io["x"][:T_max], io["w"][:T_max] = x, 1.0 / m.top_k
+    runs = []  # one per (numa, routing, batch): its route plans (the same for every mode), the bytes each reads
     for routing in opts.routings:
         for T in opts.batch:
             # windows of what this step shape can touch, rotating through the whole bank (dram) or one window (cache)
             w = window if opts.working_set == "cache" else (m.top_k if routing == "shared" else min(E, m.top_k * T))
             plans = [routes_for(rng, np.arange(j * w, (j + 1) * w), T, m.top_k, routing == "shared")
                      for j in range(E // w)]
-            runs.append({"routing": routing, "T": T, "plans": plans, "bytes": [len(np.unique(p)) * bpe for p in plans],
-                         "gbps": [], "us": [], "ceiling": [], "passes": 1})
+            for numa in numas:
+                runs.append({"numa": numa, "routing": routing, "T": T, "plans": plans,
+                             "bytes": [len(np.unique(p)) * bpe for p in plans], "gbps": [], "us": [], "ceiling": [],
+                             "passes": 1})
 
     def steps(r, n):  # n steps of run r on the IO block (task = batch size, layer 0); weight bytes read
-        nbytes = 0
+        e, io, nbytes = exs[r["numa"]], ios[r["numa"]], 0
         for s in range(n):
             j = s % len(r["plans"])
             io["ids"][:r["T"]] = r["plans"][j]
-            if ex._x.run_task(r["T"]):
-                raise RuntimeError(ex.health()["error_message"])
+            if e._x.run_task(r["T"]):
+                raise RuntimeError(e.health()["error_message"])
             nbytes += r["bytes"][j]
         return nbytes
 
     for r in runs:
         steps(r, 3)  # warm-up
     # Repeats interleave the runs (forward, then backward, so a drift in the host's speed hits every run alike):
-    # each repeat of each run is timed next to its own ceiling window, and batch N / batch 1 is also taken per
-    # repeat (`*_paired`), which a shared host's minute-to-minute swings move much less than a ratio of medians.
+    # each repeat of each run is timed next to its own ceiling window, and batch N / batch 1 (and each numa mode
+    # over off) is also taken per repeat (`*_paired`), which a shared host's minute-to-minute swings move much less
+    # than a ratio of medians.
     for rep in range(opts.repeats):
         for r in runs if rep % 2 == 0 else runs[::-1]:
-            r["ceiling"].append(read_window(ex, ws, r["passes"]))  # as long as this run's last repeat
+            r["ceiling"].append(read_window(exs[r["numa"]], ws, r["passes"]))  # as long as this run's last repeat
             t0 = time.perf_counter()
             nbytes = steps(r, opts.steps)
             dt = time.perf_counter() - t0
@@ -241,61 +288,101 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int) -> dict:
             r["gbps"].append(nbytes / dt / 1e9)
             r["us"].append(dt / opts.steps * 1e6)
         log(f"{fmt}: repeat {rep + 1}/{opts.repeats}: " + ", ".join(
-            f"{r['routing'][0]}{r['T']} {r['us'][-1]:.0f} us" for r in runs))
-    results = {}
-    for r in runs:
-        routing, T = r["routing"], r["T"]
-        results[f"{routing}/{T}"] = res = {
-            "routing": routing, "batch": T, "gbps": stats(r["gbps"]),
-            "bytes_per_step": sum(r["bytes"]) / len(r["bytes"]),
-            "step_us": stats(r["us"]), "steps_per_s": 1e6 / statistics.median(r["us"]),
-            "pct_of_ceiling_paired": stats([100 * g / c for g, c in zip(r["gbps"], r["ceiling"])])}
-        if opts.trace:  # extra steps after the timed ones, so the clock reads do not touch the figures
-            ex._x.set_trace(True)
-            steps(r, opts.steps)
-            ex._x.set_trace(False)
-            tr = res["trace"] = trace_summary(ex._x.trace())
-            log(f"{fmt} {routing} batch {T} trace: " + ", ".join(f"{k} {v:.0f}" for k, v in tr.items()
-                                                                 if k != "threads"))
-        log(f"{fmt} {routing} batch {T}: {res['gbps']['median']:.1f} GB/s, {res['step_us']['median']:.0f} us/step, "
-            f"{res['pct_of_ceiling_paired']['median']:.0f}% of the ceiling (paired median)")
-    ceiling = [c for r in runs for c in r["ceiling"]]
-    ceil = stats(ceiling)
-    base = results.get(f"{opts.routings[0]}/{opts.batch[0]}")
-    entry = {"gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"],
-             "ratio": base["gbps"]["median"] / ceil["median"], "batch": base["batch"], "threads": ex.threads,
-             "step_us": base["step_us"]["median"], "isa": ex.isa, "layout": ex.spec.name,
-             "shape": asdict(m), "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "compute_roof": roof,
-             "results": results}
-    add_roofline(entry, m)
-    return entry
+            f"{'' if len(numas) == 1 else r['numa'] + ' '}{r['routing'][0]}{r['T']} {r['us'][-1]:.0f} us"
+            for r in runs))
+    entries = {}
+    for numa, e in exs.items():
+        mine = [r for r in runs if r["numa"] == numa]
+        results = {}
+        for r in mine:
+            routing, T = r["routing"], r["T"]
+            results[f"{routing}/{T}"] = res = {
+                "routing": routing, "batch": T, "gbps": stats(r["gbps"]),
+                "bytes_per_step": sum(r["bytes"]) / len(r["bytes"]),
+                "step_us": stats(r["us"]), "steps_per_s": 1e6 / statistics.median(r["us"]),
+                "pct_of_ceiling_paired": stats([100 * g / c for g, c in zip(r["gbps"], r["ceiling"])])}
+            if opts.trace:  # extra steps after the timed ones, so the clock reads do not touch the figures
+                e._x.set_trace(True)
+                steps(r, opts.steps)
+                e._x.set_trace(False)
+                tr = res["trace"] = trace_summary(e._x.trace())
+                log(f"{fmt} {routing} batch {T} trace: " + ", ".join(f"{k} {v:.0f}" for k, v in tr.items()
+                                                                     if k != "threads"))
+            log(f"{fmt} numa {e.numa} {routing} batch {T}: {res['gbps']['median']:.1f} GB/s, "
+                f"{res['step_us']['median']:.0f} us/step, {res['pct_of_ceiling_paired']['median']:.0f}% of the "
+                "ceiling (paired median)")
+        ceil = stats([c for r in mine for c in r["ceiling"]])
+        base = results.get(f"{opts.routings[0]}/{opts.batch[0]}")
+        rep = e.numa_report()
+        entries[numa] = entry = {
+            "gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"],
+            "ratio": base["gbps"]["median"] / ceil["median"], "batch": base["batch"], "threads": e.threads,
+            "step_us": base["step_us"]["median"], "isa": e.isa, "layout": e.spec.name, "format": fmt,
+            "numa": e.numa, "numa_groups": rep["groups"], "numa_bounds": rep["bounds"], "shape": asdict(m),
+            "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "compute_roof": roof, "results": results}
+        add_roofline(entry, m)
+    for e in exs.values():
+        e.close()
+    return entries
+
+
+def add_numa(report: dict) -> None:
+    """Per result: GB/s as % of the all-nodes ceiling; per format run with several modes: each mode's GB/s over
+    numa off's in the same repeat, result by result (`over_off`: median, min, max, samples)."""
+    every = report["numa_ceilings"]["all_nodes"]["median"]
+    for e in report["formats"].values():
+        for r in e["results"].values():
+            r["pct_of_all_nodes"] = 100 * r["gbps"]["median"] / every
+    for e in report["formats"].values():
+        off = report["formats"].get(f"{e['format']}:off")
+        if off is not None and e is not off:
+            e["over_off"] = {k: stats([a / b for a, b in zip(r["gbps"]["samples"],
+                                                              off["results"][k]["gbps"]["samples"])])
+                             for k, r in e["results"].items() if k in off["results"]}
 
 
 def table(report: dict) -> str:
     """One row per (format, batch, routing); a format the executor repacked shows as given>ran (mxfp4>mxfp4_panel)."""
-    name = {f: f if e.get("layout", f) == f else f"{f}>{e['layout']}" for f, e in report["formats"].items()}
+    name = {}
+    for f, e in report["formats"].items():
+        fmt = e.get("format", f)
+        name[f] = fmt if e.get("layout", fmt) == fmt else f"{fmt}>{e['layout']}"
     w = max([10, *map(len, name.values())])
-    lines = [f"{'format':<{w}} {'isa':<16} {'thr':>3} {'batch':>5} {'routing':<7} {'us/step':>8} {'GB/s':>7} "
-             f"{'ceiling':>8} {'%':>5} {'mem us':>7} {'mac us':>7} {'%roof':>6}"]
+    lines = [f"{'format':<{w}} {'isa':<16} {'numa':<9} {'thr':>3} {'batch':>5} {'routing':<7} {'us/step':>8} "
+             f"{'GB/s':>7} {'ceiling':>8} {'%':>5} {'%all':>5} {'mem us':>7} {'mac us':>7} {'%roof':>6}"]
     for fmt, e in report["formats"].items():
         for r in e["results"].values():
             g, cu = r["gbps"]["median"], r.get("compute_floor_us")
             pct = r["pct_of_ceiling_paired"]["median"] if "pct_of_ceiling_paired" in r else 100 * g / e["ceiling_gbps"]
-            lines.append(f"{name[fmt]:<{w}} {e['isa']:<16} {e['threads']:>3} {r['batch']:>5} {r['routing']:<7} "
+            alln = f"{r['pct_of_all_nodes']:.0f}%" if "pct_of_all_nodes" in r else "-"
+            lines.append(f"{name[fmt]:<{w}} {e['isa']:<16} {e.get('numa', 'off'):<9} {e['threads']:>3} "
+                         f"{r['batch']:>5} {r['routing']:<7} "
                          f"{r['step_us']['median']:>8.0f} {g:>7.1f} {e['ceiling_gbps']:>8.1f} "
-                         f"{pct:>4.0f}% {r['memory_floor_us']:>7.0f} "
+                         f"{pct:>4.0f}% {alln:>5} {r['memory_floor_us']:>7.0f} "
                          f"{'-' if cu is None else f'{cu:.0f}':>7} {r['roofline_pct']:>5.0f}%")
     notes = []
+    many = any(e.get("format", f) != f for f, e in report["formats"].items())  # several numa modes per format
     for fmt, e in report["formats"].items():
+        label = f"{name[fmt]} numa {e['numa']}" if many else name[fmt]
         for k, v in e.items():
             if k.endswith("_floor_over_batch1"):
                 measured = e.get(k.replace("_floor_", "_"))
                 routing, batch = k.split("_")[:2]
                 p = e.get(k.replace("_floor_", "_") + "_paired")
                 paired = f" (per repeat {p['median']:.2f}x, {p['min']:.2f}-{p['max']:.2f})" if p else ""
-                notes.append(f"{name[fmt]}: {routing} batch {batch[5:]} / batch 1 measured {measured:.2f}x{paired}; "
+                notes.append(f"{label}: {routing} batch {batch[5:]} / batch 1 measured {measured:.2f}x{paired}; "
                              f"its compute floor / batch 1 {v:.2f}x")
-    lines += ["", "%: GB/s over the ceiling window next to it, median over the repeats; mem us: bytes at the read "
+    for f, e in report["formats"].items():
+        if "over_off" in e:
+            notes.append(f"{name[f]} numa {e['numa']} over off, per repeat: " + ", ".join(
+                f"{k} {v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f})" for k, v in e["over_off"].items()))
+    nc = report.get("numa_ceilings")
+    if nc:
+        per = ", ".join(f"node {n} {v['gbps']['median']:.1f}" for n, v in nc["per_node"].items())
+        notes.append(f"read ceilings GB/s: {per}; all nodes at once {nc['all_nodes']['median']:.1f}; one buffer "
+                     f"(main thread's node) read by every thread {nc['one_buffer']['median']:.1f}")
+    lines += ["", "%: GB/s over the ceiling window next to it, median over the repeats; %all: over the all-nodes "
+                  "read ceiling (node-local buffers, every node at once); mem us: bytes at the read "
                   "ceiling; mac us: multiply-adds at the compute roof (compute_roof); %roof: the larger over the step",
               *notes] if notes else []
     return "\n".join(lines)
@@ -356,6 +443,9 @@ def parse_args(argv=None):
                         "(table: mxfp4>mxfp4_panel, or mxfp4>mxfp4_x16), "
                         "on forces it, off runs their own layout")
     p.add_argument("--routing", choices=("random", "shared", "both"), default="both")
+    p.add_argument("--numa", default="auto",
+                   help="comma list of auto, off, split, replicate: each format runs once per mode (CpuMoeExecutor's "
+                        "numa=; auto: its default, split on 2+ nodes). The NUMA read ceilings are measured once")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -371,6 +461,9 @@ def parse_args(argv=None):
     except ValueError as e:
         p.error(str(e))
     o.routings = ["random", "shared"] if o.routing == "both" else [o.routing]
+    o.numas = o.numa.split(",")
+    if bad := [n for n in o.numas if n not in ("auto", "off", "split", "replicate")]:
+        p.error(f"--numa {o.numa}: {bad} not in auto, off, split, replicate")
     if o.quick:
         o.repeats, o.steps = 2, 3
     return o
@@ -392,12 +485,18 @@ def main(argv=None) -> int:
     report = {"machine": machine_info(llc), "threads": len(cores), "cores": cores, "cores_why": why,
               "settings": {k: v for k, v in vars(opts).items() if k not in ("json", "plot")}, "formats": {}}
     log(f"{len(cores)} threads on cores {cores} ({why}); working set {opts.working_set}, LLC {llc / MiB:.0f} MiB")
+    nc = report["numa_ceilings"] = numa_ceilings(opts.threads, llc, opts.repeats)
+    log("read ceilings: " + ", ".join(f"node {n} ({len(v['cores'])} cores) {v['gbps']['median']:.1f} GB/s"
+                                      for n, v in nc["per_node"].items()) +
+        f"; all nodes {nc['all_nodes']['median']:.1f} GB/s; one buffer {nc['one_buffer']['median']:.1f} GB/s")
     for fmt in fmts:
         m = model_for(fmt, opts)
         if opts.quick:
             m = Model(max(m.H // 8 // 128 * 128, 256), max(m.I // 8 // 128 * 128, 256), min(m.E, 16),
                       min(m.top_k, 4), m.activation, m.alpha, m.limit)  # multiples of 128: every format's K
-        report["formats"][fmt] = bench_one(fmt, m, opts, rng, opts.threads, llc)
+        for numa, entry in bench_one(fmt, m, opts, rng, opts.threads, llc, opts.numas).items():
+            report["formats"][fmt if len(opts.numas) == 1 else f"{fmt}:{numa}"] = entry
+    add_numa(report)
     print(table(report))
     if opts.json:
         with open(opts.json, "w") as f:

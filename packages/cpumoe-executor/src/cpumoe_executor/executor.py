@@ -14,7 +14,8 @@ from cpumoe_formats.inputs import MAX_TOP_K, check_routing, x_as_bf16
 from cpumoe_formats.kernels import TIERS
 from cpumoe_formats.numerics import BF16
 
-from . import _native
+from . import _native, numa_banks
+from . import numa as numa_mod
 from .trace import trace_summary
 
 log = logging.getLogger("cpumoe_executor")
@@ -62,6 +63,11 @@ def _resolve_cores(threads, core_ids) -> tuple[list[int], str]:
         log.warning("cpumoe_executor: %s", msg)
         threads, why = usable, f"threads clamped to {usable} usable CPUs ({len(phys)} physical cores)"
     return order[:threads], why
+
+
+def _span(a: np.ndarray) -> int:
+    """Bytes from an array's first element to the end of its last (its strides are positive: validated banks)."""
+    return sum((n - 1) * st for n, st in zip(a.shape, a.strides)) + a.itemsize if a.size else 0
 
 
 def cpu_layout(format, H: int, I: int, mode: str | None = None, isa: str | None = None) -> str:  # noqa: A002, E741
@@ -135,13 +141,20 @@ class CpuMoeExecutor:
     from avx512f below AMX; each the format's math in the layout's own fp32 order; only for shapes the layout
     takes); the layers are repacked on the executor's threads, and the executor then holds that new copy and not
     the given arrays. False keeps the given arrays, zero-copy; True forces the (first) layout.
+    numa: None (auto: "split" where two or more NUMA nodes get workers and the format can be cut by I, else "off"),
+    "split" (one worker group per node, each layer's experts cut by I into one slice per node, each slice copied
+    onto its node), "replicate" (a full copy on every node, each worker reading its node's), "off" (one pool on the
+    given arrays, as on one node), or a numa.NumaPlan (explicit groups and slices: tests). The threads of every group
+    follow the contracts above; a placed copy is freed by close() once no layer_banks() view holds it
+    (docs/numa.md). sysfs_root: where the topology is read ("/sys"; CPUMOE_SYSFS_ROOT; tests describe any machine).
     """
 
     def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,
                  I: int | None = None, activation: str = "silu", alpha: float | None = None,  # noqa: E741
                  limit: float | None = None, apply_router_weight_on_input: bool = False, max_tokens: int = 8,
                  threads: int | None = None, core_ids=None, mode: str | None = None, isa: str | None = None,
-                 pin: bool = True, spin_us: int = 2000, repack: bool | None = None):
+                 pin: bool = True, spin_us: int = 2000, repack: bool | None = None, numa=None,
+                 sysfs_root: str | None = None):
         self.spec = cf.get_format(format)
         if repack not in (None, True, False):
             raise ValueError(f"repack={repack!r} must be None (auto), True or False")
@@ -175,45 +188,135 @@ class CpuMoeExecutor:
                              f"expected one of {list(self.spec.modes)}")
         if isa is not None and isa not in TIERS:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
-        self.core_ids, why = _resolve_cores(threads, core_ids)
         target = _repack_target(self.spec, self.H, self.I, mode, isa, repack)
-        if target is not None:
+        self._topology, self._placed = None, None
+        self.numa_plan = self._plan_numa(numa, sysfs_root, threads, core_ids, target or self.spec, len(banks))
+        if self.numa_plan is None:
+            self.core_ids, why = _resolve_cores(threads, core_ids)
+        else:
+            self.core_ids, why = self.numa_plan.cores, self.numa_plan.why
+        if target is not None and self.numa_plan is None:
             self._repack(banks, target)  # the executor then holds the repacked copies (self._arrays), not the given
         self.mode, self.top_k, self.max_tokens, self.num_layers = mode, top_k, max_tokens, len(banks)
-        # the arrays must outlive the executor (repacked ones are self._arrays)
-        self._banks_ref = banks if self.given_format == self.spec.name else None
         lim = self.act.limit if math.isfinite(self.act.limit) else float("inf")
-        self._x = _native.Executor(self.spec.id, self.act.id, _MODES.index(mode), bool(apply_router_weight_on_input),
+        run_spec = target or self.spec
+        plan = self.numa_plan
+        self._x = _native.Executor(run_spec.id, self.act.id, _MODES.index(mode), bool(apply_router_weight_on_input),
                                    self.E, self.H, self.I, self.act.alpha, lim,
                                    -1 if isa is None else TIERS.index(isa), self.num_layers, top_k, max_tokens,
-                                   self.core_ids, bool(pin), int(spin_us), self._label())
-        for layer, arrays in enumerate(self._arrays):
-            self._x.set_banks(layer, self.spec.bank_views(arrays))
+                                   self.core_ids, bool(pin), int(spin_us), self._label(run_spec),
+                                   groups=[(g.node, list(g.cores), list(g.parts)) for g in plan.groups] if plan else [],
+                                   bounds=list(plan.bounds) if plan else [])
+        if plan is None:
+            # the arrays must outlive the executor (repacked ones are self._arrays)
+            self._banks_ref = banks if self.given_format == self.spec.name else None
+            for layer, arrays in enumerate(self._arrays):
+                self._x.set_banks(layer, self.spec.bank_views(arrays))
+        else:
+            try:
+                self._place(banks, target)
+            except BaseException:
+                self._x.close()
+                raise
         repacked = "" if self.given_format == self.spec.name else f" (repacked from {self.given_format})"
         log.info("cpumoe_executor ready: format=%s%s isa=%s threads=%d cores=%s (%s) E=%d H=%d I=%d top_k=%d "
-                 "max_tokens=%d layers=%d act=%s route_sum=%s", self.spec.name, repacked, self.isa, self.threads,
-                 self.core_ids, why, self.E, self.H, self.I, top_k, max_tokens, self.num_layers, self.act.name,
-                 self._x.route_sum_isa)
+                 "max_tokens=%d layers=%d act=%s route_sum=%s numa=%s", self.spec.name, repacked, self.isa,
+                 self.threads, self.core_ids, why, self.E, self.H, self.I, top_k, max_tokens, self.num_layers,
+                 self.act.name, self._x.route_sum_isa, self._numa_line())
         if self.spec.hint:
             log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
 
     def _repack(self, banks, target) -> None:
         """Every layer into `target` down the format's layout chain (progress logged), then run as that format."""
+        for layer, arrays in self._layers_as(banks, target):
+            self._arrays[layer] = arrays
+        self.spec = target
+
+    def _layers_as(self, banks, target):
+        """(layer, arrays in slot order) of every layer, repacked into `target` one layer at a time (progress
+        logged) or, with no target, as validated."""
         t0, n, every = time.perf_counter(), 0, max(1, len(banks) // 10)
         for layer, b in enumerate(banks):
+            if target is None:
+                yield layer, self._arrays[layer]
+                continue
             # the experts in as many slices at once as the executor has threads
             arrays, _ = target.validate(self.spec.to_layout(b, target.name, threads=len(self.core_ids)), self.E,
                                         self.H, self.I)
-            self._arrays[layer] = arrays
             n += sum(a.nbytes for a in arrays)
             if (layer + 1) % every == 0 or layer + 1 == len(banks):
                 log.info("cpumoe_executor: repacked %s -> %s, layer %d/%d, %.2f GB in %.1f s (repack=False keeps "
                          "the given arrays)", self.spec.name, target.name, layer + 1, len(banks), n / 1e9,
                          time.perf_counter() - t0)
-        self.spec = target
+            yield layer, arrays
 
-    def _label(self) -> str:
-        ran = self.spec.name if self.spec.name == self.given_format else f"{self.given_format} as {self.spec.name}"
+    # ---- NUMA (numa.py, numa_banks.py, docs/numa.md) ---------------------------------------------------------
+    def _plan_numa(self, numa, root, threads, core_ids, run_spec, layers):
+        """The worker groups and slices, or None for the single pool (numa.resolve)."""
+        if core_ids is not None and numa != "off":
+            _resolve_cores(threads, core_ids)  # the single pool's checks first (affinity mask, threads)
+        plan, self._topology = numa_mod.resolve(numa, self.I, numa_banks.cut_unit(run_spec, self.I), root=root,
+                                                threads=threads, core_ids=core_ids)
+        if plan is not None:
+            numa_mod.check_memory(plan, self._topology, run_spec.bytes_per_expert(self.H, self.I) * self.E * layers)
+        return plan
+
+    def _place(self, banks, target) -> None:
+        """Each layer (repacked one at a time where the executor repacks), cut into the plan's slices where it
+        splits, copied onto the node of every group that runs each slice."""
+        plan, run_spec = self.numa_plan, target or self.spec
+        threads = len(self.core_ids)
+        self._placed = [{} for _ in banks]
+        for layer, arrays in self._layers_as(banks, target):
+            if len(plan.bounds) > 2:
+                pieces = [run_spec.validate(p)[0] for p in
+                          numa_banks.cut(run_spec, dict(zip(run_spec.bank_names, arrays)), plan.bounds, threads)]
+            else:
+                pieces = [arrays]
+            for gi, g in enumerate(plan.groups):
+                for q in g.parts:
+                    arrs = pieces[q]
+                    mem, rec = self._x.place_banks(layer, gi, q, [(a.ctypes.data, _span(a), a.strides[0],
+                                                                   a.strides[1] if a.ndim == 3 else a.strides[-1])
+                                                                  for a in arrs])
+                    self._placed[layer][(gi, q)] = (mem, [(a.shape, a.dtype, a.strides, off)
+                                                          for a, off in zip(arrs, rec["offsets"])])
+            self._arrays[layer] = None  # the executor holds the placed copies only
+        self.spec, self._arrays, self._banks_ref = run_spec, None, None
+
+    def _numa_line(self) -> str:
+        p = self.numa_plan
+        if p is None:
+            return "off"
+        groups = "; ".join(f"node {g.node}: {len(g.cores)} cores, part {list(g.parts)}" for g in p.groups)
+        return f"{p.mode} ({groups}; I cut at {list(p.bounds)})"
+
+    @property
+    def numa(self) -> str:
+        """"off" (the single pool), "split" or "replicate": what runs (numa_report() for the groups and placement)."""
+        return "off" if self.numa_plan is None else self.numa_plan.mode
+
+    def numa_report(self) -> dict:
+        """The plan and where every placed bank went: mode, why, the topology read (root, nodes), the groups (node,
+        cores, parts), the slices' I bounds, and per (layer, group, part) the placement record: node, bytes, mbind's
+        answer ("ok", "EINVAL" for a node the kernel does not have, "ENOSYS" without NUMA, "not asked"), how many
+        threads wrote the pages first and how many of those were pinned, and of `pages_checked` sampled pages how
+        many sit on the node (move_pages)."""
+        self._check()
+        p = self.numa_plan
+        topo = self._topology
+        groups = ([{"node": g.node, "cores": list(g.cores), "parts": list(g.parts)} for g in p.groups] if p else
+                  [{"node": -1, "cores": list(self.core_ids), "parts": [0]}])
+        return {"mode": self.numa, "why": p.why if p else "numa off, one NUMA node, or a format auto cannot cut",
+                "root": topo.root if topo else None,
+                "nodes": [{"id": n.id, "cpus": list(n.cpus), "mem_total": n.mem_total, "mem_free": n.mem_free}
+                          for n in topo.nodes] if topo else None,
+                "groups": groups, "bounds": list(p.bounds) if p else [0, self.I],
+                "placements": [{k: v for k, v in r.items() if k != "offsets"} for r in self._x.placements()]}
+
+    def _label(self, spec=None) -> str:
+        spec = spec or self.spec
+        ran = spec.name if spec.name == self.given_format else f"{self.given_format} as {spec.name}"
         return (f"CpuMoeExecutor({ran}, {self.num_layers} layers, E={self.E} H={self.H} I={self.I}, "
                 f"id {id(self):#x})")
 
@@ -363,11 +466,20 @@ class CpuMoeExecutor:
 
     def layer_banks(self, layer: int) -> dict:
         """Layer `layer`'s banks as this executor runs them (format `spec.name`: the repacked copies where it repacked),
-        bank name -> array; the arrays are the executor's own (read them, do not write)."""
+        bank name -> array; the arrays are the executor's own (read them, do not write). Placed on NUMA nodes:
+        read-only views of the first group's copy (they keep it alive after close()), or under numa="split" the
+        slices joined back into new arrays (numa_banks.join: the same weights)."""
         self._check()
         if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer!r}: expected an int in [0, {self.num_layers})")
-        return dict(zip(self.spec.bank_names, self._arrays[layer]))
+        if self._placed is None:
+            return dict(zip(self.spec.bank_names, self._arrays[layer]))
+        parts = []  # per slice, read-only views of the first placed copy (they keep it alive)
+        for q in range(len(self.numa_plan.bounds) - 1):
+            mem, descs = next(v for (g, p), v in sorted(self._placed[layer].items()) if p == q)
+            parts.append({n: np.ndarray(shape, dtype, buffer=mem, offset=off, strides=st)
+                          for n, (shape, dtype, st, off) in zip(self.spec.bank_names, descs)})
+        return parts[0] if len(parts) == 1 else numa_banks.join(self.spec, parts)
 
     @property
     def team_unit(self) -> int:
@@ -403,7 +515,7 @@ class CpuMoeExecutor:
         Idempotent; every later call raises RuntimeError naming this executor (class docstring: what stays valid).
         In a forked child it forgets the parent's threads instead of joining them."""
         self._x.close()
-        self._arrays = self._banks_ref = None
+        self._arrays = self._banks_ref = self._placed = None
 
     def __enter__(self):
         self._check()
