@@ -21,7 +21,7 @@ MEM = (64 << 20, 60 << 20)
 
 def layers(fmt, rng, n=2, E=6):
     spec = cf.get_format(fmt)
-    H, I = NUMA_SHAPES.get(fmt, (spec.k_multiple * 2, spec.k_multiple))  # noqa: E741
+    H, I = NUMA_SHAPES.get(fmt, (spec.k_multiple * 2, spec.k_multiple * 2))  # noqa: E741 - two slices of I
     return [spec.random_banks(E, H, I, rng) for _ in range(n)], (E, H, I)
 
 

@@ -4,6 +4,7 @@ views and io_block's owner keep the IO block alive after close() and `del`; the 
 arguments fail through the error word); closed executors hold no thread, and a create/close loop is flat in
 threads and RSS (/proc/self/status)."""
 import gc
+import time
 
 import numpy as np
 import pytest
@@ -136,7 +137,12 @@ def test_closed_executors_hold_no_thread(fmt, rng):
             ex.start_coordinator()
         ex.close()
         kept.append(ex)
-    assert proc_status()["Threads"] == before
+    # another test's short-lived threads (a repack's thread pool, a subprocess reader) may still be leaving: the count
+    # must come back to `before` within a second, never stay above it
+    end = time.monotonic() + 1.0
+    while proc_status()["Threads"] > before and time.monotonic() < end:
+        time.sleep(0.01)
+    assert proc_status()["Threads"] <= before
 
 
 def test_create_close_loop_is_flat(rng):
