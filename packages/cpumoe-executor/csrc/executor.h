@@ -14,6 +14,7 @@
 // every entry fails at once, before taking any lock (a parent thread may have held it at the fork), naming what
 // to do; close() and the destructor leak the parent's threads instead of joining them.
 #pragma once
+#include <stdexcept>
 #include <array>
 #include <atomic>
 #include <cstdint>

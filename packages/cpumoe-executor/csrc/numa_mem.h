@@ -6,6 +6,7 @@
 // has the node's own pinned workers touch the pages first, so the placement holds even where mbind is refused
 // (a kernel without NUMA, a node id the kernel does not know).
 #pragma once
+#include <stdexcept>
 #include <cstddef>
 #include <cstdint>
 #include <string>

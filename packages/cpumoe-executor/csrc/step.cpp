@@ -16,6 +16,7 @@
 // the groups that run it; the row block's down items of every part count down one counter, and the item that
 // completes it sums the token's terms part by part (slices in I order), each part's in route order: with one part
 // that is the single pool's sum, with several it is the same sum whatever the groups, threads or teams.
+#include <stdexcept>
 #include <algorithm>
 #include <cstring>
 
