@@ -85,16 +85,7 @@ PYBIND11_MODULE(_native, m) {
       py::arg("root"), py::arg("allowed"));
   m.def("allowed_cpus", &allowed_cpus);
   m.def("cgroup_cpu_limit", [](const std::string& root) { return cgroup_cpu_limit(root); }, py::arg("root") = kSysRoot);
-  m.def("online_cpus", &online_cpus, py::arg("root"));
   m.def("parse_cpulist", &parse_cpulist);
-  m.def(
-      "numa_nodes",
-      [](const std::string& root) {
-        py::list out;
-        for (const auto& n : numa_nodes(root)) out.append(py::make_tuple(n.id, n.cpus, n.mem_total, n.mem_free));
-        return out;
-      },
-      py::arg("root"));
   m.attr("MAX_PARTS") = Executor::kMaxParts;
   m.def("default_cores", [] {
     std::string why;

@@ -1,7 +1,6 @@
-// CPU and NUMA topology from sysfs and the cgroup CPU limit (v2 cpu.max, v1 cfs quota).
+// CPU topology from sysfs and the cgroup CPU limit (v2 cpu.max, v1 cfs quota).
 #include "topology.h"
 
-#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -98,36 +97,5 @@ bool pin_current_thread(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
-}
-std::vector<int> online_cpus(const std::string& root) {
-  return parse_cpulist(read_file(root + "/devices/system/cpu/online"));
-}
-
-std::vector<NumaNode> numa_nodes(const std::string& root) {
-  std::vector<NumaNode> out;
-  const std::string dir = root + "/devices/system/node";
-  DIR* d = opendir(dir.c_str());
-  if (!d) return out;
-  while (const dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.size() < 5 || name.compare(0, 4, "node") != 0 ||
-        name.find_first_not_of("0123456789", 4) != std::string::npos)
-      continue;
-    NumaNode n{std::stoi(name.substr(4)), parse_cpulist(read_file(dir + "/" + name + "/cpulist")), -1, -1};
-    // "Node 0 MemTotal:       24683784 kB"
-    std::stringstream mi(read_file(dir + "/" + name + "/meminfo"));
-    for (std::string line; std::getline(mi, line);) {
-      std::stringstream ls(line);
-      std::string node_word, id, key;
-      int64_t kb = -1;
-      ls >> node_word >> id >> key >> kb;
-      if (key == "MemTotal:") n.mem_total = kb < 0 ? -1 : kb * 1024;
-      if (key == "MemFree:") n.mem_free = kb < 0 ? -1 : kb * 1024;
-    }
-    out.push_back(std::move(n));
-  }
-  closedir(d);
-  std::sort(out.begin(), out.end(), [](const NumaNode& a, const NumaNode& b) { return a.id < b.id; });
-  return out;
 }
 }  // namespace cpumoe_exec

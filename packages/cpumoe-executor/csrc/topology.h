@@ -20,17 +20,6 @@ int cgroup_cpu_limit(const std::string& root = kSysRoot);
 std::vector<int> default_cores(std::string* why);
 bool pin_current_thread(int cpu);
 
-// A NUMA node as sysfs describes it: devices/system/node/node<id>/{cpulist,meminfo}. Memory in bytes (-1 where
-// meminfo does not say).
-struct NumaNode {
-  int id;
-  std::vector<int> cpus;
-  int64_t mem_total, mem_free;
-};
-// The nodes under root, by id; empty where the kernel has no node directory (no NUMA support).
-std::vector<NumaNode> numa_nodes(const std::string& root);
-// devices/system/cpu/online under root; empty where the file is missing.
-std::vector<int> online_cpus(const std::string& root);
 // "0-3,8,10-11" -> {0,1,2,3,8,10,11}
 std::vector<int> parse_cpulist(const std::string& s);
 }  // namespace cpumoe_exec

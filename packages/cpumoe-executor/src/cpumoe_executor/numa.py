@@ -16,6 +16,7 @@ Everything here is a pure function of its arguments and that tree: any thread ma
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -58,13 +59,50 @@ def topology(root: str | None = None) -> Topology:
     """The nodes under the sysfs root, their CPUs restricted to the online ones. A kernel without node directories
     (no NUMA) is one node 0 holding every online CPU."""
     root = sysfs_root(root)
-    online = tuple(_native.online_cpus(root))
+    online = tuple(_cpulist(_read(os.path.join(root, "devices/system/cpu/online"))))
     nodes = []
-    for nid, cpus, total, free in _native.numa_nodes(root):
+    for nid, cpus, total, free in _numa_nodes(root):
         nodes.append(Node(nid, tuple(c for c in cpus if not online or c in online), total, free))
     if not nodes:
         nodes = [Node(0, online or tuple(_native.allowed_cpus()), -1, -1)]
     return Topology(root, tuple(nodes), online)
+
+
+def _read(path: str) -> str:
+    """A sysfs file's text, "" where it is missing or unreadable (a kernel or container without it)."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _cpulist(text: str) -> list:
+    """"0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11] (the executor's own parser, as for thread_siblings_list)."""
+    return list(_native.parse_cpulist(text.strip()))
+
+
+def _numa_nodes(root: str) -> list:
+    """(id, cpus, MemTotal bytes, MemFree bytes) of each devices/system/node/node<id> under root, by id; -1 where
+    meminfo does not say. Python reads it: the text is small, and a reader here has no native failure mode (a
+    C++ reader segfaulted on the GPU host's sysfs in a GCC 13 build)."""
+    d = os.path.join(root, "devices/system/node")
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if not re.fullmatch(r"node[0-9]+", name):
+            continue
+        mem = {}
+        for line in _read(os.path.join(d, name, "meminfo")).splitlines():
+            f = line.split()  # "Node 0 MemTotal:       24683784 kB"
+            if len(f) >= 4 and f[2] in ("MemTotal:", "MemFree:") and f[3].isdigit():
+                mem[f[2]] = int(f[3]) * 1024
+        out.append((int(name[4:]), _cpulist(_read(os.path.join(d, name, "cpulist"))), mem.get("MemTotal:", -1),
+                    mem.get("MemFree:", -1)))
+    return sorted(out)
 
 
 @dataclass(frozen=True)
