@@ -1,22 +1,35 @@
 // CPU topology from sysfs and the cgroup CPU limit (v2 cpu.max, v1 cfs quota).
 #include "topology.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <cerrno>
 #include <set>
 #include <sstream>
 
 namespace cpumoe_exec {
 namespace {
+// POSIX read, not an ifstream: streaming a filebuf that failed to open segfaulted in a GCC 13 build on the GPU
+// host (a missing cgroup or sysfs file is normal: it reads as "").
 std::string read_file(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+  std::string out;
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    out.append(buf, (size_t)n);
+  }
+  ::close(fd);
+  return out;
 }
 }  // namespace
 
