@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cerrno>
 #include <set>
-#include <sstream>
+#include <cstdlib>
 
 namespace cpumoe_exec {
 namespace {
@@ -35,16 +35,26 @@ std::string read_file(const std::string& p) {
 
 std::vector<int> parse_cpulist(const std::string& s) {
   std::vector<int> out;
-  std::stringstream ss(s);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    if (part.empty() || part == "\n") continue;
-    size_t dash = part.find('-');
-    try {
-      int a = std::stoi(part.substr(0, dash)), b = dash == std::string::npos ? a : std::stoi(part.substr(dash + 1));
-      for (int i = a; i <= b; ++i) out.push_back(i);
-    } catch (...) {
+  const char* p = s.c_str();
+  while (*p) {
+    char* end;
+    const long a = std::strtol(p, &end, 10);
+    if (end == p) {  // not a number: skip to the next item
+      while (*p && *p != ',') ++p;
+      if (*p) ++p;
+      continue;
     }
+    long b = a;
+    p = end;
+    if (*p == '-') {
+      const char* q = p + 1;
+      b = std::strtol(q, &end, 10);
+      if (end == q) b = a;
+      p = end;
+    }
+    for (long i = a; i <= b && i - a < (1L << 20); ++i) out.push_back((int)i);
+    while (*p && *p != ',') ++p;
+    if (*p) ++p;
   }
   return out;
 }
@@ -72,23 +82,20 @@ std::vector<int> physical_cores(const std::string& root, const std::vector<int>&
 
 std::vector<int> physical_cores() { return physical_cores(kSysRoot, allowed_cpus()); }
 
+// Numbers are parsed with strtod, not iostream extraction: a stream's numeric extraction segfaulted in a GCC 13 build
+// on the GPU host.
 int cgroup_cpu_limit(const std::string& root) {
-  std::string v2 = read_file(root + "/fs/cgroup/cpu.max");
+  const std::string v2 = read_file(root + "/fs/cgroup/cpu.max");  // "max 100000" or "300000 100000"
   if (!v2.empty()) {
-    std::stringstream ss(v2);
-    std::string quota;
-    double period = 0;
-    ss >> quota >> period;
-    if (quota != "max" && period > 0) return std::max(1, (int)std::ceil(std::stod(quota) / period));
-    return 0;
+    if (v2.compare(0, 3, "max") == 0) return 0;
+    char* end;
+    const double quota = std::strtod(v2.c_str(), &end), period = std::strtod(end, nullptr);
+    return quota > 0 && period > 0 ? std::max(1, (int)std::ceil(quota / period)) : 0;
   }
-  std::string q = read_file(root + "/fs/cgroup/cpu/cpu.cfs_quota_us"),
-              p = read_file(root + "/fs/cgroup/cpu/cpu.cfs_period_us");
-  if (!q.empty() && !p.empty()) {
-    double quota = std::stod(q), period = std::stod(p);
-    if (quota > 0 && period > 0) return std::max(1, (int)std::ceil(quota / period));
-  }
-  return 0;
+  const std::string q = read_file(root + "/fs/cgroup/cpu/cpu.cfs_quota_us"),
+                    p = read_file(root + "/fs/cgroup/cpu/cpu.cfs_period_us");
+  const double quota = std::strtod(q.c_str(), nullptr), period = std::strtod(p.c_str(), nullptr);
+  return quota > 0 && period > 0 ? std::max(1, (int)std::ceil(quota / period)) : 0;
 }
 
 std::vector<int> default_cores(std::string* why) {
