@@ -1,11 +1,12 @@
 """NUMA topology from a sysfs tree (fake_sysfs: any machine) and the plan built on it: which CPUs each group gets
 (physical cores, affinity, online, cgroup limit, memory-only nodes) and which I rows each slice takes."""
+import os
 import warnings
 
 import pytest
 from conftest import GB_KB, fake_sysfs
 
-from cpumoe_executor import numa
+from cpumoe_executor import _native, numa
 
 BIG = (64 * GB_KB, 60 * GB_KB)
 
@@ -131,3 +132,31 @@ def test_check_plan_names_what_is_wrong():
     with pytest.raises(ValueError, match="cuts I into 2 parts but format"):
         numa.check_plan(numa.NumaPlan("split", (numa.Group(0, (0,), (0, 1)),), (0, 32, 64)), 64,
                         "format 'ds_fp4' rounds", {0})
+
+
+@pytest.mark.parametrize("text, cpus", [("0-3,8,10-11\n", [0, 1, 2, 3, 8, 10, 11]), ("0", [0]), ("", []), ("\n", []),
+                                        ("x,2-3", [2, 3]), ("5-", [5]), ("3-1", []), ("0-15\n", list(range(16)))])
+def test_cpulist_text_as_sysfs_writes_it_and_malformed(text, cpus):
+    assert list(_native.parse_cpulist(text)) == cpus
+
+
+@pytest.mark.parametrize("files, limit", [
+    ({"fs/cgroup/cpu.max": "max 100000\n"}, 0), ({"fs/cgroup/cpu.max": "300000 100000\n"}, 3),
+    ({"fs/cgroup/cpu.max": "150000 100000"}, 2), ({"fs/cgroup/cpu.max": "garbage\n"}, 0),
+    ({"fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n", "fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"}, 0),
+    ({"fs/cgroup/cpu/cpu.cfs_quota_us": "50000\n", "fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"}, 1),
+    ({}, 0)])
+def test_cgroup_limit_v2_v1_missing_and_malformed(tmp_path, files, limit):
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert _native.cgroup_cpu_limit(str(tmp_path)) == limit
+
+
+def test_nodes_with_missing_meminfo_and_stray_entries(tmp_path):
+    root = fake_sysfs(tmp_path, {0: ("0-1", *BIG), 2: ("", *BIG)})
+    os.remove(os.path.join(root, "devices/system/node/node2/meminfo"))
+    for stray in ("has_cpu", "possible", "nodeX", "node"):
+        open(os.path.join(root, "devices/system/node", stray), "w").close()
+    t = numa.topology(root)
+    assert [(n.id, n.cpus, n.mem_total) for n in t.nodes] == [(0, (0, 1), BIG[0] * 1024), (2, (), -1)]
