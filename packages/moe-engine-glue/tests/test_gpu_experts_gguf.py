@@ -182,15 +182,17 @@ def test_nan_inf_propagate(fmt, T, device):
     assert (np.isnan(y) == np.isnan(ref)).all()
     assert (np.isfinite(y) == np.isfinite(ref)).all()
     assert np.isnan(y[0]).all()  # token 0's resident route reads the NaN
-    fin = np.isfinite(ref)
-    assert np.abs(y[fin] - ref[fin]).max() <= 1e-2 * np.abs(ref[fin]).max() + 1e-30
+    if T > 2:
+        assert np.isfinite(y[2]).all()  # the token without a non-finite x
+        assert np.abs(y[2] - ref[2]).max() <= 1e-2 * np.abs(ref[2]).max()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt", ["q4_0", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
 def test_kernel_variants(fmt, device):
-    """The other kernel combinations: per-route FMA gate_up with the grouped down, grouped FMA with the per-token
-    down, tensor cores without grouping."""
+    """The other kernel combinations (the wrappers are the same code for every format, so the two cheap formats):
+    per-route FMA gate_up with the grouped down, grouped FMA with the per-token down, tensor cores without
+    grouping."""
     rng = np.random.default_rng(17)
     fmts = (fmt, fmt)
     banks, full_a, deq = _banks(fmts, rng)
@@ -204,6 +206,26 @@ def test_kernel_variants(fmt, device):
         y, w, ids_ref = _run(fmts, banks, ge, x, rng, device)
         ref = _reference(fmts, full_a, deq, x, w, ids_ref)
         assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-2, cfg
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q4_k"])
+def test_quantized_banks(fmt, device):
+    """Banks from cf.quantize of random float weights (ggml's quantizers), the router weight on the input."""
+    rng = np.random.default_rng(3)
+    E, H, I = SHAPES[fmt]  # noqa: E741
+    banks = cf.quantize(fmt, (rng.standard_normal((E, 2 * I, H)) * 0.02).astype(np.float32),
+                        (rng.standard_normal((E, H, I)) * 0.02).astype(np.float32))
+    ge = GpuExperts(fmt, num_layers=2, capacity=CAPACITY, E=E, H=H, I=I, top_k=TOP_K, max_tokens=8, device=device,
+                    apply_router_weight_on_input=True)
+    for slot, e in enumerate(RESIDENT):
+        ge.load(1, slot, banks, e)
+    if device == "cpu":
+        ge.set_config(3, cpu_config((fmt, fmt), 3))
+    x = torch.from_numpy(rng.standard_normal((3, H)).astype(np.float32)).to(torch.bfloat16)
+    y, w, ids_ref = _run((fmt, fmt), banks, ge, x, rng, device)
+    ref = cf.reference.moe(fmt, banks, x.float().numpy(), w, ids_ref, mode="native", apply_router_weight_on_input=True)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-2
 
 
 def test_layout_bytes_and_validation():
