@@ -32,9 +32,8 @@ class GpuExperts:
     Capture-safe: a forward is a fixed sequence of kernel launches whose grids depend on T only; no host
     synchronisation; workspaces come from torch's caching allocator.
 
-    Thread contract: not shareable while it changes: load() and forward() run on the caller's current stream and
-    take no lock (the runner's lock orders them); concurrent forward() calls on one object are safe only when no
-    load() runs beside them (they share the weights, not the workspaces).
+    Threads: one caller at a time (MoERunner calls it under its lock); load(), set_config() and forward() take no
+    lock of their own and run on the caller's current stream.
     """
 
     FORMATS = ("bf16", "fp8_block", "mxfp4", "nvfp4", "q4_0", "q8_0", "q4_k", "q6_k")
