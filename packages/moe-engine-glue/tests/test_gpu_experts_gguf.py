@@ -268,3 +268,41 @@ def test_every_format_names_its_matrices():
         spec = cf.get_format(name)
         assert all(b.name.split("_")[0] in ("gate", "down") for b in spec.banks), name
         assert any(b.name == "gate_up" or b.name.startswith("gate_up_") for b in spec.banks), name
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU (graph capture)")
+@pytest.mark.parametrize("T", [1, 8])
+@pytest.mark.parametrize("fmts", [(f, f) for f in GGUF] + PAIRS[:1], ids="/".join)
+def test_cuda_graph_replay(fmts, T):
+    """forward captured once, replayed 20 times with new x / slots / weights: bit for bit the eager result."""
+    rng = np.random.default_rng(41 + T)
+    E, H, _ = SHAPES[fmts[0]]
+    banks, _, _ = _banks(fmts, rng)
+    ge = _experts(fmts, banks, "cuda", T)
+    x = torch.zeros((T, H), dtype=torch.bfloat16, device="cuda")
+    s = torch.zeros((T, TOP_K), dtype=torch.int32, device="cuda")
+    w = torch.zeros((T, TOP_K), dtype=torch.float32, device="cuda")
+    out = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ge.forward(1, x, w, s, out=out)  # warm-up (compiles) off the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ge.forward(1, x, w, s, out=out)
+    for _ in range(20):
+        slots, wt, _ = _routes(rng, T, E)
+        xi = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16).cuda()
+        si, wi = torch.from_numpy(slots).cuda(), torch.from_numpy(wt).cuda()
+        x.copy_(xi)
+        s.copy_(si)
+        w.copy_(wi)
+        out.fill_(float("nan"))
+        g.replay()
+        eager = ge.forward(1, xi, wi, si)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
