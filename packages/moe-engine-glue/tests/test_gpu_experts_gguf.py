@@ -12,8 +12,8 @@ Tolerance, as tests/test_gpu_experts.py: the reference is float64 before the out
 is at least half a bf16 ulp (2^-9 of |y|); fp32 accumulation in another order (tensor cores, block sizes, q4_k's
 dot path folding d * sc and dmin * m after the sums) may flip the intermediate's or the output's bf16 rounding
 now and then: max|y - ref| / max|ref| < 1e-2 and at most 5% of the elements differing from bf16(reference).
-Measured in the interpreter (GPU_EXPERTS_STATS=1, 14 checks): max error 1.9e-3 .. 3.1e-3 of max|ref|, at most 0.4% of the
-elements differing.
+Measured in the interpreter (GPU_EXPERTS_STATS=1, 14 checks): max error 1.9e-3 .. 3.1e-3 of max|ref|, at most
+0.4% of the elements differing.
 
 The interpreter runs the kernels with large row blocks (CPU_CONFIGS: it pays per Triton op and program); on a GPU
 the same cases run the default configs and the CPU ones.
