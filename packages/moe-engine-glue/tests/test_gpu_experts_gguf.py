@@ -15,8 +15,8 @@ now and then: max|y - ref| / max|ref| < 1e-2 and at most 5% of the elements diff
 Measured in the interpreter (GPU_EXPERTS_STATS=1, 14 checks): max error 1.9e-3 .. 3.1e-3 of max|ref|, at most
 0.4% of the elements differing.
 
-The interpreter runs the kernels with large row blocks (CPU_CONFIGS: it pays per Triton op and program); on a GPU
-the same cases run the default configs and the CPU ones.
+The interpreter runs the kernels with large row blocks (cpu_config: it pays per Triton op and program); on a GPU
+the same cases run the default configs (config.py), and test_kernel_variants runs the other kernel combinations.
 """
 from __future__ import annotations
 
