@@ -39,6 +39,19 @@ from dataclasses import asdict
 import torch
 
 FMT_ORDER = ("bf16", "fp8_block", "mxfp4", "nvfp4")
+GGUF = ("q4_0", "q8_0", "q4_k", "q6_k")  # --formats q4_0,q4_k,q4_k/q6_k (a gate_up/down pair: Q4_K_M's layers)
+
+
+def fmt_arg(name):
+    """'q4_k/q6_k' -> ('q4_k', 'q6_k') (GpuExperts' pair), a single name as it is."""
+    return tuple(name.split("/")) if "/" in name else name
+
+
+def matrix_format(fmt, which):
+    """The format of one matrix ('gu' / 'gate_up' or 'dn' / 'down') of a format or a pair."""
+    if isinstance(fmt, str):
+        return fmt
+    return fmt[0] if which in ("gu", "gate_up") else fmt[1]
 
 
 def log(*a):
@@ -73,8 +86,11 @@ def copy_bandwidth(device, nbytes=1 << 30, iters=10, repeats=7):
 def fill_random(ge, seed):
     """Random codes of the format's usual magnitudes, straight into the GPU tensors (never zeros)."""
     g = torch.Generator(device=ge.device).manual_seed(seed)
-    fmt = ge.format
     for name, t in ge.parts.items():
+        fmt = matrix_format(ge.formats, name[:2])
+        if fmt in GGUF:
+            _fill_gguf(fmt, name[3:], t, g)
+            continue
         if fmt == "fp8_block" and name.endswith("_v"):
             continue  # the 0x7F / 0xFF flags, from the codes below
         if name.endswith("_w"):
@@ -96,12 +112,26 @@ def fill_random(ge, seed):
                 t.normal_(0.0, 0.01, generator=g)
             else:
                 t.uniform_(0.008, 0.012, generator=g)
-    if fmt == "fp8_block":
-        for m in ("gu", "dn"):
+    for m in ("gu", "dn"):
+        if matrix_format(ge.formats, m) == "fp8_block":
             w = ge.parts[f"{m}_w"]
             ge.parts[f"{m}_v"].copy_(((w & 0x7F) == 0x7F).flatten(2).any(-1, keepdim=True).to(torch.int32))
 
 
+# fp16 d magnitudes of cpumoe_formats' random_banks (weights ~0.01-0.1 rms)
+_GGUF_D = {"q4_0": 0.0025, "q8_0": 1e-4, "q4_k": 1e-4, "q6_k": 2.0 ** -14}
+
+
+def _fill_gguf(fmt, part, t, g):
+    """One GGUF plane (layouts.py): random codes and packed scales, fp16 d (and dmin) of +-[1, 2) x _GGUF_D."""
+    if t.dtype == torch.float16:
+        t.uniform_(1.0, 2.0, generator=g)
+        t.mul_(torch.randint(0, 2, t.shape, generator=g, device=t.device).to(t.dtype) * 2 - 1)
+        t.mul_(_GGUF_D[fmt])
+    elif t.dtype == torch.int8:
+        t.random_(-128, 128, generator=g)
+    else:
+        t.random_(0, 256, generator=g)
 def routes(T, E, K, L, device, seed):
     g = torch.Generator().manual_seed(seed)
     ids = [torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32) for _ in range(L)]
@@ -119,13 +149,45 @@ def _e4m3_table(device):
 _E2M1 = [0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6]
 
 
+def _dequant_gguf(fmt, w, s, v):
+    """float64 [N, K] of one GGUF matrix's planes (layouts.py), as cpumoe_formats' decode_blocks."""
+    N = w.shape[0]
+    if fmt == "q4_0":
+        b = w.long().view(N, -1, 16)
+        q = torch.cat([(b & 15) - 8, (b >> 4) - 8], dim=-1).double()
+        return (q * s.double()[:, :, None]).reshape(N, -1)
+    if fmt == "q8_0":
+        return (w.double().view(N, -1, 32) * s.double()[:, :, None]).reshape(N, -1)
+    if fmt == "q4_k":
+        b = w.long().view(N, -1, 4, 32)
+        q = torch.stack([b & 15, b >> 4], dim=-2).reshape(N, -1, 8, 32).double()
+        p = s.long().view(N, -1, 12)
+        a, bb, c = p[..., 0:4], p[..., 4:8], p[..., 8:12]
+        sc = torch.cat([a & 63, (c & 15) | ((a >> 6) << 4)], dim=-1).double()
+        m = torch.cat([bb & 63, (c >> 4) | ((bb >> 6) << 4)], dim=-1).double()
+        dd = v.double().view(N, -1, 2)
+        wt = (dd[..., 0:1] * sc)[..., None] * q - (dd[..., 1:2] * m)[..., None]
+        return wt.float().double().reshape(N, -1)  # one fp32 rounding, as ggml's dequantize
+    b = w.long().view(N, -1, 192)
+    ql, qh = b[..., :128].view(N, -1, 2, 2, 32), b[..., 128:].view(N, -1, 2, 32)
+    q = torch.stack([((ql[:, :, :, gi % 2] >> (4 * (gi // 2))) & 15) | (((qh >> (2 * gi)) & 3) << 4)
+                     for gi in range(4)], dim=3)  # [N, nb, half, g, l]: element 128 half + 32 g + l
+    q = q.reshape(N, -1, 16, 16).double() - 32
+    return (v.double()[:, :, None, None] * s.double().view(N, -1, 16)[..., None] * q).reshape(N, -1)
+
+
 def dequant(ge, layer, slot, which):
     """(w [N, K] float64, bias [N] or None) of one slot, from the GPU tensors."""
     w = ge.parts[f"{which}_w"][layer, slot]
     dev = w.device
-    if ge.format == "bf16":
+    fmt = matrix_format(ge.formats, which)
+    if fmt in GGUF:
+        part = ge.parts.get(f"{which}_v")
+        return _dequant_gguf(fmt, w, ge.parts[f"{which}_s"][layer, slot],
+                             None if part is None else part[layer, slot]), None
+    if fmt == "bf16":
         return w.double(), None
-    if ge.format == "fp8_block":
+    if fmt == "fp8_block":
         s = ge.parts[f"{which}_s"][layer, slot].double()
         v = _e4m3_table(dev)[w.long()]
         N, K = v.shape
@@ -135,7 +197,7 @@ def dequant(ge, layer, slot, which):
     v = torch.stack([tab[b & 15], tab[b >> 4]], dim=-1).reshape(w.shape[0], -1)
     s = ge.parts[f"{which}_s"][layer, slot]
     extra = ge.parts[f"{which}_v"][layer, slot].double()
-    if ge.format == "mxfp4":
+    if fmt == "mxfp4":
         sc = torch.pow(2.0, torch.clamp(s.double(), max=254) - 127)
         return v * sc.repeat_interleave(32, 1), extra
     sc = _e4m3_table(dev)[s.long()]
@@ -328,13 +390,17 @@ MAX_CANDIDATES = 0
 
 
 def candidates(fmt, T, stage):
-    """StageConfig / Config field sets to try (dicts: 'st' StageConfig args + Config-level keys)."""
+    """StageConfig / Config field sets to try (dicts: 'st' StageConfig args + Config-level keys); fmt: a format or a
+    (gate_up, down) pair (each stage's blocks from its matrix's format)."""
     from moe_engine.gpu import StageConfig
 
-    byte = fmt in ("bf16", "fp8_block")
+    fmt = matrix_format(fmt, stage)
+    byte = fmt in ("bf16", "fp8_block", "q8_0", "q4_k", "q6_k")
     bks = {"bf16": (128, 256, 512), "fp8_block": (64, 128), "mxfp4": (32, 64, 128, 256),
-           "nvfp4": (32, 64, 128, 256)}[fmt]
-    dbks = {"bf16": (64, 128, 256), "fp8_block": (64, 128), "mxfp4": (32, 64, 128), "nvfp4": (32, 64, 128)}[fmt]
+           "nvfp4": (32, 64, 128, 256), "q4_0": (64, 128, 256), "q8_0": (64, 128, 256), "q4_k": (256,),
+           "q6_k": (256,)}[fmt]
+    dbks = {"bf16": (64, 128, 256), "fp8_block": (64, 128), "mxfp4": (32, 64, 128), "nvfp4": (32, 64, 128),
+            "q4_0": (32, 64, 128), "q8_0": (32, 64, 128), "q4_k": (256,), "q6_k": (256,)}[fmt]
     full = fmt == "bf16"
     out = []
     if stage == "gate_up":
@@ -387,7 +453,8 @@ def _precompile_worker(job):
     from moe_engine.gpu import GpuExperts
 
     E, H, I, K = shape  # noqa: E741
-    ge = GpuExperts(fmt, num_layers=1, capacity=E, E=E, H=H, I=I, top_k=K, max_tokens=max(T, 1), device=device)
+    ge = GpuExperts(fmt_arg(fmt) if isinstance(fmt, str) else fmt, num_layers=1, capacity=E, E=E, H=H, I=I,
+                    top_k=K, max_tokens=max(T, 1), device=device)
     x = _t.zeros((T, H), dtype=_t.bfloat16, device=device)
     s = _t.zeros((T, K), dtype=_t.int32, device=device)
     w = _t.zeros((T, K), dtype=_t.float32, device=device)
@@ -490,8 +557,9 @@ def main(argv=None):
         jobs = []
         for fmt in formats:
             for T in batches:
-                base = gcfg.default(fmt, T, H, I)
-                cs = [base] + [apply(base, st, c) for st in ("gate_up", "down") for c in candidates(fmt, T, st)]
+                base = gcfg.default(fmt_arg(fmt), T, H, I)
+                cs = [base] + [apply(base, st, c) for st in ("gate_up", "down")
+                               for c in candidates(fmt_arg(fmt), T, st)]
                 jobs.append((fmt, T, shape, cs))
         res["precompile_errors"] = precompile(jobs, a.procs, a.device, max(30.0, 0.35 * (deadline - time.time())))
         save()
@@ -499,10 +567,11 @@ def main(argv=None):
     copy_bw = res["copy_GBps"]["median"]
     # the sweep's time, shared among the (format, batch) pairs by their number of candidates
     done = set()
-    weights = {(f, T): 1 + len(candidates(f, T, "gate_up")) + len(candidates(f, T, "down")) for f in formats
-               for T in batches}
+    weights = {(f, T): 1 + len(candidates(fmt_arg(f), T, "gate_up")) + len(candidates(fmt_arg(f), T, "down"))
+               for f in formats for T in batches}
     for fmt in formats:
-        ge = GpuExperts(fmt, num_layers=L, capacity=E, E=E, H=H, I=I, top_k=K, max_tokens=max(batches), device=dev)
+        ge = GpuExperts(fmt_arg(fmt), num_layers=L, capacity=E, E=E, H=H, I=I, top_k=K, max_tokens=max(batches),
+                        device=dev)
         fill_random(ge, seed=1)
         mods = hfcfg = None
         if fmt == "bf16" and not a.no_hf:
@@ -514,7 +583,7 @@ def main(argv=None):
             uniq = statistics.mean(len(set(i.reshape(-1).tolist())) for i in ids)
             nbytes = uniq * ge.bytes_per_expert
             ref = reference(ge, 0, xs, ids[0].cpu(), ws[0].cpu())
-            base = gcfg.default(fmt, T, H, I)
+            base = gcfg.default(fmt_arg(fmt), T, H, I)
 
             replays = a.replays if dev.type == "cuda" else 1
 
@@ -539,7 +608,7 @@ def main(argv=None):
                 best_t = None
             if a.sweep == "full":
                 for stage in ("gate_up", "down"):
-                    for c in candidates(fmt, T, stage):
+                    for c in candidates(fmt_arg(fmt), T, stage):
                         if time.time() > slice_end:
                             res["notes"].append(f"sweep cut short by the deadline at {fmt} batch {T} {stage}")
                             break

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 # Small shapes per format that satisfy its divisibility (ragged where the format allows).
 SHAPES = {"bf16": (96, 40), "fp8_block": (259, 131), "nvfp4": (96, 48), "mxfp4": (96, 64), "q4_0": (96, 64),
-          "ds_fp4": (256, 128)}
+          "ds_fp4": (256, 128), "q8_0": (96, 64), "q4_k": (256, 256), "q6_k": (256, 256)}
 ACT = {"mxfp4": dict(activation="swigluoai", alpha=1.702, limit=7.0),
        "ds_fp4": dict(activation="swiglu_clamp", alpha=1.0, limit=10.0)}
 

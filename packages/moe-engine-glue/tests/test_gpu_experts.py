@@ -63,6 +63,8 @@ DEVICES = [
         not HAVE_CUDA, reason="no CUDA GPU (the same cases run as [cpu] in Triton's interpreter)")]),
 ]
 
+# the formats this file covers (the GGUF formats and format pairs: test_gpu_experts_gguf.py)
+FORMATS = ("bf16", "fp8_block", "mxfp4", "nvfp4")
 # ragged shapes the interpreter runs in about a second per forward: (E, H, I)
 SHAPES = {"bf16": (6, 200, 72), "fp8_block": (6, 200, 72), "mxfp4": (6, 160, 96), "nvfp4": (6, 176, 80)}
 TOP_K, CAPACITY = 3, 4
@@ -149,7 +151,7 @@ def _check(fmt, banks, ge, rng, T, device, **ref_kw):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("T", [1, 3, 8])
-@pytest.mark.parametrize("fmt", GpuExperts.FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_default_config(fmt, T, device):
     rng = np.random.default_rng(100 + T)
     banks = _banks(fmt, rng)
@@ -169,7 +171,7 @@ MODES = ["fma-direct-token", "fma-grouped-token", "fma-grouped-group", "dot-grou
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("fmt", GpuExperts.FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_kernel_variants(fmt, mode, device):
     """Every kernel combination (per-route or grouped gate_up, per-token or grouped down, FMA or tensor cores)."""
     rng = np.random.default_rng(7)
@@ -185,7 +187,7 @@ ACTS = [("gelu", None, None), ("gelu_tanh", None, None), ("swigluoai", 1.702, 0.
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("act", ACTS, ids=lambda a: f"{a[0]}-{a[2]}")
-@pytest.mark.parametrize("fmt", GpuExperts.FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_activations(fmt, act, device):
     """Limits of 0.1-0.15 clamp (gate and up are ~0.3 rms here)."""
     name, alpha, limit = act
@@ -215,7 +217,7 @@ def test_router_weight_on_input_mxfp4_refused():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt", GpuExperts.FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_quantized_banks(fmt, device):
     """Banks from cf.quantize of random float weights (mxfp4 with biases)."""
     rng = np.random.default_rng(3)
@@ -248,7 +250,7 @@ def test_bytes_and_validation():
     with pytest.raises(ValueError):
         ge.load(0, 0, cf.get_format("bf16").random_banks(E, H + 16, I, np.random.default_rng(0)), 0)
     with pytest.raises(ValueError, match="format"):
-        GpuExperts("q4_0", num_layers=1, capacity=1, E=E, H=H, I=I, top_k=2, max_tokens=1, device=dev)
+        GpuExperts("ds_fp4", num_layers=1, capacity=1, E=E, H=H, I=I, top_k=2, max_tokens=1, device=dev)
     with pytest.raises(ValueError, match="block_k"):
         ge2 = GpuExperts("fp8_block", num_layers=1, capacity=1, E=E, H=H, I=I, top_k=2, max_tokens=1, device=dev)
         ge2.set_config(1, Config(StageConfig(16, 256), StageConfig(16, 128), grouped=False))
@@ -261,7 +263,7 @@ def test_bytes_and_validation():
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU (graph capture)")
 @pytest.mark.parametrize("T", [1, 8])
-@pytest.mark.parametrize("fmt", GpuExperts.FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_cuda_graph_replay(fmt, T):
     """forward captured once, replayed 20 times with new x / slots / weights: bit for bit the eager result."""
     rng = np.random.default_rng(21 + T)

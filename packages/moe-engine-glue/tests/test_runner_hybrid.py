@@ -65,10 +65,39 @@ def test_hybrid_prefill_above_max_tokens(rng):
         assert np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max() < TOLERANCE["native"]
 
 
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q4_k"])
+def test_hybrid_gguf(fmt, rng):
+    """A uniform GGUF model runs hybrid: GPU-resident routes in native mode, the CPU's in the executor's mode (w4a8),
+    each as the float64 reference has them; all resident, the runner's result is the gpu strategy's bit for bit."""
+    banks, (E, H, _) = make_banks(fmt, rng, E=6)
+    T = 3
+    x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16).to(DEVICE)
+    ids, w = routes(rng, T, 3, E)
+    ids, w = ids.to(DEVICE), w.to(DEVICE)
+    # qualification's interpreter steps took 77 s for q4_k (test_hybrid_counts_every_route_once qualifies a runner)
+    with MoERunner(fmt, banks, top_k=3, strategy="hybrid", device=DEVICE, residency=0.5, capacity=E, threads=2,
+                   graph_batch_sizes=(1, 3), progress=False, qualify=False) as hy:
+        assert 0 < hy.residency.fraction() < 1
+        if DEVICE == "cpu":  # few programs for the interpreter (it pays per program and Triton op)
+            from moe_engine.gpu import Config, StageConfig
+
+            bk = 256 if fmt == "q4_k" else 64
+            hy.gpu.set_config(None, Config(StageConfig(64, bk), StageConfig(128, bk), grouped=True))
+        y = hy.forward(1, x, w, ids)
+        ref = reference(hy, 1, x, w, ids)
+        rel = np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max()
+        assert rel < TOLERANCE[hy.executor.mode], rel
+        hy.set_residency(1, np.ones(E, bool))
+        y = hy.forward(1, x, w, ids)
+        assert _same(y, hy.gpu.forward(1, x, w.float(), hy.residency.slots(1, ids)))
+        rel = np.abs(y.float().cpu().numpy() - reference(hy, 1, x, w, ids)).max() / np.abs(ref).max()
+        assert rel < TOLERANCE["native"], rel
+
+
 def test_gpu_side_errors_are_named(rng):
-    banks, (E, H, _) = make_banks("q4_0", rng, E=8)
-    with pytest.raises(ValueError, match="format 'q4_0' has no GPU experts kernel"):
-        MoERunner("q4_0", banks, top_k=2, strategy="hybrid", device=DEVICE, qualify=False, progress=False)
+    banks, (E, H, _) = make_banks("ds_fp4", rng, E=8)
+    with pytest.raises(ValueError, match="format 'ds_fp4' has no GPU experts kernel"):
+        MoERunner("ds_fp4", banks, top_k=2, strategy="hybrid", device=DEVICE, qualify=False, progress=False)
     banks, (E, H, _) = make_banks("bf16", rng, E=8)
     with _runner(banks, "hybrid", residency=0.25) as hy:
         with pytest.raises(ValueError, match=r"residency mask for layer 0: shape \(7,\) .* length E=8"):

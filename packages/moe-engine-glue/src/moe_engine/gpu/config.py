@@ -42,10 +42,15 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def check(fmt: str, cfg: Config) -> None:
+def _pair(fmts) -> tuple[str, str]:
+    return (fmts, fmts) if isinstance(fmts, str) else tuple(fmts)
+
+
+def check(fmts, cfg: Config) -> None:
+    """cfg is valid for the format (or the (gate_up, down) pair: each stage against its matrix's format)."""
     if cfg.down_mode not in ("token", "group"):
         raise ValueError(f"Config.down_mode={cfg.down_mode!r}: expected 'token' or 'group'")
-    for name, st in (("gate_up", cfg.gate_up), ("down", cfg.down)):
+    for fmt, (name, st) in zip(_pair(fmts), (("gate_up", cfg.gate_up), ("down", cfg.down))):
         for f in ("block_n", "block_k", "block_m"):
             if not _pow2(getattr(st, f)):
                 raise ValueError(f"Config.{name}.{f}={getattr(st, f)} must be a power of two")
@@ -55,6 +60,10 @@ def check(fmt: str, cfg: Config) -> None:
             raise ValueError(f"mxfp4: Config.{name}.block_k={st.block_k} bytes must be a multiple of 16")
         if fmt == "nvfp4" and st.block_k < 8:
             raise ValueError(f"nvfp4: Config.{name}.block_k={st.block_k} bytes must be a multiple of 8")
+        if fmt in ("q4_0", "q8_0") and st.block_k < 32:
+            raise ValueError(f"{fmt}: Config.{name}.block_k={st.block_k} must be a multiple of 32 (one block)")
+        if fmt in ("q4_k", "q6_k") and st.block_k != 256:
+            raise ValueError(f"{fmt}: Config.{name}.block_k={st.block_k} must be 256 (one block per step)")
         if st.dot and (st.block_m < 16 or st.block_k < 16 or st.block_n < (8 if name == "gate_up" else 16)):
             raise ValueError(f"Config.{name}: dot=True needs block_m, block_k and the tile's rows >= 16")
     if cfg.down_mode == "token" and cfg.down.dot:
@@ -84,15 +93,30 @@ MEASURED = {
     ("mxfp4", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),  # 146.1 us
     ("nvfp4", 1): _c((8, 256, 4, 2, False), (32, 128, 4, 2, False), grouped=False),  # 31.4 us
     ("nvfp4", 8): _c((16, 64, 4, 2, False), (32, 32, 4, 2, False), grouped=False),  # 158.6 us
+    # The GGUF formats are not measured yet: mxfp4's shapes (another 4-bit format with a per-row scale plane) in
+    # elements, K-quants one 256-block per step.
+    ("q4_0", 1): _c((16, 128, 4, 2, False), (16, 128, 4, 2, False), grouped=False),
+    ("q4_0", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),
+    ("q8_0", 1): _c((16, 128, 4, 2, False), (16, 128, 4, 2, False), grouped=False),
+    ("q8_0", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),
+    ("q4_k", 1): _c((16, 256, 4, 2, False), (16, 256, 4, 2, False), grouped=False),
+    ("q4_k", 8): _c((32, 256, 4, 3, True), (32, 256, 4, 3, True), grouped=True),
+    ("q6_k", 1): _c((16, 256, 4, 2, False), (16, 256, 4, 2, False), grouped=False),
+    ("q6_k", 8): _c((32, 256, 4, 3, True), (32, 256, 4, 3, True), grouped=True),
 }
 # From 16 tokens on, groups hold several tokens: every format groups and uses tensor-core tiles (nvfp4: its
 # measured batch-8 runner-up, 176 us with gate_up 32x64, 175 with down 32x32).
 _LARGE = {"nvfp4": _c((32, 64, 4, 3, True), (32, 32, 4, 3, True), grouped=True)}
 
 
-def default(fmt: str, T: int, H: int, I: int) -> Config:  # noqa: E741
+def default(fmts, T: int, H: int, I: int) -> Config:  # noqa: E741
     """The measured config of batch 1 for T = 1, of batch 8 for 2 <= T < 16, and grouped tensor-core tiles from 16
-    tokens on (the batch-8 config where it already is one)."""
+    tokens on (the batch-8 config where it already is one). A (gate_up, down) pair of two formats: the gate_up
+    format's config with the down format's down stage and down_mode."""
+    a, b = _pair(fmts)
+    if a != b:
+        return default(a, T, H, I).replace(down=default(b, T, H, I).down, down_mode=default(b, T, H, I).down_mode)
+    fmt = a
     if T <= 1:
         return MEASURED[(fmt, 1)]
     if T < 16 or MEASURED[(fmt, 8)].grouped and MEASURED[(fmt, 8)].gate_up.dot:

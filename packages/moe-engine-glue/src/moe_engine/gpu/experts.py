@@ -1,9 +1,10 @@
-"""GpuExperts: one weight format's GPU-resident experts for every layer, `capacity` slots per layer, and the
-decode-sized forward over them (Triton; kernels.py)."""
+"""GpuExperts: one weight format's (or one (gate_up, down) pair's) GPU-resident experts for every layer,
+`capacity` slots per layer, and the decode-sized forward over them (Triton; kernels.py)."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 
@@ -15,71 +16,80 @@ from .routing import route_groups
 
 
 class GpuExperts:
-    """One format's GPU-resident experts for num_layers layers, `capacity` slots per layer.
+    """GPU-resident experts for num_layers layers, `capacity` slots per layer, in one format or a (gate_up, down)
+    pair of formats (every layer the same; a model whose layers differ builds one GpuExperts per distinct pair).
+
+    format: a name of FORMATS, or a (gate_up_format, down_format) pair of them (Q4_K_M files: ("q4_k", "q6_k")); a
+    pair of one name twice is that format. `.format` is the name (or the pair when the two differ), `.formats` the
+    (gate_up, down) pair either way.
 
     forward(layer, x, slots, topk_weights) computes, per token t, sum over routes k with slots[t, k] in
     [0, capacity) of the expert in that slot applied to x[t] (router weight on the output, or on the input when
-    apply_router_weight_on_input), following cpumoe_formats.reference.moe: fp32 accumulation, the activation in
-    fp32 on gate and up, the intermediate rounded to bf16, the route sum in fp32 in route order, the output rounded
-    to bf16 once. Slots outside [0, capacity) (-1: not on the GPU) are skipped.
+    apply_router_weight_on_input), following cpumoe_formats.reference.moe in mode "native": fp32 accumulation, the
+    activation in fp32 on gate and up, the intermediate rounded to bf16, the route sum in fp32 in route order, the
+    output rounded to bf16 once. Slots outside [0, capacity) (-1: not on the GPU) are skipped.
 
     Capture-safe: a forward is a fixed sequence of kernel launches whose grids depend on T only; no host
     synchronisation; workspaces come from torch's caching allocator.
+
+    Threads: one caller at a time (MoERunner calls it under its lock); load(), set_config() and forward() take no
+    lock of their own and run on the caller's current stream.
     """
 
-    FORMATS = ("bf16", "fp8_block", "mxfp4", "nvfp4")
+    FORMATS = ("bf16", "fp8_block", "mxfp4", "nvfp4", "q4_0", "q8_0", "q4_k", "q6_k")
 
-    def __init__(self, format: str, *, num_layers: int, capacity: int, E: int, H: int, I: int,  # noqa: E741
+    def __init__(self, format, *, num_layers: int, capacity: int, E: int, H: int, I: int,  # noqa: E741
                  top_k: int, activation: str = "silu", alpha: float | None = None, limit: float | None = None,
                  apply_router_weight_on_input: bool = False, max_tokens: int, device, config=None):
-        import cpumoe_formats as cf
         from cpumoe_formats import activations
 
-        spec = cf.get_format(format)
-        if spec.name not in self.FORMATS:
-            raise ValueError(f"format={format!r}: GpuExperts runs {list(self.FORMATS)}")
+        specs = _format_pair(format, self.FORMATS)
         for nm, v in (("num_layers", num_layers), ("capacity", capacity), ("E", E), ("H", H), ("I", I),
                       ("top_k", top_k), ("max_tokens", max_tokens)):
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if nm == "capacity" else 1):
                 raise ValueError(f"{nm}={v!r}: expected a positive int")
         if capacity > E:
             raise ValueError(f"capacity={capacity} > E={E}: at most E slots per layer")
-        spec.check_dims(H, I)
-        if apply_router_weight_on_input and not spec.input_weight:
-            raise ValueError(f"format {spec.name!r} applies the router weight on the output; "
-                             "apply_router_weight_on_input=True is not supported")
+        for spec in specs:
+            spec.check_dims(H, I)
+            if apply_router_weight_on_input and not spec.input_weight:
+                raise ValueError(f"format {spec.name!r} applies the router weight on the output; "
+                                 "apply_router_weight_on_input=True is not supported")
         act = activations.resolve(activation, alpha, limit)
         self.device = torch.device(device)
         if self.device.type == "cpu" and not INTERPRET:
             raise RuntimeError("GpuExperts on device 'cpu' needs Triton's interpreter: set TRITON_INTERPRET=1 before "
                                "moe_engine.gpu is first imported")
-        self.format, self.fmt_id = spec.name, FMT_IDS[spec.name]
+        self._specs = specs
+        self.formats = (specs[0].name, specs[1].name)
+        self.format = self.formats[0] if specs[0] is specs[1] else self.formats
+        self.fmt_ids = (FMT_IDS[self.formats[0]], FMT_IDS[self.formats[1]])
         self.num_layers, self.capacity, self.E, self.H, self.I = num_layers, capacity, E, H, I
         self.top_k, self.max_tokens = top_k, max_tokens
         self.activation, self.act_id = act.name, ACT_IDS[act.name]
         self.alpha = float(act.alpha)
         self.limit = float(act.limit) if math.isfinite(act.limit) else float("inf")
         self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
-        self.srs = layouts.scale_row_stride(self.format, H, I)
-        self.bytes_per_expert = layouts.bytes_per_expert(self.format, H, I)
+        self.srs = layouts.scale_row_stride(self.formats, H, I)
+        self.bytes_per_expert = layouts.bytes_per_expert(self.formats, H, I)
         slots = max(capacity, 1)
         self.parts = {}
-        for name, (shape, dtype) in layouts.specs(self.format, H, I).items():
+        for name, (shape, dtype) in layouts.specs(self.formats, H, I).items():
             self.parts[name] = torch.zeros((num_layers, slots) + tuple(shape), dtype=dtype, device=self.device)
         self._dummy = torch.zeros(1, dtype=torch.float32, device=self.device)
         self._configs = {}
         self._default_config = config
         if config is not None:
-            _config.check(self.format, config)
+            _config.check(self.formats, config)
 
     # ---- configuration -------------------------------------------------------------------------------
     def config_for(self, T: int) -> _config.Config:
         cfg = self._configs.get(T, self._default_config)
-        return cfg if cfg is not None else _config.default(self.format, T, self.H, self.I)
+        return cfg if cfg is not None else _config.default(self.formats, T, self.H, self.I)
 
     def set_config(self, T: int | None, cfg: _config.Config) -> None:
         """Use `cfg` for batch size T (None: every T without its own)."""
-        _config.check(self.format, cfg)
+        _config.check(self.formats, cfg)
         if T is None:
             self._default_config = cfg
         else:
@@ -88,16 +98,18 @@ class GpuExperts:
     # ---- weights -------------------------------------------------------------------------------------
     def load(self, layer: int, slot: int, banks: dict, expert: int, *, non_blocking: bool = False) -> None:
         """Copy expert `expert` of `banks` (one layer's cpumoe_formats banks: numpy arrays, leading dim E) into
-        `slot` of `layer` (stream-ordered on the current stream)."""
-        import cpumoe_formats as cf
-
+        `slot` of `layer` (stream-ordered on the current stream). For a pair, `banks` holds the gate_up format's
+        gate-up banks and the down format's down banks under their schema names (q4_k's "gate_up", q6_k's "down")."""
         self._check_layer(layer)
         if not 0 <= slot < self.capacity:
             raise ValueError(f"slot={slot}: expected 0 <= slot < capacity={self.capacity}")
         if not 0 <= expert < self.E:
             raise ValueError(f"expert={expert}: expected 0 <= expert < E={self.E}")
-        cf.get_format(self.format).validate(banks, self.E, self.H, self.I)
-        parts = layouts.to_device(self.format, banks, expert, self.H, self.I, self.device, non_blocking)
+        if self._specs[0] is self._specs[1]:
+            self._specs[0].validate(banks, self.E, self.H, self.I)
+        else:
+            _validate_pair(self._specs, banks, self.E, self.H, self.I)
+        parts = layouts.to_device(self.formats, banks, expert, self.H, self.I, self.device, non_blocking)
         for name, t in parts.items():
             self.parts[name][layer, slot].copy_(t, non_blocking=non_blocking)
 
@@ -153,7 +165,7 @@ class GpuExperts:
         gate_up_kernel[(R, triton.cdiv(I, g.block_n))](
             x, x.stride(0), slots, tw, order, count, self.capacity,
             gw, gs, gv, gws, gss, gvs, self.srs[0], h, I, H, self.alpha, self.limit,
-            FMT=self.fmt_id, ACT=self.act_id, TOP_K=K, GROUPED=cfg.grouped, DOT=g.dot,
+            FMT=self.fmt_ids[0], ACT=self.act_id, TOP_K=K, GROUPED=cfg.grouped, DOT=g.dot,
             WEIGHT_IN=self.apply_router_weight_on_input, BN=g.block_n, BK=g.block_k, BM=g.block_m, INTERP=INTERP,
             num_warps=g.num_warps, num_stages=g.num_stages)
         d = cfg.down
@@ -161,13 +173,13 @@ class GpuExperts:
         if cfg.down_mode == "token":
             down_token_kernel[(T, triton.cdiv(H, d.block_n))](
                 h, slots, tw, self.capacity, dw, ds, dv, dws, dss, dvs, self.srs[1], out, out.stride(0), H, I,
-                FMT=self.fmt_id, TOP_K=K, WEIGHT_OUT=wout, BN=d.block_n, BK=d.block_k, INTERP=INTERP,
+                FMT=self.fmt_ids[1], TOP_K=K, WEIGHT_OUT=wout, BN=d.block_n, BK=d.block_k, INTERP=INTERP,
                 num_warps=d.num_warps, num_stages=d.num_stages)
         else:
             o = torch.empty((R, H), dtype=torch.float32, device=dev)
             down_group_kernel[(R, triton.cdiv(H, d.block_n))](
                 h, slots, tw, order, count, self.capacity, dw, ds, dv, dws, dss, dvs, self.srs[1], o, H, I,
-                FMT=self.fmt_id, GROUPED=cfg.grouped, DOT=d.dot, WEIGHT_OUT=wout, BN=d.block_n, BK=d.block_k,
+                FMT=self.fmt_ids[1], GROUPED=cfg.grouped, DOT=d.dot, WEIGHT_OUT=wout, BN=d.block_n, BK=d.block_k,
                 BM=d.block_m, INTERP=INTERP, num_warps=d.num_warps, num_stages=d.num_stages)
             route_sum_kernel[(T, triton.cdiv(H, cfg.sum_block))](
                 o, slots, self.capacity, out, out.stride(0), H, TOP_K=K, BN=cfg.sum_block, INTERP=INTERP,
@@ -175,3 +187,52 @@ class GpuExperts:
         return out
 
     __call__ = forward
+
+
+def _format_pair(format, allowed) -> tuple:
+    """A format name or a (gate_up, down) pair -> (gate_up spec, down spec), each a GPU experts format."""
+    import cpumoe_formats as cf
+
+    if isinstance(format, (tuple, list)):
+        if len(format) != 2:
+            raise ValueError(f"format={format!r}: expected a format name or a (gate_up_format, down_format) pair")
+        names = tuple(format)
+    else:
+        names = (format, format)
+    specs = tuple(cf.get_format(n) for n in names)
+    for role, spec in zip(("gate_up", "down"), specs):
+        if spec.name not in allowed:
+            what = f"format={format!r}" if specs[0] is specs[1] else f"format={format!r} ({role} {spec.name!r})"
+            raise ValueError(f"{what}: GpuExperts runs {list(allowed)}")
+    return specs
+
+
+def _role_banks(spec, role: str) -> list:
+    """The BankSpecs of one matrix ("gate_up" or "down") of a format: the banks named after it."""
+    return [b for b in spec.banks if b.name == role or b.name.startswith(role + "_")]
+
+
+def _validate_pair(specs, banks, E: int, H: int, I: int) -> None:  # noqa: E741
+    """A pair layer's banks: the gate_up format's gate-up banks and the down format's down banks, each of its
+    schema's dtype and shape with contiguous rows."""
+    from collections.abc import Mapping
+
+    if not isinstance(banks, Mapping):
+        raise TypeError(f"banks: expected a mapping of bank name to array, got {type(banks).__name__}")
+    want = {b.name: (spec, role, b) for role, spec in zip(("gate_up", "down"), specs) for b in _role_banks(spec, role)}
+    missing, extra = [n for n in want if n not in banks], [n for n in banks if n not in want]
+    if missing or extra:
+        raise ValueError(f"banks for the pair ({specs[0].name}, {specs[1].name}) need {list(want)}; missing "
+                         f"{missing}, unexpected {extra}")
+    for name, (spec, role, b) in want.items():
+        a = np.asarray(banks[name])
+        where = f"{role} bank {name!r} ({spec.name})"
+        if a.dtype not in [np.dtype(d) for d in b.dtypes]:
+            raise TypeError(f"{where}: dtype {a.dtype}, expected {np.dtype(b.dtypes[0])}")
+        exp = b.expected(E, H, I)
+        ok = a.ndim == len(exp) and a.shape[:-1] == exp[:-1] and (
+            a.shape[-1] >= exp[-1] if b.padded_last else a.shape[-1] == exp[-1])
+        if not ok:
+            raise ValueError(f"{where}: shape {a.shape}, expected {exp} (E={E}, H={H}, I={I})")
+        if a.strides[-1] != a.dtype.itemsize:
+            raise ValueError(f"{where}: innermost stride {a.strides[-1]} bytes, expected {a.dtype.itemsize}")

@@ -15,10 +15,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import bf16, fp8_block, mxfp4, nvfp4
+from . import bf16, fp8_block, mxfp4, nvfp4, q4_0, q4_k, q6_k, q8_0
 from ._tl import activate, round_bf16
 
-FMT_IDS = {"bf16": 0, "fp8_block": 1, "mxfp4": 2, "nvfp4": 3}
+# FMT of each kernel is its matrix's format: gate_up and down may differ (a (gate_up, down) pair)
+FMT_IDS = {"bf16": 0, "fp8_block": 1, "mxfp4": 2, "nvfp4": 3, "q4_0": 4, "q8_0": 5, "q4_k": 6, "q6_k": 7}
 
 
 @triton.jit
@@ -30,8 +31,16 @@ def _rows_fma(FMT: tl.constexpr, x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS
         r = fp8_block.rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK)
     elif FMT == 2:
         r = mxfp4.rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK)
-    else:
+    elif FMT == 3:
         r = nvfp4.rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK)
+    elif FMT == 4:
+        r = q4_0.rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK)
+    elif FMT == 5:
+        r = q8_0.rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK)
+    elif FMT == 6:
+        r = q4_k.rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK)
+    else:
+        r = q6_k.rows_fma(x_ptr, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK)
     return r
 
 
@@ -44,8 +53,16 @@ def _rows_dot(FMT: tl.constexpr, x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, 
         r = fp8_block.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
     elif FMT == 2:
         r = mxfp4.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
-    else:
+    elif FMT == 3:
         r = nvfp4.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
+    elif FMT == 4:
+        r = q4_0.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
+    elif FMT == 5:
+        r = q8_0.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
+    elif FMT == 6:
+        r = q4_k.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
+    else:
+        r = q6_k.rows_dot(x_ptr, xoff, xmask, w_ptr, s_ptr, v_ptr, rows, rmask, K, SRS, BN, BK, BM, INTERP)
     return r
 
 
