@@ -14,26 +14,13 @@ Pair = tuple  # (gate_up format name, down format name)
 
 
 def normalize(spec, num_layers: int) -> list[Pair]:
-    """[(gate_up, down)] per layer, canonical names; ValueError / TypeError naming the layer that is wrong.
-    cpumoe_formats.layer_formats decides where it exists (it validates against the executor's rules)."""
-    helper = getattr(cf, "layer_formats", None)
-    if helper is not None:
-        return [tuple(p) for p in helper(spec, num_layers)]
+    """[(gate_up, down)] per layer, canonical names (cpumoe_formats.layer_formats: ValueError / TypeError naming the
+    layer that is wrong)."""
     if isinstance(spec, str):
         name = cf.get_format(spec).name
         return [(name, name)] * num_layers
-    if isinstance(spec, (tuple, dict)) or not hasattr(spec, "__len__"):
-        raise TypeError(f"format={spec!r}: expected a format name or a list with one entry per layer (a name or a "
-                        "(gate_up, down) pair)")
-    if len(spec) != num_layers:
-        raise ValueError(f"format: {len(spec)} entries, expected one per layer ({num_layers})")
-    out = []
-    for i, entry in enumerate(spec):
-        names = (entry, entry) if isinstance(entry, str) else tuple(entry) if isinstance(entry, (tuple, list)) else ()
-        if len(names) != 2 or not all(isinstance(n, str) for n in names):
-            raise ValueError(f"format[{i}]={entry!r}: expected a format name or a (gate_up, down) pair of names")
-        out.append(tuple(cf.get_format(n).name for n in names))
-    return out
+    require_pairs()
+    return [tuple(p) for p in cf.layer_formats(spec, num_layers)]
 
 
 def compact(pairs: list[Pair]):
@@ -68,32 +55,41 @@ def _ranges(layers: list[int]) -> str:
     return ",".join(out)
 
 
-def role_bytes(fmt: str, role: str, H: int, I: int) -> int:  # noqa: E741
-    """Bytes one expert reads in one role ('gate_up' or 'down') of format `fmt`: the banks whose name starts with
-    the role (gate_up, gate_up_scale, ...; the schema's naming in every format)."""
-    spec = cf.get_format(fmt)
-    total = 0
-    for b in spec.banks:
-        if b.name.startswith(role):
-            total += int(_prod(b.expected(1, H, I))) * _itemsize(b.dtypes[0])
-    return total
+def require_pairs() -> None:
+    """NotImplementedError unless this cpumoe_formats / cpumoe_executor run a format per layer and matrix."""
+    if not hasattr(cf, "validate_layer"):
+        raise NotImplementedError("layers in (gate_up, down) format pairs need cpumoe-formats >= 0.2 and "
+                                  "cpumoe-executor >= 0.4 (formats per layer and role); this cpumoe-formats runs one "
+                                  "format for both matrices of every layer")
+
+
+def validate_layer(pair: Pair, banks, E=None, H=None, I=None):  # noqa: E741
+    """(arrays, (E, H, I)) of one layer's banks in `pair` (cpumoe_formats.validate_layer: a pair layer role by role)."""
+    if pair[0] == pair[1]:
+        return cf.get_format(pair[0]).validate(banks, E, H, I)
+    require_pairs()
+    return cf.validate_layer(pair, banks, E, H, I)
 
 
 def bytes_per_expert(pair: Pair, H: int, I: int) -> int:  # noqa: E741
     """Bytes of weights one expert of a layer in `pair` reads (gate_up role of pair[0], down role of pair[1])."""
     if pair[0] == pair[1]:
         return cf.get_format(pair[0]).bytes_per_expert(H, I)
-    return role_bytes(pair[0], "gate_up", H, I) + role_bytes(pair[1], "down", H, I)
+    require_pairs()
+    return (cf.get_format(pair[0]).role_bytes_per_expert("gate_up", H, I) +
+            cf.get_format(pair[1]).role_bytes_per_expert("down", H, I))
 
 
-def _prod(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def _itemsize(dtype) -> int:
-    import numpy as np
-
-    return np.dtype(dtype).itemsize
+def to_layout(banks, pair: Pair, run: Pair, threads=None) -> dict:
+    """One layer's banks in formats `pair` -> `run` (CPU layouts: cpumoe_executor.cpu_layout of each). A layer in one
+    format moves as a whole (FormatSpec.to_layout); a pair layer moves role by role (to_layout_role), so a q4_k
+    gate_up becomes q4_k_x16 beside a q6_k down that stays as it is."""
+    if run == pair:
+        return banks
+    if pair[0] == pair[1] and run[0] == run[1]:
+        return cf.get_format(pair[0]).to_layout(banks, run[0], threads)
+    require_pairs()
+    out = {}
+    for role, src, dst in (("gate_up", pair[0], run[0]), ("down", pair[1], run[1])):
+        out.update(cf.get_format(src).to_layout_role(role, banks, dst, threads))
+    return out

@@ -37,9 +37,14 @@ class MoERunner:
     steps from several threads run one after another (one executor, one task in flight) and each gets its own y.
     step() is the unlocked body for a caller that holds the order itself (a graph capture, a benchmark).
 
-    format: a cpumoe_formats format name (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0).
-    banks: one dict of bank arrays per layer (cpumoe_formats schema); or weights: one (gate_up [E, 2I, H],
-        down [E, H, I]) float pair per layer, quantized to `format` (progress bar).
+    format: a cpumoe_formats format name (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0, q8_0, q4_k, q6_k, ...), or a
+        list with one entry per layer, each a name or a (gate_up format, down format) pair (a Q4_K_M GGUF's layers;
+        cpumoe_executor's per-layer spec). `runner.format` is the name for a uniform model, else that per-layer list;
+        `runner.layer_formats` the (gate_up, down) pair of every layer. Under hybrid / gpu, one GpuExperts per
+        distinct pair serves its layers (gpu/by_pair.py).
+    banks: one dict of bank arrays per layer (cpumoe_formats schema; a pair layer: the gate_up format's gate_up banks
+        and the down format's down banks); or weights: one (gate_up [E, 2I, H], down [E, H, I]) float pair per
+        layer, quantized to `format`, a name (progress bar).
     strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu).
     device: where the activations live (default: cuda if torch sees a GPU, else cpu).
     residency: hybrid's GPU-resident experts: a fraction of each layer (a seeded random subset per layer), or per-layer
@@ -85,15 +90,16 @@ class MoERunner:
         self.format = layer_formats.compact(self.layer_formats)
         self.spec = cf.get_format(self.format) if isinstance(self.format, str) else None
         dims = (None, None, None)
-        for li, (b, (gu, dn)) in enumerate(zip(banks, self.layer_formats)):
-            if gu != dn:  # a pair layer: the executor (or the GPU experts) validates each role's banks
-                continue
+        for li, (b, pair) in enumerate(zip(banks, self.layer_formats)):
             try:
-                _, dims = cf.get_format(gu).validate(b, *dims)
+                _, dims = layer_formats.validate_layer(pair, b, *dims)
             except (ValueError, TypeError) as e:
                 raise type(e)(f"banks[{li}]: {e}") from None
         self.E, self.H, self.I = dims
-        self._check_top_k(top_k)
+        from cpumoe_formats.inputs import MAX_TOP_K
+
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= min(MAX_TOP_K, self.E):
+            raise ValueError(f"top_k={top_k!r}: expected an int in [1, {min(MAX_TOP_K, self.E)}]")
         self.num_layers, self.top_k = len(banks), top_k
         self.act = cf.activations.resolve(activation, alpha, limit)
         self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
@@ -101,10 +107,7 @@ class MoERunner:
         self.strategy, why = self._pick_strategy(strategy)
         if self.strategy in ("hybrid", "gpu"):
             self._check_gpu_formats()
-        if self.E is None and self.strategy == "gpu":
-            raise ValueError("strategy='gpu' needs E, H and I from a layer in one format, but every layer pairs two "
-                             f"formats ({layer_formats.describe(self.layer_formats)}); use strategy='hybrid' or 'cpu'")
-        if residency is not None and self.E is not None:
+        if residency is not None:
             masks = self._masks(residency)  # malformed residency is refused whatever the strategy
             if self.strategy == "cpu" and any(m.any() for m in masks):
                 if strategy == "cpu":
@@ -141,9 +144,6 @@ class MoERunner:
                 self.executor = CpuMoeExecutor(self.format, banks, top_k=top_k, max_tokens=self.max_tokens,
                                                threads=threads, mode=mode, isa=isa, spin_us=spin_us,
                                                apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
-                if self.E is None:  # every layer a pair: the executor validated each role and read E, H, I
-                    self.E, self.H, self.I = self.executor.E, self.executor.H, self.executor.I
-                    self._check_top_k(top_k)
                 self.top_k = self.executor.top_k
                 from .sync import open_sync
 
@@ -167,13 +167,6 @@ class MoERunner:
         log.info("ready: strategy=%s (%s) %s", self.strategy, why, self.describe())
 
     # ---- construction ------------------------------------------------------------------------------
-    def _check_top_k(self, top_k) -> None:
-        from cpumoe_formats.inputs import MAX_TOP_K
-
-        most = MAX_TOP_K if self.E is None else min(MAX_TOP_K, self.E)  # E is None until a pair-only model's executor
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= most:
-            raise ValueError(f"top_k={top_k!r}: expected an int in [1, {most}]")
-
     def _pick_strategy(self, strategy: str) -> tuple[str, str]:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy={strategy!r}: expected one of {list(STRATEGIES)}")

@@ -129,8 +129,8 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         desc = f"moe_engine: experts -> {run_fmt if isinstance(run_fmt, str) else 'per-layer formats'}"
         with bar(total=len(layers), desc=desc, unit="layer", disable=not progress) as pb:
             for n, pair, run in zip(layers, pairs, run_pairs):
-                banks.append(to_run_layout(src.expert_banks(n, E, H, I, fmt if isinstance(fmt, str) else pair),
-                                           pair, run, threads))
+                b = src.expert_banks(n, E, H, I, fmt if isinstance(fmt, str) else pair)
+                banks.append(layer_formats.to_layout(b, pair, run, threads))
                 pb.update(1)
         gc.collect()
         act = dict(activation=first.activation, alpha=first.alpha, limit=first.limit)
@@ -153,33 +153,6 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         return model
     finally:
         src.close()
-
-
-def to_run_layout(banks: dict, pair: tuple, run: tuple, threads) -> dict:
-    """One layer's banks in formats `pair` -> `run` (each role's CPU layout). A layer in one format moves as a whole
-    (FormatSpec.to_layout); a pair layer moves each role on its own: the GGUF block formats' x16 layouts repack each
-    bank independently of the other (their module's to_groups), so a q4_k gate_up becomes q4_k_x16 beside a q6_k
-    down that stays as it is."""
-    if run == pair:
-        return banks
-    if pair[0] == pair[1] and run[0] == run[1]:
-        return cf.get_format(pair[0]).to_layout(banks, run[0], threads)
-    out = dict(banks)
-    for role, src, dst in (("gate_up", pair[0], run[0]), ("down", pair[1], run[1])):
-        if src != dst:
-            out[role] = _role_to_layout(banks[role], src, dst)
-    return out
-
-
-def _role_to_layout(bank, src: str, dst: str):
-    import sys
-
-    layout = cf.get_format(dst)
-    module = sys.modules[type(layout).__module__]
-    if getattr(layout, "source", None) is None or layout.source.name != src or not hasattr(module, "to_groups"):
-        raise ValueError(f"format {dst!r} is not a per-bank CPU layout of {src!r}; a pair layer cannot be repacked "
-                         "into it")
-    return module.to_groups(bank)
 
 
 def _has_gpu_experts(pairs) -> bool:
