@@ -101,3 +101,31 @@ def test_q4_k_m_matches_transformers_loading(tmp_path):
     assert run[0][1] == run[0][0] and "q6_k: layers 2-3" in off.runner.describe()
     compare(model, ref, 2.5e-2, 0.75, continue_with="model")
     off.close()
+
+
+def test_gpu_experts_one_per_pair_mapped_by_layer(monkeypatch):
+    from moe_engine.gpu import by_pair, experts
+
+    made = []
+
+    class Fake:
+        def __init__(self, fmt, *, num_layers, **kw):
+            self.fmt, self.num_layers, self.calls, self.bytes_per_expert = fmt, num_layers, [], len(made) + 1
+            made.append(self)
+
+        def load(self, layer, slot, banks, expert, **kw):
+            self.calls.append(("load", layer, slot, expert))
+
+        def forward(self, layer, x, w, slots, out=None):
+            self.calls.append(("forward", layer))
+            return self.fmt
+
+    monkeypatch.setattr(experts, "GpuExperts", Fake)
+    pairs = [("q4_k", "q6_k"), ("q4_k", "q4_k"), ("q4_k", "q4_k"), ("q4_k", "q6_k")]
+    g = by_pair.open_gpu_experts(pairs, capacity=2)
+    assert [(f.fmt, f.num_layers) for f in made] == [(("q4_k", "q6_k"), 2), ("q4_k", 2)]
+    assert g.forward(3, None, None, None) == ("q4_k", "q6_k") and made[0].calls == [("forward", 1)]
+    g.load(2, 1, {}, 5)
+    assert made[1].calls == [("load", 1, 1, 5)] and g.bytes_per_expert == 2
+    made.clear()
+    assert isinstance(by_pair.open_gpu_experts([("q8_0", "q8_0")] * 3, capacity=2), Fake) and made[0].fmt == "q8_0"
