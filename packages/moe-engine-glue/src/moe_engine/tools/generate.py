@@ -141,7 +141,8 @@ def run_bench(a) -> int:
     params = sum(p.numel() for p in model.parameters())
     from ..layer_formats import describe
 
-    info = {"model": f"{cfg.model_type} {describe(off.runner.layer_formats)}", "file": str(a.path), "load_s": load_s, "graphs": graphs,
+    info = {"model": f"{cfg.model_type} {describe(off.runner.layer_formats)}", "file": str(a.path), "load_s": load_s,
+            "graphs": graphs,
             "strategy": off.runner.strategy, "threads": off.runner.executor.threads if off.runner.executor else 0,
             "non_expert_params": params, "plan": off.plan.why if off.plan else None, "runner": off.runner.describe()}
     if a.json:
