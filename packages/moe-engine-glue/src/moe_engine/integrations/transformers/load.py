@@ -48,7 +48,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     path: a Hugging Face directory (config.json + *.safetensors: bf16, FP8 block, gpt-oss MXFP4, ModelOpt NVFP4) or
         a GGUF file (or the directory holding it, with gguf_file= its name); the config comes from the file.
     format: the banks' format where the experts are stored in floats (bf16 safetensors): quantized layer by layer
-        to it (default bf16); a quantized checkpoint's own format otherwise (format may only repeat it).
+        to it (default bf16); a quantized checkpoint's own format otherwise (format may only repeat it). GGUF experts
+        are served as shipped in Q4_0, Q8_0, Q4_K, Q6_K (Q5_K with cpumoe_formats' q5_k), a (gate_up, down) format
+        per layer from the tensors' types (Q4_K_M); other types are refused before anything heavy is read.
     strategy: auto (gpu where every expert fits the budget, hybrid otherwise, cpu without a GPU), cpu, hybrid, gpu.
     device: where the non-expert weights and activations live (default cuda if torch sees a GPU, else cpu).
     gpu_memory: the GPU bytes this model may use (int or '16GiB'; default: the device's free memory): non-expert
