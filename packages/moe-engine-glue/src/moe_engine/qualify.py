@@ -21,6 +21,7 @@ import warnings
 
 import numpy as np
 
+from .layer_formats import describe
 from .reference import TOLERANCE, reference
 
 log = logging.getLogger("moe_engine")
@@ -231,7 +232,7 @@ def qualify_runner(r, tp_group=None, *, allow_nonfinite: bool = False) -> None:
     eager_ok, graphs_ok, why = consensus(eager_ok, graphs_ok, why, tp_group)
     if not eager_ok:
         raise RuntimeError(f"moe_engine: start-up qualification failed eagerly ({why}); the runner ({r.strategy}, "
-                           f"{r.format}) would compute wrong results and is not started")
+                           f"{describe(r.layer_formats)}) would compute wrong results and is not started")
     r.graphs_ok, r.graphs_reason = graphs_ok and gpu, why
     if gpu and not graphs_ok:
         warnings.warn(f"moe_engine: decode graphs refused ({why}); decode eagerly (eager steps are correct)",

@@ -15,12 +15,20 @@ from .banks import expert_slice
 TOLERANCE = {"native": 2e-2, "w4a8": 3e-2}
 
 
-def layer_banks(r, layer: int, cpu: bool) -> tuple[str, dict]:
-    """The banks the float64 reference reads: the given ones where the runner keeps them, else the executor's."""
-    if r.host_banks is not None and not (cpu and r.executor.spec.name != r.format):
-        return r.format, r.host_banks[layer]
-    ex = r.executor
-    return ex.spec.name, ex.layer_banks(layer)
+def layer_banks(r, layer: int, cpu: bool) -> tuple:
+    """(format, banks) the float64 reference reads: the given ones where the runner keeps them, else the executor's.
+    The format is a name, or the layer's (gate_up, down) pair where the two differ."""
+    from .runner import executor_formats
+
+    given = _spec(r.layer_formats[layer])
+    ran = _spec(executor_formats(r.executor)[layer]) if r.executor is not None else given
+    if r.host_banks is not None and not (cpu and ran != given):
+        return given, r.host_banks[layer]
+    return ran, r.executor.layer_banks(layer)
+
+
+def _spec(pair):
+    return pair[0] if pair[0] == pair[1] else tuple(pair)
 
 
 # experts dequantized to float64 at once: 4 experts of Qwen3-30B-A3B's shape are 151 MB (64 at once were 2.4 GB, and

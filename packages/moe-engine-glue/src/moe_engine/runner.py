@@ -12,7 +12,7 @@ import numpy as np
 
 import cpumoe_formats as cf
 
-from . import validate
+from . import layer_formats, validate
 from .banks import quantize_layers
 from .residency import Residency
 
@@ -37,9 +37,14 @@ class MoERunner:
     steps from several threads run one after another (one executor, one task in flight) and each gets its own y.
     step() is the unlocked body for a caller that holds the order itself (a graph capture, a benchmark).
 
-    format: a cpumoe_formats format name (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0).
-    banks: one dict of bank arrays per layer (cpumoe_formats schema); or weights: one (gate_up [E, 2I, H],
-        down [E, H, I]) float pair per layer, quantized to `format` (progress bar).
+    format: a cpumoe_formats format name (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0, q8_0, q4_k, q6_k, ...), or a
+        list with one entry per layer, each a name or a (gate_up format, down format) pair (a Q4_K_M GGUF's layers;
+        cpumoe_executor's per-layer spec). `runner.format` is the name for a uniform model, else that per-layer list;
+        `runner.layer_formats` the (gate_up, down) pair of every layer. Under hybrid / gpu, one GpuExperts per
+        distinct pair serves its layers (gpu/by_pair.py).
+    banks: one dict of bank arrays per layer (cpumoe_formats schema; a pair layer: the gate_up format's gate_up banks
+        and the down format's down banks); or weights: one (gate_up [E, 2I, H], down [E, H, I]) float pair per
+        layer, quantized to `format`, a name (progress bar).
     strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu).
     device: where the activations live (default: cuda if torch sees a GPU, else cpu).
     residency: hybrid's GPU-resident experts: a fraction of each layer (a seeded random subset per layer), or per-layer
@@ -68,19 +73,26 @@ class MoERunner:
 
         self.closed = False
         self._lock = threading.RLock()  # one step at a time: the executor has one task in flight
-        self.spec = cf.get_format(format)
-        self.format = self.spec.name
+        if isinstance(format, str):
+            cf.get_format(format)  # an unknown name is refused before anything else
         if (banks is None) == (weights is None):
             raise ValueError("give exactly one of banks= (per-layer bank dicts) or weights= (per-layer float "
                              "(gate_up, down) pairs to quantize)")
         if weights is not None:
-            banks = quantize_layers(self.format, weights, progress=progress)
+            if not isinstance(format, str):
+                raise ValueError("weights= quantizes every layer to one format: pass a format name, or banks= for "
+                                 "per-layer formats")
+            banks = quantize_layers(format, weights, progress=progress)
         if isinstance(banks, dict) or not hasattr(banks, "__len__") or len(banks) == 0:
             raise TypeError("banks must be a non-empty list with one mapping of bank name -> array per layer")
+        self.layer_formats = layer_formats.normalize(format, len(banks))
+        # one name for a uniform model (as cpumoe_formats names it), else the per-layer list the executor takes
+        self.format = layer_formats.compact(self.layer_formats)
+        self.spec = cf.get_format(self.format) if isinstance(self.format, str) else None
         dims = (None, None, None)
-        for li, b in enumerate(banks):
+        for li, (b, pair) in enumerate(zip(banks, self.layer_formats)):
             try:
-                _, dims = self.spec.validate(b, *dims)
+                _, dims = layer_formats.validate_layer(pair, b, *dims)
             except (ValueError, TypeError) as e:
                 raise type(e)(f"banks[{li}]: {e}") from None
         self.E, self.H, self.I = dims
@@ -93,6 +105,8 @@ class MoERunner:
         self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
         self.device = validate.device(torch, device)
         self.strategy, why = self._pick_strategy(strategy)
+        if self.strategy in ("hybrid", "gpu"):
+            self._check_gpu_formats()
         if residency is not None:
             masks = self._masks(residency)  # malformed residency is refused whatever the strategy
             if self.strategy == "cpu" and any(m.any() for m in masks):
@@ -164,21 +178,34 @@ class MoERunner:
                              "CUDA/HIP device (or strategy='cpu')")
         return strategy, "requested"
 
-    def _open_gpu(self, residency, capacity, act_kw) -> None:
+    def _check_gpu_formats(self) -> None:
+        """Every (gate_up, down) pair of the model has GPU experts kernels; ValueError naming those that lack them."""
         from .gpu.experts import GpuExperts
 
-        if self.format not in GpuExperts.FORMATS:
-            raise ValueError(f"format {self.format!r} has no GPU experts kernel, so strategy={self.strategy!r} cannot "
-                             f"run it; expected one of {list(GpuExperts.FORMATS)} or strategy='cpu'")
+        pairs = list(dict.fromkeys(self.layer_formats))
+        if layer_formats.is_uniform(self.layer_formats):
+            if self.format not in GpuExperts.FORMATS:
+                raise ValueError(f"format {self.format!r} has no GPU experts kernel, so strategy={self.strategy!r} "
+                                 f"cannot run it; expected one of {list(GpuExperts.FORMATS)} or strategy='cpu'")
+            return
+        lacking = [p for p in pairs if not all(f in GpuExperts.FORMATS for f in p)]
+        if lacking:
+            raise ValueError(f"strategy={self.strategy!r} runs experts on the GPU, but the (gate_up, down) pairs "
+                             f"{lacking} of this model ({layer_formats.describe(self.layer_formats)}) have no GPU "
+                             f"experts kernel (GpuExperts runs {list(GpuExperts.FORMATS)}); use strategy='cpu'")
+
+    def _open_gpu(self, residency, capacity, act_kw) -> None:
+        from .gpu.by_pair import open_gpu_experts
+
         masks = self._masks(residency if self.strategy == "hybrid" else 1.0)
         need = max(int(m.sum()) for m in masks)
         cap = need if capacity is None else capacity
         if not isinstance(cap, int) or not need <= cap <= self.E:
             raise ValueError(f"capacity={capacity!r}: expected an int in [{need}, E={self.E}] (the residency needs "
                              f"{need} GPU slots in its fullest layer)")
-        self.gpu = GpuExperts(self.format, num_layers=self.num_layers, capacity=max(cap, 1), E=self.E, H=self.H,
-                              I=self.I, top_k=self.top_k, max_tokens=self.max_tokens, device=self.device,
-                              apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
+        self.gpu = open_gpu_experts(self.layer_formats, capacity=max(cap, 1), E=self.E, H=self.H, I=self.I,
+                                    top_k=self.top_k, max_tokens=self.max_tokens, device=self.device,
+                                    apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
         self.residency = Residency(self.num_layers, self.E, cap, self.device)
         for layer, m in enumerate(masks):
             self.set_residency(layer, m)
@@ -273,15 +300,16 @@ class MoERunner:
 
     # ---- reporting -------------------------------------------------------------------------------------
     def describe(self) -> str:
-        parts = [f"format={self.format}", f"E={self.E} H={self.H} I={self.I} top_k={self.top_k}",
+        given = layer_formats.describe(self.layer_formats)
+        parts = [f"format={given}", f"E={self.E} H={self.H} I={self.I} top_k={self.top_k}",
                  f"layers={self.num_layers}", f"device={self.device}"]
         if self.executor is not None:
-            ran = self.executor.spec.name
-            parts.append(f"cpu={ran if ran == self.format else f'{self.format} as {ran}'} isa={self.executor.isa} "
+            ran = layer_formats.describe(executor_formats(self.executor))
+            parts.append(f"cpu={ran if ran == given else f'{given} as {ran}'} isa={self.executor.isa} "
                          f"threads={self.executor.threads}")
             parts.append(f"handshake={self.sync.path} ({self.sync_why}; {self.sync.summary()})")
         if self.residency is not None:
-            parts.append(f"gpu_experts={self.format} slots={self.residency.capacity}/layer "
+            parts.append(f"gpu_experts={given} slots={self.residency.capacity}/layer "
                          f"resident={100 * self.residency.fraction():.0f}%")
         if self.device.type == "cuda":
             parts.append(f"graphs={'ok' if self.graphs_ok else 'refused'} ({self.graphs_reason}) "
@@ -292,7 +320,8 @@ class MoERunner:
 
     @property
     def bytes_per_expert(self) -> int:
-        return self.spec.bytes_per_expert(self.H, self.I)
+        """One expert's weight bytes (the largest layer's where the layers' formats differ)."""
+        return max(layer_formats.bytes_per_expert(p, self.H, self.I) for p in set(self.layer_formats))
 
     def close(self) -> None:
         """Stop serving: the handshake, the executor's threads and buffers, the GPU experts and the host banks go;
@@ -320,6 +349,12 @@ class MoERunner:
         self.close()
 
 
+def executor_formats(ex) -> list[tuple[str, str]]:
+    """The (gate_up, down) formats an executor runs per layer (after its repacks)."""
+    pairs = getattr(ex, "layer_formats", None)
+    return [tuple(p) for p in pairs] if pairs is not None else [(ex.spec.name, ex.spec.name)] * ex.num_layers
+
+
 def _short(v) -> str:
     r = repr(v)
     return r if len(r) <= 40 else r[:37] + "..."
@@ -337,4 +372,4 @@ def fraction_masks(E: int, num_layers: int, fraction: float, seed: int = 0) -> l
     return out
 
 
-__all__ = ["CaptureRefusedError", "MoERunner", "STRATEGIES", "fraction_masks"]
+__all__ = ["CaptureRefusedError", "MoERunner", "STRATEGIES", "executor_formats", "fraction_masks"]

@@ -54,7 +54,9 @@ def step(r, layer_, x, w, ids) -> int:
     if isinstance(layer_, bool) or not hasattr(layer_, "__index__") or not 0 <= int(layer_) < r.num_layers:
         raise ValueError(f"layer={layer_!r}: expected an int in [0, {r.num_layers})")
     if r.closed:
-        raise RuntimeError(f"MoERunner ({r.format}, {r.num_layers} layers) is closed")
+        from .layer_formats import describe
+
+        raise RuntimeError(f"MoERunner ({describe(r.layer_formats)}, {r.num_layers} layers) is closed")
     for name, t in (("hidden_states", x), ("topk_weights", w), ("topk_ids", ids)):
         if not hasattr(t, "dtype") or not hasattr(t, "device"):
             raise TypeError(f"{name}: expected a torch tensor, got {type(t).__name__}")

@@ -53,6 +53,7 @@ class Plan:
     expert_bytes: int  # one expert on the GPU
     budget: int | None
     why: str
+    formats: str = ""  # the experts' formats, compactly (layer_formats.describe): one name, or the pairs' layers
 
     @property
     def residency(self) -> float:

@@ -139,7 +139,10 @@ def run_bench(a) -> int:
                      "samples_ts": rates})
     cfg = model.config.get_text_config()
     params = sum(p.numel() for p in model.parameters())
-    info = {"model": f"{cfg.model_type} {off.format}", "file": str(a.path), "load_s": load_s, "graphs": graphs,
+    from ..layer_formats import describe
+
+    info = {"model": f"{cfg.model_type} {describe(off.runner.layer_formats)}", "file": str(a.path), "load_s": load_s,
+            "graphs": graphs,
             "strategy": off.runner.strategy, "threads": off.runner.executor.threads if off.runner.executor else 0,
             "non_expert_params": params, "plan": off.plan.why if off.plan else None, "runner": off.runner.describe()}
     if a.json:

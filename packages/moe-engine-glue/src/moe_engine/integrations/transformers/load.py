@@ -5,11 +5,13 @@ Order of work, each step before anything heavier: the path; the config; the skel
 modules; the experts' format in the file; the GPU budget (what goes where, one log line); the non-expert weights
 onto their device; the experts, layer by layer (progress bar), into banks; the runner (qualified); the binding.
 
-Banks and the file's bytes. GGUF keeps a layer's gate and up experts as two tensors and the q4_0 bank fuses them per
-expert (gate rows, then up rows), so the bytes are copied, never mapped; where the executor runs another CPU layout
-(q4_0_x16 from avx2), a CPU-only model converts each layer right after reading it, so the process holds one copy of
-the experts. With a GPU the host keeps the banks in the file's format (the GPU experts load from them) and the
-executor its own layout beside them.
+Banks and the file's bytes. GGUF experts in Q4_0, Q8_0, Q4_K, Q6_K (and Q5_K where cpumoe_formats has q5_k) are
+their format's banks block for block; each layer's (gate_up, down) formats come from its tensors' types, so a Q4_K_M
+file (down Q6_K in some layers) runs as shipped. GGUF keeps a layer's gate and up experts as two tensors and the
+bank fuses them per expert (gate rows, then up rows), so the bytes are copied, never mapped; where the executor runs
+another CPU layout (q4_0_x16, q8_0_x16, q4_k_x16 from avx2), a CPU-only model converts each layer, matrix by matrix,
+right after reading it, so the process holds one copy of the experts. With a GPU the host keeps the banks in the
+file's formats (the GPU experts load from them) and the executor its own layout beside them.
 
 Thread contract: from_pretrained is a plain function; the model it returns follows transformers' (one generate()
 at a time) and its runner MoERunner's (shareable)."""
@@ -21,6 +23,7 @@ import time
 
 import cpumoe_formats as cf
 
+from ... import layer_formats
 from ...loading import budget
 from ...progress import bar
 from . import skeleton
@@ -45,7 +48,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     path: a Hugging Face directory (config.json + *.safetensors: bf16, FP8 block, gpt-oss MXFP4, ModelOpt NVFP4) or
         a GGUF file (or the directory holding it, with gguf_file= its name); the config comes from the file.
     format: the banks' format where the experts are stored in floats (bf16 safetensors): quantized layer by layer
-        to it (default bf16); a quantized checkpoint's own format otherwise (format may only repeat it).
+        to it (default bf16); a quantized checkpoint's own format otherwise (format may only repeat it). GGUF experts
+        are served as shipped in Q4_0, Q8_0, Q4_K, Q6_K (Q5_K with cpumoe_formats' q5_k), a (gate_up, down) format
+        per layer from the tensors' types (Q4_K_M); other types are refused before anything heavy is read.
     strategy: auto (gpu where every expert fits the budget, hybrid otherwise, cpu without a GPU), cpu, hybrid, gpu.
     device: where the non-expert weights and activations live (default cuda if torch sees a GPU, else cpu).
     gpu_memory: the GPU bytes this model may use (int or '16GiB'; default: the device's free memory): non-expert
@@ -80,17 +85,20 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         first = specs[0]
         E, H, I = first.E, first.H, first.I  # noqa: E741
         layers = [decoder_layer(n, i) for i, (n, _) in enumerate(found)]
-        shipped = src.experts_format(layers)
+        shipped = src.experts_format(layers)  # a name, a (gate_up, down) pair per layer (GGUF), or None
         if shipped is None:  # float experts: quantized to format= (default bf16) as each layer is read
             if first.bias:
                 raise NotImplementedError(f"{src.where}: float experts with biases (gpt-oss in bf16) are not read by "
                                           "from_pretrained; load the model with transformers and use offload_experts")
             fmt = cf.get_format(format or "bf16").name
         else:
-            fmt = cf.get_format(format).name if format is not None else shipped
-            if fmt != shipped:
-                raise ValueError(f"format={format!r}, but {src.where} ships its experts as {shipped}; omit format= "
-                                 "(the experts are served as shipped)")
+            fmt = shipped
+            if format is not None and cf.get_format(format).name != shipped:
+                raise ValueError(f"format={format!r}, but {src.where} ships its experts as "
+                                 f"{layer_formats.describe(layer_formats.normalize(shipped, len(layers)))}; omit "
+                                 "format= (the experts are served as shipped)")
+        pairs = layer_formats.normalize(fmt, len(layers))
+        fmt_text = layer_formats.describe(pairs)
         missing = [n for n in src.bind(model) if not n.startswith(tuple(p + "." for p, _ in found))]
         tied = getattr(src.config.get_text_config(), "tie_word_embeddings", False)
         missing = [n for n in missing if not (tied and n.endswith("lm_head.weight"))]
@@ -99,31 +107,32 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
                              f"{missing[:3]}")
         names = skeleton.non_expert_names(model, [n for n, _ in found])
         ne_bytes = sum(model.get_parameter(n).numel() for n in names) * torch.finfo(dtype).bits // 8
-        gpu_kernels = _has_gpu_experts(fmt)
+        gpu_kernels = _has_gpu_experts(pairs)
         if dev.type == "cuda" and limit is None:
             limit = torch.cuda.mem_get_info(dev)[0]
         kv = budget.kv_cache_bytes(src.config, kv_length, kv_batch, torch.finfo(dtype).bits // 8)
-        plan = budget.plan(strategy, dev, limit, non_expert_bytes=ne_bytes, kv_bytes=kv,
-                           expert_bytes=cf.get_format(fmt).bytes_per_expert(H, I), E=E, layers=len(found),
-                           gpu_kernels=gpu_kernels)
+        # the mean over layers: the plan keeps the same number of experts in every layer
+        per_expert = -(-sum(layer_formats.bytes_per_expert(p, H, I) for p in pairs) // len(pairs))
+        plan = budget.plan(strategy, dev, limit, non_expert_bytes=ne_bytes, kv_bytes=kv, expert_bytes=per_expert,
+                           E=E, layers=len(found), gpu_kernels=gpu_kernels)
+        plan.formats = fmt_text
         log.info("from_pretrained: %s: %s, %d MoE layers x %d experts (%s); strategy=%s: %s", src.where,
-                 type(model).__name__, len(found), E, fmt, plan.strategy, plan.why)
+                 type(model).__name__, len(found), E, fmt_text, plan.strategy, plan.why)
         skeleton.empty_experts([m for _, m in found], dev)
         skeleton.load(model, names, src.read, dev, dtype, src.where, progress)
         left = skeleton.meta_left(model)
         if left:
             raise ValueError(f"{src.where}: {len(left)} tensors were never loaded, e.g. {left[:3]}")
-        run_fmt = fmt
+        run_pairs = pairs
         if plan.strategy == "cpu":  # one copy of the experts: each layer converted as it arrives
-            run_fmt = _cpu_layout(fmt, H, I, kwargs.get("mode"), kwargs.get("isa"))
+            run_pairs = [tuple(_cpu_layout(f, H, I, kwargs.get("mode"), kwargs.get("isa")) for f in p) for p in pairs]
         banks = []
-        with bar(total=len(layers), desc=f"moe_engine: experts -> {run_fmt}", unit="layer",
-                 disable=not progress) as pb:
-            for n in layers:
-                b = src.expert_banks(n, E, H, I, fmt)
-                if run_fmt != fmt:
-                    b = cf.get_format(fmt).to_layout(b, run_fmt, threads)
-                banks.append(b)
+        run_fmt = layer_formats.compact(run_pairs)
+        desc = f"moe_engine: experts -> {run_fmt if isinstance(run_fmt, str) else 'per-layer formats'}"
+        with bar(total=len(layers), desc=desc, unit="layer", disable=not progress) as pb:
+            for n, pair, run in zip(layers, pairs, run_pairs):
+                b = src.expert_banks(n, E, H, I, fmt if isinstance(fmt, str) else pair)
+                banks.append(layer_formats.to_layout(b, pair, run, threads))
                 pb.update(1)
         gc.collect()
         act = dict(activation=first.activation, alpha=first.alpha, limit=first.limit)
@@ -148,9 +157,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         src.close()
 
 
-def _has_gpu_experts(fmt: str) -> bool:
+def _has_gpu_experts(pairs) -> bool:
     try:
         from ...gpu.experts import GpuExperts
     except ImportError:
         return False
-    return fmt in GpuExperts.FORMATS
+    return all(f in GpuExperts.FORMATS for p in pairs for f in p)

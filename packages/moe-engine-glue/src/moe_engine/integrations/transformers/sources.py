@@ -4,6 +4,7 @@
   tokenizer()         the file's tokenizer, or None when it has none
   read(hf_name)       one non-expert parameter as float32 numpy or a torch tensor, by transformers' name
   layout / format     how the routed experts are stored, and the cpumoe_formats format that holds them as they are
+                      (GGUF: a (gate_up, down) pair per layer where the file's types differ between layers or matrices)
   expert_banks(...)   one decoder layer's experts as banks, read from the file (never a float copy of all experts)
 
 Thread contract: not shareable; one source is read by one thread, then closed."""
@@ -16,11 +17,18 @@ import numpy as np
 
 import cpumoe_formats as cf
 
+from ... import layer_formats
 from ...loading.gguf_tensors import GgufTensors, unpermute_qk
 
-# GGUF expert tensor types served as shipped, and the format each is
-GGUF_EXPERT_TYPES = {"Q4_0": "q4_0"}
+# GGUF block types whose bytes are a cpumoe_formats format's banks as they are (GGML type name -> format); a type is
+# served when the registry has its format (expert_types()), so Q5_K is read once cpumoe_formats defines q5_k
+GGUF_BLOCK_FORMATS = {"Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
 GGUF_EXPERTS = ("blk.{n}.ffn_gate_exps.weight", "blk.{n}.ffn_up_exps.weight", "blk.{n}.ffn_down_exps.weight")
+
+
+def expert_types() -> dict[str, str]:
+    """GGML type name -> format, for the GGUF expert types served as shipped here (the registry's formats)."""
+    return {t: f for t, f in GGUF_BLOCK_FORMATS.items() if f in cf.FORMATS}
 
 
 def resolve(path, gguf_file=None) -> tuple[Path, Path | None]:
@@ -60,22 +68,31 @@ class GgufSource:
         self.config = AutoConfig.from_pretrained(str(directory), gguf_file=file.name)
         self.model_type = self.config.model_type
         self.layout, self.format = "gguf", None
+        self.pairs: dict[int, tuple[str, str]] = {}  # decoder layer -> (gate_up, down) format, from experts_format
         self._names: dict[str, str] | None = None
 
-    def experts_format(self, layers: list[int]) -> str:
-        """The format every expert tensor of these layers is in; ValueError naming a tensor of a type we lack."""
-        fmts = set()
+    def experts_format(self, layers: list[int]):
+        """The experts' formats, from the tensors' types (no tensor data is read): one format name when every layer
+        holds one type, else one (gate_up, down) pair per layer (a Q4_K_M file). ValueError naming the tensor, its
+        type and the types served, or a layer whose gate and up differ."""
+        served = expert_types()
+        pairs = []
         for n in layers:
+            types = []
             for pattern in GGUF_EXPERTS:
                 name = pattern.format(n=n)
                 t = self.file.info(name)
-                if t.type not in GGUF_EXPERT_TYPES:
+                if t.type not in served:
                     raise ValueError(f"{self.where}: expert tensor {name} is {t.type}; moe_engine serves GGUF experts "
-                                     f"in {sorted(GGUF_EXPERT_TYPES)}")
-                fmts.add(GGUF_EXPERT_TYPES[t.type])
-        if len(fmts) != 1:
-            raise ValueError(f"{self.where}: experts in several types {sorted(fmts)}; one format per model here")
-        self.format = fmts.pop()
+                                     f"in {sorted(served)}")
+                types.append(t.type)
+            if types[0] != types[1]:
+                g, u = (p.format(n=n) for p in GGUF_EXPERTS[:2])
+                raise ValueError(f"{self.where}: layer {n}: {g} is {types[0]} but {u} is {types[1]}; gate and up "
+                                 "experts must share a type (they run as one gate_up bank)")
+            pairs.append((served[types[0]], served[types[2]]))
+        self.pairs = dict(zip(layers, pairs))
+        self.format = layer_formats.compact(pairs)
         return self.format
 
     def bind(self, model) -> list[str]:
@@ -95,10 +112,14 @@ class GgufSource:
             a = unpermute_qk(a, heads)
         return a
 
-    def expert_banks(self, layer: int, E: int, H: int, I: int, fmt: str | None = None) -> dict:  # noqa: E741
-        """q4_0 banks of one layer: gate rows then up rows per expert, the file's blocks copied as they are."""
+    def expert_banks(self, layer: int, E: int, H: int, I: int, fmt=None) -> dict:  # noqa: E741
+        """One layer's banks in its (gate_up, down) formats (experts_format): gate rows then up rows per expert, the
+        file's blocks copied as they are. `fmt` is not used: the file's types decide."""
         g, u, d = (p.format(n=layer) for p in GGUF_EXPERTS)
-        want = {b.name: b.expected(E, H, I) for b in cf.get_format(self.format).banks}
+        gu_fmt, dn_fmt = self.pairs[layer]
+        gu_spec, dn_spec = cf.get_format(gu_fmt), cf.get_format(dn_fmt)
+        want = {"gate_up": next(b for b in gu_spec.banks if b.name == "gate_up").expected(E, H, I),
+                "down": next(b for b in dn_spec.banks if b.name == "down").expected(E, H, I)}
         rb_h, rb_i = want["gate_up"][-1], want["down"][-1]
         for name, shape in ((g, (E, I, rb_h)), (u, (E, I, rb_h)), (d, (E, H, rb_i))):
             t = self.file.info(name)

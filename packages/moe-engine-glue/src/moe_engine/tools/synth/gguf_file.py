@@ -10,6 +10,7 @@ Tensor types: routed experts by `experts` (below); every other matrix BF16; norm
   q8_0    gate, up, down Q8_0 (idem)
   q4_k_m  gate, up Q4_K; down Q6_K in the layers of llama.cpp's `use_more_bits` rule, Q4_K elsewhere (random
           blocks: gguf-py has no K-quant quantizer)
+  q4_k    gate, up, down Q4_K; q6_k  gate, up, down Q6_K (random blocks; one type per file, as a test needs)
 Names and layouts as llama.cpp's qwen3moe: `blk.{n}.ffn_{gate,up}_exps.weight` ggml [H, I, E] (numpy [E, I, H]),
 `ffn_down_exps` [I, H, E]; attn_q [H, heads * head_dim]; attn_{q,k}_norm [head_dim]."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ from . import tokenizer, weights
 from ._io import DROP_EVERY, Progress, drop_cache
 from .shapes import Shape, use_more_bits
 
-EXPERT_TYPES = ("q4_0", "q8_0", "q4_k_m")
+EXPERT_TYPES = ("q4_0", "q8_0", "q4_k_m", "q4_k", "q6_k")
 
 
 def expert_types(experts: str, layer: int, n_layers: int):
@@ -35,13 +36,18 @@ def expert_types(experts: str, layer: int, n_layers: int):
         return T.Q8_0, T.Q8_0
     if experts == "q4_k_m":
         return T.Q4_K, (T.Q6_K if use_more_bits(layer, n_layers) else T.Q4_K)
+    if experts == "q4_k":
+        return T.Q4_K, T.Q4_K
+    if experts == "q6_k":
+        return T.Q6_K, T.Q6_K
     raise ValueError(f"experts={experts!r}: expected one of {EXPERT_TYPES}")
 
 
 def _file_type(experts: str):
     from gguf import LlamaFileType as F
 
-    return {"q4_0": F.MOSTLY_Q4_0, "q8_0": F.MOSTLY_Q8_0, "q4_k_m": F.MOSTLY_Q4_K_M}[experts]
+    return {"q4_0": F.MOSTLY_Q4_0, "q8_0": F.MOSTLY_Q8_0, "q4_k_m": F.MOSTLY_Q4_K_M, "q4_k": F.MOSTLY_Q4_K_S,
+            "q6_k": F.MOSTLY_Q6_K}[experts]
 
 
 def _expert_tensor(seed: int, s: Shape, n: int, proj: str, qtype, random_codes: bool = False) -> np.ndarray:

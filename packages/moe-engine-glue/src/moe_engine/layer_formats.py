@@ -1,0 +1,95 @@
+"""Per-layer formats: a model's experts as one format, or a (gate_up format, down format) pair per layer (a Q4_K_M
+GGUF file: gate / up Q4_K everywhere, down Q6_K in some layers and Q4_K in the others).
+
+The spec is the executor's (cpumoe_executor.CpuMoeExecutor's `format`): a format name for every layer and both
+matrices, or a list with one entry per layer, each a name or a (gate_up, down) pair. A pair layer's banks are the
+gate_up format's gate-up banks and the down format's down banks under their schema names.
+
+Thread contract: plain functions over their arguments."""
+from __future__ import annotations
+
+import cpumoe_formats as cf
+
+Pair = tuple  # (gate_up format name, down format name)
+
+
+def normalize(spec, num_layers: int) -> list[Pair]:
+    """[(gate_up, down)] per layer, canonical names (cpumoe_formats.layer_formats: ValueError / TypeError naming the
+    layer that is wrong)."""
+    if isinstance(spec, str):
+        name = cf.get_format(spec).name
+        return [(name, name)] * num_layers
+    require_pairs()
+    return [tuple(p) for p in cf.layer_formats(spec, num_layers)]
+
+
+def compact(pairs: list[Pair]):
+    """The spec to hand on: one name when every layer runs one format for both matrices, else the per-layer list."""
+    first = pairs[0]
+    if first[0] == first[1] and all(p == first for p in pairs):
+        return first[0]
+    return [p[0] if p[0] == p[1] else p for p in pairs]
+
+
+def is_uniform(pairs: list[Pair]) -> bool:
+    return isinstance(compact(pairs), str)
+
+
+def describe(pairs: list[Pair]) -> str:
+    """One line for logs and plans: 'q4_k' for a uniform model, else each distinct pair with its layers, e.g.
+    'q4_k/q6_k: layers 0-5,8,11; q4_k: layers 6-7,9-10'."""
+    if is_uniform(pairs):
+        return pairs[0][0]
+    groups: dict[Pair, list[int]] = {}
+    for i, p in enumerate(pairs):
+        groups.setdefault(p, []).append(i)
+    return "; ".join(f"{p[0] if p[0] == p[1] else '/'.join(p)}: layers {_ranges(ls)}" for p, ls in groups.items())
+
+
+def _ranges(layers: list[int]) -> str:
+    out, start = [], layers[0]
+    for a, b in zip(layers, layers[1:] + [None]):
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(out)
+
+
+def require_pairs() -> None:
+    """NotImplementedError unless this cpumoe_formats / cpumoe_executor run a format per layer and matrix."""
+    if not hasattr(cf, "validate_layer"):
+        raise NotImplementedError("layers in (gate_up, down) format pairs need cpumoe-formats >= 0.2 and "
+                                  "cpumoe-executor >= 0.4 (formats per layer and role); this cpumoe-formats runs one "
+                                  "format for both matrices of every layer")
+
+
+def validate_layer(pair: Pair, banks, E=None, H=None, I=None):  # noqa: E741
+    """(arrays, (E, H, I)) of one layer's banks in `pair` (cpumoe_formats.validate_layer: a pair layer role by role)."""
+    if pair[0] == pair[1]:
+        return cf.get_format(pair[0]).validate(banks, E, H, I)
+    require_pairs()
+    return cf.validate_layer(pair, banks, E, H, I)
+
+
+def bytes_per_expert(pair: Pair, H: int, I: int) -> int:  # noqa: E741
+    """Bytes of weights one expert of a layer in `pair` reads (gate_up role of pair[0], down role of pair[1])."""
+    if pair[0] == pair[1]:
+        return cf.get_format(pair[0]).bytes_per_expert(H, I)
+    require_pairs()
+    return (cf.get_format(pair[0]).role_bytes_per_expert("gate_up", H, I) +
+            cf.get_format(pair[1]).role_bytes_per_expert("down", H, I))
+
+
+def to_layout(banks, pair: Pair, run: Pair, threads=None) -> dict:
+    """One layer's banks in formats `pair` -> `run` (CPU layouts: cpumoe_executor.cpu_layout of each). A layer in one
+    format moves as a whole (FormatSpec.to_layout); a pair layer moves role by role (to_layout_role), so a q4_k
+    gate_up becomes q4_k_x16 beside a q6_k down that stays as it is."""
+    if run == pair:
+        return banks
+    if pair[0] == pair[1] and run[0] == run[1]:
+        return cf.get_format(pair[0]).to_layout(banks, run[0], threads)
+    require_pairs()
+    out = {}
+    for role, src, dst in (("gate_up", pair[0], run[0]), ("down", pair[1], run[1])):
+        out.update(cf.get_format(src).to_layout_role(role, banks, dst, threads))
+    return out

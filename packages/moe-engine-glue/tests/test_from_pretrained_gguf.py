@@ -1,0 +1,120 @@
+"""GGUF experts read as shipped, one type per file (Q8_0, Q4_K, Q6_K; Q4_0 is in test_from_pretrained.py):
+from_pretrained against transformers' own loading of the same 4-layer file (transformers dequantizes the K-quants
+with gguf-py), and the refusals of expert types moe_engine does not serve, before anything heavy is read.
+
+Tolerances (pretrained_compare.py says how positions are compared), measured on these files (seed 11, random
+codes) in each format's default w4a8 mode on avx512vnni: median rel 0.9% (Q8_0), 1.0% (Q4_K), 1.4% (Q6_K). The int8
+activations alone cost ~1.8% per layer (one layer's experts against transformers' own experts module on the same
+inputs: 0.3% in native mode), so TOL = 2.5% as for Q4_0. Routing flips (a whole expert at one position; E = 16,
+top-4, over 4 layers: twice the 2-layer files' chances) took 1 of 32 positions to 8.1% (Q8_0), 1 to 12.5% (Q4_K), 5
+to 4.7-9.9% (Q6_K), so SHARE = 0.75 (at most 8 positions past TOL, each under FLIP_TOL). A wrong block or row order
+moves every position: gate and up swapped put all 32 past 6.6%, each layer's down experts shifted by one past 44%.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers", minversion="5.0")
+gguf = pytest.importorskip("gguf")
+
+from pretrained_compare import compare, gguf_reference  # noqa: E402
+
+from moe_engine import from_pretrained  # noqa: E402
+from moe_engine.integrations.transformers import load, sources  # noqa: E402
+from moe_engine.tools import synth  # noqa: E402
+from moe_engine.tools.synth import gguf_file  # noqa: E402
+
+TOL, SHARE = 2.5e-2, 0.75
+KW = dict(strategy="cpu", device="cpu", threads=2, progress=False)
+KINDS = {"gguf-q8_0": "q8_0", "gguf-q4_k": "q4_k", "gguf-q6_k": "q6_k"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for kind in KINDS:
+        out[kind] = root / f"{kind}.gguf"
+        synth.write(kind, out[kind], small=True, layers=4, seed=11, progress=False, random_codes=True)
+    return out
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_uniform_type_matches_transformers_loading(files, kind):
+    fmt = KINDS[kind]
+    ref = gguf_reference(files[kind])
+    model = from_pretrained(files[kind], **KW)
+    off = model.moe_engine
+    assert off.plan.formats == fmt
+    run = off.runner.format  # the file's format, or its CPU layout (q8_0_x16, q4_k_x16) where the executor runs one
+    assert run in (fmt, f"{fmt}_x16") and off.runner.layer_formats == [(run, run)] * 4
+    compare(model, ref, TOL, SHARE, continue_with="model")
+    off.close()
+
+
+def _write_with_types(path, types: dict):
+    """A 4-layer Q4_K file whose named expert tensors have other GGML types, their bytes random (only the index is
+    read before the refusal)."""
+    plan = gguf_file.plan
+
+    def patched(s, experts, seed, random_codes=False):
+        out = []
+        for name, shape, qtype, make in plan(s, experts, seed, random_codes):
+            if name in types:
+                qtype = types[name]
+                blk, size = gguf.GGML_QUANT_SIZES[qtype]
+                E, rows, row_bytes = shape
+                cols = row_bytes // gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K][1] * 256
+                shape = (E, rows, cols // blk * size)
+                make = _random_bytes(shape)
+            out.append((name, shape, qtype, make))
+        return out
+
+    gguf_file.plan = patched
+    try:
+        synth.write("gguf-q4_k", path, small=True, layers=4, seed=11, progress=False)
+    finally:
+        gguf_file.plan = plan
+
+
+def _random_bytes(shape):
+    return lambda: np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+
+
+def test_unsupported_types_refused_before_loading(tmp_path, monkeypatch):
+    T = gguf.GGMLQuantizationType
+
+    def heavy(*a, **k):
+        raise AssertionError("weights were read before the refusal")
+
+    monkeypatch.setattr(load.skeleton, "load", heavy)
+    monkeypatch.setattr(sources.GgufSource, "expert_banks", heavy)
+    served = sorted(sources.expert_types())
+    assert {"Q4_0", "Q8_0", "Q4_K", "Q6_K"} <= set(served) and "Q2_K" not in served
+    for name, qtype in (("blk.1.ffn_down_exps.weight", T.Q2_K), ("blk.2.ffn_gate_exps.weight", T.Q5_0),
+                        ("blk.3.ffn_up_exps.weight", T.IQ4_NL)):
+        path = tmp_path / f"{qtype.name}.gguf"
+        _write_with_types(path, {name: qtype})
+        with pytest.raises(ValueError, match=rf"expert tensor {name} is {qtype.name}; moe_engine serves GGUF "
+                                             rf"experts in {served}".replace("[", r"\[").replace("]", r"\]")):
+            from_pretrained(path, **KW)
+    path = tmp_path / "gate-up.gguf"
+    _write_with_types(path, {"blk.2.ffn_up_exps.weight": T.Q6_K})
+    with pytest.raises(ValueError, match=r"layer 2: blk\.2\.ffn_gate_exps\.weight is Q4_K but blk\.2\.ffn_up_exps"
+                                         r"\.weight is Q6_K; gate and up experts must share a type"):
+        from_pretrained(path, **KW)
+
+
+def test_format_may_only_repeat_the_files(files):
+    with pytest.raises(ValueError, match=r"format='q4_0', but .* ships its experts as q6_k; omit format="):
+        from_pretrained(files["gguf-q6_k"], format="q4_0", **KW)
+
+
+def test_type_map_follows_the_registry(monkeypatch):
+    import cpumoe_formats as cf
+
+    assert sources.expert_types()["Q6_K"] == "q6_k"
+    assert ("Q5_K" in sources.expert_types()) == ("q5_k" in cf.FORMATS)
+    monkeypatch.delitem(cf.FORMATS, "q6_k")
+    assert "Q6_K" not in sources.expert_types()
