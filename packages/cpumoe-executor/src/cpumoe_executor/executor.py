@@ -171,8 +171,9 @@ class CpuMoeExecutor:
         pairs = cf.layer_formats(format, len(banks))
         given = list(dict.fromkeys(n for p in pairs for n in p))  # the distinct formats, in first-use order
         if repack and not any(cf.get_format(n).cpu_layout for n in given):
-            what = f"format {given[0]!r} has" if len(given) == 1 else f"none of the formats {given} has"
-            raise ValueError(f"repack=True: {what} no CPU layout to repack into; expected repack=None or False")
+            what = (f"format {given[0]!r} has no CPU layout" if len(given) == 1 else
+                    f"none of the formats {given} has a CPU layout")
+            raise ValueError(f"repack=True: {what} to repack into; expected repack=None or False")
         if not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
             raise ValueError(f"top_k={top_k!r} must be an int in [1, {MAX_TOP_K}]")
         if not isinstance(max_tokens, int) or max_tokens < 1:

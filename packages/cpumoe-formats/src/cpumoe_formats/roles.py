@@ -125,7 +125,7 @@ class RoleMethods:
                 raise ValueError(f"{self.name} {role} banks have {nm}={got}, expected {nm}={want}")
         self.check_dims(h, i)
         for spec in specs:
-            self._check_bank(spec, arrs[spec.name], e, h, i)
+            self._check_bank(spec, arrs[spec.name], e, h, i, role)
         return [arrs[n] for n in names], (e, h, i)
 
     def _zeros(self, role: str, E: int, H: int, I: int) -> dict:  # noqa: E741

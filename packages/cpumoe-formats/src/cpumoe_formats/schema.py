@@ -170,9 +170,9 @@ class FormatSpec(RoleMethods):
             self._check_bank(spec, arrs[spec.name], e, h, i)
         return [arrs[n] for n in self.bank_names], (e, h, i)
 
-    def _check_bank(self, spec: BankSpec, a: np.ndarray, E: int, H: int, I: int) -> None:  # noqa: E741
+    def _check_bank(self, spec: BankSpec, a: np.ndarray, E: int, H: int, I: int, role: str = "") -> None:  # noqa: E741
         exp = spec.expected(E, H, I)
-        where = f"{self.name} bank {spec.name!r}"
+        where = f"{self.name} {role + ' ' if role else ''}bank {spec.name!r}"
         bad_shape = a.ndim != len(exp) or a.shape[:-1] != exp[:-1] or (
             a.shape[-1] < exp[-1] if spec.padded_last else a.shape[-1] != exp[-1])
         if bad_shape:
