@@ -15,6 +15,9 @@ import cpumoe_formats as cf
 
 @dataclass(frozen=True)
 class ModelFormats:
+    """A model's (gate_up, down) FormatSpecs per layer, as given and as they run. Threads: shareable (frozen; its
+    methods read it)."""
+
     given: list  # per layer (gate_up, down) FormatSpec as given
     run: list  # per layer (gate_up, down) FormatSpec as it runs (after repack)
 

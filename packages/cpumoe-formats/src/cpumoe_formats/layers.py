@@ -16,7 +16,7 @@ MODES = ("native", "w4a8")  # cpumoe_mode order (abi.h)
 def layer_formats(format, num_layers: int) -> list:  # noqa: A002
     """The per-layer (gate_up, down) canonical format names of a model: `format` is a name (every layer, both
     matrices) or a list with one entry per layer, each a name or a (gate_up_format, down_format) pair. ValueError /
-    TypeError naming the layer and what was expected."""
+    TypeError naming the layer and what was expected. Threads: any (a pure function)."""
     if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
         raise ValueError(f"num_layers={num_layers!r} must be a positive int")
     if isinstance(format, str) or hasattr(format, "bank_names"):
@@ -47,7 +47,7 @@ def layer_formats(format, num_layers: int) -> list:  # noqa: A002
 
 
 def is_uniform(pairs) -> bool:
-    """Whether every layer runs one format for both matrices (the single-format model)."""
+    """Whether every layer runs one format for both matrices (the single-format model). Threads: any."""
     return len({p for p in pairs}) == 1 and pairs[0][0] == pairs[0][1]
 
 
@@ -55,7 +55,7 @@ def model_mode(pairs, mode: str | None = None) -> str:
     """The activation mode of a model of these (gate_up, down) pairs: `mode` checked against every format, or (None)
     the one mode every format supports, preferring the first layer's gate_up format's default (a uniform model's
     default), then the other formats' defaults in layer order. ValueError naming the layer, its two formats and
-    their modes where they share none (or lack `mode`)."""
+    their modes where they share none (or lack `mode`). Threads: any (a pure function)."""
     if mode is not None and mode not in MODES:
         raise ValueError(f"mode={mode!r}: expected one of {list(MODES)} or None")
     common = set(MODES)
@@ -85,7 +85,8 @@ def validate_layer(pair, banks: Mapping, E: int | None = None, H: int | None = N
                    I: int | None = None) -> tuple:  # noqa: E741
     """One layer's banks for a (gate_up, down) pair: the gate_up format's gate_up banks and the down format's down
     banks, no others. Returns ((gate_up arrays, down arrays) in each format's role slot order, (E, H, I)). A uniform
-    pair checks the whole format (FormatSpec.validate, its arrays split by role)."""
+    pair checks the whole format (FormatSpec.validate, its arrays split by role). Threads: any (reads the banks'
+    metadata)."""
     gs, ds = get_format(pair[0]), get_format(pair[1])
     if not isinstance(banks, Mapping):
         raise TypeError(f"banks must be a mapping of bank name to array, got {type(banks).__name__}")
