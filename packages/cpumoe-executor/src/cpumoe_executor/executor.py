@@ -225,6 +225,7 @@ class CpuMoeExecutor:
                                    groups=[(g.node, list(g.cores), list(g.parts)) for g in plan.groups] if plan else [],
                                    bounds=list(plan.bounds) if plan else [], formats=[s.id for s in kernel_specs],
                                    layer_kernels=self._formats.layer_kernels())
+        self._kernel_names = tuple(self._x.kernel_names)  # per kernel format; readable after close()
         if plan is None:
             # the arrays must outlive the executor (the given ones where a layer runs them in place)
             self._banks_ref = banks if not self._repacked() else None
@@ -421,7 +422,7 @@ class CpuMoeExecutor:
     def isa(self) -> str:
         """The kernel that runs: tier plus precision mode (e.g. 'avx512bf16', 'avx2+w4a8'). A model of several
         formats whose kernels differ: each format's, "q4_k_x16=avx512vnni+w4a8, q6_k=avx2+w4a8" (kernel_isas)."""
-        names = set(self._x.kernel_names)
+        names = set(self._kernel_names)
         if len(names) == 1:
             return self._x.kernel_name
         return ", ".join(f"{k}={v}" for k, v in self.kernel_isas.items())
@@ -429,7 +430,7 @@ class CpuMoeExecutor:
     @property
     def kernel_isas(self) -> dict:
         """Run format name -> the kernel that runs it (tier plus mode), one entry per format of the model."""
-        return dict(zip((s.name for s in self._formats.kernel_formats), self._x.kernel_names))
+        return dict(zip((s.name for s in self._formats.kernel_formats), self._kernel_names))
 
     @property
     def threads(self) -> int:
