@@ -118,6 +118,11 @@ def _layout_step(spec, H: int, I: int, mode: str, isa: str | None, repack: bool 
     return target if tier(target.name) >= max(tier(spec.name), floor) else None
 
 
+def _pair_name(pair) -> str:
+    """"q4_k" for a one-format layer, "q4_k/q6_k" for a two-format one."""
+    return pair[0].name if pair[0] is pair[1] else f"{pair[0].name}/{pair[1].name}"
+
+
 class CpuMoeExecutor:
     """MoE decode on the CPU for one model: every layer's banks in one format, or a format per layer and per matrix.
 
@@ -314,7 +319,7 @@ class CpuMoeExecutor:
             n += sum(a.nbytes for a in arrays)
             if (layer + 1) % every == 0 or layer + 1 == len(banks):
                 log.info("cpumoe_executor: repacked %s -> %s, layer %d/%d, %.2f GB in %.1f s (repack=False keeps "
-                         "the given arrays)", "/".join(s.name for s in gp), "/".join(s.name for s in rp), layer + 1,
+                         "the given arrays)", _pair_name(gp), _pair_name(rp), layer + 1,
                          len(banks), n / 1e9, time.perf_counter() - t0)
             yield layer, arrays
 
