@@ -138,7 +138,13 @@ def test_layer_banks_and_the_ready_line(rng, caplog):
         ex.given_format  # noqa: B018
     with pytest.raises(ValueError, match=r"role='up': expected one of \['gate_up', 'down'\]"):
         ex.layer_spec(0, "up")
+    isas = ex.kernel_isas
+    assert list(isas) == ["q4_k_x16", "q6_k"] and ex.isa == (isas["q4_k_x16"] if len(set(isas.values())) == 1 else
+                                                             ", ".join(f"{k}={v}" for k, v in isas.items()))
     ex.close()
+    assert ex.kernel_isas == isas and ex.layer_formats[1] == ("q4_k_x16", "q6_k")  # descriptions stay readable
+    with pytest.raises(RuntimeError, match="is closed"):
+        ex.layer_banks(1)
 
 
 def test_numa_split_of_a_mixed_model(rng, tmp_path):
