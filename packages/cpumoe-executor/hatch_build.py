@@ -97,7 +97,7 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
     def dependencies(self):
         # Our providers come from the checkout beside this package when it is there (`pip install
         # ./packages/...`: the index has none of them); an unpacked sdist asks for them (nox finds them in dist/).
-        return [] if (SIBLING / "cpumoe_formats" / "abi.h").is_file() else ["cpumoe-formats>=0.1,<0.2"]
+        return [] if (SIBLING / "cpumoe_formats" / "abi.h").is_file() else ["cpumoe-formats>=0.2,<0.3"]
 
     def initialize(self, version, build_data):
         if self.target_name != "wheel":

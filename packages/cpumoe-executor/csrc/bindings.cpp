@@ -47,7 +47,8 @@ struct PyExecutor {
   std::unique_ptr<Executor> ex;
   PyExecutor(int format, int act, int mode, bool on_input, int E, int H, int I, float alpha, float limit,
              int tier_cap, int num_layers, int top_k, int max_tokens, std::vector<int> cores, bool pin,
-             int64_t spin_us, std::string label, const std::vector<GroupTuple>& groups, std::vector<int> bounds) {
+             int64_t spin_us, std::string label, const std::vector<GroupTuple>& groups, std::vector<int> bounds,
+             std::vector<int32_t> formats, const std::vector<std::pair<int, int>>& layer_kernels) {
     if (num_layers < 1) throw py::value_error("num_layers must be >= 1");
     if (max_tokens < 1) throw py::value_error("max_tokens must be >= 1");
     if (cores.empty() && groups.empty()) throw py::value_error("at least one core");
@@ -57,6 +58,8 @@ struct PyExecutor {
     c.cores = std::move(cores), c.pin = pin, c.spin_us = spin_us, c.label = std::move(label);
     for (const auto& g : groups) c.groups.push_back({std::get<0>(g), std::get<1>(g), std::get<2>(g)});
     c.bounds = std::move(bounds);
+    c.formats = std::move(formats);
+    for (const auto& lk : layer_kernels) c.layer_kernels.push_back({lk.first, lk.second});
     try {
       ex = std::make_unique<Executor>(g_formats, c);
     } catch (const std::invalid_argument& e) {
@@ -160,19 +163,25 @@ PYBIND11_MODULE(_native, m) {
   // Every call that waits for a lock or a step releases the GIL (gil.h): a step in flight never needs it.
   py::class_<PyExecutor>(m, "Executor")
       .def(py::init<int, int, int, bool, int, int, int, float, float, int, int, int, int, std::vector<int>, bool,
-                    int64_t, std::string, const std::vector<GroupTuple>&, std::vector<int>>(),
+                    int64_t, std::string, const std::vector<GroupTuple>&, std::vector<int>, std::vector<int32_t>,
+                    const std::vector<std::pair<int, int>>&>(),
            py::arg("format"), py::arg("act"), py::arg("mode"), py::arg("on_input"), py::arg("E"), py::arg("H"),
            py::arg("I"), py::arg("alpha"), py::arg("limit"), py::arg("tier_cap"), py::arg("num_layers"),
            py::arg("top_k"), py::arg("max_tokens"), py::arg("cores"), py::arg("pin"), py::arg("spin_us"),
-           py::arg("label"), py::arg("groups") = std::vector<GroupTuple>{}, py::arg("bounds") = std::vector<int>{})
+           py::arg("label"), py::arg("groups") = std::vector<GroupTuple>{}, py::arg("bounds") = std::vector<int>{},
+           py::arg("formats") = std::vector<int32_t>{},
+           py::arg("layer_kernels") = std::vector<std::pair<int, int>>{})
       .def("place_banks",
-           [](PyExecutor& s, int layer, int group, int part, const std::vector<std::tuple<uint64_t, size_t, int64_t, int64_t>>& src) {
+           [](PyExecutor& s, int layer, int group, int part, const std::vector<std::tuple<uint64_t, size_t, int64_t, int64_t>>& src,
+              const std::vector<int>& gu_map, const std::vector<int>& dn_map) {
              std::vector<Executor::BankSource> b;
              for (auto& t : src)
                b.push_back({(const void*)(uintptr_t)std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t)});
-             const Placement p = without_gil([&] { return s.ex->place_banks(layer, group, part, b); });
+             const Placement p = without_gil([&] { return s.ex->place_banks(layer, group, part, b, gu_map, dn_map); });
              return py::make_tuple(PyNodeMemory{p.mem}, placement_dict(p));
-           })
+           },
+           py::arg("layer"), py::arg("group"), py::arg("part"), py::arg("src"), py::arg("gu_map") = std::vector<int>{},
+           py::arg("dn_map") = std::vector<int>{})
       .def("placements",
            [](PyExecutor& s) {
              py::list out;
@@ -186,11 +195,14 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("num_groups", [](PyExecutor& s) { return s.ex->num_groups(); })
       .def_property_readonly("num_parts", [](PyExecutor& s) { return s.ex->num_parts(); })
       .def("set_banks",
-           [](PyExecutor& s, int layer, const std::vector<BankTuple>& banks) {
+           [](PyExecutor& s, int layer, const std::vector<BankTuple>& banks, const std::vector<int>& gu_map,
+              const std::vector<int>& dn_map) {
              std::vector<cpumoe_bank> b;
              for (auto& t : banks) b.push_back({(const void*)(uintptr_t)std::get<0>(t), std::get<1>(t), std::get<2>(t)});
-             without_gil([&] { s.ex->set_banks(layer, b); });
-           })
+             without_gil([&] { s.ex->set_banks(layer, b, gu_map, dn_map); });
+           },
+           py::arg("layer"), py::arg("banks"), py::arg("gu_map") = std::vector<int>{},
+           py::arg("dn_map") = std::vector<int>{})
       .def("decode",
            [](PyExecutor& s, int layer, int T, uint64_t x, uint64_t ids, uint64_t w, uint64_t y) {
              std::string err;
@@ -245,6 +257,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("iob", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex->iob(); })
       .def_property_readonly("handle", [](PyExecutor& s) { return (uint64_t)(uintptr_t)s.ex.get(); })
       .def_property_readonly("kernel_name", [](PyExecutor& s) { return s.ex->kernel_name(); })
+      .def_property_readonly("kernel_names", [](PyExecutor& s) { return s.ex->kernel_names(); })
       .def_property_readonly("route_sum_isa", [](PyExecutor& s) { return std::string(s.ex->route_sum_isa()); })
       .def_property_readonly("threads", [](PyExecutor& s) { return s.ex->threads(); })
       .def_property_readonly("pinned", [](PyExecutor& s) { return s.ex->pinned(); });

@@ -70,6 +70,20 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
   if (cfg_.top_k < 1 || cfg_.top_k > kMaxTopK)
     throw std::invalid_argument("top_k " + std::to_string(cfg_.top_k) + " outside [1, " + std::to_string(kMaxTopK) + "]");
   const auto& p = cfg_.params;
+  if (cfg_.formats.empty() != cfg_.layer_kernels.empty())
+    throw std::invalid_argument("formats and layer_kernels come together (both empty: params.format everywhere)");
+  if (cfg_.formats.empty()) {
+    cfg_.formats = {p.format};
+    cfg_.layer_kernels.assign(cfg_.num_layers, {0, 0});
+  }
+  if ((int)cfg_.layer_kernels.size() != cfg_.num_layers)
+    throw std::invalid_argument("layer_kernels has " + std::to_string(cfg_.layer_kernels.size()) +
+                                " entries, expected one per layer (" + std::to_string(cfg_.num_layers) + ")");
+  for (const auto& lk : cfg_.layer_kernels)
+    for (int f : lk)
+      if (f < 0 || f >= (int)cfg_.formats.size())
+        throw std::invalid_argument("layer_kernels names format " + std::to_string(f) + " of " +
+                                    std::to_string(cfg_.formats.size()));
   if (cfg_.groups.empty()) cfg_.groups = {Config::Group{-1, cfg_.cores, {0}}};
   if (cfg_.bounds.empty()) cfg_.bounds = {0, p.inter};
   const int np = (int)cfg_.bounds.size() - 1;
@@ -95,13 +109,22 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
     P->i0 = cfg_.bounds[q], P->i1 = cfg_.bounds[q + 1], P->sharers = sharers[q];
     cpumoe_params pp = p;
     pp.inter = P->i1 - P->i0;
-    char err[512] = {0};
-    if (api_->kernel_create(&pp, cfg_.tier_cap, &P->k, err, sizeof err) != 0) {
-      for (auto& Q : parts_) api_->kernel_destroy(Q->k);
-      throw std::invalid_argument(err);
+    for (int32_t f : cfg_.formats) {
+      pp.format = f;
+      char err[512] = {0};
+      cpumoe_kernel* k = nullptr;
+      if (api_->kernel_create(&pp, cfg_.tier_cap, &k, err, sizeof err) != 0) {
+        for (auto* q : P->ks) api_->kernel_destroy(q);
+        for (auto& Q : parts_)
+          for (auto* q : Q->ks) api_->kernel_destroy(q);
+        throw std::invalid_argument(err);
+      }
+      P->ks.push_back(k);
+      // scratch rows fit every kernel's prepared x and g (a layer's gate_up kernel prepares x, its down kernel g)
+      P->xa = std::max(P->xa, up(k->act_bytes(k, p.hidden)));
+      P->ga = std::max(P->ga, up(k->act_bytes(k, pp.inter)));
     }
-    P->xa = up(P->k->act_bytes(P->k, p.hidden));
-    P->ga = up(P->k->act_bytes(P->k, pp.inter));
+    P->kg = P->kd = P->ks[0];
     P->xprep.resize(P->xa * T + kAlign);
     P->g.resize(R * pp.inter * sizeof(uint16_t) + kAlign);
     P->gprep.resize(P->ga * R + kAlign);
@@ -116,7 +139,7 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
     P->gdone.reset(new std::atomic<int>[R]);
     parts_.push_back(std::move(P));
   }
-  kernel_name_ = parts_[0]->k->name;
+  kernel_name_ = parts_[0]->ks[0]->name;
   tstart_.resize(T + 1);
   troutes_.resize(R);
   order_.resize(R);
@@ -134,7 +157,7 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
     std::vector<int> cores = C.cores;
     if (gi > 0) cores.insert(cores.begin(), -1);  // tid 0 of a launched pool is nobody
     G->pool = std::make_unique<Pool>(cores, cfg_.pin, cfg_.spin_us);
-    G->banks.assign(C.parts.size(), std::vector<std::array<cpumoe_bank, CPUMOE_MAX_BANKS>>(cfg_.num_layers));
+    G->banks.assign(C.parts.size(), std::vector<LayerBanks>(cfg_.num_layers));
     G->mem.assign(C.parts.size(), std::vector<std::shared_ptr<NodeMem>>(cfg_.num_layers));
     nthreads_ += G->threads();
     groups_.push_back(std::move(G));
@@ -193,7 +216,9 @@ void Executor::close() {
     for (auto& G : groups_) G->pool->stop();
   }
   for (auto& P : parts_) {
-    if (P->k) api_->kernel_destroy(P->k), P->k = nullptr;
+    for (auto*& k : P->ks)
+      if (k) api_->kernel_destroy(k), k = nullptr;
+    P->kg = P->kd = nullptr;
     release(P->xprep), release(P->g), release(P->gprep), release(P->terms), release(P->rxp), release(P->rg);
     release(P->routes);
     P->left.reset(), P->gready.reset(), P->gnext.reset(), P->gdone.reset();
@@ -224,7 +249,40 @@ int Executor::pool_sleepers() const {
   return n;
 }
 
-void Executor::set_banks(int layer, const std::vector<cpumoe_bank>& banks) {
+std::vector<std::string> Executor::kernel_names() const {
+  std::vector<std::string> out;
+  if (!parts_.empty())
+    for (const auto* k : parts_[0]->ks) out.push_back(k ? k->name : "closed");
+  return out;
+}
+
+Executor::LayerBanks Executor::layer_arrays(int layer, const std::vector<cpumoe_bank>& banks,
+                                            const std::vector<int>& gu_map, const std::vector<int>& dn_map) const {
+  if (gu_map.empty() != dn_map.empty()) throw std::invalid_argument("gu_map and dn_map come together");
+  if (gu_map.size() > CPUMOE_MAX_BANKS || dn_map.size() > CPUMOE_MAX_BANKS)
+    throw std::invalid_argument("a bank map has more than 8 slots");
+  LayerBanks lb;
+  if (gu_map.empty()) {
+    if (cfg_.layer_kernels[layer][0] != cfg_.layer_kernels[layer][1])
+      throw std::invalid_argument("layer " + std::to_string(layer) + " runs two formats: its banks need gu_map and dn_map");
+    std::copy(banks.begin(), banks.end(), lb.gu.begin());
+    lb.dn = lb.gu;
+  } else {
+    auto fill = [&](const std::vector<int>& map, std::array<cpumoe_bank, CPUMOE_MAX_BANKS>& dst) {
+      for (size_t s = 0; s < map.size(); ++s) {
+        if (map[s] < -1 || map[s] >= (int)banks.size())
+          throw std::invalid_argument("a bank map names bank " + std::to_string(map[s]) + " of " + std::to_string(banks.size()));
+        if (map[s] >= 0) dst[s] = banks[map[s]];
+      }
+    };
+    fill(gu_map, lb.gu), fill(dn_map, lb.dn);
+  }
+  lb.set = true;
+  return lb;
+}
+
+void Executor::set_banks(int layer, const std::vector<cpumoe_bank>& banks, const std::vector<int>& gu_map,
+                         const std::vector<int>& dn_map) {
   if (layer < 0 || layer >= cfg_.num_layers) throw std::out_of_range("layer out of range");
   if (banks.size() > CPUMOE_MAX_BANKS) throw std::invalid_argument("too many banks");
   if (forked()) throw std::runtime_error(state_error());
@@ -232,16 +290,16 @@ void Executor::set_banks(int layer, const std::vector<cpumoe_bank>& banks) {
   if (closed()) throw std::runtime_error(state_error());
   if (groups_.size() != 1 || parts_.size() != 1)
     throw std::invalid_argument("set_banks is the single pool's (one group, one part): place_banks places them");
+  const LayerBanks lb = layer_arrays(layer, banks, gu_map, dn_map);
   quiesce_all();
-  auto& dst = groups_[0]->banks[0][layer];
-  dst = {};
-  std::copy(banks.begin(), banks.end(), dst.begin());
+  groups_[0]->banks[0][layer] = lb;
   int64_t bytes = 0;  // weight bytes of one expert: what a routed group reads
   for (const auto& b : banks) bytes += b.ptr ? std::max<int64_t>(0, b.expert_stride) : 0;
   parts_[0]->expert_bytes[layer] = bytes;
 }
 
-Placement Executor::place_banks(int layer, int group, int part, const std::vector<BankSource>& src) {
+Placement Executor::place_banks(int layer, int group, int part, const std::vector<BankSource>& src,
+                                const std::vector<int>& gu_map, const std::vector<int>& dn_map) {
   if (layer < 0 || layer >= cfg_.num_layers) throw std::out_of_range("layer out of range");
   if (group < 0 || group >= (int)cfg_.groups.size()) throw std::out_of_range("group out of range");
   if (src.empty() || src.size() > CPUMOE_MAX_BANKS) throw std::invalid_argument("1 to 8 banks");
@@ -253,6 +311,7 @@ Placement Executor::place_banks(int layer, int group, int part, const std::vecto
   if (it == G.parts.end())
     throw std::invalid_argument("group " + std::to_string(group) + " does not run part " + std::to_string(part));
   const size_t slot = it - G.parts.begin();
+  (void)layer_arrays(layer, std::vector<cpumoe_bank>(src.size()), gu_map, dn_map);  // the maps' checks, before the copy
   quiesce_all();
   std::vector<size_t> off(src.size());
   size_t total = 0;
@@ -284,13 +343,13 @@ Placement Executor::place_banks(int layer, int group, int part, const std::vecto
   Placement pl{layer, group, part, G.node, total, mem->mbind_errno, ctx.touched.load(), ctx.pinned.load(), 0, 0, mem,
                off};
   for (int s : page_nodes(mem->p, total, 64)) pl.pages_checked += 1, pl.pages_on_node += s == G.node;
-  auto& dst = G.banks[slot][layer];
-  dst = {};
+  std::vector<cpumoe_bank> placed(src.size());
   int64_t bytes = 0;
   for (size_t b = 0; b < src.size(); ++b) {
-    dst[b] = {(const char*)mem->p + off[b], src[b].expert_stride, src[b].row_stride};
+    placed[b] = {(const char*)mem->p + off[b], src[b].expert_stride, src[b].row_stride};
     bytes += std::max<int64_t>(0, src[b].expert_stride);
   }
+  G.banks[slot][layer] = layer_arrays(layer, placed, gu_map, dn_map);
   parts_[part]->expert_bytes[layer] = bytes;
   G.mem[slot][layer] = mem;
   placements_.push_back(pl);

@@ -1,5 +1,10 @@
-// The executor: a format kernel (cpumoe-formats C ABI), per-layer banks, the
+// The executor: format kernels (cpumoe-formats C ABI), per-layer banks, the
 // worker pool, scratch sized for max_tokens, the IO block and the coordinator.
+// Formats per layer and per role (docs/executor.md "Formats per layer"): each part holds one kernel per distinct
+// format of the model; a layer names the kernel of its gate_up pass and that of its down pass (the same one in a
+// single-format model). The gate_up kernel prepares x (K = H) and runs gate_up on the layer's gate_up bank array,
+// the down kernel prepares the g rows (K = I) and runs down on the layer's down bank array; a step picks the two
+// kernels and the two arrays once, the inner loops are the single-format ones.
 // NUMA (docs/numa.md): the pool is one worker group per node, each with its own pool; the caller is tid 0 of
 // group 0 and wakes the others. A part is an I-slice [i0, i1) of every expert with its own kernel (inter = i1 - i0),
 // scratch and stage counters; a group runs its parts in order, on banks placed on its node. One group running one
@@ -34,7 +39,11 @@ namespace cpumoe_exec {
 
 struct Config {
   std::string label = "cpumoe executor";  // names the executor in errors (the Python object's description)
-  cpumoe_params params;
+  cpumoe_params params;                   // params.format: ignored where `formats` is given
+  // The model's distinct formats (cpumoe_format_id) and, per layer, the index in it of its gate_up format and of
+  // its down format. Both empty: params.format for every layer and both passes.
+  std::vector<int32_t> formats;
+  std::vector<std::array<int, 2>> layer_kernels;
   int tier_cap = -1;
   int num_layers = 1;
   int top_k = 1;
@@ -94,8 +103,11 @@ class Executor {
   // Why the executor cannot run (closed, or created in the parent of this forked process), or "" when it can.
   std::string state_error() const;
 
-  // The single pool's banks for `layer` (group 0, part 0): the caller's arrays, used in place.
-  void set_banks(int layer, const std::vector<cpumoe_bank>& banks);
+  // The single pool's banks for `layer` (group 0, part 0): the caller's arrays, used in place. gu_map / dn_map:
+  // per slot of the layer's gate_up (down) kernel's bank array, the index in `banks` of its bank, -1 for a slot
+  // that pass does not read (the other role's); both empty: `banks` is both arrays (a single-format layer).
+  void set_banks(int layer, const std::vector<cpumoe_bank>& banks, const std::vector<int>& gu_map = {},
+                 const std::vector<int>& dn_map = {});
   // Copies the banks of `layer` that `part` runs on into one mapping on `group`'s node (NodeMem), its pages touched
   // first by that group's workers, and runs the (group, part) from there. src: each bank's first byte, the bytes it
   // spans and its strides (kept). Under the step lock.
@@ -104,7 +116,8 @@ class Executor {
     size_t bytes;
     int64_t expert_stride, row_stride;
   };
-  Placement place_banks(int layer, int group, int part, const std::vector<BankSource>& src);
+  Placement place_banks(int layer, int group, int part, const std::vector<BankSource>& src,
+                        const std::vector<int>& gu_map = {}, const std::vector<int>& dn_map = {});
   std::vector<Placement> placements();
   // Synchronous step (one at a time per executor). Returns a cpumoe_error_code (CPUMOE_ERR_INTERNAL: closed, or
   // a forked child's copy).
@@ -158,6 +171,8 @@ class Executor {
   static constexpr int kMaxParts = 16;
 
   const std::string& kernel_name() const { return kernel_name_; }
+  // Per format of Config::formats, the name of its kernel ("avx512vnni+w4a8").
+  std::vector<std::string> kernel_names() const;
   const Config& config() const { return cfg_; }
   // The down row block reduction's width ("avx512f", "avx2", "sse2"), from capped_tier like the kernel's tier.
   const char* route_sum_isa() const { return rsum_.isa; }
@@ -190,8 +205,9 @@ class Executor {
   // One I-slice: its kernel, scratch (max_tokens) and the stage counters of the step in flight.
   struct Part {
     int i0 = 0, i1 = 0;
-    cpumoe_kernel* k = nullptr;
-    size_t xa = 0, ga = 0;  // prepared x / g row bytes (64-byte multiples)
+    std::vector<cpumoe_kernel*> ks;           // per format of the model (Config::formats)
+    cpumoe_kernel *kg = nullptr, *kd = nullptr;  // this step's gate_up and down kernels
+    size_t xa = 0, ga = 0;  // prepared x / g row bytes (64-byte multiples), the most over the kernels
     std::vector<char> xprep, g, gprep;
     std::vector<float> terms;  // [route slot j][H]: route j's down terms over this slice
     std::vector<const void*> rxp;
@@ -209,13 +225,19 @@ class Executor {
     std::unique_ptr<std::atomic<int>[]> gnext;   // per group: route preps claimed
     std::unique_ptr<std::atomic<int>[]> gdone;   // per group: route preps done
   };
+  // One layer's banks for one part: the gate_up kernel's bank array and the down kernel's (the same banks in a
+  // single-format layer).
+  struct LayerBanks {
+    std::array<cpumoe_bank, CPUMOE_MAX_BANKS> gu{}, dn{};
+    bool set = false;
+  };
   // One worker group: its pool, the parts it runs and their banks.
   struct Group {
     Executor* ex = nullptr;
     int index = 0, node = -1, first = 0;  // first: the global index (trace) of its first thread
     std::unique_ptr<Pool> pool;
     std::vector<int> parts;
-    std::vector<std::vector<std::array<cpumoe_bank, CPUMOE_MAX_BANKS>>> banks;  // [slot][layer]
+    std::vector<std::vector<LayerBanks>> banks;                                  // [slot][layer]
     std::vector<std::vector<std::shared_ptr<NodeMem>>> mem;                    // [slot][layer], placed banks
     int threads() const { return index == 0 ? pool->size() : pool->size() - 1; }  // tid 0 of others is nobody
   };
@@ -231,7 +253,10 @@ class Executor {
   }
   void body(const Group& G, int tid);
   struct Clock;
-  void part_body(Part& P, const cpumoe_bank* banks, Clock& c);
+  void part_body(Part& P, const LayerBanks& banks, Clock& c);
+  // banks -> the gate_up and down arrays of `layer` (set_banks' maps); throws std::invalid_argument on a bad map.
+  LayerBanks layer_arrays(int layer, const std::vector<cpumoe_bank>& banks, const std::vector<int>& gu_map,
+                          const std::vector<int>& dn_map) const;
   // Each group's team for a step (its pool's run team: 0 where it sits the step out); returns their threads.
   int size_teams(int layer, int nroutes, int ngroups, std::vector<int>* teams) const;
   void coordinator_loop(int core);

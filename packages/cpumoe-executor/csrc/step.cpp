@@ -75,7 +75,7 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   if (fold_pending_) fold_tails();
   for (const auto& G : groups_)
     for (size_t slot = 0; slot < G->parts.size(); ++slot)
-      if (!G->banks[slot][layer][0].ptr) {
+      if (!G->banks[slot][layer].set) {
         if (err)
           *err = "banks of layer " + std::to_string(layer) + " are not set" +
                  (groups_.size() > 1 || parts_.size() > 1
@@ -102,6 +102,8 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   const bool on_in = p.apply_router_weight_on_input != 0;
   for (int j = 0; j < nroutes; ++j) rwin_[j] = on_in ? w[order_[j]] : 1.0f;
   for (auto& P : parts_) {
+    // this layer's two kernels: a pointer pick per step, the inner loops are a single format's
+    P->kg = P->ks[cfg_.layer_kernels[layer][0]], P->kd = P->ks[cfg_.layer_kernels[layer][1]];
     char* xp = up64(P->xprep.data());
     uint16_t* gb = (uint16_t*)up64(P->g.data());
     char* gp = up64(P->gprep.data());
@@ -125,7 +127,8 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
   // item, a down item starts one stream per expert group): q4_0 batch 1 880-924 us per step against 1105-1135 with
   // one block_hint per item (Zen 4, 2 threads). 16 threads keep about one block_hint per item.
   size_teams(layer, nroutes, ngroups, &teams_);
-  const int blk = std::max(1, parts_[0]->k->block_hint), nhb = (H + blk - 1) / blk;
+  // gate_up items in the gate_up kernel's block_hint, down items in the down kernel's
+  const int blk = std::max(1, parts_[0]->kd->block_hint), nhb = (H + blk - 1) / blk;
   int team_h = 1;  // the largest team on one part: the output row blocks are common to every part
   for (auto& P : parts_) {
     int team = 0;  // the threads of the groups that run P
@@ -134,8 +137,8 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
         team += G->index == 0 ? teams_[0] : teams_[G->index] - 1;
     team = std::max(team, 1);
     team_h = std::max(team_h, team);
-    const int I = P->i1 - P->i0, nib = (I + blk - 1) / blk;
-    P->iblk = blk * std::clamp(ngroups * nib / (team * kItemsPerThread), 1, nib);
+    const int I = P->i1 - P->i0, gblk = std::max(1, P->kg->block_hint), nib = (I + gblk - 1) / gblk;
+    P->iblk = gblk * std::clamp(ngroups * nib / (team * kItemsPerThread), 1, nib);
     P->n_iblk = (I + P->iblk - 1) / P->iblk;
     P->c0 = 0, P->d0 = 0, P->c1 = 0, P->c3 = 0;
     for (int grp = 0; grp < ngroups; ++grp)
@@ -198,18 +201,18 @@ void Executor::body(const Group& G, int tid) {
   Clock c{tr, tr ? mono_ns() : 0};
   if (tr) ++tr->steps, tr->enter += c.mark - t0_;
   for (size_t slot = 0; slot < G.parts.size(); ++slot)
-    part_body(*parts_[G.parts[slot]], G.banks[slot][st_.layer].data(), c);
+    part_body(*parts_[G.parts[slot]], G.banks[slot][st_.layer], c);
   if (tr) tr->exit += c.mark - t0_, tr->last_exit = c.mark - t0_;
 }
 
-void Executor::part_body(Part& P, const cpumoe_bank* banks, Clock& c) {
+void Executor::part_body(Part& P, const LayerBanks& lb, Clock& c) {
   const int H = cfg_.params.hidden, I = P.i1 - P.i0, np = num_parts();
   const Step& s = st_;
   char* xp = up64(P.xprep.data());
   TraceSlot* tr = c.tr;
   // stage 0: prepare each token's x
   for (int t; (t = P.c0.fetch_add(1, std::memory_order_relaxed)) < s.T;) {
-    P.k->prep_act(P.k, s.x + (size_t)t * H, H, xp + P.xa * t);
+    P.kg->prep_act(P.kg, s.x + (size_t)t * H, H, xp + P.xa * t);
     P.d0.fetch_add(1, std::memory_order_release);
   }
   wait_at_least(P.d0, s.T);  // every item is claimed: their threads finish them without waiting
@@ -220,7 +223,7 @@ void Executor::part_body(Part& P, const cpumoe_bank* banks, Clock& c) {
   // which one thread ran alone while the others waited)
   for (int it; (it = P.c1.fetch_add(1, std::memory_order_relaxed)) < s.ngroups * P.n_iblk;) {
     const int grp = it / P.n_iblk, i0 = (it % P.n_iblk) * P.iblk, a = gstart_[grp], b = gstart_[grp + 1];
-    P.k->gate_up(P.k, banks, gexpert_[grp], i0, std::min(I, i0 + P.iblk), b - a, &P.rxp[a], &rwin_[a], &P.rg[a]);
+    P.kg->gate_up(P.kg, lb.gu.data(), gexpert_[grp], i0, std::min(I, i0 + P.iblk), b - a, &P.rxp[a], &rwin_[a], &P.rg[a]);
     if (P.n_iblk > 1 && P.left[grp].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
     P.gready[grp].store(1, std::memory_order_release);
     prep_routes(P, grp);
@@ -242,7 +245,7 @@ void Executor::part_body(Part& P, const cpumoe_bank* banks, Clock& c) {
     prep_routes(P, grp);
     for (unsigned i = 0; P.gdone[grp].load(std::memory_order_acquire) < b - a; ++i) spin_pause(i);
     if (tr) c.lap(tr->down_wait);
-    P.k->down(P.k, banks, h0, h1, &P.routes[a], b - a, P.terms.data() + h0, H);
+    P.kd->down(P.kd, lb.dn.data(), h0, h1, &P.routes[a], b - a, P.terms.data() + h0, H);
     if (hleft_[hb].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
     // Each token's slots in route order: 0 + t1 (the slot's value) is t1 (never -0), then + t2, + t3, ...; with
     // several parts, part 0's slots, then part 1's, ...; the next token's slots are fetched while this one's are
@@ -271,7 +274,7 @@ void Executor::part_body(Part& P, const cpumoe_bank* banks, Clock& c) {
 void Executor::prep_routes(Part& P, int grp) {
   const int a = gstart_[grp], b = gstart_[grp + 1], I = P.i1 - P.i0;
   for (int j; (j = a + P.gnext[grp].fetch_add(1, std::memory_order_relaxed)) < b;) {
-    P.k->prep_act(P.k, P.rg[j], I, const_cast<void*>(P.routes[j].act));
+    P.kd->prep_act(P.kd, P.rg[j], I, const_cast<void*>(P.routes[j].act));
     P.gdone[grp].fetch_add(1, std::memory_order_release);
   }
 }

@@ -34,7 +34,8 @@ RAISE = {
     "set_team_unit": lambda ex, s: ex.set_team_unit(0),
     "numa_report": lambda ex, s: ex.numa_report(),
 }
-FINE = {"close", "stop_coordinator", "closed", "isa", "threads", "numa"}  # teardown stays idempotent; descriptions stay
+FINE = {"close", "stop_coordinator", "closed", "isa", "threads", "numa",  # teardown stays idempotent; descriptions stay
+        "spec", "given_format", "layer_formats", "given_layer_formats", "mixed", "layer_spec", "kernel_isas"}
 
 
 def proc_status() -> dict:
@@ -69,6 +70,8 @@ def test_every_call_after_close_raises_naming_the_executor(fmt, rng):
             pytest.fail(f"{name} ran on a closed executor")
     ex.stop_coordinator()  # a no-op
     assert ex.isa and ex.threads >= 1
+    assert ex.spec.name == ex.layer_formats[0][0] == ex.layer_spec(0, "down").name and ex.given_format == fmt
+    assert not ex.mixed and list(ex.kernel_isas.values()) == [ex.isa]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

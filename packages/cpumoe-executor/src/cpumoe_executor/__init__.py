@@ -7,7 +7,7 @@ from pathlib import Path
 from . import _native
 from .executor import CpuMoeExecutor, cpu_layout, resolve_cores, usable_cpus
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 ABI_VERSION = (_native.ABI_MAJOR, _native.ABI_MINOR)
 PROTOCOL_VERSION = _native.PROTOCOL_VERSION
 C_API_CAPSULE = _native._C_API_v1

@@ -13,8 +13,9 @@ from cpumoe_formats.arrays import as_array, check_array, describe
 from cpumoe_formats.inputs import MAX_TOP_K, check_routing, x_as_bf16
 from cpumoe_formats.kernels import TIERS
 from cpumoe_formats.numerics import BF16
+from cpumoe_formats.roles import check_role
 
-from . import _native, numa_banks
+from . import _native, model_formats, numa_banks
 from . import numa as numa_mod
 from .trace import trace_summary
 
@@ -117,8 +118,13 @@ def _layout_step(spec, H: int, I: int, mode: str, isa: str | None, repack: bool 
     return target if tier(target.name) >= max(tier(spec.name), floor) else None
 
 
+def _pair_name(pair) -> str:
+    """"q4_k" for a one-format layer, "q4_k/q6_k" for a two-format one."""
+    return pair[0].name if pair[0] is pair[1] else f"{pair[0].name}/{pair[1].name}"
+
+
 class CpuMoeExecutor:
-    """MoE decode on the CPU for one model: every layer's banks in one format.
+    """MoE decode on the CPU for one model: every layer's banks in one format, or a format per layer and per matrix.
 
     Threads: safe to share. Any thread may call any method; the steps (decode, doorbell tasks, read_bandwidth,
     the trace) run one at a time under the executor's lock, so a decode never interleaves with another nor with
@@ -134,13 +140,21 @@ class CpuMoeExecutor:
     every call raises RuntimeError saying so. Create a new executor in the child. Exiting the interpreter with a
     decode in flight in a daemon thread is safe (that thread parks; the process exits).
 
-    banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema).
+    format: a format name (every layer, both matrices), or a list with one entry per layer, each a format name or a
+    (gate_up_format, down_format) pair (cpumoe_formats.layer_formats; docs/executor.md "Formats per layer"). A
+    pair's formats share E, H, I and the activation mode; mode=None picks the one mode every format of the model
+    supports, preferring the first layer's gate_up format's default (cpumoe_formats.model_mode).
+    banks: a list, one mapping per layer, of bank name -> array (cpumoe_formats schema). A pair layer's mapping holds
+    the gate_up format's gate_up banks and the down format's down banks under their schema names (q4_k's "gate_up",
+    q6_k's "down").
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
     mxfp4 -> mxfp4_panel, and on to mxfp4_x16 in mode w4a8, both bit-identical; q4_0 -> q4_0_x16, nvfp4 ->
     nvfp4_x16 and ds_fp4 -> ds_fp4_x16 in mode w4a8 and fp8_block -> fp8_block_x16, each from avx2; bf16 -> bf16_x16
     from avx512f below AMX; each the format's math in the layout's own fp32 order; only for shapes the layout
     takes); the layers are repacked on the executor's threads, and the executor then holds that new copy and not
-    the given arrays. False keeps the given arrays, zero-copy; True forces the (first) layout.
+    the given arrays. False keeps the given arrays, zero-copy; True forces the (first) layout. With several formats
+    the rule runs per format and each role is repacked alone (q4_k gate_up -> q4_k_x16 while q6_k down stays q6_k);
+    True forces the formats that have a layout (it raises where none has).
     numa: None (auto: "split" where two or more NUMA nodes get workers and the format can be cut by I, else "off"),
     "split" (one worker group per node, each layer's experts cut by I into one slice per node, each slice copied
     onto its node), "replicate" (a full copy on every node, each worker reading its node's), "off" (one pool on the
@@ -155,134 +169,203 @@ class CpuMoeExecutor:
                  threads: int | None = None, core_ids=None, mode: str | None = None, isa: str | None = None,
                  pin: bool = True, spin_us: int = 2000, repack: bool | None = None, numa=None,
                  sysfs_root: str | None = None):
-        self.spec = cf.get_format(format)
         if repack not in (None, True, False):
             raise ValueError(f"repack={repack!r} must be None (auto), True or False")
-        if repack and not self.spec.cpu_layout:
-            raise ValueError(f"repack=True: format {self.spec.name!r} has no CPU layout to repack into; "
-                             "expected repack=None or False")
         if isinstance(banks, dict) or not hasattr(banks, "__len__") or len(banks) == 0:
             raise TypeError("banks must be a non-empty list with one mapping of bank name -> array per layer")
+        pairs = cf.layer_formats(format, len(banks))
+        given = list(dict.fromkeys(n for p in pairs for n in p))  # the distinct formats, in first-use order
+        if repack and not any(cf.get_format(n).cpu_layout for n in given):
+            what = (f"format {given[0]!r} has no CPU layout" if len(given) == 1 else
+                    f"none of the formats {given} has a CPU layout")
+            raise ValueError(f"repack=True: {what} to repack into; expected repack=None or False")
         if not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
             raise ValueError(f"top_k={top_k!r} must be an int in [1, {MAX_TOP_K}]")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens!r} must be a positive int")
-        if apply_router_weight_on_input and not self.spec.input_weight:
-            raise ValueError(f"format {self.spec.name!r} applies the router weight on the output; "
-                             "apply_router_weight_on_input=True is not supported")
+        for n in given:
+            if apply_router_weight_on_input and not cf.get_format(n).input_weight:
+                raise ValueError(f"format {n!r} applies the router weight on the output; "
+                                 "apply_router_weight_on_input=True is not supported")
+        self._given_pairs = pairs
         self._arrays = []
         dims = (E, H, I)
         for layer, b in enumerate(banks):
             try:
-                arrays, d = self.spec.validate(b, *dims)
+                (gu, dn), d = cf.validate_layer(pairs[layer], b, *dims)
             except (ValueError, TypeError) as e:
                 raise type(e)(f"layer {layer}: {e}") from None
             dims = d
-            self._arrays.append(arrays)
+            self._arrays.append(gu + dn)
         self.E, self.H, self.I = dims
-        self.given_format = self.spec.name
         self.act = cf.activations.resolve(activation, alpha, limit)
-        mode = self.spec.default_mode if mode is None else mode
-        if mode not in self.spec.modes:
-            raise ValueError(f"mode={mode!r} is not supported by format {self.spec.name!r}; "
-                             f"expected one of {list(self.spec.modes)}")
+        if cf.is_uniform(pairs):
+            spec = cf.get_format(pairs[0][0])
+            mode = spec.default_mode if mode is None else mode
+            if mode not in spec.modes:
+                raise ValueError(f"mode={mode!r} is not supported by format {spec.name!r}; "
+                                 f"expected one of {list(spec.modes)}")
+        else:
+            mode = cf.model_mode(pairs, mode)
         if isa is not None and isa not in TIERS:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
-        target = _repack_target(self.spec, self.H, self.I, mode, isa, repack)
+        self._formats = model_formats.resolve(pairs, self.H, self.I, mode, isa, repack, _repack_target)
+        kernel_specs = self._formats.kernel_formats
         self._topology, self._placed = None, None
-        self.numa_plan = self._plan_numa(numa, sysfs_root, threads, core_ids, target or self.spec, len(banks))
+        self.numa_plan = self._plan_numa(numa, sysfs_root, threads, core_ids, len(banks))
         if self.numa_plan is None:
             self.core_ids, why = _resolve_cores(threads, core_ids)
         else:
             self.core_ids, why = self.numa_plan.cores, self.numa_plan.why
-        if target is not None and self.numa_plan is None:
-            self._repack(banks, target)  # the executor then holds the repacked copies (self._arrays), not the given
         self.mode, self.top_k, self.max_tokens, self.num_layers = mode, top_k, max_tokens, len(banks)
+        if self.numa_plan is None:
+            for layer, arrays in self._layers_as(banks):
+                self._arrays[layer] = arrays  # repacked copies where a role repacks (the executor holds them)
         lim = self.act.limit if math.isfinite(self.act.limit) else float("inf")
-        run_spec = target or self.spec
         plan = self.numa_plan
-        self._x = _native.Executor(run_spec.id, self.act.id, _MODES.index(mode), bool(apply_router_weight_on_input),
-                                   self.E, self.H, self.I, self.act.alpha, lim,
+        self._x = _native.Executor(kernel_specs[0].id, self.act.id, _MODES.index(mode),
+                                   bool(apply_router_weight_on_input), self.E, self.H, self.I, self.act.alpha, lim,
                                    -1 if isa is None else TIERS.index(isa), self.num_layers, top_k, max_tokens,
-                                   self.core_ids, bool(pin), int(spin_us), self._label(run_spec),
+                                   self.core_ids, bool(pin), int(spin_us), self._label(),
                                    groups=[(g.node, list(g.cores), list(g.parts)) for g in plan.groups] if plan else [],
-                                   bounds=list(plan.bounds) if plan else [])
+                                   bounds=list(plan.bounds) if plan else [], formats=[s.id for s in kernel_specs],
+                                   layer_kernels=self._formats.layer_kernels())
+        self._kernel_names = tuple(self._x.kernel_names)  # per kernel format; readable after close()
         if plan is None:
-            # the arrays must outlive the executor (repacked ones are self._arrays)
-            self._banks_ref = banks if self.given_format == self.spec.name else None
+            # the arrays must outlive the executor (the given ones where a layer runs them in place)
+            self._banks_ref = banks if not self._repacked() else None
             for layer, arrays in enumerate(self._arrays):
-                self._x.set_banks(layer, self.spec.bank_views(arrays))
+                views = kernel_specs[0].bank_views(arrays)  # pointers and strides (bank_views reads only the arrays)
+                self._x.set_banks(layer, views, *self._formats.bank_maps(layer))
         else:
             try:
-                self._place(banks, target)
+                self._place(banks)
             except BaseException:
                 self._x.close()
                 raise
-        repacked = "" if self.given_format == self.spec.name else f" (repacked from {self.given_format})"
-        log.info("cpumoe_executor ready: format=%s%s isa=%s threads=%d cores=%s (%s) E=%d H=%d I=%d top_k=%d "
-                 "max_tokens=%d layers=%d act=%s route_sum=%s numa=%s", self.spec.name, repacked, self.isa,
+        log.info("cpumoe_executor ready: format=%s isa=%s threads=%d cores=%s (%s) E=%d H=%d I=%d top_k=%d "
+                 "max_tokens=%d layers=%d act=%s route_sum=%s numa=%s", self._formats_line(), self.isa,
                  self.threads, self.core_ids, why, self.E, self.H, self.I, top_k, max_tokens, self.num_layers,
                  self.act.name, self._x.route_sum_isa, self._numa_line())
-        if self.spec.hint:
-            log.info("cpumoe_executor: format %s: %s", self.spec.name, self.spec.hint)
+        for s_ in kernel_specs:
+            if s_.hint:
+                log.info("cpumoe_executor: format %s: %s", s_.name, s_.hint)
 
-    def _repack(self, banks, target) -> None:
-        """Every layer into `target` down the format's layout chain (progress logged), then run as that format."""
-        for layer, arrays in self._layers_as(banks, target):
-            self._arrays[layer] = arrays
-        self.spec = target
+    def _repacked(self) -> bool:
+        """Whether any layer's role runs a repacked copy (not the given arrays)."""
+        return any(r is not g for gp, rp in zip(self._formats.given, self._formats.run) for g, r in zip(gp, rp))
 
-    def _layers_as(self, banks, target):
-        """(layer, arrays in slot order) of every layer, repacked into `target` one layer at a time (progress
-        logged) or, with no target, as validated."""
+    def _formats_line(self) -> str:
+        """The ready line's formats: "q4_0_x16 (repacked from q4_0)" for a single-format model, else per layer
+        ("q4_k_x16/q6_k x 12 layers, ... (given q4_k/q6_k x 12 layers, ...)")."""
+        f = self._formats
+        if f.uniform:
+            g, r = f.given[0][0].name, f.run[0][0].name
+            return r if g == r else f"{r} (repacked from {g})"
+        run, given = f.summary("run"), f.summary("given")
+        return run if run == given else f"{run} (given {given})"
+
+    # ---- formats: one for the model, or per layer and role --------------------------------------------------
+    @property
+    def mixed(self) -> bool:
+        """Whether the model was given more than one format (per layer or per matrix)."""
+        return not self._formats.uniform
+
+    @property
+    def spec(self):
+        """The FormatSpec every layer runs (the repacked layout where it repacked). A mixed model has none:
+        ValueError (layer_formats / layer_spec)."""
+        if self.mixed:
+            raise ValueError(f"{self._label()} runs a format per layer and per matrix ({self._formats.summary()}): "
+                             "it has no one spec; use layer_formats or layer_spec(layer, role)")
+        return self._formats.run[0][0]
+
+    @property
+    def given_format(self) -> str:
+        """The format name the banks were given in. A mixed model: ValueError (given_layer_formats)."""
+        if self.mixed:
+            raise ValueError(f"{self._label()} was given a format per layer and per matrix "
+                             f"({self._formats.summary('given')}): use given_layer_formats")
+        return self._formats.given[0][0].name
+
+    @property
+    def layer_formats(self) -> list:
+        """Per layer, the (gate_up, down) format names as they run (after repack), e.g. ("q4_k_x16", "q6_k")."""
+        return [(g.name, d.name) for g, d in self._formats.run]
+
+    @property
+    def given_layer_formats(self) -> list:
+        """Per layer, the (gate_up, down) format names the banks were given in (canonical names)."""
+        return [(g.name, d.name) for g, d in self._formats.given]
+
+    def layer_spec(self, layer: int, role: str = "gate_up"):
+        """The FormatSpec that runs `role` ("gate_up" or "down") of `layer`."""
+        if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer={layer!r}: expected an int in [0, {self.num_layers})")
+        return self._formats.run[layer][cf.ROLES.index(check_role(role))]
+
+    def _layers_as(self, banks):
+        """(layer, arrays in ModelFormats.names() order) of every layer, each role repacked into its run format one
+        layer at a time (progress logged), or as validated where nothing repacks."""
+        f = self._formats
         t0, n, every = time.perf_counter(), 0, max(1, len(banks) // 10)
         for layer, b in enumerate(banks):
-            if target is None:
+            gp, rp = f.given[layer], f.run[layer]
+            if gp[0] is rp[0] and gp[1] is rp[1]:
                 yield layer, self._arrays[layer]
                 continue
             # the experts in as many slices at once as the executor has threads
-            arrays, _ = target.validate(self.spec.to_layout(b, target.name, threads=len(self.core_ids)), self.E,
-                                        self.H, self.I)
+            arrays = model_formats.repack_layer(gp, rp, b, (self.E, self.H, self.I), len(self.core_ids))
             n += sum(a.nbytes for a in arrays)
             if (layer + 1) % every == 0 or layer + 1 == len(banks):
                 log.info("cpumoe_executor: repacked %s -> %s, layer %d/%d, %.2f GB in %.1f s (repack=False keeps "
-                         "the given arrays)", self.spec.name, target.name, layer + 1, len(banks), n / 1e9,
-                         time.perf_counter() - t0)
+                         "the given arrays)", _pair_name(gp), _pair_name(rp), layer + 1,
+                         len(banks), n / 1e9, time.perf_counter() - t0)
             yield layer, arrays
 
     # ---- NUMA (numa.py, numa_banks.py, docs/numa.md) ---------------------------------------------------------
-    def _plan_numa(self, numa, root, threads, core_ids, run_spec, layers):
-        """The worker groups and slices, or None for the single pool (numa.resolve)."""
+    def _plan_numa(self, numa, root, threads, core_ids, layers):
+        """The worker groups and slices, or None for the single pool (numa.resolve). The slices start at a multiple
+        of every run format's cut unit (their lcm)."""
         if core_ids is not None and numa != "off":
             _resolve_cores(threads, core_ids)  # the single pool's checks first (affinity mask, threads)
-        plan, self._topology = numa_mod.resolve(numa, self.I, numa_banks.cut_unit(run_spec, self.I), root=root,
-                                                threads=threads, core_ids=core_ids)
+        f = self._formats
+        plan, self._topology = numa_mod.resolve(numa, self.I, numa_banks.model_cut_unit(f.kernel_formats, self.I),
+                                                root=root, threads=threads, core_ids=core_ids)
         if plan is not None:
-            numa_mod.check_memory(plan, self._topology, run_spec.bytes_per_expert(self.H, self.I) * self.E * layers)
+            per_layer = [g.bytes_per_expert(self.H, self.I) if g is d else
+                         g.role_bytes_per_expert("gate_up", self.H, self.I) +
+                         d.role_bytes_per_expert("down", self.H, self.I) for g, d in f.run]
+            numa_mod.check_memory(plan, self._topology, sum(per_layer) * self.E)
         return plan
 
-    def _place(self, banks, target) -> None:
+    def _place(self, banks) -> None:
         """Each layer (repacked one at a time where the executor repacks), cut into the plan's slices where it
-        splits, copied onto the node of every group that runs each slice."""
-        plan, run_spec = self.numa_plan, target or self.spec
+        splits (a two-format layer role by role), copied onto the node of every group that runs each slice."""
+        plan, f = self.numa_plan, self._formats
         threads = len(self.core_ids)
         self._placed = [{} for _ in banks]
-        for layer, arrays in self._layers_as(banks, target):
-            if len(plan.bounds) > 2:
-                pieces = [run_spec.validate(p)[0] for p in
-                          numa_banks.cut(run_spec, dict(zip(run_spec.bank_names, arrays)), plan.bounds, threads)]
-            else:
+        for layer, arrays in self._layers_as(banks):
+            (g, d), names = f.run[layer], f.names(layer)
+            if len(plan.bounds) <= 2:
                 pieces = [arrays]
-            for gi, g in enumerate(plan.groups):
-                for q in g.parts:
+            elif g is d:
+                pieces = [g.validate(p)[0] for p in numa_banks.cut(g, dict(zip(names, arrays)), plan.bounds, threads)]
+            else:
+                cuts = [numa_banks.cut_role(s, role, dict(zip(names, arrays)), plan.bounds, threads)
+                        for s, role in ((g, "gate_up"), (d, "down"))]
+                pieces = [[gu[n] for n in g.role_banks("gate_up")] + [dn[n] for n in d.role_banks("down")]
+                          for gu, dn in zip(*cuts)]
+            for gi, grp in enumerate(plan.groups):
+                for q in grp.parts:
                     arrs = pieces[q]
                     mem, rec = self._x.place_banks(layer, gi, q, [(a.ctypes.data, _span(a), a.strides[0],
                                                                    a.strides[1] if a.ndim == 3 else a.strides[-1])
-                                                                  for a in arrs])
+                                                                  for a in arrs], *f.bank_maps(layer))
                     self._placed[layer][(gi, q)] = (mem, [(a.shape, a.dtype, a.strides, off)
                                                           for a, off in zip(arrs, rec["offsets"])])
             self._arrays[layer] = None  # the executor holds the placed copies only
-        self.spec, self._arrays, self._banks_ref = run_spec, None, None
+        self._arrays, self._banks_ref = None, None
 
     def _numa_line(self) -> str:
         p = self.numa_plan
@@ -314,9 +397,13 @@ class CpuMoeExecutor:
                 "groups": groups, "bounds": list(p.bounds) if p else [0, self.I],
                 "placements": [{k: v for k, v in r.items() if k != "offsets"} for r in self._x.placements()]}
 
-    def _label(self, spec=None) -> str:
-        spec = spec or self.spec
-        ran = spec.name if spec.name == self.given_format else f"{self.given_format} as {spec.name}"
+    def _label(self) -> str:
+        f = self._formats
+        if f.uniform:
+            g, r = f.given[0][0].name, f.run[0][0].name
+            ran = r if g == r else f"{g} as {r}"
+        else:
+            ran = "per layer: " + f.summary()
         return (f"CpuMoeExecutor({ran}, {self.num_layers} layers, E={self.E} H={self.H} I={self.I}, "
                 f"id {id(self):#x})")
 
@@ -338,8 +425,17 @@ class CpuMoeExecutor:
     # ---- properties ---------------------------------------------------------------
     @property
     def isa(self) -> str:
-        """The kernel that runs: tier plus precision mode (e.g. 'avx512bf16', 'avx2+w4a8')."""
-        return self._x.kernel_name
+        """The kernel that runs: tier plus precision mode (e.g. 'avx512bf16', 'avx2+w4a8'). A model of several
+        formats whose kernels differ: each format's, "q4_k_x16=avx512vnni+w4a8, q6_k=avx2+w4a8" (kernel_isas)."""
+        names = set(self._kernel_names)
+        if len(names) == 1:
+            return self._x.kernel_name
+        return ", ".join(f"{k}={v}" for k, v in self.kernel_isas.items())
+
+    @property
+    def kernel_isas(self) -> dict:
+        """Run format name -> the kernel that runs it (tier plus mode), one entry per format of the model."""
+        return dict(zip((s.name for s in self._formats.kernel_formats), self._kernel_names))
 
     @property
     def threads(self) -> int:
@@ -465,21 +561,27 @@ class CpuMoeExecutor:
         self._x.clear_error()
 
     def layer_banks(self, layer: int) -> dict:
-        """Layer `layer`'s banks as this executor runs them (format `spec.name`: the repacked copies where it repacked),
+        """Layer `layer`'s banks as this executor runs them (format `spec.name`: the repacked copies where it repacked;
+        a two-format layer: layer_formats[layer]'s gate_up format's gate_up banks and its down format's down banks),
         bank name -> array; the arrays are the executor's own (read them, do not write). Placed on NUMA nodes:
         read-only views of the first group's copy (they keep it alive after close()), or under numa="split" the
         slices joined back into new arrays (numa_banks.join: the same weights)."""
         self._check()
         if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer!r}: expected an int in [0, {self.num_layers})")
+        names, (g, d) = self._formats.names(layer), self._formats.run[layer]
         if self._placed is None:
-            return dict(zip(self.spec.bank_names, self._arrays[layer]))
+            return dict(zip(names, self._arrays[layer]))
         parts = []  # per slice, read-only views of the first placed copy (they keep it alive)
         for q in range(len(self.numa_plan.bounds) - 1):
-            mem, descs = next(v for (g, p), v in sorted(self._placed[layer].items()) if p == q)
+            mem, descs = next(v for (_, p), v in sorted(self._placed[layer].items()) if p == q)
             parts.append({n: np.ndarray(shape, dtype, buffer=mem, offset=off, strides=st)
-                          for n, (shape, dtype, st, off) in zip(self.spec.bank_names, descs)})
-        return parts[0] if len(parts) == 1 else numa_banks.join(self.spec, parts)
+                          for n, (shape, dtype, st, off) in zip(names, descs)})
+        if len(parts) == 1:
+            return parts[0]
+        if g is d:
+            return numa_banks.join(g, parts)
+        return {**numa_banks.join_role(g, "gate_up", parts), **numa_banks.join_role(d, "down", parts)}
 
     @property
     def team_unit(self) -> int:

@@ -162,6 +162,36 @@ def cut(spec, banks: dict, bounds, threads: int | None = None) -> list:
     return [base.to_layout(p, spec.name, threads=threads) for p in _cut_base(base, unpack(banks), bounds)]
 
 
+def model_cut_unit(specs, I: int) -> int | str:  # noqa: E741
+    """cut_unit over a model's formats (a slice boundary valid for every one: their lcm), or the first reason one
+    of them cannot be cut."""
+    unit = 1
+    for spec in specs:
+        u = cut_unit(spec, I)
+        if isinstance(u, str):
+            return u
+        unit = _lcm(unit, u)
+    return unit
+
+
+def cut_role(spec, role: str, banks: dict, bounds, threads: int | None = None) -> list:
+    """One role's banks of `spec` (a layer of two formats) -> that role's banks per slice (cut's, role by role:
+    FormatSpec.map_role)."""
+    if _base(spec)[0] is None:
+        raise ValueError(cut_unit(spec, bounds[-1]))
+    return spec.map_role(role, banks, lambda b: cut(spec, b, bounds), spec, threads)
+
+
+def join_role(spec, role: str, parts: list) -> dict:
+    """cut_role's inverse: one role's banks of `spec` from the slices' (the same bytes)."""
+    full = []
+    for p in parts:
+        arrs, dims = spec.validate_role(role, p)
+        full.append(spec._with_zeros(role, dict(zip(spec.role_banks(role), arrs)), dims))
+    joined = join(spec, full)
+    return {n: joined[n] for n in spec.role_banks(role)}
+
+
 def join(spec, parts: list, threads: int | None = None) -> dict:
     """The layer's banks of `spec` from its slices' (cut's inverse: the same bytes)."""
     base, unpack = _base(spec)

@@ -38,8 +38,10 @@ from .formats.q4_k_x16 import unpack as unpack_q4_k_x16
 from .formats.q8_0_x16 import repack as repack_q8_0_x16
 from .formats.q8_0_x16 import unpack as unpack_q8_0_x16
 from .kernels import PEAK_KINDS, TIERS, Kernel, detected_tier, moe_forward, peak_loop, selected_tier, usable_tiers
+from .layers import is_uniform, layer_formats, model_mode, validate_layer
+from .roles import ROLES
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 ABI_VERSION = (_native.ABI_MAJOR, _native.ABI_MINOR)
 C_API_CAPSULE = _native._C_API_v1
 BUILD_INFO = _native.BUILD_INFO
@@ -89,10 +91,11 @@ if os.environ.get("CPUMOE_DEBUG_INFO"):
 
 __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "PEAK_KINDS", "TIERS", "Kernel",
            "aligned_copy", "peak_loop",
-           "aligned_empty", "detected_tier", "get_format", "get_include", "moe_forward", "quantize", "reference",
+           "ROLES", "aligned_empty", "detected_tier", "get_format", "get_include", "is_uniform", "layer_formats",
+           "model_mode", "moe_forward", "quantize", "reference",
            "repack_bf16_x16", "repack_ds_fp4_x16", "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_mxfp4_x16",
            "repack_nvfp4_x16", "repack_q4_0_x16", "repack_q4_k_x16",
            "repack_q8_0_x16", "require_abi", "selected_tier", "unpack_bf16_x16",
            "unpack_ds_fp4_x16", "unpack_fp8_block_x16", "unpack_mxfp4_panels", "unpack_mxfp4_x16", "unpack_nvfp4_x16",
            "unpack_q4_0_x16", "unpack_q4_k_x16", "unpack_q8_0_x16",
-           "usable_tiers", "validate_banks"]
+           "usable_tiers", "validate_banks", "validate_layer"]

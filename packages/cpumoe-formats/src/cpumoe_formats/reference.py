@@ -15,14 +15,29 @@ import numpy as np
 from . import activations
 from .formats import get_format
 from .inputs import check_routing, check_x
+from .layers import model_mode, validate_layer
 from .numerics import round_bf16
 
 
-def dequantize(fmt, banks) -> tuple[np.ndarray, np.ndarray]:
-    """float64 (gate_up [E, 2I, H] gate rows then up rows, down [E, H, I]). Threads: any."""
+def _pair(fmt):
+    """(gate_up spec, down spec) of a format name or a (gate_up, down) pair of names."""
+    if isinstance(fmt, (tuple, list)):
+        if len(fmt) != 2:
+            raise ValueError(f"fmt={fmt!r}: expected a format name or a (gate_up_format, down_format) pair")
+        return get_format(fmt[0]), get_format(fmt[1])
     spec = get_format(fmt)
-    spec.validate(banks)
-    return spec.dequantize(banks)
+    return spec, spec
+
+
+def dequantize(fmt, banks) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (gate_up [E, 2I, H] gate rows then up rows, down [E, H, I]). fmt: a format name, or a (gate_up, down)
+    pair for a layer of two formats (layers.validate_layer's banks). Threads: any."""
+    gs, ds = _pair(fmt)
+    if gs is ds:
+        gs.validate(banks)
+        return gs.dequantize(banks)
+    validate_layer((gs.name, ds.name), banks)
+    return gs.dequantize_role("gate_up", banks), ds.dequantize_role("down", banks)
 
 
 def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alpha: float | None = None,
@@ -30,25 +45,36 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
         dequantized: tuple | None = None) -> np.ndarray:
     """y [T, H] float64, before the final bf16 rounding of the output.
 
-    `dequantized` may pass a cached `dequantize(fmt, banks)` result. Threads: any (pure numpy).
+    fmt: a format name, or a (gate_up_format, down_format) pair: a layer of two formats, composed per role (x as
+    the gate_up format's mode prepares it, g as the down format's; the gate_up format's gate/up rounding, the down
+    format's route-term rounding; mode None: layers.model_mode's choice). `dequantized` may pass a cached
+    `dequantize(fmt, banks)` result. Threads: any (pure numpy).
     """
-    spec = get_format(fmt)
-    _, (E, H, I) = spec.validate(banks)
+    gs, ds = _pair(fmt)
+    if gs is ds:
+        _, (E, H, I) = gs.validate(banks)
+        mode = gs.default_mode if mode is None else mode
+        if mode not in gs.modes:
+            raise ValueError(f"mode={mode!r} is not supported by format {gs.name!r}; expected one of {list(gs.modes)}")
+    else:
+        _, (E, H, I) = validate_layer((gs.name, ds.name), banks)
+        mode = model_mode([(gs.name, ds.name)], mode)
     act = activations.resolve(activation, alpha, limit)
-    mode = spec.default_mode if mode is None else mode
-    if mode not in spec.modes:
-        raise ValueError(f"mode={mode!r} is not supported by format {spec.name!r}; expected one of {list(spec.modes)}")
-    if apply_router_weight_on_input and not spec.input_weight:
-        raise ValueError(f"format {spec.name!r} applies the router weight on the output; "
-                         "apply_router_weight_on_input=True is not supported")
+    for spec in {gs.name: gs, ds.name: ds}.values():
+        if apply_router_weight_on_input and not spec.input_weight:
+            raise ValueError(f"format {spec.name!r} applies the router weight on the output; "
+                             "apply_router_weight_on_input=True is not supported")
     xv = round_bf16(check_x(x, H))  # the kernel sees bf16 x
     w, ids = check_routing(topk_weights, topk_ids, xv.shape[0], E)
-    gu, dn = dequantized if dequantized is not None else spec.dequantize(banks)
-    bgu, bdn = spec.biases(banks)
+    gu, dn = dequantized if dequantized is not None else dequantize(fmt, banks)
+    if gs is ds:
+        bgu, bdn = gs.biases(banks)
+    else:
+        bgu, bdn = gs.biases_role("gate_up", banks), ds.biases_role("down", banks)
     T, K = ids.shape
     y = np.zeros((T, H), np.float64)
     for t in range(T):
-        xa = spec.act_in(xv[t], mode)
+        xa = gs.act_in(xv[t], mode)
         for k in range(K):
             e = int(ids[t, k])
             if e < 0:
@@ -59,14 +85,14 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
             if bgu is not None:
                 gate_up = gate_up + bgu[e]
             gate, up = gate_up[:I] * w_in, gate_up[I:] * w_in
-            if spec.round_gate_up:
+            if gs.round_gate_up:
                 gate, up = round_bf16(gate), round_bf16(up)
             g = round_bf16(act(gate, up))
-            o = dn[e] @ spec.act_in(g, mode)
+            o = dn[e] @ ds.act_in(g, mode)
             if bdn is not None:
                 o = o + bdn[e]
             o = o * w_out
-            if spec.round_route_term:
+            if ds.round_route_term:
                 o = round_bf16(o)
             y[t] += o
     return y

@@ -12,6 +12,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ._arrays import as_array, describe
+from .roles import RoleMethods, bank_role
 
 Dims = tuple  # (E, H, I)
 
@@ -39,14 +40,19 @@ class BankSpec:
     shape: Callable[[int, int, int], tuple]  # expected shape from (E, H, I)
     align: int = 16  # base-pointer alignment in bytes
     padded_last: bool = False  # last dim may be larger than expected (padded scale rows)
+    role: str = field(init=False)  # "gate_up" or "down", from the name (roles.py): the pass that reads the bank
+
+    def __post_init__(self):
+        object.__setattr__(self, "role", bank_role(self.name))
 
     def expected(self, E: int, H: int, I: int) -> tuple:  # noqa: E741 - I is the model's name for it
         return tuple(int(v) for v in self.shape(E, H, I))
 
 
 @dataclass
-class FormatSpec:
-    """One weight format, Python side. Subclasses fill in the format's math.
+class FormatSpec(RoleMethods):
+    """One weight format, Python side. Subclasses fill in the format's math; RoleMethods (roles.py) validates,
+    dequantizes and repacks one role (gate_up or down) of a layer alone.
 
     Threads: shareable; a spec is not changed after its module defines it, and its methods read their arguments
     and return new arrays (repacks run their numpy copies on threads of their own: to_layout)."""
@@ -84,6 +90,10 @@ class FormatSpec:
 
     def __post_init__(self):
         self.bank_names = tuple(b.name for b in self.banks)
+        roles = [b.role for b in self.banks]
+        if "gate_up" not in roles or "down" not in roles or roles != sorted(roles, key=("gate_up", "down").index):
+            raise ValueError(f"format {self.name!r}: banks {list(self.bank_names)} must be gate_up banks, then down "
+                             "banks (roles.py)")
         _SPECS[self.name] = self  # layout links (cpu_layout) resolve here, not by importing the registry
 
     def to_cpu_layout(self, banks: Mapping) -> dict:
@@ -160,9 +170,9 @@ class FormatSpec:
             self._check_bank(spec, arrs[spec.name], e, h, i)
         return [arrs[n] for n in self.bank_names], (e, h, i)
 
-    def _check_bank(self, spec: BankSpec, a: np.ndarray, E: int, H: int, I: int) -> None:  # noqa: E741
+    def _check_bank(self, spec: BankSpec, a: np.ndarray, E: int, H: int, I: int, role: str = "") -> None:  # noqa: E741
         exp = spec.expected(E, H, I)
-        where = f"{self.name} bank {spec.name!r}"
+        where = f"{self.name} {role + ' ' if role else ''}bank {spec.name!r}"
         bad_shape = a.ndim != len(exp) or a.shape[:-1] != exp[:-1] or (
             a.shape[-1] < exp[-1] if spec.padded_last else a.shape[-1] != exp[-1])
         if bad_shape:
