@@ -7,7 +7,7 @@ test_from_pretrained_gguf.py's uniform files (pretrained_compare.py; TOL 2.5%, S
 and routing near-ties; measured (seed 11, avx512vnni): median rel 0.9%, 2 of 32 positions flipped to 6.7% and 9.3%.
 
 The pair tests need cpumoe-formats' layer API (validate_layer, to_layout_role) and an executor that takes a format
-per layer; they skip where those are missing."""
+per layer."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +18,6 @@ import cpumoe_formats as cf
 from moe_engine import MoERunner, layer_formats
 from moe_engine.reference import TOLERANCE, reference
 
-pairs_api = pytest.mark.skipif(not hasattr(cf, "validate_layer"),
-                               reason="formats per layer need cpumoe-formats >= 0.2 / cpumoe-executor >= 0.4")
 E, H, I, K = 6, 256, 512, 2  # noqa: E741
 KW = dict(strategy="cpu", device="cpu", threads=2, progress=False)
 
@@ -42,7 +40,6 @@ def _pair_banks(pairs, rng):
     return out
 
 
-@pairs_api
 def test_runner_serves_pairs_per_layer(rng):
     pairs = [("q4_k", "q4_k"), ("q4_k", "q6_k"), ("q8_0", "q4_k"), ("q6_k", "q6_k")]
     spec = layer_formats.compact(pairs)
@@ -59,7 +56,6 @@ def test_runner_serves_pairs_per_layer(rng):
     r.close()
 
 
-@pairs_api
 def test_runner_pair_banks_checked_by_role(rng):
     pairs = [("q4_k", "q4_k"), ("q4_k", "q6_k")]
     banks = _pair_banks(pairs, rng)
@@ -68,7 +64,6 @@ def test_runner_pair_banks_checked_by_role(rng):
         MoERunner(layer_formats.compact(pairs), banks, top_k=K, qualify=False, **KW)
 
 
-@pairs_api
 def test_pairs_without_gpu_kernels_refused_by_name(rng, monkeypatch):
     from moe_engine.gpu.experts import GpuExperts
 
@@ -80,7 +75,6 @@ def test_pairs_without_gpu_kernels_refused_by_name(rng, monkeypatch):
                   device="cuda" if torch.cuda.is_available() else "cpu", threads=2, progress=False)
 
 
-@pairs_api
 def test_q4_k_m_matches_transformers_loading(tmp_path):
     pytest.importorskip("transformers", minversion="5.0")
     pytest.importorskip("gguf")

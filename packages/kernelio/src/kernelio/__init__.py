@@ -15,7 +15,7 @@ import os
 import struct
 from pathlib import Path
 
-__version__ = "0.2.1"
+__version__ = "0.2.2"
 _HERE = Path(__file__).resolve().parent
 
 

@@ -19,7 +19,6 @@ def normalize(spec, num_layers: int) -> list[Pair]:
     if isinstance(spec, str):
         name = cf.get_format(spec).name
         return [(name, name)] * num_layers
-    require_pairs()
     return [tuple(p) for p in cf.layer_formats(spec, num_layers)]
 
 
@@ -55,19 +54,10 @@ def _ranges(layers: list[int]) -> str:
     return ",".join(out)
 
 
-def require_pairs() -> None:
-    """NotImplementedError unless this cpumoe_formats / cpumoe_executor run a format per layer and matrix."""
-    if not hasattr(cf, "validate_layer"):
-        raise NotImplementedError("layers in (gate_up, down) format pairs need cpumoe-formats >= 0.2 and "
-                                  "cpumoe-executor >= 0.4 (formats per layer and role); this cpumoe-formats runs one "
-                                  "format for both matrices of every layer")
-
-
 def validate_layer(pair: Pair, banks, E=None, H=None, I=None):  # noqa: E741
     """(arrays, (E, H, I)) of one layer's banks in `pair` (cpumoe_formats.validate_layer: a pair layer role by role)."""
     if pair[0] == pair[1]:
         return cf.get_format(pair[0]).validate(banks, E, H, I)
-    require_pairs()
     return cf.validate_layer(pair, banks, E, H, I)
 
 
@@ -75,7 +65,6 @@ def bytes_per_expert(pair: Pair, H: int, I: int) -> int:  # noqa: E741
     """Bytes of weights one expert of a layer in `pair` reads (gate_up role of pair[0], down role of pair[1])."""
     if pair[0] == pair[1]:
         return cf.get_format(pair[0]).bytes_per_expert(H, I)
-    require_pairs()
     return (cf.get_format(pair[0]).role_bytes_per_expert("gate_up", H, I) +
             cf.get_format(pair[1]).role_bytes_per_expert("down", H, I))
 
@@ -88,7 +77,6 @@ def to_layout(banks, pair: Pair, run: Pair, threads=None) -> dict:
         return banks
     if pair[0] == pair[1] and run[0] == run[1]:
         return cf.get_format(pair[0]).to_layout(banks, run[0], threads)
-    require_pairs()
     out = {}
     for role, src, dst in (("gate_up", pair[0], run[0]), ("down", pair[1], run[1])):
         out.update(cf.get_format(src).to_layout_role(role, banks, dst, threads))
