@@ -1,6 +1,7 @@
-"""Shared machinery of the GGUF block formats' tests (test_q8_0.py, test_q4_k.py, test_q5_k.py, test_q6_k.py): one work item at a
-time through a kernel's C entry points, its float64 reference, random fp16 scale codes of every kind, and gguf's own
-dequantizer (the file bytes are the banks, so gguf.quants must read them as we do)."""
+"""Shared machinery of the GGUF block formats' tests (test_q8_0.py, test_q4_k.py, test_q5_k.py, test_q6_k.py): one
+work item at a time through a kernel's C entry points, its float64 reference, random fp16 scale codes of every kind,
+gguf's own dequantizer (the file bytes are the banks, so gguf.quants must read them as we do), and ggml's Q4_K / Q5_K
+block search written out line by line."""
 from __future__ import annotations
 
 import numpy as np
