@@ -216,17 +216,19 @@ struct RowsW4A8 {
 // native: per (row, token) one fp32 accumulator of the tier's width; the weights decoded per element by
 // fma(q, d sc[j], -(dmin m[j])) (gguf's value), then FMA'd with x.
 struct RowsNative {
-  // the codes (bytes, 0..31) of elements l0 .. l0+15 of run j: qs bytes at qs, qh bytes at qh
-  static CPUMOE_INLINE __m128i codes16(const uint8_t* qs, const uint8_t* qh, int j) {
-    const __m128i n = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i*)qs), 4 * (j & 1)), _mm_set1_epi8(15));
-    const __m128i h = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i*)qh), j), _mm_set1_epi8(1));
+  // the codes (bytes, 0..31) of run j from its qs bytes and qh bytes (the same elements, byte for byte)
+  static CPUMOE_INLINE __m128i codes_x(__m128i qs, __m128i qh, int j) {
+    const __m128i n = _mm_and_si128(_mm_srli_epi16(qs, 4 * (j & 1)), _mm_set1_epi8(15));
+    const __m128i h = _mm_and_si128(_mm_srli_epi16(qh, j), _mm_set1_epi8(1));
     return _mm_or_si128(n, _mm_slli_epi16(h, 4));  // h is 0 / 1 per byte: the shift stays in its byte
   }
 #if CPUMOE_TIER == CPUMOE_T_AVX512F
   using F = __m512;
   static constexpr int kW = 16, kGrid = 8;
+  // the codes of elements l0 .. l0+15 of run j: qs bytes at qs, qh bytes at qh (l0 .. l0+7 on avx2)
   static CPUMOE_INLINE F codes(const uint8_t* qs, const uint8_t* qh, int j) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes16(qs, qh, j)));
+    const __m128i c = codes_x(_mm_loadu_si128((const __m128i*)qs), _mm_loadu_si128((const __m128i*)qh), j);
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c));
   }
   static CPUMOE_INLINE F ld(const float* x) { return _mm512_loadu_ps(x); }
   static CPUMOE_INLINE F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
@@ -237,9 +239,8 @@ struct RowsNative {
   using F = __m256;
   static constexpr int kW = 8, kGrid = 4;
   static CPUMOE_INLINE F codes(const uint8_t* qs, const uint8_t* qh, int j) {
-    const __m128i n = _mm_and_si128(_mm_srli_epi16(_mm_loadl_epi64((const __m128i*)qs), 4 * (j & 1)), _mm_set1_epi8(15));
-    const __m128i h = _mm_and_si128(_mm_srli_epi16(_mm_loadl_epi64((const __m128i*)qh), j), _mm_set1_epi8(1));
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(n, _mm_slli_epi16(h, 4))));
+    const __m128i c = codes_x(_mm_loadl_epi64((const __m128i*)qs), _mm_loadl_epi64((const __m128i*)qh), j);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
   }
   static CPUMOE_INLINE F ld(const float* x) { return _mm256_loadu_ps(x); }
   static CPUMOE_INLINE F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
