@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Our GGUF quantizers (cpumoe_formats q8_0, q4_k, q6_k quantize_rows) against ggml's own reference quantizers
-(ggml-quants.c quantize_row_{q8_0,q4_K,q6_K}_ref) on the same float rows, byte for byte.
+"""Our GGUF quantizers (cpumoe_formats q8_0, q4_k, q5_k, q6_k quantize_rows) against ggml's own reference quantizers
+(ggml-quants.c quantize_row_{q8_0,q4_K,q5_K,q6_K}_ref) on the same float rows, byte for byte.
 
     PYTHONPATH=packages/cpumoe-formats/src python3 bench/llamacpp/check_quantizers.py [--rows 4096] [--seed 123]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cpumoe_formats.formats import q4_k, q6_k, q8_0
+from cpumoe_formats.formats import q4_k, q5_k, q6_k, q8_0
 
 ROOT = Path(__file__).resolve().parents[2]
 STUBS = r"""
@@ -32,7 +32,7 @@ size_t ggml_row_size(int t, long n) { (void)t; (void)n; abort(); }
 const char* ggml_type_name(int t) { (void)t; return "?"; }
 size_t ggml_type_size(int t) { (void)t; abort(); }
 """  # the few ggml symbols ggml-quants.c refers to outside the reference quantizers (never called here)
-TYPES = (("q8_0", q8_0, 32), ("q4_K", q4_k, 256), ("q6_K", q6_k, 256))
+TYPES = (("q8_0", q8_0, 32), ("q4_K", q4_k, 256), ("q5_K", q5_k, 256), ("q6_K", q6_k, 256))
 
 
 def build(tmp: Path, contract: str) -> ctypes.CDLL:

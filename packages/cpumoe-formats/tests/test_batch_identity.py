@@ -33,6 +33,7 @@ SHAPES = {
     "q8_0": (6, 736, 416),  # 23 and 13 blocks: 4-block steps and 3 / 1 lone blocks
     "q4_k": (6, 768, 512),  # 3 and 2 blocks of 256
     "q6_k": (6, 768, 512),
+    "q5_k": (6, 768, 512),
     "q4_k_x16": (6, 768, 512),  # 48 / 64 groups of 16 rows, 3 / 2 blocks
     "q8_0_x16": (6, 736, 416),  # 46 / 52 groups of 16 rows, 23 / 13 blocks
 }

@@ -28,9 +28,10 @@ from gguf_helpers import (
     gate_up_item,
     gguf_dequantize,
     kernel_for,
+    kquant_block_scalar,
+    kquant_mag_terms,
     prep,
     put_fp16,
-    q4_k_mag_terms,
 )
 
 import cpumoe_formats as cf
@@ -46,7 +47,7 @@ QB = q4.BLOCK_BYTES
 def dot_ref(banks, e, h0, h1, g, mode):
     dn = SPEC.dequantize(banks)[1][e, h0:h1]
     a = SPEC.act_in(g.astype(np.float64), mode)
-    return dn @ a, q4_k_mag_terms(banks["down"][e, h0:h1]) @ np.abs(a)
+    return dn @ a, kquant_mag_terms(FMT, banks["down"][e, h0:h1]) @ np.abs(a)
 
 
 # ---- the format against gguf and ggml ---------------------------------------------------------------------------
@@ -79,75 +80,9 @@ def test_scale_packing_round_trip():
     np.testing.assert_array_equal(w[..., 0], sc.astype(np.float64) - m)
 
 
-def _qkx2_scalar(x, wts):
-    """ggml make_qkx2_quants(32, 15, x, weights, ..., -1, 0.1, 20, false) with numpy float32 scalars, line by line."""
-    f = np.float32
-    n = len(x)
-    mn, mx, sum_w, sum_x = x[0], x[0], wts[0], f(wts[0] * x[0])
-    for i in range(1, n):
-        mn, mx = min(mn, x[i]), max(mx, x[i])
-        sum_w = f(sum_w + wts[i])
-        sum_x = f(sum_x + f(wts[i] * x[i]))
-    if mn > 0:
-        mn = f(0)
-    if mx == mn:
-        return f(0), f(-mn), np.zeros(n, np.uint8)
-    iscale = f(f(15) / f(mx - mn))
-    scale = f(f(1) / iscale)
-    L = np.array([min(15, max(0, int(np.rint(f(iscale * f(x[i] - mn)))))) for i in range(n)], np.uint8)
-    best = f(0)
-    for i in range(n):
-        d = f(f(f(scale * f(L[i])) + mn) - x[i])
-        best = f(best + f(wts[i] * f(d * d)))
-    for step in range(21):
-        isc = f(f(f(f(-1) + f(f(0.1) * f(step))) + f(15)) / f(mx - mn))
-        La = np.array([min(15, max(0, int(np.rint(f(isc * f(x[i] - mn)))))) for i in range(n)], np.uint8)
-        sl = sl2 = sxl = f(0)
-        for i in range(n):
-            wl = f(wts[i] * f(La[i]))
-            sl, sl2, sxl = f(sl + wl), f(sl2 + f(wl * f(La[i]))), f(sxl + f(wl * x[i]))
-        D = f(f(sum_w * sl2) - f(sl * sl))
-        if D > 0:
-            ts = f(f(f(sum_w * sxl) - f(sum_x * sl)) / D)
-            tm = f(f(f(sl2 * sum_x) - f(sl * sxl)) / D)
-            if tm > 0:
-                tm, ts = f(0), f(sxl / sl2)
-            cur = f(0)
-            for i in range(n):
-                d = f(f(f(ts * f(La[i])) + tm) - x[i])
-                cur = f(cur + f(wts[i] * f(d * d)))
-            if cur < best:
-                L, best, scale, mn = La, cur, ts, tm
-    return scale, f(-mn), L
-
-
 def _q4k_block_scalar(x):
     """ggml quantize_row_q4_K_ref for one block of 256 float32, line by line (numpy float32 scalars)."""
-    f = np.float32
-    scales, mins, L = np.zeros(8, f), np.zeros(8, f), np.zeros(256, np.uint8)
-    max_scale = max_min = f(0)
-    for j in range(8):
-        xs = x[32 * j:32 * j + 32]
-        s2 = f(0)
-        for v in xs:
-            s2 = f(s2 + f(v * v))
-        av = f(np.sqrt(f(s2 / f(32))))
-        wts = np.array([f(av + abs(v)) for v in xs], f)
-        scales[j], mins[j], L[32 * j:32 * j + 32] = _qkx2_scalar(xs, wts)
-        max_scale = scales[j] if scales[j] > max_scale else max_scale
-        max_min = mins[j] if mins[j] > max_min else max_min
-    inv_s = f(f(63) / max_scale) if max_scale > 0 else f(0)
-    inv_m = f(f(63) / max_min) if max_min > 0 else f(0)
-    ls = np.array([min(63, int(np.rint(f(inv_s * scales[j]))) & 255) for j in range(8)], np.uint8)
-    lm = np.array([min(63, int(np.rint(f(inv_m * mins[j]))) & 255) for j in range(8)], np.uint8)
-    d16, dm16 = np.float16(f(max_scale / f(63))), np.float16(f(max_min / f(63)))
-    for j in range(8):
-        d = f(f(d16) * f(ls[j]))
-        if d == 0:
-            continue
-        dm = f(f(dm16) * f(lm[j]))
-        for i in range(32):
-            L[32 * j + i] = min(15, max(0, int(np.rint(f(f(x[32 * j + i] + dm) / d)))))
+    d16, dm16, ls, lm, L = kquant_block_scalar(x, 15, -1.0, 20)
     out = np.zeros(QB, np.uint8)
     out[0:2], out[2:4] = np.array([d16]).view(np.uint8), np.array([dm16]).view(np.uint8)
     out[4:16] = q4.pack_scales_mins(ls, lm)

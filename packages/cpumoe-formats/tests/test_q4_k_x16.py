@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import prep, to_bf16_bits
-from gguf_helpers import q4_k_mag_terms
+from gguf_helpers import kquant_mag_terms
 from x16_helpers import check_ragged_work_items, down_accumulators
 
 import cpumoe_formats as cf
@@ -86,7 +86,7 @@ def test_ragged_work_items(rng, mode, tier, n):
     E, H, I = 3, 256, 256  # noqa: E741 - 16 groups each
     b = SPEC.random_banks(E, H, I, rng)
     rows = cf.unpack_q4_k_x16(b)["down"][1]
-    wf, mag = q4_k.decode_blocks(rows), q4_k_mag_terms(rows)
+    wf, mag = q4_k.decode_blocks(rows), kquant_mag_terms("q4_k", rows)
 
     def check(full, gs, wts):
         for j in range(n):

@@ -37,6 +37,7 @@ CUTS = {
     "q4_0": Cut(32, False, {"gate_up": ("halves", 1), "down": ("along", 2)}),
     "q8_0": Cut(32, False, {"gate_up": ("halves", 1), "down": ("along", 2)}),
     "q4_k": Cut(256, False, {"gate_up": ("halves", 1), "down": ("along", 2)}),  # GGUF K-quant super-blocks of 256
+    "q5_k": Cut(256, False, {"gate_up": ("halves", 1), "down": ("along", 2)}),
     "q6_k": Cut(256, False, {"gate_up": ("halves", 1), "down": ("along", 2)}),
     "nvfp4": Cut(16, False, {"gate_up_packed": ("halves", 1), "gate_up_scale": ("halves", 1),
                              "gate_up_global": ("halves", 1), "down_packed": ("along", 2),

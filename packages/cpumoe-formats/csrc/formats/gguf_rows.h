@@ -1,5 +1,5 @@
-// Work-item loops of the row-major GGUF block formats (q8_0, q4_k, q6_k): the banks are the GGUF tensors' bytes,
-// one row a run of fixed-size blocks. A format supplies only its row dots for its tier:
+// Work-item loops of the row-major GGUF block formats (q8_0, q4_k, q5_k, q6_k): the banks are the GGUF tensors'
+// bytes, one row a run of fixed-size blocks. A format supplies only its row dots for its tier:
 //
 //   struct Rows {
 //     static constexpr int kGrid;      // most tokens one row takes at once (dot<1, NT>, NT <= kGrid)

@@ -1,6 +1,6 @@
 """cpumoe-formats: the expert weight formats of CPU MoE decode (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0, and the
-GGUF block types q8_0, q4_k, q6_k), plus the CPU layouts they are repacked into (bf16_x16, fp8_block_x16, nvfp4_x16,
-mxfp4_panel, mxfp4_x16, ds_fp4_x16, q4_0_x16, q4_k_x16, q8_0_x16; formats.CPU_LAYOUTS).
+GGUF block types q8_0, q4_k, q5_k, q6_k), plus the CPU layouts they are repacked into (bf16_x16, fp8_block_x16,
+nvfp4_x16, mxfp4_panel, mxfp4_x16, ds_fp4_x16, q4_0_x16, q4_k_x16, q8_0_x16; formats.CPU_LAYOUTS).
 
 Bank schemas and validation, quantizers from float weights, float64
 references, and CPU kernels for every ISA tier behind a versioned C ABI.

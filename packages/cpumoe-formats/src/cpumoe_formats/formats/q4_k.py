@@ -72,6 +72,12 @@ def nibbles(qs: np.ndarray) -> np.ndarray:
     return np.stack([q & 15, q >> 4], axis=-2).reshape(qs.shape[:-1] + (256,))
 
 
+def pack_nibbles(L: np.ndarray) -> np.ndarray:
+    """codes [..., 256] in 0..15 -> qs [..., 128] (the inverse of nibbles)."""
+    Lp = np.asarray(L, np.uint8).reshape(L.shape[:-1] + (4, 2, 32))
+    return (Lp[..., 0, :] | (Lp[..., 1, :] << 4)).reshape(L.shape[:-1] + (128,))
+
+
 def decode_blocks(a: np.ndarray) -> np.ndarray:
     """Q4_K rows [..., nb*144] uint8 -> float64 weights [..., nb*256]: fp32(d * sc * q - dmin * m) per element."""
     b = _blocks(a)
@@ -85,21 +91,17 @@ def decode_blocks(a: np.ndarray) -> np.ndarray:
     return w.reshape(a.shape[:-1] + (b.shape[-2] * QK,))
 
 
-def quantize_rows(x: np.ndarray) -> np.ndarray:
-    """ggml's quantize_row_q4_K_ref: float rows [..., K] (K % 256 == 0) -> [..., K/256*144] uint8.
+def search_blocks(x: np.ndarray, nmax: int, rmin: float, nstep: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The Q4_K / Q5_K block search of ggml's quantize_row_q{4,5}_K_ref: float32 rows [..., K] (K % 256 == 0, finite)
+    -> per block of 256 (flattened): fp16 d [N], fp16 dmin [N], the 12 packed scale bytes [N, 12], the codes
+    [N, 256] uint8 in [0, nmax].
 
-    Per 32-element sub-block: weights av_x + |x| (av_x = sqrt(mean x^2)), make_qkx2_quants(nmax 15, rmin -1,
-    rdelta 0.1, 20 steps) -> scale, min; per block d = fp16(max scale / 63), dmin = fp16(max min / 63), the 6-bit
+    Per 32-element sub-block: weights av_x + |x| (av_x = sqrt(mean x^2)), make_qkx2_quants(nmax, rmin, rdelta 0.1,
+    nstep steps) -> scale, min; per block d = fp16(max scale / 63), dmin = fp16(max min / 63), the 6-bit
     sc = min(63, nearest_int(63 / max scale * scale)) (likewise m), then the codes again from the stored d * sc
-    and dmin * m: q = clamp(nearest_int((x + dmin m) / (d sc)), 0, 15) (a sub-block with d * sc = 0 keeps the
+    and dmin * m: q = clamp(nearest_int((x + dmin m) / (d sc)), 0, nmax) (a sub-block with d * sc = 0 keeps the
     search's codes). Every fp32 operation in the C order, without fused multiply-adds (_kquant_search)."""
-    x = np.asarray(x, _F32)
-    K = x.shape[-1]
-    if K % QK:
-        raise ValueError(f"q4_k rows must be a multiple of {QK} long, got {K}")
-    if not np.isfinite(x).all():
-        raise ValueError("q4_k quantize: the weights must be finite (ggml's scale search is undefined on NaN / inf)")
-    lead = x.shape[:-1]
     xs = x.reshape(-1, 32)  # sub-blocks
     n = xs.shape[0]
     sum_x2 = np.zeros(n, _F32)
@@ -107,7 +109,7 @@ def quantize_rows(x: np.ndarray) -> np.ndarray:
         sum_x2 = (sum_x2 + (xs[:, i] * xs[:, i]).astype(_F32)).astype(_F32)
     av_x = np.sqrt((sum_x2 / _F32(32)).astype(_F32)).astype(_F32)
     wts = (av_x[:, None] + np.abs(xs)).astype(_F32)
-    scale, mins, L = make_qkx2_quants(xs, wts, 15, -1.0, 0.1, 20)
+    scale, mins, L = make_qkx2_quants(xs, wts, nmax, rmin, 0.1, nstep)
     scale, mins, L = scale.reshape(-1, 8), mins.reshape(-1, 8), L.reshape(-1, 8, 32)
     xb = xs.reshape(-1, 8, 32)
     # per block: the largest scale and min (first strictly greater, from 0)
@@ -127,14 +129,32 @@ def quantize_rows(x: np.ndarray) -> np.ndarray:
     dm = (dmin16.astype(_F32)[:, None] * lm.astype(_F32)).astype(_F32)
     with np.errstate(divide="ignore", invalid="ignore"):
         v = ((xb + dm[..., None]).astype(_F32) / np.where(d != 0, d, _F32(1))[..., None]).astype(_F32)
-    L = np.where((d != 0)[..., None], np.clip(nearest_int(v), 0, 15), L).astype(np.uint8).reshape(-1, 256)
+    L = np.where((d != 0)[..., None], np.clip(nearest_int(v), 0, nmax), L).astype(np.uint8).reshape(-1, 256)
+    return d16, dmin16, pack_scales_mins(ls, lm), L
+
+
+def check_rows(x: np.ndarray, fmt: str) -> np.ndarray:
+    """x as float32 rows for a K-quant quantizer: ValueError naming `fmt` unless K % 256 == 0 and x is finite."""
+    x = np.asarray(x, _F32)
+    if x.shape[-1] % QK:
+        raise ValueError(f"{fmt} rows must be a multiple of {QK} long, got {x.shape[-1]}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{fmt} quantize: the weights must be finite (ggml's scale search is undefined on NaN / inf)")
+    return x
+
+
+def quantize_rows(x: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_q4_K_ref: float rows [..., K] (K % 256 == 0) -> [..., K/256*144] uint8: search_blocks
+    with nmax 15, rmin -1, 20 steps; the codes as nibbles."""
+    x = check_rows(x, "q4_k")
+    K = x.shape[-1]
+    d16, dmin16, scales, L = search_blocks(x, 15, -1.0, 20)
     out = np.empty((L.shape[0], BLOCK_BYTES), np.uint8)
     out[:, 0:2] = d16.astype("<f2").view(np.uint8).reshape(-1, 2)
     out[:, 2:4] = dmin16.astype("<f2").view(np.uint8).reshape(-1, 2)
-    out[:, 4:16] = pack_scales_mins(ls, lm)
-    Lp = L.reshape(-1, 4, 2, 32)
-    out[:, 16:] = (Lp[:, :, 0] | (Lp[:, :, 1] << 4)).reshape(-1, 128)
-    return out.reshape(lead + (K // QK * BLOCK_BYTES,))
+    out[:, 4:16] = scales
+    out[:, 16:] = pack_nibbles(L)
+    return out.reshape(x.shape[:-1] + (K // QK * BLOCK_BYTES,))
 
 
 class Q4KFormat(FormatSpec):

@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 7
+#define CPUMOE_FORMATS_ABI_MINOR 8
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -43,7 +43,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_Q6_K = 15,       /* GGUF Q6_K blocks as the file holds them (ABI 1.7) */
   CPUMOE_FMT_Q4_K_X16 = 16,   /* q4_k with 16 rows interleaved per 256-block, w4a8 (ABI 1.7) */
   CPUMOE_FMT_Q8_0_X16 = 17,   /* q8_0 with 16 rows interleaved per 32-block, w4a8 (ABI 1.7) */
-  CPUMOE_FMT_COUNT = 18
+  CPUMOE_FMT_Q5_K = 18,       /* GGUF Q5_K blocks as the file holds them (ABI 1.8) */
+  CPUMOE_FMT_COUNT = 19
 };
 
 enum cpumoe_act_id {
@@ -73,8 +74,8 @@ enum cpumoe_tier {
  * mode is part of the kernel name ("avx2+w4a8"), never switched silently. */
 enum cpumoe_mode {
   CPUMOE_MODE_NATIVE = 0, /* the format's own activation precision: bf16/fp32 activations (W16A16, W8A16, W4A16) */
-  CPUMOE_MODE_W4A8 = 1,   /* activations quantized to int8 per block (nvfp4: 16, q4_0 and q8_0: 32, q4_k and q6_k:
-                           * 256), whatever the weight width (q8_0's is W8A8, q6_k's W6A8) */
+  CPUMOE_MODE_W4A8 = 1,   /* activations quantized to int8 per block (nvfp4: 16, q4_0 and q8_0: 32, q4_k, q5_k and
+                           * q6_k: 256), whatever the weight width (q8_0's is W8A8, q5_k's W5A8, q6_k's W6A8) */
   CPUMOE_MODE_COUNT = 2
 };
 
