@@ -142,7 +142,8 @@ def run_bench(a) -> int:
     cfg = model.config.get_text_config()
     params = sum(p.numel() for p in model.parameters())
     info = {"model": f"{cfg.model_type} {off.format}", "file": str(a.path), "load_s": load_s, "graphs": graphs,
-            "strategy": off.runner.strategy, "decode": off.decode, "threads": off.runner.executor.threads if off.runner.executor else 0,
+            "strategy": off.runner.strategy, "decode": off.decode,
+            "threads": off.runner.executor.threads if off.runner.executor else 0,
             "non_expert_params": params, "plan": off.plan.why if off.plan else None, "runner": off.runner.describe()}
     if a.json:
         print(json.dumps({**info, "results": rows}, indent=1))
