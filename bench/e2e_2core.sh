@@ -7,16 +7,17 @@
 #
 #   bench/e2e_2core.sh [F.gguf]        # default /tmp/qwen3moe-q4_0.gguf; ~25 min on the 2-core VM, needs ~21 GB free
 #
-# env: OUT (docs/results/end_to_end_2core), THREADS (2), BIN (llama.cpp's tools: .ggml/llama-cpu/bin; see
+# env: OUT (/tmp/e2e_2core: every step's raw output), JSON (docs/results/end_to_end_2core.json), THREADS (2), BIN (llama.cpp's tools: .ggml/llama-cpu/bin; see
 #      bench/llamacpp/build_llama_bench.sh), GGML (.ggml/build/moe_ggml_bench; bench/llamacpp/build.sh, 0 = skip
 #      ggml's experts), ROUNDS (3 for the benches, 2 for the profile), PYTHON (python3).
 # Runs one tool at a time (the machine has the memory for one full-size model), ours each in a fresh process.
-# Every step's raw output stays in OUT; OUT.json (docs/results/end_to_end_2core.json) is what the page cites.
+# JSON is what the page cites; OUT keeps the raw files (not for docs/results/).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 F=${1:-/tmp/qwen3moe-q4_0.gguf}
-OUT=${OUT:-$ROOT/docs/results/end_to_end_2core}
+OUT=${OUT:-/tmp/e2e_2core}
+JSON=${JSON:-$ROOT/docs/results/end_to_end_2core.json}
 THREADS=${THREADS:-2}
 BIN=${BIN:-$ROOT/.ggml/llama-cpu/bin}
 GGML=${GGML:-$ROOT/.ggml/build/moe_ggml_bench}
@@ -59,9 +60,9 @@ $PY -m moe_engine.tools.token_profile "$F" -n 16 -t "$THREADS" --rounds 2 "${ggm
     --json "$OUT/token_profile.json" > "$OUT/token_profile.txt" 2> "$OUT/token_profile.err"
 cat "$OUT/token_profile.txt"
 
-$PY - "$OUT" "$F" "$THREADS" <<'PY'
+$PY - "$OUT" "$F" "$THREADS" "$JSON" <<'PY'
 import json, os, re, sys
-out, f, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out, f, threads, dest = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 
 def rss(name):
     t = open(os.path.join(out, name + ".time")).read()
@@ -88,9 +89,9 @@ res["ratios_vs_llama_cpp"] = ratios
 g = res["token_profile"].get("ggml_experts")
 if g:
     ratios["experts_share_ours_over_ggml_speed"] = g["ours_over_ggml_speed"]
-json.dump(res, open(out + ".json", "w"), indent=1)
+json.dump(res, open(dest, "w"), indent=1)
 print(json.dumps({"ratios_vs_llama_cpp": ratios,
                   "peak_rss_GB": {k: round(v["peak_rss_bytes"] / 1e9, 2) for k, v in res.items()
                                   if isinstance(v, dict) and "peak_rss_bytes" in v}}, indent=1))
 PY
-say "wrote $OUT.json"
+say "wrote $JSON"
