@@ -140,7 +140,10 @@ def run_bench(a) -> int:
                      "avg_ts": statistics.fmean(rates), "stddev_ts": statistics.stdev(rates) if len(rates) > 1 else 0.0,
                      "samples_ts": rates})
     cfg = model.config.get_text_config()
-    params = sum(p.numel() for p in model.parameters())
+    from ..integrations.transformers.decode import PackedLinear
+
+    params = sum(p.numel() for p in model.parameters()) + sum(  # a packed weight is no parameter
+        m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
     info = {"model": f"{cfg.model_type} {off.format}", "file": str(a.path), "load_s": load_s, "graphs": graphs,
             "strategy": off.runner.strategy, "decode": off.decode,
             "threads": off.runner.executor.threads if off.runner.executor else 0,
