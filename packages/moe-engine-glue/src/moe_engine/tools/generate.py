@@ -41,6 +41,8 @@ def load(a):
         kw["strategy"] = a.strategy
     if getattr(a, "device", None):
         kw["device"] = a.device
+    if getattr(a, "decode", None):
+        kw["decode"] = a.decode
     t = time.perf_counter()
     model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=not a.quiet, dtype=torch.bfloat16, **kw)
     return model, time.perf_counter() - t
@@ -138,12 +140,14 @@ def run_bench(a) -> int:
                      "avg_ts": statistics.fmean(rates), "stddev_ts": statistics.stdev(rates) if len(rates) > 1 else 0.0,
                      "samples_ts": rates})
     cfg = model.config.get_text_config()
-    params = sum(p.numel() for p in model.parameters())
+    from ..integrations.transformers.decode import PackedLinear
     from ..layer_formats import describe
 
+    params = sum(p.numel() for p in model.parameters()) + sum(  # a packed weight is no parameter
+        m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
     info = {"model": f"{cfg.model_type} {describe(off.runner.layer_formats)}", "file": str(a.path), "load_s": load_s,
-            "graphs": graphs,
-            "strategy": off.runner.strategy, "threads": off.runner.executor.threads if off.runner.executor else 0,
+            "graphs": graphs, "strategy": off.runner.strategy, "decode": off.decode,
+            "threads": off.runner.executor.threads if off.runner.executor else 0,
             "non_expert_params": params, "plan": off.plan.why if off.plan else None, "runner": off.runner.describe()}
     if a.json:
         print(json.dumps({**info, "results": rows}, indent=1))
@@ -168,6 +172,8 @@ def add_parsers(sub) -> None:
         p.add_argument("--gpu-memory", default=None, help="GPU budget, e.g. 16GiB (default: the free memory)")
         p.add_argument("--strategy", default=None, choices=("auto", "cpu", "hybrid", "gpu"))
         p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+        p.add_argument("--decode", default=None, choices=("auto", "eager", "packed", "static", "compile"),
+                       help="the non-expert decode path (from_pretrained's decode=; default auto)")
         p.add_argument("--json", action="store_true", help="print JSON")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
     w = g.add_mutually_exclusive_group(required=True)

@@ -1,18 +1,31 @@
 """Whose time a decode token is: the routed experts (moe_engine), attention, the routers, the LM head and the rest
 (norms, residuals, embeddings, the framework: generate()'s Python, the cache), measured with forward hooks on
-transformers' own modules over a run of decode steps of a model from from_pretrained.
+transformers' own modules over a run of decode steps of a model from from_pretrained, on the decode path it chose
+(from_pretrained's decode=; under `compile` the hooks would break the graph, so only the experts, timed inside the
+runner's call, are split from the rest). With --ggml BIN (bench/llamacpp's moe_ggml_bench) the same run also times
+ggml's MUL_MAT_ID experts step at the file's shape and threads, one layer's decode step (its DRAM working-set rule)
+times the layer count: the experts' share of llama.cpp's token, against ours.
 
-    python -m moe_engine.tools.token_profile PATH [--gguf-file F] [-n 32] [-t THREADS] [--static] [--json F]
+    python -m moe_engine.tools.token_profile PATH [--gguf-file F] [-n 32] [-t THREADS] [--decode auto]
+        [--ggml .ggml/build/moe_ggml_bench] [--rounds 2] [--json F]
 
 Hooks stamp time.perf_counter() before and after each module; on a GPU every stamp synchronizes first, so the parts
-are true but the total is slower than a graph-replayed step. Thread contract: a command-line tool."""
+are true but the total is slower than a graph-replayed step. Rounds alternate ours and ggml's on the same minutes of
+the machine; the figures are medians over rounds. Thread contract: a command-line tool."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
+
+# the ggml harness's entry for the end-to-end file's experts (bench/llamacpp/moe_ggml.h): format -> (name, H, I, E, k)
+GGML_ENTRIES = {"q4_0": ("q4_0-qwen3", 2048, 768, 128, 8)}
 
 
 def _kind(name: str, module, experts: set) -> str | None:
@@ -28,30 +41,45 @@ def _kind(name: str, module, experts: set) -> str | None:
     return None
 
 
-def profile(model, steps: int = 32, static: bool = False) -> dict:
-    """Seconds per decode token by part, over `steps` tokens after a one-token prompt (the prompt excluded)."""
+def profile(model, steps: int = 32) -> dict:
+    """Seconds per decode token by part, over `steps` tokens after a one-token prompt (the prompt excluded), on the
+    model's generation_config (from_pretrained's decode path)."""
     import torch
 
-    dev = model.moe_engine.runner.device
-    experts = set(model.moe_engine.modules)
+    off = model.moe_engine
+    dev = off.runner.device
+    path = off.decode[0] if off.decode else "eager"
+    experts = set(off.modules)
     spent, depth, t0 = defaultdict(float), {"n": 0}, {}
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     hooks = []
-    for name, m in model.named_modules():
-        kind = _kind(name, m, experts)
-        if kind is None:
-            continue
-
-        def pre(mod, args, kind=kind, key=name):
-            sync()
-            t0[key] = time.perf_counter()
-
-        def post(mod, args, out, kind=kind, key=name):
+    runner, inner = off.runner, off.runner.forward
+    if path == "compile":  # the custom op calls runner.forward outside the compiled graph: time it there
+        def timed(*a, **k):
+            t = time.perf_counter()
+            y = inner(*a, **k)
             sync()
             if depth["n"]:
-                spent[kind] += time.perf_counter() - t0[key]
+                spent["experts"] += time.perf_counter() - t
+            return y
 
-        hooks += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+        runner.forward = timed
+    else:
+        for name, m in model.named_modules():
+            kind = _kind(name, m, experts)
+            if kind is None:
+                continue
+
+            def pre(mod, args, kind=kind, key=name):
+                sync()
+                t0[key] = time.perf_counter()
+
+            def post(mod, args, out, kind=kind, key=name):
+                sync()
+                if depth["n"]:
+                    spent[kind] += time.perf_counter() - t0[key]
+
+            hooks += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
     stamps = []
 
     class Clock:
@@ -63,19 +91,42 @@ def profile(model, steps: int = 32, static: bool = False) -> dict:
         def end(self):
             pass
 
-    kw = dict(cache_implementation="static") if static else {}
     ids = torch.tensor([[1]], device=dev)
     try:
         with torch.no_grad():
-            model.generate(ids, max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False, streamer=Clock(),
-                           **kw)
+            model.generate(ids, max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False, streamer=Clock())
     finally:
         for h in hooks:
             h.remove()
+        if path == "compile":
+            del runner.forward  # back to the class's method
     total = stamps[-1] - stamps[1]
     parts = {k: v / steps for k, v in spent.items()}
-    parts["rest"] = total / steps - sum(parts.values())
-    return {"token_s": total / steps, "tok_s": steps / total, "parts_s": parts, "steps": steps, "static_cache": static}
+    parts["rest" if path != "compile" else "non-expert (compiled)"] = total / steps - sum(parts.values())
+    return {"token_s": total / steps, "tok_s": steps / total, "parts_s": parts, "steps": steps, "decode": path}
+
+
+def ggml_entry(runner) -> str | None:
+    """The ggml harness's entry for this runner's experts, or None where it has none at this shape."""
+    fmt = runner.format.removesuffix("_x16")
+    e = GGML_ENTRIES.get(fmt)
+    if e is None or (runner.H, runner.I, runner.E, runner.top_k) != e[1:]:
+        return None
+    return e[0]
+
+
+def ggml_layer_s(binary: str, entry: str, threads: int, repeats: int = 5, steps: int = 20) -> dict:
+    """One run of moe_ggml_bench: ggml's experts decode step (batch 1, random routes, cache evicted) in seconds."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "g.json")
+        subprocess.run([binary, "--format", entry, "--batch", "1", "--routing", "random", "--threads", str(threads),
+                        "--repeats", str(repeats), "--steps", str(steps), "--json", out], check=True,
+                       stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            res = json.load(f)
+    r = res["formats"][entry]
+    return {"step_s": r["results"]["random/1"]["step_us"]["median"] / 1e6, "buffer_types": r["buffer_types"],
+            "check_ok": r["check"]["ok"], "ggml": res["ggml"]}
 
 
 def main(argv=None) -> int:
@@ -84,17 +135,46 @@ def main(argv=None) -> int:
     ap.add_argument("--gguf-file", default=None)
     ap.add_argument("-n", type=int, default=32, help="decode steps (default 32)")
     ap.add_argument("-t", "--threads", type=int, default=None)
-    ap.add_argument("--static", action="store_true", help="transformers' static cache")
+    ap.add_argument("--decode", default="auto", help="from_pretrained's decode path (auto, eager, packed, static, "
+                    "compile)")
+    ap.add_argument("--ggml", default=None, metavar="BIN", help="moe_ggml_bench (bench/llamacpp/build.sh): also time "
+                    "ggml's experts at this shape")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of ours then ggml's (default 2)")
     ap.add_argument("--json", default=None, help="also write the result here")
     a = ap.parse_args(argv)
     from ..integrations.transformers import from_pretrained
 
-    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=False)
-    profile(model, 4, a.static)  # warm-up
-    res = {"path": a.path, **profile(model, a.n, a.static), "runner": model.moe_engine.runner.describe()}
-    for k, v in sorted(res["parts_s"].items(), key=lambda kv: -kv[1]):
-        print(f"{k:10s} {1e3 * v:8.2f} ms/token ({100 * v / res['token_s']:.0f}%)")
-    print(f"{'total':10s} {1e3 * res['token_s']:8.2f} ms/token ({res['tok_s']:.2f} tok/s)")
+    if a.ggml and not os.access(a.ggml, os.X_OK):
+        raise SystemExit(f"--ggml {a.ggml}: not an executable (build it with bench/llamacpp/build.sh)")
+    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=False, decode=a.decode)
+    runner = model.moe_engine.runner
+    entry = ggml_entry(runner) if a.ggml else None
+    if a.ggml and entry is None:
+        print(f"--ggml: the harness has no entry for {runner.format} at H={runner.H} I={runner.I} E={runner.E} "
+              f"top_k={runner.top_k}; ggml's side skipped", file=sys.stderr)
+    threads = runner.executor.threads if runner.executor else (a.threads or 1)
+    profile(model, 4)  # warm-up (compiles under decode=compile)
+    runs, gg = [], []
+    for _ in range(max(1, a.rounds)):
+        runs.append(profile(model, a.n))
+        if entry:
+            gg.append(ggml_layer_s(a.ggml, entry, threads))
+    keys = sorted({k for r in runs for k in r["parts_s"]})
+    parts = {k: statistics.median(r["parts_s"].get(k, 0.0) for r in runs) for k in keys}
+    token = statistics.median(r["token_s"] for r in runs)
+    res = {"path": a.path, "decode": model.moe_engine.decode, "token_s": token, "tok_s": 1 / token, "parts_s": parts,
+           "rounds": runs, "layers": runner.num_layers, "threads": threads, "runner": runner.describe()}
+    for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
+        print(f"{k:22s} {1e3 * v:8.2f} ms/token ({100 * v / token:.0f}%)")
+    print(f"{'total':22s} {1e3 * token:8.2f} ms/token ({1 / token:.2f} tok/s; decode path {res['decode'][0]})")
+    if gg:
+        step = statistics.median(g["step_s"] for g in gg)
+        ggml_tok = step * runner.num_layers
+        ours = parts.get("experts", 0.0)
+        res["ggml_experts"] = {"entry": entry, "layer_step_s": step, "token_s": ggml_tok, "rounds": gg,
+                               "ours_over_ggml_speed": ggml_tok / ours if ours else None}
+        print(f"{'ggml experts (MUL_MAT_ID)':22s} {1e3 * ggml_tok:8.2f} ms/token ({1e3 * step:.2f} ms/layer x "
+              f"{runner.num_layers}); ours {ggml_tok / ours:.2f}x faster" if ours else "")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

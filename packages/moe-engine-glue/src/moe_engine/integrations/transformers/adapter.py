@@ -94,6 +94,7 @@ class Offloaded:
     tokenizer: object = None  # from_pretrained: the file's tokenizer, or None
     plan: object = None  # from_pretrained: what went where (loading.budget.Plan)
     load_seconds: float | None = None
+    decode: tuple | None = None  # from_pretrained: (decode path, why), decode.py
 
     def close(self) -> None:
         self.runner.close()

@@ -26,6 +26,7 @@ import cpumoe_formats as cf
 from ... import layer_formats
 from ...loading import budget
 from ...progress import bar
+from . import decode as decode_path
 from . import skeleton
 from .adapter import NAME, Binding, Offloaded, register
 from .experts import decoder_layer, find_experts, inspect_experts
@@ -42,7 +43,7 @@ def _cpu_layout(fmt: str, H: int, I: int, mode, isa) -> str:  # noqa: E741
 
 def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", device=None, gpu_memory=None,  # noqa: A002
                     threads=None, dtype=None, kv_length: int = 4096, kv_batch: int = 1,
-                    allow_nonfinite: bool = False, progress: bool = True, **kwargs):
+                    allow_nonfinite: bool = False, progress: bool = True, decode: str = "auto", **kwargs):
     """A transformers model ready for generate(), its routed experts served by moe_engine (`model.moe_engine`).
 
     path: a Hugging Face directory (config.json + *.safetensors: bf16, FP8 block, gpt-oss MXFP4, ModelOpt NVFP4) or
@@ -57,6 +58,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         weights, a KV cache of kv_length tokens x kv_batch sequences, a reserve, then as many experts as fit.
     threads: the CPU executor's workers. dtype: the non-expert weights' dtype (default torch.bfloat16).
     allow_nonfinite: load NaN / Inf scales instead of refusing them (they then propagate as the reference says).
+    decode: the non-expert decode path (decode.py): auto (static on a CPU with oneDNN bf16, else eager), eager,
+        packed (oneDNN-packed bf16 linears), static (packed + transformers' static cache), compile (static cache +
+        torch.compile); one log line names the choice and why, model.moe_engine.decode keeps it.
     kwargs: MoERunner's other keywords (graph_batch_sizes, max_tokens, mode, isa, handshake, qualify, prefill).
     """
     import torch
@@ -68,6 +72,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     t0 = time.perf_counter()
     dtype = torch.bfloat16 if dtype is None else dtype
     dev = check_device(torch, device)
+    decode_path.check(decode)
     limit = budget.parse_bytes(gpu_memory) if gpu_memory is not None else None
     for name, v in (("kv_length", kv_length), ("kv_batch", kv_batch)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -149,8 +154,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         for i, (_, m) in enumerate(found):
             edit.bind(m, Binding(runner, i, H, E, None, bool(getattr(m, "_is_expert_parallel", False))))
         edit.commit(NAME, {"moe_engine": out})
-        out.load_seconds = time.perf_counter() - t0
         model.eval()
+        out.decode = decode_path.apply(model, decode, dev)
+        out.load_seconds = time.perf_counter() - t0
         log.info("from_pretrained: ready in %.1f s; %s", out.load_seconds, runner.describe())
         return model
     finally:
