@@ -19,6 +19,7 @@ from .residency import Residency
 log = logging.getLogger("moe_engine")
 STRATEGIES = ("auto", "cpu", "hybrid", "gpu")
 DEFAULT_HYBRID_RESIDENCY = 0.25  # a quarter of each layer's experts on the GPU unless told otherwise
+NAMED_RESIDENCY = ("hot", "static", "random", "uniform")
 SPIN_US_GPU, SPIN_US_CPU = 2000, 50  # how long idle workers spin before they sleep (cpumoe_executor's spin_us)
 
 
@@ -42,8 +43,12 @@ class MoERunner:
         down [E, H, I]) float pair per layer, quantized to `format` (progress bar).
     strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu).
     device: where the activations live (default: cuda if torch sees a GPU, else cpu).
-    residency: hybrid's GPU-resident experts: a fraction of each layer (a seeded random subset per layer), or per-layer
-        bool masks of length E. capacity: GPU slots per layer (default: the most resident experts of any layer).
+    residency: hybrid's GPU-resident experts: "hot" (the default: each layer's most-routed experts, from routing
+        counts taken on the device, re-placed every `replace_every` steps; placement/hot.py), "static" (the
+        most-routed experts of `routing_profile`, from `moe-engine profile`), "random" or "uniform" (capacity
+        experts per layer), a fraction of each layer (a seeded random subset per layer), or per-layer bool masks of
+        length E. capacity: GPU slots per layer (default: the most resident experts of any layer; a quarter of E for
+        the named placements). Routes are counted when residency is "hot" or count_routes=True (runner.route_counts).
     graph_batch_sizes: the decode batch sizes an engine captures; max_tokens (default their max) bounds a decode step,
         a larger batch (a prompt) runs eagerly as prefill (prefill.py).
     threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
@@ -63,7 +68,8 @@ class MoERunner:
                  graph_batch_sizes=(1, 2, 4, 8), max_tokens: int | None = None, threads: int | None = None,
                  mode: str | None = None, isa: str | None = None, handshake: str | None = None, qualify: bool = True,
                  prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True,
-                 spin_us: int | None = None):
+                 spin_us: int | None = None, replace_every: int = 50, routing_profile=None,
+                 count_routes: bool = False):
         import torch
 
         self.closed = False
@@ -92,6 +98,7 @@ class MoERunner:
         self.act = cf.activations.resolve(activation, alpha, limit)
         self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
         self.device = validate.device(torch, device)
+        self._placement_args = (replace_every, routing_profile, capacity)
         self.strategy, why = self._pick_strategy(strategy)
         if residency is not None:
             masks = self._masks(residency)  # malformed residency is refused whatever the strategy
@@ -105,7 +112,7 @@ class MoERunner:
         self.check_ids = bool(check_ids)
         # qualify=False is the caller's opt-out: graphs then rest on the handshake's own start-up probe alone
         self.graphs_ok, self.graphs_reason = self.device.type == "cuda", "not qualified (qualify=False)"
-        self.executor = self.sync = self.gpu = self.residency = None
+        self.executor = self.sync = self.gpu = self.residency = self.route_counts = self.hot = None
         # the GPU loads experts from these (residency changes, staged prefill); the executor may hold a repacked copy
         self.host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
         from .prefill import PrefillPolicy, check_policy
@@ -138,11 +145,14 @@ class MoERunner:
                     raise RuntimeError(f"handshake={handshake!r} is unavailable here: {self.sync.summary()}")
             if self.strategy in ("hybrid", "gpu"):
                 self._open_gpu(residency, capacity, act_kw)
+            self._open_placement(residency, count_routes)
             self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
             if qualify:
                 from .qualify import qualify_runner
 
                 qualify_runner(self, tp_group)
+            if self.route_counts is not None:
+                self.route_counts.reset()  # qualification's routes are not the model's
         except BaseException:
             self.closed = True
             self._close()  # what was built so far (the executor's threads, the handshake) goes with the error
@@ -185,7 +195,9 @@ class MoERunner:
 
     def _masks(self, residency) -> list[np.ndarray]:
         if residency is None:
-            residency = DEFAULT_HYBRID_RESIDENCY
+            residency = "hot"
+        if isinstance(residency, str):
+            return self._named_masks(residency)
         if isinstance(residency, (int, float)) and not isinstance(residency, bool):
             f = float(residency)
             if not 0.0 <= f <= 1.0:
@@ -219,6 +231,54 @@ class MoERunner:
         self.residency.commit(layer)
         return len(loads)
 
+    # ---- placement (placement/) -----------------------------------------------------------------------
+    def _named_masks(self, name: str) -> list[np.ndarray]:
+        from .placement.counts import load_routing_profile
+        from .placement.policies import static_masks
+
+        if name not in NAMED_RESIDENCY:
+            raise ValueError(f"residency={name!r}: expected one of {list(NAMED_RESIDENCY)}, a fraction in [0, 1] or "
+                             "per-layer masks")
+        replace_every, routing_profile, capacity = self._placement_args
+        cap = round(DEFAULT_HYBRID_RESIDENCY * self.E) if capacity is None else capacity
+        if not isinstance(cap, int) or not 0 <= cap <= self.E:
+            raise ValueError(f"capacity={capacity!r}: expected an int in [0, E={self.E}] (GPU slots per layer)")
+        if name == "hot":
+            from .placement.policies import _check_int
+
+            _check_int("replace_every", replace_every, 1)  # the re-placement period in steps
+            if cap < 1:
+                raise ValueError(f"residency='hot' needs at least one GPU slot per layer, but capacity={cap}: a "
+                                 "budget smaller than one expert; give more GPU memory, or residency=0")
+        counts = None
+        if name == "static":
+            if routing_profile is None:
+                raise ValueError("residency='static' places from a routing profile: pass routing_profile= (a file "
+                                 "from `moe-engine profile`)")
+            counts = load_routing_profile(routing_profile, layers=self.num_layers, E=self.E)
+        kind = "random" if name == "hot" else name  # hot starts from a random placement until counts arrive
+        return list(static_masks(kind, self.num_layers, self.E, cap, counts=counts))
+
+    def _open_placement(self, residency, count_routes: bool) -> None:
+        from .placement.calibrate import HOT
+        from .placement.counts import RoutingCounts
+        from .placement.hot import HotResidency
+
+        hot = self.residency is not None and self.strategy == "hybrid" and (residency is None or residency == "hot")
+        if hot:
+            self.hot = HotResidency(self, every=self._placement_args[0], half_life=HOT["half_life"],
+                                    hysteresis=HOT["hysteresis"])
+            self.route_counts = self.hot.counts
+        elif count_routes:
+            self.route_counts = RoutingCounts(self.num_layers, self.E, self.max_tokens * self.top_k, self.device)
+
+    def end_step(self) -> int:
+        """Call once after each decode step an engine replays from a CUDA graph (eager forward() calls it on the
+        last layer itself): under residency="hot", folds the device's routing counts into the placement every
+        `replace_every` steps and re-places, without waiting for the device. Returns the experts loaded."""
+        with self._lock:
+            return self.hot.end_step() if self.hot is not None else 0
+
     # ---- forward -------------------------------------------------------------------------------------
     def forward(self, layer: int, hidden_states, topk_weights, topk_ids):
         """y [T, H] = the routed experts' weighted sum for `layer`, on hidden_states' device and dtype.
@@ -245,6 +305,8 @@ class MoERunner:
             if self.check_ids and not capturing and (hidden_states.is_cuda or self.executor is None):
                 validate.ids_range(topk_ids, self.E)  # on the CPU the executor checks them, naming the bad one
             y = self.step(int(layer), hidden_states, topk_weights, topk_ids)
+            if self.hot is not None and not capturing and int(layer) == self.num_layers - 1:
+                self.hot.end_step()  # eager decode: the last layer ends a step
             return y if y.dtype == hidden_states.dtype else y.to(hidden_states.dtype)
 
     __call__ = forward
@@ -254,6 +316,8 @@ class MoERunner:
         captures, bf16 [T, H]. Qualification and benchmarks call it directly; engines call forward()."""
         import torch
 
+        if self.route_counts is not None:
+            self.route_counts.add(layer, ids)  # fixed-shape device ops: captured with the step
         if self.strategy == "cpu":
             return self.sync.decode(layer, x, w, ids, check=False)
         wf = w if w.dtype == torch.float32 else w.float()
