@@ -67,6 +67,7 @@ def test_hot_replacement_keeps_reference_and_follows_the_hot_set(rng):
                 seen[li] += np.bincount(ids.ravel(), minlength=E)
                 masks.add(hy.residency.host_mask(li).tobytes())
         assert hy.hot.loads > 0 and len(masks) > 2  # placements changed while the steps stayed right
+        assert 0.5 < hy.hot.hit_rate <= 1.0  # 2 of 8 slots on a Zipf-1.5 trace: well above 2/8
         assert np.array_equal(hy.route_counts.total(), seen)
         top = np.argsort(-seen, axis=1, kind="stable")[:, :2]
         for li in range(2):  # the most-routed pair of a strongly skewed, stationary trace is resident
@@ -113,3 +114,24 @@ def test_placement_bad_input(rng, tmp_path):
     path = save_routing_profile(str(tmp_path / "r.json"), np.ones((2, 16)), steps=1)
     with pytest.raises(ValueError, match=r"counts of shape \(2, 16\), expected .*\[layers=2, E=8\]"):
         _runner(banks, residency="static", routing_profile=path)
+
+
+def test_profile_command_records_counts(tmp_path, capsys):
+    import json
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from moe_engine.tools import synth
+    from moe_engine.tools.cli import main
+
+    path = tmp_path / "m.gguf"
+    synth.write("gguf-q4_0", path, small=True, layers=2, seed=11, shard_bytes=4 << 20, progress=False)
+    out = tmp_path / "routing.json"
+    assert main(["profile", str(path), "--ids", "3,17,101", "--max-new-tokens", "4", "--strategy", "cpu",
+                 "--device", "cpu", "-t", "2", "--quiet", "--json", "--out", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    d = json.load(open(out))
+    c = np.array(d["counts"])
+    # the prompt's 3 tokens and 3 decode steps (the 4th token needs no forward) route top_k experts per layer
+    assert c.shape == (res["layers"], res["E"]) and (c.sum(1) == 6 * (c.sum() // (6 * res["layers"]))).all()
+    assert c.sum() == res["routes"] > 0 and (c > 0).sum() > res["layers"]

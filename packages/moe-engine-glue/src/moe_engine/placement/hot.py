@@ -33,6 +33,7 @@ class HotResidency:
         self.steps = self._since = 0
         self._pending = False
         self.moves = self.loads = 0
+        self.hit_rate = None  # routes on resident experts in the last folded window (choose.py's live miss rate)
 
     def end_step(self) -> int:
         """One decode step ended: start a snapshot of the counts when a window is full, fold a landed one into the
@@ -51,6 +52,8 @@ class HotResidency:
         self.placer.observe(d, steps=self._window)
         for li in range(self.runner.num_layers):  # set_residency() calls in between stand
             self.placer.mask[li] = self.runner.residency.host_mask(li)
+        if d.sum() > 0:
+            self.hit_rate = float((d * self.placer.mask).sum() / d.sum())
         return self._apply(self.placer.place())
 
     def _apply(self, masks: np.ndarray) -> int:

@@ -156,17 +156,24 @@ def run_bench(a) -> int:
     return 0
 
 
+def _common(p) -> None:
+    p.add_argument("path", help="a Hugging Face directory or a .gguf file (or its directory, with --gguf-file)")
+    p.add_argument("--gguf-file", default=None, help="the GGUF file's name inside PATH")
+    p.add_argument("--gpu-memory", default=None, help="GPU budget, e.g. 16GiB (default: the free memory)")
+    p.add_argument("--strategy", default=None, choices=("auto", "cpu", "hybrid", "gpu"))
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def add_parsers(sub) -> None:
+    from .profile import add_parser
+
     g = sub.add_parser("generate", help="load a checkpoint (from_pretrained) and generate greedily")
     b = sub.add_parser("bench", help="llama-bench's tests on a checkpoint: pp (prompt) and tg (decode) tokens/s")
     for p in (g, b):
-        p.add_argument("path", help="a Hugging Face directory or a .gguf file (or its directory, with --gguf-file)")
-        p.add_argument("--gguf-file", default=None, help="the GGUF file's name inside PATH")
-        p.add_argument("--gpu-memory", default=None, help="GPU budget, e.g. 16GiB (default: the free memory)")
-        p.add_argument("--strategy", default=None, choices=("auto", "cpu", "hybrid", "gpu"))
-        p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.add_argument("--quiet", action="store_true", help="no progress bars")
+        _common(p)
+    add_parser(sub, _common)
     w = g.add_mutually_exclusive_group(required=True)
     w.add_argument("--prompt", help="text (needs the checkpoint's tokenizer)")
     w.add_argument("--ids", help="token ids, e.g. 1,2,3")
