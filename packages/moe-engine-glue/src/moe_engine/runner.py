@@ -49,6 +49,12 @@ class MoERunner:
         experts per layer), a fraction of each layer (a seeded random subset per layer), or per-layer bool masks of
         length E. capacity: GPU slots per layer (default: the most resident experts of any layer; a quarter of E for
         the named placements). Routes are counted when residency is "hot" or count_routes=True (runner.route_counts).
+    split: hybrid's miss split (placement/split.py): a fraction q in [0, 1] of the expected miss bytes read by the GPU
+        experts zero-copy from pinned host banks while the CPU computes the rest; "auto": q from `profile` (a
+        bandwidth profile, placement/profile.py; default: this GPU's cached one) and the live miss rate, re-chosen
+        at each re-placement of residency="hot" (one log line when the mode changes). bf16, fp8_block, nvfp4.
+    pin_memory: bytes of host banks to page-lock (cudaHostRegister; None: half of MemAvailable when split is on,
+        else none; False: none). Layers past the budget, or whose registration fails, stay pageable (a warning).
     graph_batch_sizes: the decode batch sizes an engine captures; max_tokens (default their max) bounds a decode step,
         a larger batch (a prompt) runs eagerly as prefill (prefill.py).
     threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
@@ -69,7 +75,7 @@ class MoERunner:
                  mode: str | None = None, isa: str | None = None, handshake: str | None = None, qualify: bool = True,
                  prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True,
                  spin_us: int | None = None, replace_every: int = 50, routing_profile=None,
-                 count_routes: bool = False):
+                 count_routes: bool = False, split=None, pin_memory=None, profile=None):
         import torch
 
         self.closed = False
@@ -113,6 +119,7 @@ class MoERunner:
         # qualify=False is the caller's opt-out: graphs then rest on the handshake's own start-up probe alone
         self.graphs_ok, self.graphs_reason = self.device.type == "cuda", "not qualified (qualify=False)"
         self.executor = self.sync = self.gpu = self.residency = self.route_counts = self.hot = None
+        self.split = self.zc_bank = self.pinned = self.split_q = self.split_choice = self.split_profile = None
         # the GPU loads experts from these (residency changes, staged prefill); the executor may hold a repacked copy
         self.host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
         from .prefill import PrefillPolicy, check_policy
@@ -146,6 +153,7 @@ class MoERunner:
             if self.strategy in ("hybrid", "gpu"):
                 self._open_gpu(residency, capacity, act_kw)
             self._open_placement(residency, count_routes)
+            self._open_split(split, pin_memory, profile)
             self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
             if qualify:
                 from .qualify import qualify_runner
@@ -229,6 +237,8 @@ class MoERunner:
         for e, slot in loads:
             self.gpu.load(layer, slot, self.host_banks[layer], e)
         self.residency.commit(layer)
+        if self.split is not None:
+            self._assign_split(layer)
         return len(loads)
 
     # ---- placement (placement/) -----------------------------------------------------------------------
@@ -279,6 +289,83 @@ class MoERunner:
         with self._lock:
             return self.hot.end_step() if self.hot is not None else 0
 
+    # ---- the miss split (placement/split.py, zerocopy.py, pinning.py) --------------------------------------
+    def _open_split(self, split, pin_memory, profile) -> None:
+        from .placement.pinning import PinnedBanks
+
+        if self.strategy != "hybrid" or self.residency is None:
+            if split is not None:
+                raise ValueError(f"split={split!r}: the miss split runs under strategy='hybrid', not {self.strategy!r}")
+            return
+        if pin_memory is None and split is None:
+            pin_memory = False  # pinned banks come with the split until the H200 runs validate them alone
+        if self.device.type == "cuda":
+            self.pinned = PinnedBanks(self.host_banks, self.device, pin_memory)
+        if split is None:
+            return
+        from .placement.split import SplitTable, zero_copy_set
+        from .placement.zerocopy import ZeroCopyBank
+
+        if split == "auto":
+            if self.hot is None:
+                raise ValueError("split='auto' sets q from the live miss rate of residency='hot'; give a fraction "
+                                 "or use residency='hot'")
+            from .placement.profile import resolve
+
+            gpu = torch_device_name(self.device)
+            self.split_profile = resolve(profile, gpu=gpu, format=self.format)
+            if self.split_profile is None:
+                log.warning("split='auto': no bandwidth profile for %s; the misses stay on the CPU until one exists "
+                            "(run `moe-engine bench --profile`)", gpu)
+            q = 0.0
+        else:
+            zero_copy_set(np.zeros(self.E, bool), None, split)  # checks the fraction, naming split=
+            q = float(split)
+        pinned = self.pinned.pinned if self.pinned is not None else [True] * self.num_layers
+        self.zc_bank = ZeroCopyBank(self.format, self.host_banks, pinned, E=self.E, H=self.H, I=self.I,
+                                    device=self.device)
+        self.split, self.split_q, self.split_auto = SplitTable(self.num_layers, self.E, self.device), q, split == "auto"
+        for layer in range(self.num_layers):
+            self._assign_split(layer)
+
+    def _assign_split(self, layer: int) -> None:
+        from .placement.split import zero_copy_set
+
+        load = self.hot.placer.rate()[layer] if self.hot is not None else None
+        self.split.set(layer, zero_copy_set(self.residency.host_mask(layer), load, self.split_q,
+                                            eligible=self.zc_bank.layers[layer]))
+
+    def _rechoose_split(self) -> None:
+        """split='auto', after a re-placement: the mode and q from the profile and the last window's miss rate."""
+        if self.split is None:
+            return
+        if self.split_auto and self.split_profile is not None and self.hot.hit_rate is not None:
+            from .placement.choose import choose
+
+            c = choose(self.split_profile, self.format, bytes_per_expert=self.bytes_per_expert, E=self.E,
+                       top_k=self.top_k, batch=max(1, round(self.hot.tokens_per_step)),
+                       miss_rate=1.0 - self.hot.hit_rate, residency=self.residency.fraction(),
+                       modes=("hybrid", "split", "gpu_misses"))
+            if self.split_choice is None or c.mode != self.split_choice.mode:
+                log.info("%s", c.reason)
+            self.split_choice, self.split_q = c, c.q
+        for layer in range(self.num_layers):
+            self._assign_split(layer)
+
+    def _step_split(self, layer: int, x, wf, ids):
+        import torch
+
+        mask = self.residency.mask[layer]
+        # the CPU starts first; it skips what the GPU serves: resident or read zero-copy (live tables)
+        self.sync.submit(layer, x, wf, ids, mask | self.split.zc[layer], check=False)
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        res = self.residency.slots(layer, ids)
+        y = self.gpu.forward(layer, xb, wf, res)
+        if self.zc_bank.layers[layer]:
+            zc, _ = self.split.routes(layer, ids, res, mask)
+            y = y + self.gpu.forward(layer, xb, wf, zc, bank=self.zc_bank)
+        return self.sync.finish(layer, partial=y)
+
     # ---- forward -------------------------------------------------------------------------------------
     def forward(self, layer: int, hidden_states, topk_weights, topk_ids):
         """y [T, H] = the routed experts' weighted sum for `layer`, on hidden_states' device and dtype.
@@ -321,6 +408,8 @@ class MoERunner:
         if self.strategy == "cpu":
             return self.sync.decode(layer, x, w, ids, check=False)
         wf = w if w.dtype == torch.float32 else w.float()
+        if self.split is not None:
+            return self._step_split(layer, x, wf, ids)
         if self.strategy == "hybrid":
             # the CPU starts first: the slot lookup and the GPU experts run while it works (the lookup before the
             # doorbell put its kernels on the CPU's critical path)
@@ -373,6 +462,13 @@ class MoERunner:
         unregister(getattr(self, "handle", None))
         if self.sync is not None:
             self.sync.close()
+        if self.pinned is not None:
+            if self.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.device)  # no kernel may read a bank once it is unregistered
+            self.pinned.close()
+            self.pinned = None
         if self.executor is not None:
             self.executor.close()
         self.sync = self.executor = self.gpu = self.residency = self.host_banks = None
@@ -382,6 +478,12 @@ class MoERunner:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def torch_device_name(device) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def _short(v) -> str:

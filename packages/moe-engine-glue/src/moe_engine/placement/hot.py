@@ -34,6 +34,7 @@ class HotResidency:
         self._pending = False
         self.moves = self.loads = 0
         self.hit_rate = None  # routes on resident experts in the last folded window (choose.py's live miss rate)
+        self.tokens_per_step = 1.0  # the last window's mean batch
 
     def end_step(self) -> int:
         """One decode step ended: start a snapshot of the counts when a window is full, fold a landed one into the
@@ -54,7 +55,10 @@ class HotResidency:
             self.placer.mask[li] = self.runner.residency.host_mask(li)
         if d.sum() > 0:
             self.hit_rate = float((d * self.placer.mask).sum() / d.sum())
-        return self._apply(self.placer.place())
+            self.tokens_per_step = float(d.sum() / (self.runner.num_layers * self.runner.top_k * self._window))
+        loaded = self._apply(self.placer.place())
+        self.runner._rechoose_split()
+        return loaded
 
     def _apply(self, masks: np.ndarray) -> int:
         r = self.runner.residency

@@ -69,6 +69,12 @@ class HotPlacer:
             raise ValueError(f"initial: expected bool masks [layers={layers}, E={E}] with at most capacity="
                              f"{capacity} resident experts per layer")
 
+    def rate(self) -> np.ndarray:
+        """[layers, E] routes per step the average stands for (in a steady state the average holds
+        window / (1 - decay) routes, a window being `every` steps)."""
+        decay = 0.5 ** (self.every / self.half_life)
+        return self.ema * (1.0 - decay) / self.every
+
     def observe(self, counts, steps: int = 1) -> None:
         c = np.asarray(counts, dtype=np.float64)
         if c.shape != (self.layers, self.E):

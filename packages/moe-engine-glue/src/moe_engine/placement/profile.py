@@ -42,6 +42,7 @@ class Profile:
     gpu_fixed_us: float = 0.0
     hbm: float = 0.0
     shape: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)  # format -> why a part was not measured
     version: int = VERSION
     created: float = 0.0
 

@@ -55,6 +55,12 @@ def main(argv=None) -> int:
         from .profile import run_profile
 
         return run_profile(a)
+    if a.cmd == "bench" and a.profile:
+        from .bench_profile import run_bench_profile
+
+        return run_bench_profile(a)
+    if a.cmd == "bench" and a.path is None:
+        parser.error("bench: PATH is required (or --profile)")
     if a.cmd in ("generate", "bench"):
         from .generate import run_bench, run_generate
 
