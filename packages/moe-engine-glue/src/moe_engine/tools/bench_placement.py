@@ -248,7 +248,7 @@ def main(argv=None) -> int:
 
             from ..placement import profile as prof
 
-            gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+            gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"  # as bench --profile names it
             profile = prof.resolve(a.profile, gpu=gpu, format=fmt)
             if profile is None:
                 raise SystemExit("bench_placement auto: no bandwidth profile; run `moe-engine bench --profile` first")
