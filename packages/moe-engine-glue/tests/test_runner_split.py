@@ -132,7 +132,11 @@ def test_split_auto_follows_the_profile(rng, caplog):
 
 class _FakeRuntime:
     def __init__(self, fail_after):
-        self.fail_after, self.calls, self.live = fail_after, 0, set()
+        self.fail_after, self.calls, self.live, self.cleared = fail_after, 0, set(), 0
+
+    def cudaGetLastError(self):
+        self.cleared += 1
+        return 0
 
     def cudaHostRegister(self, ptr, size, flags):
         self.calls += 1
@@ -163,6 +167,7 @@ def test_pinning_budget_and_failure(rng, caplog):
     rt = _FakeRuntime(fail_after=len(_ranges(banks[0])) + 1)  # the second layer's registration fails part-way
     p = PinnedBanks(banks, "cuda", budget=1 << 40, runtime=rt)
     assert p.pinned == [True, False, False] and "cudaHostRegister failed (out of memory)" in p.why
+    assert rt.cleared == 1  # the failed call's error is not left for torch's next launch check
     p.close()
     assert not rt.live  # what did register is released
     assert PinnedBanks(banks, "cpu").why == "no GPU: nothing to pin for"

@@ -62,6 +62,30 @@ def _subtract(ranges, taken) -> list[tuple[int, int]]:
     return out
 
 
+def _name(rt, ret) -> str:
+    try:
+        return str(rt.cudaGetErrorString(ret))
+    except Exception:  # noqa: BLE001 - only the message is lost
+        return f"error {int(ret)}"
+
+
+def _clear_last_error(rt) -> None:
+    """Reset the runtime's last error after a failed registration (not sticky, but reported by the next
+    cudaGetLastError, which torch calls after its kernel launches)."""
+    f = getattr(rt, "cudaGetLastError", None)
+    if f is not None:
+        f()
+        return
+    import ctypes
+
+    for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so"):
+        try:
+            ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL).cudaGetLastError()
+            return
+        except (OSError, AttributeError):
+            continue
+
+
 def _cudart():
     import torch
 
@@ -99,10 +123,11 @@ class PinnedBanks:
                 break
             ok = []
             for s, e in ranges:
-                err = int(self._rt.cudaHostRegister(s, e - s, REGISTER_FLAGS))
-                if err != 0:
-                    msg = self._rt.cudaGetErrorString(err) if hasattr(self._rt, "cudaGetErrorString") else err
-                    self.why = f"layers {li}..{len(banks) - 1} pageable: cudaHostRegister failed ({msg})"
+                ret = self._rt.cudaHostRegister(s, e - s, REGISTER_FLAGS)
+                if int(ret) != 0:
+                    _clear_last_error(self._rt)  # else torch's next launch check would report it as its own
+                    self.why = (f"layers {li}..{len(banks) - 1} pageable: cudaHostRegister failed "
+                                f"({_name(self._rt, ret)})")
                     break
                 ok.append(s)
                 taken.append((s, e))
