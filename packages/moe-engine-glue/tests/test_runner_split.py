@@ -94,7 +94,8 @@ def test_split_serves_every_route_once(rng):
             rel = _rel(sp.forward(li, x, w, ids), reference(sp, li, x, w, ids))
             assert rel < TOLERANCE["native"], (t, rel)
             if t == 2:  # a residency change re-assigns the set; a stale zero-copy entry would count twice
-                sp.split.set(0, np.ones(E, bool))  # every expert, resident ones too: the step's guard keeps each once
+                # every expert, resident ones too: the step's guard keeps each route once
+                sp.split.table.set(0, np.ones(E, bool))
                 rel = _rel(sp.forward(0, x, w, ids), reference(sp, 0, x, w, ids))
                 assert rel < TOLERANCE["native"], rel
                 sp.set_residency(0, np.roll(sp.residency.host_mask(0), 3))
@@ -111,14 +112,14 @@ def test_split_auto_follows_the_profile(rng, caplog):
     p = Profile(gpu="interp", cpu_read=50.0, executor={"bf16": 50.0}, zero_copy={"bf16": 25.0})
     caplog.set_level(logging.INFO, logger="moe_engine")
     with _runner(banks, split="auto", profile=p, replace_every=2) as sp:
-        assert sp.split_q == 0.0
+        assert sp.split.q == 0.0
         for _ in range(4):
             for li in range(2):
                 x, w, ids = _inputs(rng, 1, E, H)
                 rel = _rel(sp.forward(li, x, w, ids), reference(sp, li, x, w, ids))
                 assert rel < TOLERANCE["native"], rel
-        c = sp.split_choice
-        assert c is not None and c.mode == "split" and sp.split_q == pytest.approx(25 / 75), c.reason
+        c = sp.split.choice
+        assert c is not None and c.mode == "split" and sp.split.q == pytest.approx(25 / 75), c.reason
         assert caplog.text.count("auto: split q=0.33") == 1
     with pytest.raises(ProfileError, match="no executor figure for format 'bf16'"):
         _runner(banks, split="auto", profile=Profile(gpu="x", cpu_read=1.0, executor={"fp8_block": 1.0}))
@@ -181,7 +182,7 @@ def test_pinning_budget_and_failure(rng, caplog):
 def test_split_reads_page_locked_memory_on_the_gpu(rng):
     banks, (E, H, _) = make_banks("bf16", rng, E=8)
     with _runner(banks, residency=0.25, capacity=4, split=1.0, pin_memory=1 << 30) as s1:
-        assert all(s1.pinned.pinned) and s1.zc_bank.parts["gu_w"][0].is_cuda
+        assert all(s1.pinned.pinned) and s1.split.bank.parts["gu_w"][0].is_cuda
         x, w, ids = _inputs(rng, 3, E, H)
         assert _rel(s1.forward(0, x, w, ids), reference(s1, 0, x, w, ids)) < TOLERANCE["native"]
 

@@ -119,7 +119,7 @@ class MoERunner:
         # qualify=False is the caller's opt-out: graphs then rest on the handshake's own start-up probe alone
         self.graphs_ok, self.graphs_reason = self.device.type == "cuda", "not qualified (qualify=False)"
         self.executor = self.sync = self.gpu = self.residency = self.route_counts = self.hot = None
-        self.split = self.zc_bank = self.pinned = self.split_q = self.split_choice = self.split_profile = None
+        self.split = self.pinned = None
         # the GPU loads experts from these (residency changes, staged prefill); the executor may hold a repacked copy
         self.host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
         from .prefill import PrefillPolicy, check_policy
@@ -238,7 +238,7 @@ class MoERunner:
             self.gpu.load(layer, slot, self.host_banks[layer], e)
         self.residency.commit(layer)
         if self.split is not None:
-            self._assign_split(layer)
+            self.split.assign(layer)
         return len(loads)
 
     # ---- placement (placement/) -----------------------------------------------------------------------
@@ -289,7 +289,7 @@ class MoERunner:
         with self._lock:
             return self.hot.end_step() if self.hot is not None else 0
 
-    # ---- the miss split (placement/split.py, zerocopy.py, pinning.py) --------------------------------------
+    # ---- the miss split (placement/missplit.py) ---------------------------------------------------------
     def _open_split(self, split, pin_memory, profile) -> None:
         from .placement.pinning import PinnedBanks
 
@@ -301,70 +301,15 @@ class MoERunner:
             pin_memory = False  # pinned banks come with the split until the H200 runs validate them alone
         if self.device.type == "cuda":
             self.pinned = PinnedBanks(self.host_banks, self.device, pin_memory)
-        if split is None:
-            return
-        from .placement.split import SplitTable, zero_copy_set
-        from .placement.zerocopy import ZeroCopyBank
+        if split is not None:
+            from .placement.missplit import MissSplit
 
-        if split == "auto":
-            if self.hot is None:
-                raise ValueError("split='auto' sets q from the live miss rate of residency='hot'; give a fraction "
-                                 "or use residency='hot'")
-            from .placement.profile import resolve
+            self.split = MissSplit(self, split, self.pinned, profile)
 
-            gpu = torch_device_name(self.device)
-            self.split_profile = resolve(profile, gpu=gpu, format=self.format)
-            if self.split_profile is None:
-                log.warning("split='auto': no bandwidth profile for %s; the misses stay on the CPU until one exists "
-                            "(run `moe-engine bench --profile`)", gpu)
-            q = 0.0
-        else:
-            zero_copy_set(np.zeros(self.E, bool), None, split)  # checks the fraction, naming split=
-            q = float(split)
-        pinned = self.pinned.pinned if self.pinned is not None else [True] * self.num_layers
-        self.zc_bank = ZeroCopyBank(self.format, self.host_banks, pinned, E=self.E, H=self.H, I=self.I,
-                                    device=self.device)
-        self.split, self.split_q, self.split_auto = SplitTable(self.num_layers, self.E, self.device), q, split == "auto"
-        for layer in range(self.num_layers):
-            self._assign_split(layer)
-
-    def _assign_split(self, layer: int) -> None:
-        from .placement.split import zero_copy_set
-
-        load = self.hot.placer.rate()[layer] if self.hot is not None else None
-        self.split.set(layer, zero_copy_set(self.residency.host_mask(layer), load, self.split_q,
-                                            eligible=self.zc_bank.layers[layer]))
-
-    def _rechoose_split(self) -> None:
-        """split='auto', after a re-placement: the mode and q from the profile and the last window's miss rate."""
-        if self.split is None:
-            return
-        if self.split_auto and self.split_profile is not None and self.hot.hit_rate is not None:
-            from .placement.choose import choose
-
-            c = choose(self.split_profile, self.format, bytes_per_expert=self.bytes_per_expert, E=self.E,
-                       top_k=self.top_k, batch=max(1, round(self.hot.tokens_per_step)),
-                       miss_rate=1.0 - self.hot.hit_rate, residency=self.residency.fraction(),
-                       modes=("hybrid", "split", "gpu_misses"))
-            if self.split_choice is None or c.mode != self.split_choice.mode:
-                log.info("%s", c.reason)
-            self.split_choice, self.split_q = c, c.q
-        for layer in range(self.num_layers):
-            self._assign_split(layer)
-
-    def _step_split(self, layer: int, x, wf, ids):
+    def torch_device_name(self) -> str | None:
         import torch
 
-        mask = self.residency.mask[layer]
-        # the CPU starts first; it skips what the GPU serves: resident or read zero-copy (live tables)
-        self.sync.submit(layer, x, wf, ids, mask | self.split.zc[layer], check=False)
-        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-        res = self.residency.slots(layer, ids)
-        y = self.gpu.forward(layer, xb, wf, res)
-        if self.zc_bank.layers[layer]:
-            zc, _ = self.split.routes(layer, ids, res, mask)
-            y = y + self.gpu.forward(layer, xb, wf, zc, bank=self.zc_bank)
-        return self.sync.finish(layer, partial=y)
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
 
     # ---- forward -------------------------------------------------------------------------------------
     def forward(self, layer: int, hidden_states, topk_weights, topk_ids):
@@ -409,7 +354,7 @@ class MoERunner:
             return self.sync.decode(layer, x, w, ids, check=False)
         wf = w if w.dtype == torch.float32 else w.float()
         if self.split is not None:
-            return self._step_split(layer, x, wf, ids)
+            return self.split.step(layer, x, wf, ids)
         if self.strategy == "hybrid":
             # the CPU starts first: the slot lookup and the GPU experts run while it works (the lookup before the
             # doorbell put its kernels on the CPU's critical path)
@@ -436,6 +381,12 @@ class MoERunner:
         if self.residency is not None:
             parts.append(f"gpu_experts={self.format} slots={self.residency.capacity}/layer "
                          f"resident={100 * self.residency.fraction():.0f}%")
+            if self.hot is not None:
+                parts.append(f"placement=hot every {self.hot.placer.every} steps")
+            if self.split is not None:
+                parts.append(f"split q={self.split.q:.2f}{' (auto)' if self.split.auto else ''}")
+            if self.pinned is not None:
+                parts.append(self.pinned.summary())
         if self.device.type == "cuda":
             parts.append(f"graphs={'ok' if self.graphs_ok else 'refused'} ({self.graphs_reason}) "
                          f"batch_sizes={list(self.graph_batch_sizes)} max_tokens={self.max_tokens}")
@@ -478,12 +429,6 @@ class MoERunner:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def torch_device_name(device) -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def _short(v) -> str:

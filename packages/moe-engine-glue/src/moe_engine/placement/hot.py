@@ -57,7 +57,8 @@ class HotResidency:
             self.hit_rate = float((d * self.placer.mask).sum() / d.sum())
             self.tokens_per_step = float(d.sum() / (self.runner.num_layers * self.runner.top_k * self._window))
         loaded = self._apply(self.placer.place())
-        self.runner._rechoose_split()
+        if self.runner.split is not None:
+            self.runner.split.rechoose()
         return loaded
 
     def _apply(self, masks: np.ndarray) -> int:

@@ -213,7 +213,7 @@ def bench_replay(a, fmt, T, banks, s) -> dict:
             d.i = (idx + 1) % d.n
             moves += r.end_step() > 0
         out = {"format": fmt, "batch": T, "replays": a.replays, "layers": a.layers, "mismatches": int(mismatches),
-               "replacements_with_loads": int(moves), "split_q": r.split_q, "runner": r.describe()}
+               "replacements_with_loads": int(moves), "split_q": r.split.q, "runner": r.describe()}
     _say(f"replay {fmt} T={T}: {out}")
     return out
 
