@@ -41,7 +41,8 @@ class MoERunner:
     format: a cpumoe_formats format name (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0).
     banks: one dict of bank arrays per layer (cpumoe_formats schema); or weights: one (gate_up [E, 2I, H],
         down [E, H, I]) float pair per layer, quantized to `format` (progress bar).
-    strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu).
+    strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu; with a GPU, hot
+        residency and a bandwidth profile, also split="auto").
     device: where the activations live (default: cuda if torch sees a GPU, else cpu).
     residency: hybrid's GPU-resident experts: "hot" (the default: each layer's most-routed experts, from routing
         counts taken on the device, re-placed every `replace_every` steps; placement/hot.py), "static" (the
@@ -153,7 +154,7 @@ class MoERunner:
             if self.strategy in ("hybrid", "gpu"):
                 self._open_gpu(residency, capacity, act_kw)
             self._open_placement(residency, count_routes)
-            self._open_split(split, pin_memory, profile)
+            self._open_split(split, pin_memory, profile, strategy == "auto")
             self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
             if qualify:
                 from .qualify import qualify_runner
@@ -290,13 +291,19 @@ class MoERunner:
             return self.hot.end_step() if self.hot is not None else 0
 
     # ---- the miss split (placement/missplit.py) ---------------------------------------------------------
-    def _open_split(self, split, pin_memory, profile) -> None:
+    def _open_split(self, split, pin_memory, profile, auto: bool) -> None:
         from .placement.pinning import PinnedBanks
 
         if self.strategy != "hybrid" or self.residency is None:
             if split is not None:
                 raise ValueError(f"split={split!r}: the miss split runs under strategy='hybrid', not {self.strategy!r}")
             return
+        if split is None and auto and self.hot is not None and self.device.type == "cuda":
+            from .placement.profile import resolve
+
+            # strategy='auto' with a measured profile also picks the byte path of the misses (split='auto')
+            if resolve(profile, gpu=self.torch_device_name(), format=self.format) is not None:
+                split = "auto"
         if pin_memory is None and split is None:
             pin_memory = False  # pinned banks come with the split until the H200 runs validate them alone
         if self.device.type == "cuda":
