@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40 on the lent H200 host, by hand: STAGE=test|profile|hot|split|auto|replay bench/device/placement_h200.sh OUT
+# Issue 40 on the lent H200 host, by hand: STAGE=test|profile|hot|split|auto|replay|prefill bench/device/placement_h200.sh OUT
 # (each stage under 10 min; builds the native packages in place first when kernelio's is missing).
 # test:    the placement / split suites with their cuda cases (zero-copy reads of page-locked banks, counts on the GPU)
 # profile: moe-engine bench --profile at Qwen3-30B-A3B's shape, bf16 and fp8_block (the profile auto reads; + PNG)
@@ -7,6 +7,7 @@
 # split:   0% resident: CPU-only misses, GPU-only zero-copy, split fractions (both formats)
 # auto:    the grid residency 0/10/25/50/90% x batch 1/8 for FORMAT: each q and auto's pick (run profile first)
 # replay:  1,000 replays, hot re-placement every 50 steps, split q=0.3, against eager bit for bit (batch 1 and 8)
+# prefill: staged prefill from page-locked banks (copy_GBps against the profile's h2d) and the crossover re-measured
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${1:-$ROOT/gpu-out}" && cd "${1:-$ROOT/gpu-out}" && pwd)
@@ -38,4 +39,6 @@ case "${STAGE:-test}" in
   auto) timeout 570 $B auto --formats "$F" --qs 0.2,0.35,0.5 --warmup 300 --steps 200 --profile "$OUT/profile_h200.json" \
           --json "$OUT/placement_auto_${F}_h200.json" ;;
   replay) timeout 540 $B replay --formats bf16 --json "$OUT/placement_replay_h200.json" ;;
+  prefill) timeout 540 $PY -m moe_engine.tools.bench prefill --pin-memory --repeats 3 \
+          --json "$OUT/moe_engine_prefill_pinned_h200.json" ;;
 esac

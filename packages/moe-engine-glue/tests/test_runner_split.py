@@ -203,3 +203,15 @@ def test_bench_profile_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert p.h2d == 0 and p.zero_copy == {}
     else:
         assert p.h2d > 0 and p.zero_copy["bf16"] > 0 and set(p.both["bf16"]) == {"cpu", "zero_copy"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(cuda_missing() is not None, reason=str(cuda_missing()))
+def test_staged_prefill_from_page_locked_banks(rng):
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    with MoERunner("bf16", banks, top_k=3, strategy="cpu", device="cuda", threads=2, graph_batch_sizes=(1,),
+                   pin_memory=True, prefill="gpu", progress=False) as r:
+        assert all(r.pinned.pinned) and "host banks pinned 2/2 layers" in r.describe()
+        x, w, ids = _inputs(rng, 7, E, H)  # above max_tokens: staged prefill
+        assert _rel(r.forward(0, x, w, ids), reference(r, 0, x, w, ids)) < TOLERANCE["native"]
+        assert r.last_prefill["how"] == "gpu"

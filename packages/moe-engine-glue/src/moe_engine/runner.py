@@ -54,8 +54,10 @@ class MoERunner:
         experts zero-copy from pinned host banks while the CPU computes the rest; "auto": q from `profile` (a
         bandwidth profile, placement/profile.py; default: this GPU's cached one) and the live miss rate, re-chosen
         at each re-placement of residency="hot" (one log line when the mode changes). bf16, fp8_block, nvfp4.
-    pin_memory: bytes of host banks to page-lock (cudaHostRegister; None: half of MemAvailable when split is on,
-        else none; False: none). Layers past the budget, or whose registration fails, stay pageable (a warning).
+    pin_memory: host banks to page-lock on a GPU (cudaHostRegister), any strategy: bytes, True (half of
+        MemAvailable), False (none); None: True when split is on, else False. Layers past the budget, or whose
+        registration fails, stay pageable (one warning); pinned ones make staged prefill and hot's copies run at
+        link speed.
     graph_batch_sizes: the decode batch sizes an engine captures; max_tokens (default their max) bounds a decode step,
         a larger batch (a prompt) runs eagerly as prefill (prefill.py).
     threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
@@ -292,22 +294,22 @@ class MoERunner:
 
     # ---- the miss split (placement/missplit.py) ---------------------------------------------------------
     def _open_split(self, split, pin_memory, profile, auto: bool) -> None:
-        from .placement.pinning import PinnedBanks
-
-        if self.strategy != "hybrid" or self.residency is None:
-            if split is not None:
-                raise ValueError(f"split={split!r}: the miss split runs under strategy='hybrid', not {self.strategy!r}")
-            return
-        if split is None and auto and self.hot is not None and self.device.type == "cuda":
+        hybrid = self.strategy == "hybrid" and self.residency is not None
+        if split is not None and not hybrid:
+            raise ValueError(f"split={split!r}: the miss split runs under strategy='hybrid', not {self.strategy!r}")
+        if split is None and auto and hybrid and self.hot is not None and self.device.type == "cuda":
             from .placement.profile import resolve
 
             # strategy='auto' with a measured profile also picks the byte path of the misses (split='auto')
             if resolve(profile, gpu=self.torch_device_name(), format=self.format) is not None:
                 split = "auto"
-        if pin_memory is None and split is None:
-            pin_memory = False  # pinned banks come with the split until the H200 runs validate them alone
-        if self.device.type == "cuda":
-            self.pinned = PinnedBanks(self.host_banks, self.device, pin_memory)
+        if pin_memory is None:
+            pin_memory = split is not None  # pinned banks come with the split unless asked for
+        if self.device.type == "cuda" and self.host_banks is not None and pin_memory is not False:
+            from .placement.pinning import PinnedBanks
+
+            # pinned: the staged prefill and hot's copies read them at link speed, the split's GPU side reads them
+            self.pinned = PinnedBanks(self.host_banks, self.device, None if pin_memory is True else pin_memory)
         if split is not None:
             from .placement.missplit import MissSplit
 
@@ -392,8 +394,8 @@ class MoERunner:
                 parts.append(f"placement=hot every {self.hot.placer.every} steps")
             if self.split is not None:
                 parts.append(f"split q={self.split.q:.2f}{' (auto)' if self.split.auto else ''}")
-            if self.pinned is not None:
-                parts.append(self.pinned.summary())
+        if self.pinned is not None:
+            parts.append(f"host banks {self.pinned.summary()}")
         if self.device.type == "cuda":
             parts.append(f"graphs={'ok' if self.graphs_ok else 'refused'} ({self.graphs_reason}) "
                          f"batch_sizes={list(self.graph_batch_sizes)} max_tokens={self.max_tokens}")
