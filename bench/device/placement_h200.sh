@@ -5,7 +5,7 @@
 # profile: moe-engine bench --profile at Qwen3-30B-A3B's shape, bf16 and fp8_block (the profile auto reads; + PNG)
 # hot:     hot vs random at equal slots, 8 layers under CUDA graphs, batch 1 and 8 (FORMAT=bf16|fp8_block)
 # split:   0% resident: CPU-only misses, GPU-only zero-copy, split fractions (both formats)
-# auto:    the grid residency 0/10/25/50/90% x batch 1/8 for FORMAT: each q and auto's pick (run profile first)
+# auto:    the grid residency 0/10/25/50/90% for FORMAT and BATCH (1 or 8): each q and auto's pick (profile first)
 # replay:  1,000 replays, hot re-placement every 50 steps, split q=0.3, against eager bit for bit (batch 1 and 8)
 # prefill: staged prefill from page-locked banks (copy_GBps against the profile's h2d) and the crossover re-measured
 set -uo pipefail
@@ -36,8 +36,8 @@ case "${STAGE:-test}" in
           --out "$OUT/profile_h200.json" --png "$OUT/profile_h200.png" ;;
   hot) timeout 540 $B hot --formats "$F" --residencies 0.1,0.25,0.5 --json "$OUT/placement_hot_${F}_h200.json" ;;
   split) timeout 540 $B split --formats bf16,fp8_block --qs 0.2,0.3,0.4,0.5 --json "$OUT/placement_split_h200.json" ;;
-  auto) timeout 570 $B auto --formats "$F" --qs 0.2,0.35,0.5 --warmup 300 --steps 200 --profile "$OUT/profile_h200.json" \
-          --json "$OUT/placement_auto_${F}_h200.json" ;;
+  auto) timeout 570 $B auto --formats "$F" --batch "${BATCH:-1}" --qs 0.2,0.35,0.5 --warmup 150 --steps 100 \
+          --profile "$OUT/profile_h200.json" --json "$OUT/placement_auto_${F}_b${BATCH:-1}_h200.json" ;;
   replay) timeout 540 $B replay --formats bf16 --json "$OUT/placement_replay_h200.json" ;;
   prefill) timeout 540 $PY -m moe_engine.tools.bench prefill --pin-memory --repeats 3 \
           --json "$OUT/moe_engine_prefill_pinned_h200.json" ;;
