@@ -110,7 +110,12 @@ def gpu_part(fmt: str, E: int, H: int, I: int, K: int, threads, steps: int, rng)
             ge.forward(0, x, w, slots)
         torch.cuda.synchronize()
         out["hbm"] = steps * K * bpe / (time.perf_counter() - t0) / 1e9
-        out["gpu_fixed_us"] = 0.0
+        none = torch.full((1, K), -1, dtype=torch.int32, device=dev)  # launches with no route: the fixed cost
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            ge.forward(0, x, w, none)
+        torch.cuda.synchronize()
+        out["gpu_fixed_us"] = (time.perf_counter() - t0) / steps * 1e6
         # both at once: the executor decodes on its pool from a thread while the GPU reads zero-copy
         with CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=1, threads=threads) as ex:
             xc, wc = x.cpu(), w.cpu()
