@@ -35,12 +35,19 @@ def _torch():
     return torch
 
 
+def _gpu_served(r, layer: int) -> np.ndarray:
+    """bool [E]: the experts whose routes the GPU serves (resident, or read zero-copy under the miss split)."""
+    m = r.residency.host_mask(layer) if r.residency is not None else np.zeros(r.E, bool)
+    split = getattr(r, "split", None)
+    return m | split.host_mask(layer) if split is not None else m
+
+
 def step_inputs(r, gen, T: int, kind: str, layer: int):
     """x bf16 [T, H], w fp32 [T, K], ids int32 [T, K] on the runner's device. kind picks the experts routed to:
     mixed (any; -1 routes too), cpu-only (non-resident), gpu-only (resident: no CPU route)."""
     torch = _torch()
     K, E = r.top_k, r.E
-    resident = r.residency.host_mask(layer) if r.residency is not None else np.zeros(E, bool)
+    resident = _gpu_served(r, layer)
     if r.executor is None:  # gpu strategy: every route is resident
         resident = np.ones(E, bool)
     pool = {"mixed": np.arange(E), "cpu-only": np.flatnonzero(~resident), "gpu-only": np.flatnonzero(resident)}[kind]
@@ -124,7 +131,7 @@ def check_eager(r, layer: int, gen, allow_nonfinite: bool = False) -> list[str]:
 def sample_ids(r, layer: int) -> np.ndarray:
     """ids [1, top_k]: one expert of `layer` from each side that holds some (the CPU's, the GPU's), the layer's index
     into that side's experts (so successive layers cover different experts); the rest -1."""
-    resident = r.residency.host_mask(layer) if r.residency is not None else np.zeros(r.E, bool)
+    resident = _gpu_served(r, layer)
     if r.executor is None:
         resident = np.ones(r.E, bool)
     pools = [p for p in (np.flatnonzero(~resident), np.flatnonzero(resident)) if len(p)]

@@ -19,6 +19,7 @@ from .residency import Residency
 log = logging.getLogger("moe_engine")
 STRATEGIES = ("auto", "cpu", "hybrid", "gpu")
 DEFAULT_HYBRID_RESIDENCY = 0.25  # a quarter of each layer's experts on the GPU unless told otherwise
+NAMED_RESIDENCY = ("hot", "static", "random", "uniform")
 SPIN_US_GPU, SPIN_US_CPU = 2000, 50  # how long idle workers spin before they sleep (cpumoe_executor's spin_us)
 
 
@@ -45,10 +46,23 @@ class MoERunner:
     banks: one dict of bank arrays per layer (cpumoe_formats schema; a pair layer: the gate_up format's gate_up banks
         and the down format's down banks); or weights: one (gate_up [E, 2I, H], down [E, H, I]) float pair per
         layer, quantized to `format`, a name (progress bar).
-    strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu).
+    strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu; with a GPU, hot
+        residency and a bandwidth profile, also split="auto").
     device: where the activations live (default: cuda if torch sees a GPU, else cpu).
-    residency: hybrid's GPU-resident experts: a fraction of each layer (a seeded random subset per layer), or per-layer
-        bool masks of length E. capacity: GPU slots per layer (default: the most resident experts of any layer).
+    residency: hybrid's GPU-resident experts: "hot" (the default: each layer's most-routed experts, from routing
+        counts taken on the device, re-placed every `replace_every` steps; placement/hot.py), "static" (the
+        most-routed experts of `routing_profile`, from `moe-engine profile`), "random" or "uniform" (capacity
+        experts per layer), a fraction of each layer (a seeded random subset per layer), or per-layer bool masks of
+        length E. capacity: GPU slots per layer (default: the most resident experts of any layer; a quarter of E for
+        the named placements). Routes are counted when residency is "hot" or count_routes=True (runner.route_counts).
+    split: hybrid's miss split (placement/split.py): a fraction q in [0, 1] of the expected miss bytes read by the GPU
+        experts zero-copy from pinned host banks while the CPU computes the rest; "auto": q from `profile` (a
+        bandwidth profile, placement/profile.py; default: this GPU's cached one) and the live miss rate, re-chosen
+        at each re-placement of residency="hot" (one log line when the mode changes). bf16, fp8_block, nvfp4.
+    pin_memory: host banks to page-lock on a GPU (cudaHostRegister), any strategy: bytes, True (half of
+        MemAvailable), False (none); None: True when split is on, else False. Layers past the budget, or whose
+        registration fails, stay pageable (one warning); pinned ones make staged prefill and hot's copies run at
+        link speed.
     graph_batch_sizes: the decode batch sizes an engine captures; max_tokens (default their max) bounds a decode step,
         a larger batch (a prompt) runs eagerly as prefill (prefill.py).
     threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
@@ -68,7 +82,8 @@ class MoERunner:
                  graph_batch_sizes=(1, 2, 4, 8), max_tokens: int | None = None, threads: int | None = None,
                  mode: str | None = None, isa: str | None = None, handshake: str | None = None, qualify: bool = True,
                  prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True,
-                 spin_us: int | None = None):
+                 spin_us: int | None = None, replace_every: int = 50, routing_profile=None,
+                 count_routes: bool = False, split=None, pin_memory=None, profile=None):
         import torch
 
         self.closed = False
@@ -104,6 +119,7 @@ class MoERunner:
         self.act = cf.activations.resolve(activation, alpha, limit)
         self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
         self.device = validate.device(torch, device)
+        self._placement_args = (replace_every, routing_profile, capacity)
         self.strategy, why = self._pick_strategy(strategy)
         if self.strategy in ("hybrid", "gpu"):
             self._check_gpu_formats()
@@ -119,7 +135,8 @@ class MoERunner:
         self.check_ids = bool(check_ids)
         # qualify=False is the caller's opt-out: graphs then rest on the handshake's own start-up probe alone
         self.graphs_ok, self.graphs_reason = self.device.type == "cuda", "not qualified (qualify=False)"
-        self.executor = self.sync = self.gpu = self.residency = None
+        self.executor = self.sync = self.gpu = self.residency = self.route_counts = self.hot = None
+        self.split = self.pinned = None
         # the GPU loads experts from these (residency changes, staged prefill); the executor may hold a repacked copy
         self.host_banks = banks if self.device.type == "cuda" or self.strategy != "cpu" else None
         from .prefill import PrefillPolicy, check_policy
@@ -152,11 +169,15 @@ class MoERunner:
                     raise RuntimeError(f"handshake={handshake!r} is unavailable here: {self.sync.summary()}")
             if self.strategy in ("hybrid", "gpu"):
                 self._open_gpu(residency, capacity, act_kw)
+            self._open_placement(residency, count_routes)
+            self._open_split(split, pin_memory, profile, strategy == "auto")
             self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
             if qualify:
                 from .qualify import qualify_runner
 
                 qualify_runner(self, tp_group)
+            if self.route_counts is not None:
+                self.route_counts.reset()  # qualification's routes are not the model's
         except BaseException:
             self.closed = True
             self._close()  # what was built so far (the executor's threads, the handshake) goes with the error
@@ -212,7 +233,9 @@ class MoERunner:
 
     def _masks(self, residency) -> list[np.ndarray]:
         if residency is None:
-            residency = DEFAULT_HYBRID_RESIDENCY
+            residency = "hot"
+        if isinstance(residency, str):
+            return self._named_masks(residency)
         if isinstance(residency, (int, float)) and not isinstance(residency, bool):
             f = float(residency)
             if not 0.0 <= f <= 1.0:
@@ -244,7 +267,85 @@ class MoERunner:
         for e, slot in loads:
             self.gpu.load(layer, slot, self.host_banks[layer], e)
         self.residency.commit(layer)
+        if self.split is not None:
+            self.split.assign(layer)
         return len(loads)
+
+    # ---- placement (placement/) -----------------------------------------------------------------------
+    def _named_masks(self, name: str) -> list[np.ndarray]:
+        from .placement.counts import load_routing_profile
+        from .placement.policies import static_masks
+
+        if name not in NAMED_RESIDENCY:
+            raise ValueError(f"residency={name!r}: expected one of {list(NAMED_RESIDENCY)}, a fraction in [0, 1] or "
+                             "per-layer masks")
+        replace_every, routing_profile, capacity = self._placement_args
+        cap = round(DEFAULT_HYBRID_RESIDENCY * self.E) if capacity is None else capacity
+        if not isinstance(cap, int) or not 0 <= cap <= self.E:
+            raise ValueError(f"capacity={capacity!r}: expected an int in [0, E={self.E}] (GPU slots per layer)")
+        if name == "hot":
+            from .placement.policies import _check_int
+
+            _check_int("replace_every", replace_every, 1)  # the re-placement period in steps
+            if cap < 1:
+                raise ValueError(f"residency='hot' needs at least one GPU slot per layer, but capacity={cap}: a "
+                                 "budget smaller than one expert; give more GPU memory, or residency=0")
+        counts = None
+        if name == "static":
+            if routing_profile is None:
+                raise ValueError("residency='static' places from a routing profile: pass routing_profile= (a file "
+                                 "from `moe-engine profile`)")
+            counts = load_routing_profile(routing_profile, layers=self.num_layers, E=self.E)
+        kind = "random" if name == "hot" else name  # hot starts from a random placement until counts arrive
+        return list(static_masks(kind, self.num_layers, self.E, cap, counts=counts))
+
+    def _open_placement(self, residency, count_routes: bool) -> None:
+        from .placement.calibrate import HOT
+        from .placement.counts import RoutingCounts
+        from .placement.hot import HotResidency
+
+        hot = self.residency is not None and self.strategy == "hybrid" and (residency is None or residency == "hot")
+        if hot:
+            self.hot = HotResidency(self, every=self._placement_args[0], half_life=HOT["half_life"],
+                                    hysteresis=HOT["hysteresis"])
+            self.route_counts = self.hot.counts
+        elif count_routes:
+            self.route_counts = RoutingCounts(self.num_layers, self.E, self.max_tokens * self.top_k, self.device)
+
+    def end_step(self) -> int:
+        """Call once after each decode step an engine replays from a CUDA graph (eager forward() calls it on the
+        last layer itself): under residency="hot", folds the device's routing counts into the placement every
+        `replace_every` steps and re-places, without waiting for the device. Returns the experts loaded."""
+        with self._lock:
+            return self.hot.end_step() if self.hot is not None else 0
+
+    # ---- the miss split (placement/missplit.py) ---------------------------------------------------------
+    def _open_split(self, split, pin_memory, profile, auto: bool) -> None:
+        hybrid = self.strategy == "hybrid" and self.residency is not None
+        if split is not None and not hybrid:
+            raise ValueError(f"split={split!r}: the miss split runs under strategy='hybrid', not {self.strategy!r}")
+        if split is None and auto and hybrid and self.hot is not None and self.device.type == "cuda":
+            from .placement.profile import resolve
+
+            # strategy='auto' with a measured profile also picks the byte path of the misses (split='auto')
+            if resolve(profile, gpu=self.torch_device_name(), format=self.format) is not None:
+                split = "auto"
+        if pin_memory is None:
+            pin_memory = split is not None  # pinned banks come with the split unless asked for
+        if self.device.type == "cuda" and self.host_banks is not None and pin_memory is not False:
+            from .placement.pinning import PinnedBanks
+
+            # pinned: the staged prefill and hot's copies read them at link speed, the split's GPU side reads them
+            self.pinned = PinnedBanks(self.host_banks, self.device, None if pin_memory is True else pin_memory)
+        if split is not None:
+            from .placement.missplit import MissSplit
+
+            self.split = MissSplit(self, split, self.pinned, profile)
+
+    def torch_device_name(self) -> str | None:
+        import torch
+
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
 
     # ---- forward -------------------------------------------------------------------------------------
     def forward(self, layer: int, hidden_states, topk_weights, topk_ids):
@@ -272,6 +373,8 @@ class MoERunner:
             if self.check_ids and not capturing and (hidden_states.is_cuda or self.executor is None):
                 validate.ids_range(topk_ids, self.E)  # on the CPU the executor checks them, naming the bad one
             y = self.step(int(layer), hidden_states, topk_weights, topk_ids)
+            if self.hot is not None and not capturing and int(layer) == self.num_layers - 1:
+                self.hot.end_step()  # eager decode: the last layer ends a step
             return y if y.dtype == hidden_states.dtype else y.to(hidden_states.dtype)
 
     __call__ = forward
@@ -281,9 +384,13 @@ class MoERunner:
         captures, bf16 [T, H]. Qualification and benchmarks call it directly; engines call forward()."""
         import torch
 
+        if self.route_counts is not None:
+            self.route_counts.add(layer, ids)  # fixed-shape device ops: captured with the step
         if self.strategy == "cpu":
             return self.sync.decode(layer, x, w, ids, check=False)
         wf = w if w.dtype == torch.float32 else w.float()
+        if self.split is not None:
+            return self.split.step(layer, x, wf, ids)
         if self.strategy == "hybrid":
             # the CPU starts first: the slot lookup and the GPU experts run while it works (the lookup before the
             # doorbell put its kernels on the CPU's critical path)
@@ -311,6 +418,12 @@ class MoERunner:
         if self.residency is not None:
             parts.append(f"gpu_experts={given} slots={self.residency.capacity}/layer "
                          f"resident={100 * self.residency.fraction():.0f}%")
+            if self.hot is not None:
+                parts.append(f"placement=hot every {self.hot.placer.every} steps")
+            if self.split is not None:
+                parts.append(f"split q={self.split.q:.2f}{' (auto)' if self.split.auto else ''}")
+        if self.pinned is not None:
+            parts.append(f"host banks {self.pinned.summary()}")
         if self.device.type == "cuda":
             parts.append(f"graphs={'ok' if self.graphs_ok else 'refused'} ({self.graphs_reason}) "
                          f"batch_sizes={list(self.graph_batch_sizes)} max_tokens={self.max_tokens}")
@@ -338,6 +451,13 @@ class MoERunner:
         unregister(getattr(self, "handle", None))
         if self.sync is not None:
             self.sync.close()
+        if self.pinned is not None:
+            if self.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.device)  # no kernel may read a bank once it is unregistered
+            self.pinned.close()
+            self.pinned = None
         if self.executor is not None:
             self.executor.close()
         self.sync = self.executor = self.gpu = self.residency = self.host_banks = None

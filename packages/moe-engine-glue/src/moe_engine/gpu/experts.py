@@ -117,18 +117,21 @@ class GpuExperts:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer}: expected 0 <= layer < num_layers={self.num_layers}")
 
-    def _part(self, layer: int, name: str):
+    def _part(self, layer: int, name: str, src=None):
         """(tensor view of one layer, slot stride in elements) or the dummy for a part the format lacks."""
-        t = self.parts.get(name)
+        t = (self if src is None else src).parts.get(name)
         if t is None:
             return self._dummy, 0
         v = t[layer]
         return v, v.stride(0)
 
     # ---- forward ---------------------------------------------------------------------------------------
-    def forward(self, layer: int, x, topk_weights, slots, out=None):
-        """y [T, H] bf16 = sum over routes with a resident slot of weight * expert(x) (or into `out`)."""
+    def forward(self, layer: int, x, topk_weights, slots, out=None, bank=None):
+        """y [T, H] bf16 = sum over routes with a resident slot of weight * expert(x) (or into `out`).
+        bank: another store of experts in this layout (`parts` {name: [layers, n, ...]}, `capacity` n), e.g. the
+        zero-copy host bank (placement/zerocopy.py); `slots` then index it."""
         self._check_layer(layer)
+        src = self if bank is None else bank
         T, K, H, I = x.shape[0], self.top_k, self.H, self.I  # noqa: E741
         if x.ndim != 2 or x.shape[1] != H:
             raise ValueError(f"x: shape {tuple(x.shape)}, expected [T, H={H}]")
@@ -151,19 +154,19 @@ class GpuExperts:
         R = T * K
         dev = x.device
         if cfg.grouped:
-            order, count = route_groups(slots, self.capacity)
+            order, count = route_groups(slots, src.capacity)
         else:
             order = count = slots  # unused by the kernels (GROUPED=0)
-        gw, gws = self._part(layer, "gu_w")
-        gs, gss = self._part(layer, "gu_s")
-        gv, gvs = self._part(layer, "gu_v")
-        dw, dws = self._part(layer, "dn_w")
-        ds, dss = self._part(layer, "dn_s")
-        dv, dvs = self._part(layer, "dn_v")
+        gw, gws = self._part(layer, "gu_w", src)
+        gs, gss = self._part(layer, "gu_s", src)
+        gv, gvs = self._part(layer, "gu_v", src)
+        dw, dws = self._part(layer, "dn_w", src)
+        ds, dss = self._part(layer, "dn_s", src)
+        dv, dvs = self._part(layer, "dn_v", src)
         h = torch.empty((R, I), dtype=torch.bfloat16, device=dev)
         g = cfg.gate_up
         gate_up_kernel[(R, triton.cdiv(I, g.block_n))](
-            x, x.stride(0), slots, tw, order, count, self.capacity,
+            x, x.stride(0), slots, tw, order, count, src.capacity,
             gw, gs, gv, gws, gss, gvs, self.srs[0], h, I, H, self.alpha, self.limit,
             FMT=self.fmt_ids[0], ACT=self.act_id, TOP_K=K, GROUPED=cfg.grouped, DOT=g.dot,
             WEIGHT_IN=self.apply_router_weight_on_input, BN=g.block_n, BK=g.block_k, BM=g.block_m, INTERP=INTERP,
@@ -172,17 +175,17 @@ class GpuExperts:
         wout = not self.apply_router_weight_on_input
         if cfg.down_mode == "token":
             down_token_kernel[(T, triton.cdiv(H, d.block_n))](
-                h, slots, tw, self.capacity, dw, ds, dv, dws, dss, dvs, self.srs[1], out, out.stride(0), H, I,
+                h, slots, tw, src.capacity, dw, ds, dv, dws, dss, dvs, self.srs[1], out, out.stride(0), H, I,
                 FMT=self.fmt_ids[1], TOP_K=K, WEIGHT_OUT=wout, BN=d.block_n, BK=d.block_k, INTERP=INTERP,
                 num_warps=d.num_warps, num_stages=d.num_stages)
         else:
             o = torch.empty((R, H), dtype=torch.float32, device=dev)
             down_group_kernel[(R, triton.cdiv(H, d.block_n))](
-                h, slots, tw, order, count, self.capacity, dw, ds, dv, dws, dss, dvs, self.srs[1], o, H, I,
+                h, slots, tw, order, count, src.capacity, dw, ds, dv, dws, dss, dvs, self.srs[1], o, H, I,
                 FMT=self.fmt_ids[1], GROUPED=cfg.grouped, DOT=d.dot, WEIGHT_OUT=wout, BN=d.block_n, BK=d.block_k,
                 BM=d.block_m, INTERP=INTERP, num_warps=d.num_warps, num_stages=d.num_stages)
             route_sum_kernel[(T, triton.cdiv(H, cfg.sum_block))](
-                o, slots, self.capacity, out, out.stride(0), H, TOP_K=K, BN=cfg.sum_block, INTERP=INTERP,
+                o, slots, src.capacity, out, out.stride(0), H, TOP_K=K, BN=cfg.sum_block, INTERP=INTERP,
                 num_warps=4)
         return out
 

@@ -1,9 +1,9 @@
 """What goes on the GPU: the non-expert weights, the KV cache for the configured length, then as many experts as
 the rest of `gpu_memory` holds.
 
-Rule (until live routing counts place them, issue 40): the same number of experts in every MoE layer, a seeded
-random subset of each (MoERunner's fraction residency), so every layer's CPU share is equal and the slowest layer
-is no slower than the others. A reserve for activations, the GPU experts' workspace and CUDA graphs is kept out
+Rule: the same number of experts in every MoE layer, so every layer's CPU share is equal and the slowest layer is
+no slower than the others; which experts fill those slots is residency="hot"'s job (each layer's most-routed, from
+routing counts; docs/placement.md). A reserve for activations, the GPU experts' workspace and CUDA graphs is kept out
 of the budget (RESERVE).
 
 Thread contract: plain functions."""

@@ -205,7 +205,7 @@ def replay_check(torch, hy, L, T, n, rng, s) -> dict:
 
 
 # ---- prefill ---------------------------------------------------------------------------------------------------
-def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
+def prefill_bench(fmt: str, tokens, repeats: int, threads=None, pin_memory=False) -> dict:
     """ms per layer of a T-token prompt (uniform random routes) as CPU chunks of max_tokens and as staged experts,
     each forced in turn (interleaved), then the `auto` policy's choice with the estimates it saw."""
     import torch
@@ -215,7 +215,8 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None) -> dict:
     s = preset("qwen3-30b-a3b")
     dev = torch.device("cuda", torch.cuda.current_device())
     banks = random_layers(fmt, s.E, s.H, s.I, 1, progress=False)
-    r = MoERunner(fmt, banks, top_k=s.top_k, strategy="cpu", device=dev, threads=threads, progress=False)
+    r = MoERunner(fmt, banks, top_k=s.top_k, strategy="cpu", device=dev, threads=threads, progress=False,
+                  pin_memory=pin_memory)
     _say(f"prefill {fmt}: {r.describe()}")
     rng = np.random.default_rng(3)
     res = {"format": fmt, "shape": s.name, "max_tokens": r.max_tokens, "runner": r.describe(), "rows": []}
@@ -269,14 +270,16 @@ def main(argv=None) -> int:
     p.add_argument("--check-replays", type=int, default=1000)
     p.add_argument("--tokens", default="16,32,64,128,256,512,1024", help="prefill: prompt lengths")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--pin-memory", action="store_true", help="prefill: page-lock the host banks first (the staged "
+                   "copies then run at link speed)")
     p.add_argument("--json", metavar="PATH")
     a = p.parse_args(argv)
     fmts = a.formats.split(",")
     if a.what == "overhead":
         out = {"overhead": [overhead(f, threads=a.threads) for f in fmts]}
     elif a.what == "prefill":
-        out = {"prefill": [prefill_bench(f, [int(t) for t in a.tokens.split(",")], a.repeats, a.threads)
-                           for f in fmts]}
+        out = {"prefill": [prefill_bench(f, [int(t) for t in a.tokens.split(",")], a.repeats, a.threads,
+                                         a.pin_memory) for f in fmts]}
     else:
         out = {"step": [step_bench(f, a.layers, [int(b) for b in a.batch.split(",")],
                                    [float(r) for r in a.residency.split(",")], a.replays, a.repeats,

@@ -1,5 +1,6 @@
 """The `moe-engine` command: `info` (what this machine offers), `demo` (a synthetic model decoded and verified),
-`generate` and `bench` (a shipped checkpoint loaded with from_pretrained: a generation, or llama-bench's tests)."""
+`generate` and `bench` (a shipped checkpoint loaded with from_pretrained: a generation, or llama-bench's tests),
+`profile` (routing counts over a calibration run, for residency="static")."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +51,16 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(name)s: %(message)s")
     logging.getLogger("moe_engine").setLevel(logging.INFO)  # its one start-up line names the choices and why
+    if a.cmd == "profile":
+        from .profile import run_profile
+
+        return run_profile(a)
+    if a.cmd == "bench" and a.profile:
+        from .bench_profile import run_bench_profile
+
+        return run_bench_profile(a)
+    if a.cmd == "bench" and a.path is None:
+        parser.error("bench: PATH is required (or --profile)")
     if a.cmd in ("generate", "bench"):
         from .generate import run_bench, run_generate
 

@@ -163,19 +163,27 @@ def run_bench(a) -> int:
     return 0
 
 
+def _common(p, path_nargs=None) -> None:
+    p.add_argument("path", nargs=path_nargs,
+                   help="a Hugging Face directory or a .gguf file (or its directory, with --gguf-file)")
+    p.add_argument("--gguf-file", default=None, help="the GGUF file's name inside PATH")
+    p.add_argument("--gpu-memory", default=None, help="GPU budget, e.g. 16GiB (default: the free memory)")
+    p.add_argument("--strategy", default=None, choices=("auto", "cpu", "hybrid", "gpu"))
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    p.add_argument("--decode", default=None, choices=("auto", "eager", "packed", "static", "compile"),
+                   help="the non-expert decode path (from_pretrained's decode=; default auto)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def add_parsers(sub) -> None:
+    from .profile import add_parser
+
     g = sub.add_parser("generate", help="load a checkpoint (from_pretrained) and generate greedily")
     b = sub.add_parser("bench", help="llama-bench's tests on a checkpoint: pp (prompt) and tg (decode) tokens/s")
-    for p in (g, b):
-        p.add_argument("path", help="a Hugging Face directory or a .gguf file (or its directory, with --gguf-file)")
-        p.add_argument("--gguf-file", default=None, help="the GGUF file's name inside PATH")
-        p.add_argument("--gpu-memory", default=None, help="GPU budget, e.g. 16GiB (default: the free memory)")
-        p.add_argument("--strategy", default=None, choices=("auto", "cpu", "hybrid", "gpu"))
-        p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-        p.add_argument("--decode", default=None, choices=("auto", "eager", "packed", "static", "compile"),
-                       help="the non-expert decode path (from_pretrained's decode=; default auto)")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _common(g)
+    _common(b, "?")
+    add_parser(sub, _common)
     w = g.add_mutually_exclusive_group(required=True)
     w.add_argument("--prompt", help="text (needs the checkpoint's tokenizer)")
     w.add_argument("--ids", help="token ids, e.g. 1,2,3")
@@ -187,6 +195,14 @@ def add_parsers(sub) -> None:
     b.add_argument("-t", "--threads", type=int, default=None, help="CPU workers (default: one per physical core)")
     b.add_argument("--no-graphs", action="store_true", help="on a GPU, decode eagerly (default: static cache + CUDA "
                    "graphs through torch.compile's cudagraphs backend)")
+    b.add_argument("--profile", action="store_true", help="measure the bandwidths strategy='auto' decides from and "
+                   "write the profile (no PATH: at --preset / --shape)")
+    b.add_argument("--preset", default=None, help="--profile: expert shape preset (default qwen3-30b-a3b)")
+    b.add_argument("--shape", default=None, metavar="E,H,I,TOPK", help="--profile: a custom expert shape")
+    b.add_argument("--formats", default=None, help="--profile: comma list (default bf16,fp8_block)")
+    b.add_argument("--steps", type=int, default=64, help="--profile: timed steps per measurement (default 64)")
+    b.add_argument("--out", default=None, help="--profile: the profile's path (default: the user cache dir)")
+    b.add_argument("--png", default=None, help="--profile: the plot's path (default: beside the profile)")
 
 
 def _ints(v: str) -> list[int]:

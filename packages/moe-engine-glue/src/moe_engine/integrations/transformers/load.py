@@ -144,9 +144,12 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         if act["activation"] not in ("swigluoai", "swiglu_clamp"):
             act.pop("alpha"), act.pop("limit")
         cfg = src.config.get_text_config()
+        place = {}
+        if plan.strategy == "hybrid":  # the budget's slots per layer, filled with each layer's most-routed experts
+            n = plan.experts_per_layer
+            place = dict(residency="hot", capacity=n) if n else dict(residency=0.0)
         runner = MoERunner(run_fmt, banks, top_k=int(cfg.num_experts_per_tok), strategy=plan.strategy, device=dev,
-                           residency=plan.residency if plan.strategy == "hybrid" else None, threads=threads,
-                           progress=progress, **act, **kwargs)
+                           threads=threads, progress=progress, **place, **act, **kwargs)
         del banks
         out = Offloaded(runner, run_fmt, [n for n, _ in found], layers, f"{src.layout} {src.where}",
                         tokenizer=src.tokenizer(), plan=plan)

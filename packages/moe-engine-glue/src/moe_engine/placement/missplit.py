@@ -1,0 +1,84 @@
+"""A MoERunner's miss split (split=q | "auto"): the zero-copy bank over its page-locked host banks, the per-layer
+zero-copy sets (split.py) and the step that serves each route once: resident -> its GPU slot, in the zero-copy set ->
+the GPU experts reading host memory, else the CPU executor, the CPU started first and both sides at once.
+
+Thread contract: owned by its MoERunner; assign() / rechoose() between steps under the runner's lock, step() is the
+body a graph captures."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from .split import SplitTable, zero_copy_set
+
+log = logging.getLogger("moe_engine")
+
+
+class MissSplit:
+    def __init__(self, runner, split, pinned, profile):
+        from .zerocopy import ZeroCopyBank
+
+        r = runner
+        self.runner, self.auto, self.profile, self.choice = r, split == "auto", None, None
+        if self.auto:
+            if r.hot is None:
+                raise ValueError("split='auto' sets q from the live miss rate of residency='hot'; give a fraction "
+                                 "or use residency='hot'")
+            from .profile import resolve
+
+            gpu = r.torch_device_name()
+            self.profile = resolve(profile, gpu=gpu, format=r.format)
+            if self.profile is None:
+                log.warning("split='auto': no bandwidth profile for %s; the misses stay on the CPU until one exists "
+                            "(run `moe-engine bench --profile`)", gpu)
+            self.q = 0.0
+        else:
+            zero_copy_set(np.zeros(r.E, bool), None, split)  # checks the fraction, naming split=
+            self.q = float(split)
+        flags = pinned.pinned if pinned is not None else [True] * r.num_layers  # the interpreter reads CPU tensors
+        self.bank = ZeroCopyBank(r.format, r.host_banks, flags, E=r.E, H=r.H, I=r.I, device=r.device)
+        self.table = SplitTable(r.num_layers, r.E, r.device)
+        for layer in range(r.num_layers):
+            self.assign(layer)
+
+    def host_mask(self, layer: int) -> np.ndarray:
+        return self.table.host_mask(layer)
+
+    def assign(self, layer: int) -> None:
+        """The layer's zero-copy set from its residency, hot's routing rates (else equal) and q."""
+        r = self.runner
+        load = r.hot.placer.rate()[layer] if r.hot is not None else None
+        self.table.set(layer, zero_copy_set(r.residency.host_mask(layer), load, self.q,
+                                            eligible=self.bank.layers[layer]))
+
+    def rechoose(self) -> None:
+        """After a re-placement: under "auto", the mode and q from the profile and the last window's miss rate and
+        batch (one log line when the mode changes); then every layer's set."""
+        r = self.runner
+        if self.auto and self.profile is not None and r.hot.hit_rate is not None:
+            from .choose import choose
+
+            c = choose(self.profile, r.format, bytes_per_expert=r.bytes_per_expert, E=r.E, top_k=r.top_k,
+                       batch=max(1, round(r.hot.tokens_per_step)), miss_rate=1.0 - r.hot.hit_rate,
+                       residency=r.residency.fraction(), modes=("hybrid", "split", "gpu_misses"))
+            if self.choice is None or c.mode != self.choice.mode:
+                log.info("%s", c.reason)
+            self.choice, self.q = c, c.q
+        for layer in range(r.num_layers):
+            self.assign(layer)
+
+    def step(self, layer: int, x, wf, ids):
+        import torch
+
+        r = self.runner
+        mask = r.residency.mask[layer]
+        # the CPU starts first; it skips what the GPU serves: resident or read zero-copy (the live tables)
+        r.sync.submit(layer, x, wf, ids, mask | self.table.zc[layer], check=False)
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        res = r.residency.slots(layer, ids)
+        y = r.gpu.forward(layer, xb, wf, res)
+        if self.bank.layers[layer]:
+            zc, _ = self.table.routes(layer, ids, res, mask)
+            y = y + r.gpu.forward(layer, xb, wf, zc, bank=self.bank)
+        return r.sync.finish(layer, partial=y)

@@ -1,0 +1,214 @@
+"""`moe-engine bench --profile`: the bandwidths strategy="auto" decides from (placement/profile.py), measured at a
+model's expert shape: the CPU's read ceiling, the executor's weight GB/s per format (batch 1, a DRAM working set),
+the pinned host-to-device copy, the GPU experts reading every expert zero-copy from page-locked host banks, and the
+executor and the zero-copy reads running at once. Writes the versioned profile (atomically, to the user cache dir
+unless --out) and a PNG. Without a GPU the GPU parts are skipped with the reason, recorded in the profile's notes.
+
+Thread contract: a command-line tool."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+
+import cpumoe_formats as cf
+
+MiB = 1 << 20
+
+
+def _banks(fmt: str, E: int, H: int, I: int, seed: int = 0):  # noqa: E741
+    from ..banks import random_layers
+
+    return random_layers(fmt, E, H, I, 1, seed=seed, progress=False)
+
+
+def _steps_ids(E: int, K: int, n: int, rng) -> list[np.ndarray]:
+    """One token's K distinct experts per step, walking the whole bank so the working set is DRAM, not cache."""
+    perm = rng.permutation(E)
+    return [np.take(perm, np.arange(s * K, (s + 1) * K) % E).reshape(1, K).astype(np.int32) for s in range(n)]
+
+
+def cpu_part(fmt: str, E: int, H: int, I: int, K: int, threads, steps: int, rng) -> dict:  # noqa: E741
+    """The read ceiling and the executor's GB/s at batch 1 over E experts; the fixed cost of a step with no route."""
+    import torch
+
+    from cpumoe_executor import CpuMoeExecutor
+
+    banks = _banks(fmt, E, H, I)
+    bpe = cf.get_format(fmt).bytes_per_expert(H, I)
+    with CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=1, threads=threads) as ex:
+        ws = cf.aligned_empty((max(256 * MiB, 2 * E * bpe),), np.uint8)
+        ws[:] = 1
+        ceiling = ex.read_bandwidth(ws, 2)
+        x = torch.randn(1, H).to(torch.bfloat16)
+        w = torch.full((1, K), 1.0 / K)
+        ids = [torch.from_numpy(a) for a in _steps_ids(E, K, steps, rng)]
+        ex.decode(0, x, w, ids[0])
+        t0 = time.perf_counter()
+        for s in range(steps):
+            ex.decode(0, x, w, ids[s])
+        dt = time.perf_counter() - t0
+        none = torch.full((1, K), -1, dtype=torch.int32)
+        t1 = time.perf_counter()
+        for _ in range(50):
+            ex.decode(0, x, w, none)
+        fixed_us = (time.perf_counter() - t1) / 50 * 1e6
+    return {"cpu_read": ceiling, "executor": steps * K * bpe / dt / 1e9, "cpu_fixed_us": fixed_us}
+
+
+def gpu_part(fmt: str, E: int, H: int, I: int, K: int, threads, steps: int, rng) -> dict:  # noqa: E741
+    """H2D copy, zero-copy GPU experts, resident GPU experts (hbm), and the executor with zero-copy at once."""
+    import torch
+
+    from cpumoe_executor import CpuMoeExecutor
+
+    from ..gpu.experts import GpuExperts
+    from ..placement.pinning import PinnedBanks
+    from ..placement.zerocopy import ZeroCopyBank
+
+    dev = torch.device("cuda")
+    banks = _banks(fmt, E, H, I)
+    bpe = cf.get_format(fmt).bytes_per_expert(H, I)
+    host = torch.empty(256 * MiB, dtype=torch.uint8, pin_memory=True)
+    d = torch.empty_like(host, device=dev)
+    d.copy_(host)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        d.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    h2d = 5 * host.numel() / (time.perf_counter() - t0) / 1e9
+    pinned = PinnedBanks(banks, dev, budget=1 << 40)
+    out = {"h2d": h2d}
+    try:
+        if not pinned.pinned[0]:
+            return {**out, "notes": f"zero-copy skipped: {pinned.why}"}
+        zc = ZeroCopyBank(fmt, banks, pinned.pinned, E=E, H=H, I=I, device=dev)
+        ge = GpuExperts(fmt, num_layers=1, capacity=min(E, 64), E=E, H=H, I=I, top_k=K, max_tokens=1, device=dev)
+        x = torch.randn(1, H, device=dev).to(torch.bfloat16)
+        w = torch.full((1, K), 1.0 / K, device=dev)
+        ids = [torch.from_numpy(a).to(dev) for a in _steps_ids(E, K, steps, rng)]
+
+        def zc_run(n):
+            for s in range(n):
+                ge.forward(0, x, w, ids[s % len(ids)], bank=zc)
+            torch.cuda.synchronize()
+
+        zc_run(2)
+        t0 = time.perf_counter()
+        zc_run(steps)
+        out["zero_copy"] = steps * K * bpe / (time.perf_counter() - t0) / 1e9
+        for s in range(ge.capacity):
+            ge.load(0, s, banks[0], s)
+        slots = torch.arange(K, dtype=torch.int32, device=dev).reshape(1, K)
+        ge.forward(0, x, w, slots)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            ge.forward(0, x, w, slots)
+        torch.cuda.synchronize()
+        out["hbm"] = steps * K * bpe / (time.perf_counter() - t0) / 1e9
+        none = torch.full((1, K), -1, dtype=torch.int32, device=dev)  # launches with no route: the fixed cost
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            ge.forward(0, x, w, none)
+        torch.cuda.synchronize()
+        out["gpu_fixed_us"] = (time.perf_counter() - t0) / steps * 1e6
+        # both at once: the executor decodes on its pool from a thread while the GPU reads zero-copy
+        with CpuMoeExecutor(fmt, banks, top_k=K, max_tokens=1, threads=threads) as ex:
+            xc, wc = x.cpu(), w.cpu()
+            cids = [i.cpu() for i in ids]
+            res = {}
+
+            def cpu_loop():
+                t = time.perf_counter()
+                for s in range(steps):
+                    ex.decode(0, xc, wc, cids[(s + 7) % len(cids)])
+                res["cpu"] = steps * K * bpe / (time.perf_counter() - t) / 1e9
+
+            th = threading.Thread(target=cpu_loop)
+            th.start()
+            t0 = time.perf_counter()
+            zc_run(steps)
+            res["zero_copy"] = steps * K * bpe / (time.perf_counter() - t0) / 1e9
+            th.join()
+        out["both"] = res
+    finally:
+        torch.cuda.synchronize()
+        pinned.close()
+    return out
+
+
+def plot(p: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, vals = ["cpu read"], [p["cpu_read"]]
+    for f, v in p["executor"].items():
+        labels.append(f"executor {f}")
+        vals.append(v)
+    if p.get("h2d"):
+        labels.append("h2d pinned")
+        vals.append(p["h2d"])
+    for f, v in p.get("zero_copy", {}).items():
+        labels.append(f"zero-copy {f}")
+        vals.append(v)
+    for f, b in p.get("both", {}).items():
+        labels += [f"at once: cpu {f}", f"at once: zc {f}"]
+        vals += [b["cpu"], b["zero_copy"]]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)), 4))
+    ax.bar(range(len(vals)), vals)
+    ax.set_xticks(range(len(vals)), labels, rotation=30, ha="right")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"bandwidth profile: {p['gpu']} (shape {p['shape']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run_bench_profile(a) -> int:
+    from ..placement import profile as prof
+    from .shapes import preset
+
+    if a.shape:
+        E, H, I, K = (int(v) for v in a.shape.split(","))  # noqa: E741
+    else:
+        s = preset(a.preset or "qwen3-30b-a3b")
+        E, H, I, K = s.E, s.H, s.I, s.top_k
+    fmts = a.formats.split(",") if a.formats else ["bf16", "fp8_block"]
+    rng = np.random.default_rng(0)
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    p = {"gpu": gpu, "shape": {"E": E, "H": H, "I": I, "top_k": K}, "executor": {}, "zero_copy": {}, "both": {},
+         "notes": {}}
+    for f in fmts:
+        c = cpu_part(f, E, H, I, K, a.threads, a.steps, rng)
+        p["cpu_read"], p["cpu_fixed_us"] = c["cpu_read"], c["cpu_fixed_us"]
+        p["executor"][f] = c["executor"]
+        print(f"{f}: cpu read {c['cpu_read']:.1f} GB/s, executor {c['executor']:.1f} GB/s, empty step "
+              f"{c['cpu_fixed_us']:.0f} us", flush=True)
+        if gpu == "none":
+            p["notes"][f] = "GPU parts skipped: torch sees no CUDA device"
+            continue
+        g = gpu_part(f, E, H, I, K, a.threads, a.steps, rng)
+        p["h2d"] = g["h2d"]
+        for k in ("zero_copy", "both"):
+            if k in g:
+                p[k][f] = g[k]
+        if "hbm" in g:
+            p["hbm"], p["gpu_fixed_us"] = g["hbm"], g["gpu_fixed_us"]
+        if "notes" in g:
+            p["notes"][f] = g["notes"]
+        print(f"{f}: {json.dumps(g)}", flush=True)
+    for f, why in p["notes"].items():
+        print(f"{f}: {why}")
+    profile = prof.Profile.from_json(p)
+    path = prof.save(profile, a.out)
+    png = (a.png or path[:-5] + ".png") if path.endswith(".json") else path + ".png"
+    plot(profile.to_json(), png)
+    print(f"wrote {path} and {png}")
+    return 0

@@ -1,0 +1,145 @@
+"""strategy="auto"'s choice from a measured profile (moe_engine.placement.choose / profile), pure logic on synthetic
+profiles: seed 002's two regimes with its bandwidths and miss rates, the split's q, the profile file (versioned,
+atomic, XDG cache dir, stale / foreign ones ignored when cached and refused when passed), and bad input."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+import cpumoe_formats as cf
+from moe_engine.placement import profile as prof
+from moe_engine.placement.choose import choose, slots_from_budget, touched
+from moe_engine.placement.profile import Profile, ProfileError
+
+# seed 002: Qwen3.6-35B-A3B-FP8 (40 MoE layers, E=256, H=2048, I=512, top-8), fp8_block executor 53.7 GB/s, PCIe
+# 25.1 GB/s; tok/s at matched residency: offload 43.94 (10%) 82.65 (25%), hybrid 50.94 (10%) 55.12 (25%)
+E, H, I, K, LAYERS = 256, 2048, 512, 8, 40
+B_CPU, B_PCIE = 53.7, 25.1
+BPE = cf.get_format("fp8_block").bytes_per_expert(H, I)
+S = LAYERS * K * BPE  # expert bytes one token routes
+
+
+def seed002_miss_rates():
+    """hybrid pins a static set (routes miss at 1 - r, uniform routing); t_token = a + m * S / B. hybrid's two
+    points give a (the non-expert time per token, their mean); offload's then give its own miss rate (it caches:
+    lower than 1 - r)."""
+    a = sum(1 / tok - (1 - r) * S / (B_CPU * 1e9) for r, tok in ((0.10, 50.94), (0.25, 55.12))) / 2
+    off = {r: (1 / tok - a) * B_PCIE * 1e9 / S for r, tok in ((0.10, 43.94), (0.25, 82.65))}
+    return a, off
+
+
+def seed002_profile(**kw):
+    return Profile(gpu="seed002-gpu", cpu_read=B_CPU, executor={"fp8_block": B_CPU}, h2d=B_PCIE,
+                   zero_copy={"fp8_block": B_PCIE}, **kw)
+
+
+def test_seed002_miss_rates_are_sane():
+    a, off = seed002_miss_rates()
+    assert 2e-3 < a < 5e-3  # 2-5 ms of attention and dense layers per token
+    assert 0.40 < off[0.10] < 0.55 and 0.15 < off[0.25] < 0.30
+
+
+@pytest.mark.parametrize("r, want", [(0.10, "hybrid"), (0.25, "gpu_misses")])
+def test_seed002_regimes_without_the_split(r, want):
+    # seed 002's system has no split: hybrid at 10% (+15.9% measured), offload at 25% (-33% for hybrid)
+    _, off = seed002_miss_rates()
+    c = choose(seed002_profile(), "fp8_block", bytes_per_expert=BPE, E=E, top_k=K, batch=1, miss_rate=1 - r,
+               residency=r, gpu_misses_miss_rate=off[r], modes=("hybrid", "gpu_misses"))
+    assert c.mode == want, c.reason
+    assert c.reason.startswith(f"auto: {want}")
+    # the modelled hybrid/offload step-time ratio has the sign and rough size of the measured one
+    ratio = c.step_us["gpu_misses"] / c.step_us["hybrid"]
+    assert (ratio > 1.05) if r == 0.10 else (ratio < 0.75), ratio
+
+
+def test_seed002_with_the_split():
+    _, off = seed002_miss_rates()
+    c = choose(seed002_profile(), "fp8_block", bytes_per_expert=BPE, E=E, top_k=K, batch=1, miss_rate=0.9,
+               residency=0.1, gpu_misses_miss_rate=off[0.10])
+    assert c.mode == "split" and c.q == pytest.approx(B_PCIE / (B_PCIE + B_CPU)), c.reason
+    assert c.step_us["split"] == pytest.approx(0.9 * K * BPE / ((B_PCIE + B_CPU) * 1e3))
+    assert c.step_us["split"] < min(c.step_us["hybrid"], c.step_us["gpu_misses"])
+    c = choose(seed002_profile(), "fp8_block", bytes_per_expert=BPE, E=E, top_k=K, batch=1, miss_rate=0.75,
+               residency=0.25, gpu_misses_miss_rate=off[0.25])
+    assert c.mode == "gpu_misses", c.reason  # the cache's low miss rate still beats splitting 75% misses
+
+
+def test_split_q_with_fixed_costs_and_both_at_once():
+    p = Profile(gpu="g", cpu_read=100.0, executor={"bf16": 100.0}, zero_copy={"bf16": 50.0},
+                both={"bf16": {"cpu": 80.0, "zero_copy": 40.0}}, cpu_fixed_us=20.0, gpu_fixed_us=10.0, hbm=3000.0)
+    c = choose(p, "bf16", bytes_per_expert=10_000_000, E=128, top_k=8, batch=1, miss_rate=0.5, residency=0.25)
+    M, R = 0.5 * 8 * 1e7, 0.5 * 8 * 1e7
+    t_cpu = lambda q: 20 + (1 - q) * M / 80e3  # noqa: E731
+    t_gpu = lambda q: 10 + R / 3000e3 + q * M / 40e3  # noqa: E731
+    assert c.mode == "split" and t_cpu(c.q) == pytest.approx(t_gpu(c.q))
+    assert c.step_us["split"] == pytest.approx(t_cpu(c.q))
+    # nothing missing: every route resident, the GPU alone
+    c = choose(p, "bf16", bytes_per_expert=10_000_000, E=128, top_k=8, batch=1, miss_rate=0.0, residency=1.0)
+    assert c.mode == "gpu" and c.strategy == "gpu" and c.q == 0.0
+    # tiny misses: the CPU's fixed cost exceeds reading them over the link
+    c = choose(p, "bf16", bytes_per_expert=10_000, E=128, top_k=8, batch=1, miss_rate=0.5, residency=0.5)
+    assert c.mode == "gpu_misses" and c.q == 1.0
+
+
+def test_touched_experts():
+    assert touched(128, 8, 1) == pytest.approx(8)
+    assert 8 < touched(128, 8, 8) < 64
+
+
+def test_choose_bad_input():
+    p = seed002_profile()
+    kw = dict(bytes_per_expert=BPE, E=E, top_k=K, batch=1, residency=0.1)
+    with pytest.raises(ValueError, match=r"miss_rate=1.5: expected a fraction in \[0, 1\]"):
+        choose(p, "fp8_block", miss_rate=1.5, **kw)
+    with pytest.raises(ProfileError, match=r"no executor figure for format 'bf16' .*'fp8_block'.*--format bf16"):
+        choose(p, "bf16", miss_rate=0.5, **kw)
+    with pytest.raises(ValueError, match=r"modes=\('offload',\)"):
+        choose(p, "fp8_block", miss_rate=0.5, modes=("offload",), **kw)
+    with pytest.raises(ValueError, match="smaller than one expert"):
+        slots_from_budget(BPE - 1, BPE, LAYERS, E)
+    assert slots_from_budget(10 * BPE * LAYERS + 5, BPE, LAYERS, E) == 10
+
+
+def test_profile_file_round_trip_atomic_xdg(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    p = seed002_profile(shape={"E": E, "H": H, "I": I, "top_k": K})
+    path = prof.save(p)
+    assert path == str(tmp_path / "moe-engine" / "profile-seed002-gpu.json")
+    assert [f.name for f in (tmp_path / "moe-engine").iterdir()] == ["profile-seed002-gpu.json"]  # no temp left
+    q = prof.load(path)
+    assert q.executor == p.executor and q.created > 0 and q.version == prof.VERSION
+    assert prof.find("seed002-gpu", "fp8_block").zero_copy == {"fp8_block": B_PCIE}
+
+
+def test_stale_or_foreign_profiles(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = prof.save(seed002_profile())
+    caplog.set_level(logging.WARNING, logger="moe_engine")
+    assert prof.find("seed002-gpu", "bf16") is None  # missing format: ignored, with what to rerun
+    assert "rerun `moe-engine bench --profile --format bf16`" in caplog.text
+    d = json.load(open(path))
+    d["version"] = prof.VERSION - 1
+    json.dump(d, open(path, "w"))
+    caplog.clear()
+    assert prof.find("seed002-gpu", "fp8_block") is None
+    assert f"profile version {prof.VERSION - 1}, expected {prof.VERSION}; rerun `moe-engine bench --profile`" \
+        in caplog.text
+    # a profile measured elsewhere, copied into this GPU's cache slot: ignored when found, refused when passed
+    d["version"], d["gpu"] = prof.VERSION, "NVIDIA H100 80GB HBM3"
+    json.dump(d, open(path, "w"))
+    caplog.clear()
+    assert prof.find("seed002-gpu", "fp8_block") is None
+    assert "measured on GPU 'NVIDIA H100 80GB HBM3', this is 'seed002-gpu'" in caplog.text
+    with pytest.raises(ProfileError, match="measured on GPU 'NVIDIA H100 80GB HBM3', this is 'seed002-gpu'; rerun"):
+        prof.resolve(path, gpu="seed002-gpu", format="fp8_block")
+    open(path, "w").write("{not json")
+    with pytest.raises(ProfileError, match="not JSON"):
+        prof.load(path)
+    with pytest.raises(ProfileError, match=r"profile lacks \['executor'\]"):
+        Profile.from_json({"gpu": "g", "cpu_read": 1.0})
+    with pytest.raises(ProfileError, match=r"executor=\{'bf16': -1\.0\}"):
+        Profile(gpu="g", cpu_read=1.0, executor={"bf16": -1.0})
+    assert not os.path.exists(tmp_path / "moe-engine" / "profile-none.json")

@@ -1,0 +1,217 @@
+"""The miss split on any machine (Triton's interpreter where no GPU is): the zero-copy bank reads the host banks in
+the GPU experts' layout (bit-equal to the same experts loaded into slots, every format it serves, edge codes
+included), the split's per-expert sets carry their share of the miss bytes, every route is served once under
+changing routes, residency and q (against the float64 reference), q = 0 is hybrid bit for bit, q = 1 leaves the CPU
+idle, split='auto' follows a profile, and pinning's failures and budget are handled. The [cuda] cases read real
+page-locked host memory."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from conftest import cuda_missing, make_banks, routes, triton_missing
+
+from moe_engine.placement.pinning import PinnedBanks, _ranges, _subtract
+from moe_engine.placement.profile import Profile, ProfileError
+from moe_engine.placement.split import zero_copy_set
+from moe_engine.reference import TOLERANCE, reference
+from moe_engine.runner import MoERunner
+
+pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=str(triton_missing()))
+DEVICE = "cpu" if cuda_missing() else "cuda"
+
+
+def _runner(banks, fmt="bf16", **kw):
+    kw.setdefault("capacity", 2)
+    kw.setdefault("residency", "hot")
+    return MoERunner(fmt, banks, top_k=3, strategy="hybrid", device=DEVICE, threads=2, graph_batch_sizes=(1, 3),
+                     progress=False, **kw)
+
+
+def _inputs(rng, T, E, H):
+    x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16).to(DEVICE)
+    ids, w = routes(rng, T, 3, E)
+    return x, w.to(DEVICE), ids.to(DEVICE)
+
+
+def _rel(y, ref) -> float:
+    return float(np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "nvfp4"])
+def test_zero_copy_bank_reads_the_gpu_layout(fmt, rng):
+    from moe_engine.gpu.experts import GpuExperts
+    from moe_engine.placement.zerocopy import ZeroCopyBank
+
+    banks, (E, H, I) = make_banks(fmt, rng, layers=1, E=5)
+    b = banks[0]
+    if fmt == "fp8_block":  # +-480 codes in one expert: its flag must come through
+        b["gate_up"].reshape(-1).view(np.uint8)[:: 997] = 0x7F
+    dev = torch.device(DEVICE)
+    ge = GpuExperts(fmt, num_layers=1, capacity=E, E=E, H=H, I=I, top_k=3, max_tokens=4, device=dev)
+    for e in range(E):
+        ge.load(0, e, b, e)  # slot e = expert e: the same numbering as the zero-copy bank
+    zc = ZeroCopyBank(fmt, banks, [True], E=E, H=H, I=I, device=dev)
+    x, w, ids = _inputs(rng, 3, E, H)
+    ids = ids.clamp(min=0).int()
+    assert torch.equal(ge.forward(0, x, w, ids).view(torch.int16), ge.forward(0, x, w, ids, bank=zc).view(torch.int16))
+
+
+def test_zero_copy_bank_refuses_transposed_formats(rng):
+    from moe_engine.placement.zerocopy import ZeroCopyBank
+
+    banks, (E, H, I) = make_banks("mxfp4", rng, layers=1, E=4)
+    with pytest.raises(ValueError, match=r"format 'mxfp4' has no zero-copy bank .* \['bf16', 'fp8_block', 'nvfp4'\]"):
+        ZeroCopyBank("mxfp4", banks, [True], E=E, H=H, I=I, device=torch.device("cpu"))
+
+
+def test_zero_copy_set_shares():
+    res = np.array([True, False, False, False, False])
+    assert zero_copy_set(res, None, 0.0).sum() == 0
+    assert zero_copy_set(res, None, 1.0).tolist() == [False, True, True, True, True]
+    assert zero_copy_set(res, None, 0.5).sum() == 2  # equal loads: half the misses
+    load = np.array([9.0, 3.0, 0.01, 0.01, 0.01])  # expert 1 is touched nearly every step, the rest rarely
+    assert zero_copy_set(res, load, 0.9).tolist() == [False, True, False, False, False]
+    assert not zero_copy_set(res, load, 0.9, eligible=False).any()
+    with pytest.raises(ValueError, match=r"split=1.5: expected the fraction of the miss bytes the GPU reads"):
+        zero_copy_set(res, None, 1.5)
+
+
+def test_split_serves_every_route_once(rng):
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    fast = dict(residency=0.25, capacity=4, qualify=False)  # qualification runs on `sp` below
+    with _runner(banks, **fast) as hy, _runner(banks, split=0.0, **fast) as s0:
+        x, w, ids = _inputs(rng, 3, E, H)
+        assert torch.equal(hy.forward(1, x, w, ids).view(torch.int16), s0.forward(1, x, w, ids).view(torch.int16))
+    with _runner(banks, residency=0.25, capacity=4, split=0.5) as sp:
+        for t in range(6):
+            x, w, ids = _inputs(rng, 1 + t % 3, E, H)
+            li = t % 2
+            zc, res = sp.split.host_mask(li), sp.residency.host_mask(li)
+            assert not (zc & res).any() and zc.sum() == round(0.5 * (~res).sum())
+            rel = _rel(sp.forward(li, x, w, ids), reference(sp, li, x, w, ids))
+            assert rel < TOLERANCE["native"], (t, rel)
+            if t == 2:  # a residency change re-assigns the set; a stale zero-copy entry would count twice
+                # every expert, resident ones too: the step's guard keeps each route once
+                sp.split.table.set(0, np.ones(E, bool))
+                rel = _rel(sp.forward(0, x, w, ids), reference(sp, 0, x, w, ids))
+                assert rel < TOLERANCE["native"], rel
+                sp.set_residency(0, np.roll(sp.residency.host_mask(0), 3))
+    with _runner(banks, split=1.0, **fast) as s1:
+        x, w, ids = _inputs(rng, 3, E, H)
+        served = s1.executor.health()["served"]
+        y = s1.forward(0, x, w, ids)
+        assert _rel(y, reference(s1, 0, x, w, ids)) < TOLERANCE["native"]
+        assert s1.executor.health()["served"] == served  # every miss read by the GPU: nothing reached the CPU
+
+
+def test_split_auto_follows_the_profile(rng, caplog):
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    p = Profile(gpu="interp", cpu_read=50.0, executor={"bf16": 50.0}, zero_copy={"bf16": 25.0})
+    caplog.set_level(logging.INFO, logger="moe_engine")
+    with _runner(banks, split="auto", profile=p, replace_every=2) as sp:
+        assert sp.split.q == 0.0
+        for _ in range(4):
+            for li in range(2):
+                x, w, ids = _inputs(rng, 1, E, H)
+                rel = _rel(sp.forward(li, x, w, ids), reference(sp, li, x, w, ids))
+                assert rel < TOLERANCE["native"], rel
+        c = sp.split.choice
+        assert c is not None and c.mode == "split" and sp.split.q == pytest.approx(25 / 75), c.reason
+        assert caplog.text.count("auto: split q=0.33") == 1
+    with pytest.raises(ProfileError, match="no executor figure for format 'bf16'"):
+        _runner(banks, split="auto", profile=Profile(gpu="x", cpu_read=1.0, executor={"fp8_block": 1.0}))
+    with pytest.raises(ValueError, match="split='auto' sets q from the live miss rate of residency='hot'"):
+        _runner(banks, split="auto", residency=0.25)
+    with pytest.raises(ValueError, match=r"split=2: expected the fraction"):
+        _runner(banks, split=2)
+    with pytest.raises(ValueError, match="split=0.5: the miss split runs under strategy='hybrid', not 'cpu'"):
+        MoERunner("bf16", banks, top_k=3, strategy="cpu", device="cpu", threads=2, split=0.5, progress=False)
+
+
+class _FakeRuntime:
+    def __init__(self, fail_after):
+        self.fail_after, self.calls, self.live, self.cleared = fail_after, 0, set(), 0
+
+    def cudaGetLastError(self):
+        self.cleared += 1
+        return 0
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            return 2  # cudaErrorMemoryAllocation
+        assert flags == 3 and ptr not in self.live
+        self.live.add(ptr)
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        self.live.remove(ptr)
+        return 0
+
+    def cudaGetErrorString(self, err):
+        return "out of memory"
+
+
+def test_pinning_budget_and_failure(rng, caplog):
+    banks, _ = make_banks("fp8_block", rng, layers=3, E=4)
+    per_layer = sum(e - s for s, e in _ranges(banks[0]))
+    caplog.set_level(logging.WARNING, logger="moe_engine")
+    rt = _FakeRuntime(fail_after=10**6)
+    p = PinnedBanks(banks, "cuda", budget=2 * per_layer + 4096, runtime=rt)
+    assert p.pinned == [True, True, False] and "layers 2..2 pageable: the pin budget" in p.why
+    assert "pinned in 2 of 3 layers" in caplog.text
+    p.close()
+    assert not rt.live
+    rt = _FakeRuntime(fail_after=len(_ranges(banks[0])) + 1)  # the second layer's registration fails part-way
+    p = PinnedBanks(banks, "cuda", budget=1 << 40, runtime=rt)
+    assert p.pinned == [True, False, False] and "cudaHostRegister failed (out of memory)" in p.why
+    assert rt.cleared == 1  # the failed call's error is not left for torch's next launch check
+    p.close()
+    assert not rt.live  # what did register is released
+    assert PinnedBanks(banks, "cpu").why == "no GPU: nothing to pin for"
+    with pytest.raises(ValueError, match=r"pin_memory=-1: expected bytes"):
+        PinnedBanks(banks, "cuda", budget=-1, runtime=rt)
+    assert _subtract([(0, 100)], [(40, 60)]) == [(0, 40), (60, 100)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(cuda_missing() is not None, reason=str(cuda_missing()))
+def test_split_reads_page_locked_memory_on_the_gpu(rng):
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    with _runner(banks, residency=0.25, capacity=4, split=1.0, pin_memory=1 << 30) as s1:
+        assert all(s1.pinned.pinned) and s1.split.bank.parts["gu_w"][0].is_cuda
+        x, w, ids = _inputs(rng, 3, E, H)
+        assert _rel(s1.forward(0, x, w, ids), reference(s1, 0, x, w, ids)) < TOLERANCE["native"]
+
+
+def test_bench_profile_on_the_cpu(tmp_path, capsys, monkeypatch):
+    from moe_engine.placement import profile as prof
+    from moe_engine.tools.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["bench", "--profile", "--shape", "16,256,128,4", "--formats", "bf16", "--steps", "8", "-t", "2"]) == 0
+    out = capsys.readouterr().out
+    gpu = "none" if cuda_missing() else torch.cuda.get_device_name(0)
+    p = prof.load(prof.default_path(gpu))
+    assert p.executor["bf16"] > 0 and p.cpu_read > 0 and p.shape == {"E": 16, "H": 256, "I": 128, "top_k": 4}
+    assert (tmp_path / "moe-engine" / f"profile-{prof._slug(gpu)}.png").exists()
+    if cuda_missing():
+        assert p.notes == {"bf16": "GPU parts skipped: torch sees no CUDA device"} and "GPU parts skipped" in out
+        assert p.h2d == 0 and p.zero_copy == {}
+    else:
+        assert p.h2d > 0 and p.zero_copy["bf16"] > 0 and set(p.both["bf16"]) == {"cpu", "zero_copy"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(cuda_missing() is not None, reason=str(cuda_missing()))
+def test_staged_prefill_from_page_locked_banks(rng):
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    with MoERunner("bf16", banks, top_k=3, strategy="cpu", device="cuda", threads=2, graph_batch_sizes=(1,),
+                   pin_memory=True, prefill="gpu", progress=False) as r:
+        assert all(r.pinned.pinned) and "host banks pinned 2/2 layers" in r.describe()
+        x, w, ids = _inputs(rng, 7, E, H)  # above max_tokens: staged prefill
+        assert _rel(r.forward(0, x, w, ids), reference(r, 0, x, w, ids)) < TOLERANCE["native"]
+        assert r.last_prefill["how"] == "gpu"
