@@ -8,8 +8,8 @@ N(0, 0.5).
 Encoders take float32 [R, C] and return what is stored:
 - GGUF Q4_0, Q8_0, BF16: gguf.quants.quantize (uint8 [R, C / 32 * block bytes]);
 - GGUF Q4_K, Q5_K, Q6_K: gguf-py implements no quantizer for them, so their blocks are drawn directly (see
-  `q4_k_blocks`, `q5_k_blocks`, `q6_k_blocks`) at the magnitude of a quantized N(0, 0.02) matrix; the tests decode them with
-  gguf.quants.dequantize;
+  `q4_k_blocks`, `q5_k_blocks`, `q6_k_blocks`) at the magnitude of a quantized N(0, 0.02) matrix; the tests decode them
+  with gguf.quants.dequantize;
 - FP8 block (DeepSeek-V3 / Qwen FP8): e4m3 codes and float32 `weight_scale_inv` [ceil(R/128), ceil(C/128)] =
   block amax / 448 (the factor that dequantizes);
 - MXFP4 (gpt-oss): `_blocks` uint8 [R, C/32, 16] (two E2M1 codes a byte, the even element in the low nibble) and
