@@ -1,14 +1,17 @@
-"""GGUF experts read as shipped, one type per file (Q8_0, Q4_K, Q6_K; Q4_0 is in test_from_pretrained.py):
-from_pretrained against transformers' own loading of the same 4-layer file (transformers dequantizes the K-quants
-with gguf-py), and the refusals of expert types moe_engine does not serve, before anything heavy is read.
+"""GGUF experts read as shipped (Q8_0, Q4_K, Q5_K, Q6_K one type per file, and a Q5_K_M file's Q5_K / Q6_K mix; Q4_0
+is in test_from_pretrained.py, Q4_K_M in test_layer_formats.py): from_pretrained against transformers' own loading of
+the same 4-layer file (transformers dequantizes the K-quants with gguf-py), and the refusals of expert types
+moe_engine does not serve, before anything heavy is read.
 
 Tolerances (pretrained_compare.py says how positions are compared), measured on these files (seed 11, random
-codes) in each format's default w4a8 mode on avx512vnni: median rel 0.9% (Q8_0), 1.0% (Q4_K), 1.4% (Q6_K). The int8
-activations alone cost ~1.8% per layer (one layer's experts against transformers' own experts module on the same
-inputs: 0.3% in native mode), so TOL = 2.5% as for Q4_0. Routing flips (a whole expert at one position; E = 16,
-top-4, over 4 layers: twice the 2-layer files' chances) took 1 of 32 positions to 8.1% (Q8_0), 1 to 12.5% (Q4_K), 5
-to 4.7-9.9% (Q6_K), so SHARE = 0.75 (at most 8 positions past TOL, each under FLIP_TOL). A wrong block or row order
-moves every position: gate and up swapped put all 32 past 6.6%, each layer's down experts shifted by one past 44%.
+codes) in each format's default w4a8 mode on avx512vnni: median rel 0.9% (Q8_0), 1.0% (Q4_K), 0.9% (Q5_K), 1.4%
+(Q6_K), 1.0% (Q5_K_M). The int8 activations alone cost ~1.8% per layer (one layer's experts against transformers' own
+experts module on the same inputs: 0.3% in native mode), so TOL = 2.5% as for Q4_0. Routing flips (a whole expert at
+one position; E = 16, top-4, over 4 layers: twice the 2-layer files' chances) took 1 of 32 positions to 8.1% (Q8_0),
+1 to 12.5% (Q4_K), 1 to 6.3% (Q5_K), 5 to 4.7-9.9% (Q6_K), 2 to 4.8% and 7.9% (Q5_K_M), so SHARE = 0.75 (at most 8
+positions past TOL, each under FLIP_TOL). A wrong block or row order moves every position: gate and up swapped put
+all 32 past 6.6%, each layer's down experts shifted by one past 44%; Q5_K's fifth bits cleared put the worst 6 past
+155%, moved one sub-block on past 39% (Q5_K and Q5_K_M alike).
 """
 from __future__ import annotations
 
@@ -27,14 +30,14 @@ from moe_engine.tools.synth import gguf_file  # noqa: E402
 
 TOL, SHARE = 2.5e-2, 0.75
 KW = dict(strategy="cpu", device="cpu", threads=2, progress=False)
-KINDS = {"gguf-q8_0": "q8_0", "gguf-q4_k": "q4_k", "gguf-q6_k": "q6_k"}
+KINDS = {"gguf-q8_0": "q8_0", "gguf-q4_k": "q4_k", "gguf-q5_k": "q5_k", "gguf-q6_k": "q6_k"}
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
     out = {}
-    for kind in KINDS:
+    for kind in (*KINDS, "gguf-q5_k_m"):
         out[kind] = root / f"{kind}.gguf"
         synth.write(kind, out[kind], small=True, layers=4, seed=11, progress=False, random_codes=True)
     return out
@@ -50,6 +53,16 @@ def test_uniform_type_matches_transformers_loading(files, kind):
     run = off.runner.format  # the file's format, or its CPU layout (q8_0_x16, q4_k_x16) where the executor runs one
     assert run in (fmt, f"{fmt}_x16") and off.runner.layer_formats == [(run, run)] * 4
     compare(model, ref, TOL, SHARE, continue_with="model")
+    off.close()
+
+
+def test_q5_k_m_matches_transformers_loading(files):
+    model = from_pretrained(files["gguf-q5_k_m"], **KW)
+    off = model.moe_engine
+    # use_more_bits at 4 layers: layer 2 ((2 - 0) % 3 == 2) and layer 3 (the last eighth) take Q6_K down experts
+    assert off.plan.formats == "q5_k: layers 0-1; q5_k/q6_k: layers 2-3"
+    assert off.runner.layer_formats == [("q5_k", "q5_k")] * 2 + [("q5_k", "q6_k")] * 2  # neither has a CPU layout
+    compare(model, gguf_reference(files["gguf-q5_k_m"]), TOL, SHARE, continue_with="model")
     off.close()
 
 
@@ -91,7 +104,7 @@ def test_unsupported_types_refused_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(load.skeleton, "load", heavy)
     monkeypatch.setattr(sources.GgufSource, "expert_banks", heavy)
     served = sorted(sources.expert_types())
-    assert {"Q4_0", "Q8_0", "Q4_K", "Q6_K"} <= set(served) and "Q2_K" not in served
+    assert {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"} <= set(served) and "Q2_K" not in served
     for name, qtype in (("blk.1.ffn_down_exps.weight", T.Q2_K), ("blk.2.ffn_gate_exps.weight", T.Q5_0),
                         ("blk.3.ffn_up_exps.weight", T.IQ4_NL)):
         path = tmp_path / f"{qtype.name}.gguf"

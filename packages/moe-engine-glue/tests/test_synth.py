@@ -1,8 +1,8 @@
 """moe_engine.tools.synth: the synthetic checkpoints read back with their users' readers (gguf's GGUFReader,
 safetensors, transformers' own loading of GGUF, bf16, FP8 block and MXFP4), and hold the weights the writer meant.
 
-Small variants with 2 decoder layers (the Q4_K_M file 8, so that llama.cpp's use_more_bits rule picks both kinds
-of layer). Exactness: the GGUF experts transformers loads equal gguf's own dequantization of what the writer
+Small variants with 2 decoder layers (the Q4_K_M and Q5_K_M files 8, so that llama.cpp's use_more_bits rule picks
+both kinds of layer). Exactness: the GGUF experts transformers loads equal gguf's own dequantization of what the writer
 quantized, bit for bit; bf16 tensors equal the seeded float32 weights rounded to bf16; FP8 and MXFP4 experts equal
 the codes times the block scales, computed here independently, within one bf16 rounding (transformers dequantizes
 them to bf16 on a CPU)."""
@@ -27,6 +27,7 @@ from moe_engine.tools import synth  # noqa: E402
 from moe_engine.tools.synth import weights  # noqa: E402
 
 LAYERS = 2
+MIXED = {"gguf-q4_k_m": T.Q4_K, "gguf-q5_k_m": T.Q5_K}  # the Q*_K_M kinds (8 layers) -> their gate / up type
 BF16_REL = 2.0 ** -8  # one bf16 rounding (8 significant bits)
 
 
@@ -37,7 +38,7 @@ def files(tmp_path_factory):
     out = {}
     for kind in synth.KINDS:
         p = root / (f"{kind}.gguf" if kind.startswith("gguf") else kind)
-        layers = 8 if kind == "gguf-q4_k_m" else LAYERS
+        layers = 8 if kind in MIXED else LAYERS
         # 4 MB shards: the fp8 and bf16 directories span several shards and an index, as shipped repositories do
         synth.write(kind, p, small=True, layers=layers, seed=7, shard_bytes=4 << 20, progress=False)
         out[kind] = p
@@ -70,7 +71,8 @@ def test_use_more_bits_is_llama_cpp_rule_at_48_layers():
     assert {i for i in range(48) if synth.use_more_bits(i, 48)} == want and len(want) == 24
 
 
-@pytest.mark.parametrize("maker,qtype", [(weights.q4_k_blocks, T.Q4_K), (weights.q6_k_blocks, T.Q6_K)])
+@pytest.mark.parametrize("maker,qtype", [(weights.q4_k_blocks, T.Q4_K), (weights.q5_k_blocks, T.Q5_K),
+                                         (weights.q6_k_blocks, T.Q6_K)])
 def test_k_quant_blocks_decode_finite_at_the_written_magnitude(maker, qtype):
     g = np.random.default_rng(1)
     b = maker(g, 96, 768)
@@ -78,16 +80,22 @@ def test_k_quant_blocks_decode_finite_at_the_written_magnitude(maker, qtype):
     x = dequantize(b, qtype)
     assert x.shape == (96, 768) and np.isfinite(x).all()
     assert 0.018 < x.std() < 0.022 and abs(x.mean()) < 0.002
-    # every code byte value occurs (all 6-bit scales and mins, all 4/6-bit codes), and d is positive and finite
-    assert len(np.unique(b[:, 4:144] if qtype == T.Q4_K else b[:, :208])) == 256
+    # every code byte value occurs (all 6-bit scales and mins, all 4/5/6-bit codes), and d is positive and finite
     blocks = b.reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])
-    d = np.ascontiguousarray(blocks[:, 0:2] if qtype == T.Q4_K else blocks[:, 208:210]).view(np.float16)
+    codes, d = (blocks[:, :208], blocks[:, 208:210]) if qtype == T.Q6_K else (blocks[:, 4:], blocks[:, 0:2])
+    assert len(np.unique(codes)) == 256
+    d = np.ascontiguousarray(d).view(np.float16)
     assert np.isfinite(d).all() and (d > 0).all()
+    if qtype != T.Q6_K:  # dmin centres the values: Q4_K 7.5 d, Q5_K 15.5 d (E[scale * q] over E[min])
+        dmin = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16).astype(np.float64)
+        np.testing.assert_allclose(dmin, (7.5 if qtype == T.Q4_K else 15.5) * d, rtol=2e-3, atol=6e-8)
 
 
 def test_bad_input_names_the_argument(tmp_path):
-    with pytest.raises(ValueError, match="kind='gguf-q5_k'"):
-        synth.write("gguf-q5_k", tmp_path / "x.gguf", small=True)
+    with pytest.raises(ValueError, match="kind='gguf-q2_k'"):
+        synth.write("gguf-q2_k", tmp_path / "x.gguf", small=True)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        weights.q5_k_blocks(np.random.default_rng(0), 4, 200)
     with pytest.raises(ValueError, match="layers=0"):
         synth.write("bf16", tmp_path / "x", small=True, layers=0)
     with pytest.raises(ValueError, match="multiple of 256"):
@@ -98,9 +106,9 @@ def test_bad_input_names_the_argument(tmp_path):
 
 
 # ---- GGUF -----------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["gguf-q4_0", "gguf-q8_0", "gguf-q4_k_m"])
+@pytest.mark.parametrize("kind", ["gguf-q4_0", "gguf-q8_0", "gguf-q4_k_m", "gguf-q5_k_m", "gguf-q5_k"])
 def test_gguf_reader_reads_back_every_tensor(files, kind):
-    layers = 8 if kind == "gguf-q4_k_m" else LAYERS
+    layers = 8 if kind in MIXED else LAYERS
     r = synth.check(kind, files[kind], small=True, layers=layers)
     s = synth.get_shape("qwen3moe", True, layers)
     assert r["tensors"] == 3 + 12 * layers
@@ -111,27 +119,35 @@ def test_gguf_reader_reads_back_every_tensor(files, kind):
     assert reader.fields["qwen3moe.expert_feed_forward_length"].contents() == s.moe_inter
     assert reader.fields["tokenizer.ggml.model"].contents() == "gpt2"
     assert len(reader.fields["tokenizer.ggml.tokens"].contents()) == s.vocab
-    if kind == "gguf-q4_k_m":  # layers 0, 3, 6, 7 of 8 take Q6_K down experts; gate and up are Q4_K everywhere
+    file_type = {"gguf-q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "gguf-q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                 "gguf-q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M, "gguf-q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+                 "gguf-q5_k": gguf.LlamaFileType.MOSTLY_Q5_K_S}[kind]
+    assert reader.fields["general.file_type"].contents() == file_type
+    if kind in MIXED:  # layers 0, 3, 6, 7 of 8 take Q6_K down experts; gate and up are Q4_K / Q5_K everywhere
+        base = MIXED[kind]
         downs = [t[f"blk.{n}.ffn_down_exps.weight"].tensor_type for n in range(layers)]
         assert [n for n, q in enumerate(downs) if q == T.Q6_K] == [0, 3, 6, 7]
-        assert {q for n, q in enumerate(downs) if n not in (0, 3, 6, 7)} == {T.Q4_K}
+        assert {q for n, q in enumerate(downs) if n not in (0, 3, 6, 7)} == {base}
         assert {t[f"blk.{n}.ffn_{p}_exps.weight"].tensor_type for n in range(layers) for p in ("gate", "up")} \
-            == {T.Q4_K}
+            == {base}
+    if kind == "gguf-q5_k":
+        assert r["types"][T.Q5_K.name] == 3 * layers and T.Q6_K.name not in r["types"]
 
 
-@pytest.mark.parametrize("kind", ["gguf-q4_0", "gguf-q8_0", "gguf-q4_k_m"])
+@pytest.mark.parametrize("kind", ["gguf-q4_0", "gguf-q8_0", "gguf-q4_k_m", "gguf-q5_k_m", "gguf-q5_k"])
 def test_transformers_loads_gguf(files, kind):
     path = files[kind]
     m = _load(path)
-    s = synth.get_shape("qwen3moe", True, 8 if kind == "gguf-q4_k_m" else LAYERS)
+    s = synth.get_shape("qwen3moe", True, 8 if kind in MIXED else LAYERS)
     _forward_finite(m, s.vocab)
     gu = m.model.layers[1].mlp.experts.gate_up_proj.detach().numpy()  # [E, 2I, H]: gate rows, then up rows
     dn = m.model.layers[1].mlp.experts.down_proj.detach().numpy()  # [E, H, I]
     assert gu.shape == (s.experts, 2 * s.moe_inter, s.hidden) and dn.shape == (s.experts, s.hidden, s.moe_inter)
     for e in (0, s.experts - 1):
         up_key = f"model.layers.1.mlp.experts.{e}.up_proj.weight"
-        if kind == "gguf-q4_k_m":  # random blocks, drawn from the tensor's own generator
-            want = dequantize(weights.q4_k_blocks(weights.rng(7, up_key), s.moe_inter, s.hidden), T.Q4_K)
+        if kind in MIXED or kind == "gguf-q5_k":  # random blocks, drawn from the tensor's own generator
+            qt, draw = (T.Q4_K, weights.q4_k_blocks) if kind == "gguf-q4_k_m" else (T.Q5_K, weights.q5_k_blocks)
+            want = dequantize(draw(weights.rng(7, up_key), s.moe_inter, s.hidden), qt)
         else:
             qt = T.Q4_0 if kind == "gguf-q4_0" else T.Q8_0
             want = dequantize(quantize(weights.normal(7, up_key, (s.moe_inter, s.hidden)), qt), qt)

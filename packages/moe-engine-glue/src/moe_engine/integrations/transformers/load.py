@@ -5,11 +5,11 @@ Order of work, each step before anything heavier: the path; the config; the skel
 modules; the experts' format in the file; the GPU budget (what goes where, one log line); the non-expert weights
 onto their device; the experts, layer by layer (progress bar), into banks; the runner (qualified); the binding.
 
-Banks and the file's bytes. GGUF experts in Q4_0, Q8_0, Q4_K, Q6_K (and Q5_K where cpumoe_formats has q5_k) are
-their format's banks block for block; each layer's (gate_up, down) formats come from its tensors' types, so a Q4_K_M
-file (down Q6_K in some layers) runs as shipped. GGUF keeps a layer's gate and up experts as two tensors and the
-bank fuses them per expert (gate rows, then up rows), so the bytes are copied, never mapped; where the executor runs
-another CPU layout (q4_0_x16, q8_0_x16, q4_k_x16 from avx2), a CPU-only model converts each layer, matrix by matrix,
+Banks and the file's bytes. GGUF experts in Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (Q5_K where cpumoe_formats has q5_k) are their
+format's banks block for block; each layer's (gate_up, down) formats come from its tensors' types, so a Q4_K_M or Q5_K_M
+file (down Q6_K in some layers) runs as shipped. GGUF keeps a layer's gate and up experts as two tensors and the bank
+fuses them per expert (gate rows, then up rows), so the bytes are copied, never mapped; where the executor runs another
+CPU layout (q4_0_x16, q8_0_x16, q4_k_x16 from avx2), a CPU-only model converts each layer, matrix by matrix,
 right after reading it, so the process holds one copy of the experts. With a GPU the host keeps the banks in the
 file's formats (the GPU experts load from them) and the executor its own layout beside them.
 
@@ -50,8 +50,8 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         a GGUF file (or the directory holding it, with gguf_file= its name); the config comes from the file.
     format: the banks' format where the experts are stored in floats (bf16 safetensors): quantized layer by layer
         to it (default bf16); a quantized checkpoint's own format otherwise (format may only repeat it). GGUF experts
-        are served as shipped in Q4_0, Q8_0, Q4_K, Q6_K (Q5_K with cpumoe_formats' q5_k), a (gate_up, down) format
-        per layer from the tensors' types (Q4_K_M); other types are refused before anything heavy is read.
+        are served as shipped in Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (Q5_K with cpumoe_formats' q5_k), a (gate_up, down) format
+        per layer from the tensors' types (Q4_K_M, Q5_K_M); other types are refused before anything heavy is read.
     strategy: auto (gpu where every expert fits the budget, hybrid otherwise, cpu without a GPU), cpu, hybrid, gpu.
     device: where the non-expert weights and activations live (default cuda if torch sees a GPU, else cpu).
     gpu_memory: the GPU bytes this model may use (int or '16GiB'; default: the device's free memory): non-expert

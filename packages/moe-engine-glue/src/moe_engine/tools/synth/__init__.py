@@ -3,9 +3,9 @@
     python -m moe_engine.tools.synth --kind gguf-q4_0 --out /work/models/qwen3moe-q4_0.gguf
     python -m moe_engine.tools.synth --kind fp8 --small --out /tmp/qwen3moe-fp8-small
 
-Kinds (KINDS): GGUF files of the qwen3moe shape with routed experts Q4_0, Q8_0, Q4_K, Q6_K or by the Q4_K_M rule
-(gguf_file.py); Hugging Face directories of the qwen3moe shape in bf16 or FP8 block, and of the gpt-oss shape with
-MXFP4 experts (hf_dir.py). Shapes and their small variants: shapes.py; weights and encodings: weights.py; the
+Kinds (KINDS): GGUF files of the qwen3moe shape with routed experts Q4_0, Q8_0, Q4_K, Q5_K, Q6_K or by the Q4_K_M /
+Q5_K_M rules (gguf_file.py); Hugging Face directories of the qwen3moe shape in bf16 or FP8 block, and of the gpt-oss
+shape with MXFP4 experts (hf_dir.py). Shapes and their small variants: shapes.py; weights and encodings: weights.py; the
 tokenizer every file carries: tokenizer.py; reading back: check.py.
 
 Imports numpy, ml_dtypes, gguf and safetensors only (never torch), so it runs wherever the wheels are carried.
@@ -22,7 +22,9 @@ KINDS = {
     "gguf-q4_0": ("qwen3moe", "gguf", "q4_0"),
     "gguf-q8_0": ("qwen3moe", "gguf", "q8_0"),
     "gguf-q4_k_m": ("qwen3moe", "gguf", "q4_k_m"),
+    "gguf-q5_k_m": ("qwen3moe", "gguf", "q5_k_m"),
     "gguf-q4_k": ("qwen3moe", "gguf", "q4_k"),
+    "gguf-q5_k": ("qwen3moe", "gguf", "q5_k"),
     "gguf-q6_k": ("qwen3moe", "gguf", "q6_k"),
     "bf16": ("qwen3moe", "hf", "bf16"),
     "fp8": ("qwen3moe", "hf", "fp8"),

@@ -17,7 +17,8 @@ def _bytes(text: str) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_engine.tools.synth", description=__doc__)
     ap.add_argument("--kind", required=True, choices=sorted(KINDS),
-                    help="gguf-q4_0 / gguf-q8_0 / gguf-q4_k_m / gguf-q4_k / gguf-q6_k / bf16 / fp8: qwen3moe shape; "
+                    help="gguf-q4_0 / gguf-q8_0 / gguf-q4_k_m / gguf-q5_k_m / gguf-q4_k / gguf-q5_k / gguf-q6_k / "
+                         "bf16 / fp8: qwen3moe shape; "
                          "mxfp4: gpt-oss shape")
     ap.add_argument("--out", required=True, help="a .gguf file (gguf-*) or a directory")
     ap.add_argument("--small", action="store_true", help="the small variant (CI size)")

@@ -10,7 +10,8 @@ Tensor types: routed experts by `experts` (below); every other matrix BF16; norm
   q8_0    gate, up, down Q8_0 (idem)
   q4_k_m  gate, up Q4_K; down Q6_K in the layers of llama.cpp's `use_more_bits` rule, Q4_K elsewhere (random
           blocks: gguf-py has no K-quant quantizer)
-  q4_k    gate, up, down Q4_K; q6_k  gate, up, down Q6_K (random blocks; one type per file, as a test needs)
+  q5_k_m  gate, up Q5_K; down Q6_K in the `use_more_bits` layers, Q5_K elsewhere (random blocks, as q4_k_m's)
+  q4_k    gate, up, down Q4_K; q5_k, q6_k likewise (random blocks; one type per file, as a test needs)
 Names and layouts as llama.cpp's qwen3moe: `blk.{n}.ffn_{gate,up}_exps.weight` ggml [H, I, E] (numpy [E, I, H]),
 `ffn_down_exps` [I, H, E]; attn_q [H, heads * head_dim]; attn_{q,k}_norm [head_dim]."""
 from __future__ import annotations
@@ -23,7 +24,7 @@ from . import tokenizer, weights
 from ._io import DROP_EVERY, Progress, drop_cache
 from .shapes import Shape, use_more_bits
 
-EXPERT_TYPES = ("q4_0", "q8_0", "q4_k_m", "q4_k", "q6_k")
+EXPERT_TYPES = ("q4_0", "q8_0", "q4_k_m", "q5_k_m", "q4_k", "q5_k", "q6_k")
 
 
 def expert_types(experts: str, layer: int, n_layers: int):
@@ -36,8 +37,12 @@ def expert_types(experts: str, layer: int, n_layers: int):
         return T.Q8_0, T.Q8_0
     if experts == "q4_k_m":
         return T.Q4_K, (T.Q6_K if use_more_bits(layer, n_layers) else T.Q4_K)
+    if experts == "q5_k_m":
+        return T.Q5_K, (T.Q6_K if use_more_bits(layer, n_layers) else T.Q5_K)
     if experts == "q4_k":
         return T.Q4_K, T.Q4_K
+    if experts == "q5_k":
+        return T.Q5_K, T.Q5_K
     if experts == "q6_k":
         return T.Q6_K, T.Q6_K
     raise ValueError(f"experts={experts!r}: expected one of {EXPERT_TYPES}")
@@ -46,8 +51,8 @@ def expert_types(experts: str, layer: int, n_layers: int):
 def _file_type(experts: str):
     from gguf import LlamaFileType as F
 
-    return {"q4_0": F.MOSTLY_Q4_0, "q8_0": F.MOSTLY_Q8_0, "q4_k_m": F.MOSTLY_Q4_K_M, "q4_k": F.MOSTLY_Q4_K_S,
-            "q6_k": F.MOSTLY_Q6_K}[experts]
+    return {"q4_0": F.MOSTLY_Q4_0, "q8_0": F.MOSTLY_Q8_0, "q4_k_m": F.MOSTLY_Q4_K_M, "q5_k_m": F.MOSTLY_Q5_K_M,
+            "q4_k": F.MOSTLY_Q4_K_S, "q5_k": F.MOSTLY_Q5_K_S, "q6_k": F.MOSTLY_Q6_K}[experts]
 
 
 def _expert_tensor(seed: int, s: Shape, n: int, proj: str, qtype, random_codes: bool = False) -> np.ndarray:
@@ -61,10 +66,9 @@ def _expert_tensor(seed: int, s: Shape, n: int, proj: str, qtype, random_codes: 
     out = np.empty((s.experts, rows, cols // blk * size), np.uint8)
     for e in range(s.experts):
         key = f"model.layers.{n}.mlp.experts.{e}.{proj}_proj.weight"
-        if qtype == T.Q4_K:
-            out[e] = weights.q4_k_blocks(weights.rng(seed, key), rows, cols)
-        elif qtype == T.Q6_K:
-            out[e] = weights.q6_k_blocks(weights.rng(seed, key), rows, cols)
+        k_draw = {T.Q4_K: weights.q4_k_blocks, T.Q5_K: weights.q5_k_blocks, T.Q6_K: weights.q6_k_blocks}.get(qtype)
+        if k_draw is not None:
+            out[e] = k_draw(weights.rng(seed, key), rows, cols)
         elif random_codes and qtype in (T.Q4_0, T.Q8_0):
             draw = weights.q4_0_blocks if qtype == T.Q4_0 else weights.q8_0_blocks
             out[e] = draw(weights.rng(seed, key), rows, cols)

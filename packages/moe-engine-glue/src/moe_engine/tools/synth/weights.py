@@ -7,9 +7,9 @@ N(0, 0.5).
 
 Encoders take float32 [R, C] and return what is stored:
 - GGUF Q4_0, Q8_0, BF16: gguf.quants.quantize (uint8 [R, C / 32 * block bytes]);
-- GGUF Q4_K, Q6_K: gguf-py implements no quantizer for them, so their blocks are drawn directly (see
-  `q4_k_blocks`, `q6_k_blocks`) at the magnitude of a quantized N(0, 0.02) matrix; the tests decode them with
-  gguf.quants.dequantize;
+- GGUF Q4_K, Q5_K, Q6_K: gguf-py implements no quantizer for them, so their blocks are drawn directly (see
+  `q4_k_blocks`, `q5_k_blocks`, `q6_k_blocks`) at the magnitude of a quantized N(0, 0.02) matrix; the tests decode them
+  with gguf.quants.dequantize;
 - FP8 block (DeepSeek-V3 / Qwen FP8): e4m3 codes and float32 `weight_scale_inv` [ceil(R/128), ceil(C/128)] =
   block amax / 448 (the factor that dequantizes);
 - MXFP4 (gpt-oss): `_blocks` uint8 [R, C/32, 16] (two E2M1 codes a byte, the even element in the low nibble) and
@@ -79,6 +79,26 @@ def q4_k_blocks(g: np.random.Generator, rows: int, cols: int, std: float = STD) 
     out[:, 0:2] = _fp16_bytes(d)
     out[:, 2:4] = _fp16_bytes(7.5 * d)
     out[:, 4:] = g.integers(0, 256, (nb, 140), dtype=np.uint8)
+    return out.reshape(rows, -1)
+
+
+def q5_k_blocks(g: np.random.Generator, rows: int, cols: int, std: float = STD) -> np.ndarray:
+    """Random Q5_K blocks for an [rows, cols] matrix: uint8 [rows, cols / 256 * 176].
+
+    Block (ggml block_q5_K): fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales and eight 6-bit mins (as Q4_K's),
+    32 bytes qh (the codes' fifth bits), 128 bytes of nibbles; value = d * scale * q - dmin * min, q on 0..31. Scales,
+    mins, qh and nibbles are uniform random bytes (every 6-bit scale and 5-bit code occurs); dmin = 15.5 d centres the
+    values (E[scale * q] = 15.5 E[min]), and d is set so their standard deviation is ~`std`: std = d * 526.9 (from
+    the three uniform laws: Var(scale q) + 15.5^2 Var(min) = 195666 + 81985), times a per-block factor uniform on
+    [0.75, 1.25]. d is ~3.8e-5, an fp16 subnormal, as Q6_K's."""
+    if cols % 256:
+        raise ValueError(f"Q5_K needs rows of a multiple of 256 values, got {cols}")
+    nb = rows * (cols // 256)
+    out = np.empty((nb, 176), np.uint8)
+    d = (std / 526.9) * g.uniform(0.75, 1.25, nb)
+    out[:, 0:2] = _fp16_bytes(d)
+    out[:, 2:4] = _fp16_bytes(15.5 * d)
+    out[:, 4:] = g.integers(0, 256, (nb, 172), dtype=np.uint8)
     return out.reshape(rows, -1)
 
 
