@@ -49,12 +49,13 @@ class MoERunner:
     strategy: cpu | hybrid | gpu | auto (hybrid where the activations are on a GPU, else cpu; with a GPU, hot
         residency and a bandwidth profile, also split="auto").
     device: where the activations live (default: cuda if torch sees a GPU, else cpu).
-    residency: hybrid's GPU-resident experts: "hot" (the default: each layer's most-routed experts, from routing
-        counts taken on the device, re-placed every `replace_every` steps; placement/hot.py), "static" (the
+    residency: hybrid's GPU-resident experts: a fraction of each layer (a seeded random subset; the default, 0.25),
+        "hot" (each layer's most-routed experts, from routing counts taken on the device, re-placed every
+        `replace_every` steps; placement/hot.py; opt-in until its GPU checks have run), "static" (the
         most-routed experts of `routing_profile`, from `moe-engine profile`), "random" or "uniform" (capacity
-        experts per layer), a fraction of each layer (a seeded random subset per layer), or per-layer bool masks of
-        length E. capacity: GPU slots per layer (default: the most resident experts of any layer; a quarter of E for
-        the named placements). Routes are counted when residency is "hot" or count_routes=True (runner.route_counts).
+        experts per layer), or per-layer bool masks of length E. capacity: GPU slots per layer (default: the most
+        resident experts of any layer; a quarter of E for the named placements). Routes are counted when residency
+        is "hot" or count_routes=True (runner.route_counts).
     split: hybrid's miss split (placement/split.py): a fraction q in [0, 1] of the expected miss bytes read by the GPU
         experts zero-copy from pinned host banks while the CPU computes the rest; "auto": q from `profile` (a
         bandwidth profile, placement/profile.py; default: this GPU's cached one) and the live miss rate, re-chosen
@@ -233,7 +234,9 @@ class MoERunner:
 
     def _masks(self, residency) -> list[np.ndarray]:
         if residency is None:
-            residency = "hot"
+            # hot placement waits for its GPU checks (bench/device/placement_h200.sh STAGE=test, replay) before it
+            # becomes the default: its counts under capture and its copy-stream moves have not run on a GPU yet
+            residency = DEFAULT_HYBRID_RESIDENCY
         if isinstance(residency, str):
             return self._named_masks(residency)
         if isinstance(residency, (int, float)) and not isinstance(residency, bool):
@@ -304,7 +307,7 @@ class MoERunner:
         from .placement.counts import RoutingCounts
         from .placement.hot import HotResidency
 
-        hot = self.residency is not None and self.strategy == "hybrid" and (residency is None or residency == "hot")
+        hot = self.residency is not None and self.strategy == "hybrid" and residency == "hot"
         if hot:
             self.hot = HotResidency(self, every=self._placement_args[0], half_life=HOT["half_life"],
                                     hysteresis=HOT["hysteresis"])

@@ -145,9 +145,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
             act.pop("alpha"), act.pop("limit")
         cfg = src.config.get_text_config()
         place = {}
-        if plan.strategy == "hybrid":  # the budget's slots per layer, filled with each layer's most-routed experts
+        if plan.strategy == "hybrid":  # the budget's slots per layer (a random subset; "hot" once run on a GPU)
             n = plan.experts_per_layer
-            place = dict(residency="hot", capacity=n) if n else dict(residency=0.0)
+            place = dict(residency="random", capacity=n) if n else dict(residency=0.0)
         runner = MoERunner(run_fmt, banks, top_k=int(cfg.num_experts_per_tok), strategy=plan.strategy, device=dev,
                            threads=threads, progress=progress, **place, **act, **kwargs)
         del banks
