@@ -189,12 +189,10 @@ class RoleMethods:
     def to_layout_role(self, role: str, banks: Mapping, name: str, threads: int | None = None) -> dict:
         """One role's banks -> that role's banks of layout `name` (down this format's cpu_layout chain, as
         to_layout); `name` == this format returns the role's banks as given."""
-        from .schema import _spec
-
         if name == self.name:
             arrs, _ = self.validate_role(role, banks)
             return dict(zip(self.role_banks(role), arrs))
-        return self.map_role(role, banks, lambda b: self._to_layout_one(b, name), _spec(name), threads)[0]
+        return self.map_role(role, banks, lambda b: self._to_layout_one(b, name), self._defined(name), threads)[0]
 
 
 def _smallest(f: Callable[[int], int], target: int) -> int | None:

@@ -113,6 +113,11 @@ class FormatSpec(RoleMethods):
             return banks
         return split_experts(lambda b: self._to_layout_one(b, name), banks, threads)
 
+    @staticmethod
+    def _defined(name: str):
+        """The defined format `name` (the registry this module keeps; roles.py reaches it through here)."""
+        return _spec(name)
+
     def _to_layout_one(self, banks: Mapping, name: str) -> dict:
         layout = _spec(name)
         target, spec, chain = layout.name, self, [self.name]

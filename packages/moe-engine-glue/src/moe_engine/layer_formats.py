@@ -81,3 +81,8 @@ def to_layout(banks, pair: Pair, run: Pair, threads=None) -> dict:
     for role, src, dst in (("gate_up", pair[0], run[0]), ("down", pair[1], run[1])):
         out.update(cf.get_format(src).to_layout_role(role, banks, dst, threads))
     return out
+
+
+def executor_formats(ex) -> list[Pair]:
+    """The (gate_up, down) formats a CpuMoeExecutor runs per layer (after its repacks)."""
+    return [tuple(p) for p in ex.layer_formats]

@@ -8,6 +8,7 @@ import numpy as np
 import cpumoe_formats as cf
 
 from .banks import expert_slice
+from .layer_formats import executor_formats
 
 # max |y - ref| / max |ref|: bf16 output rounding (2^-9 relative) and a bf16 intermediate that rounds one ulp apart
 # when the fp32 sums run in another order measured under 0.6% for bf16 and fp8_block weights; w4a8 adds the int8
@@ -18,7 +19,6 @@ TOLERANCE = {"native": 2e-2, "w4a8": 3e-2}
 def layer_banks(r, layer: int, cpu: bool) -> tuple:
     """(format, banks) the float64 reference reads: the given ones where the runner keeps them, else the executor's.
     The format is a name, or the layer's (gate_up, down) pair where the two differ."""
-    from .runner import executor_formats
 
     given = _spec(r.layer_formats[layer])
     ran = _spec(executor_formats(r.executor)[layer]) if r.executor is not None else given

@@ -414,7 +414,7 @@ class MoERunner:
         parts = [f"format={given}", f"E={self.E} H={self.H} I={self.I} top_k={self.top_k}",
                  f"layers={self.num_layers}", f"device={self.device}"]
         if self.executor is not None:
-            ran = layer_formats.describe(executor_formats(self.executor))
+            ran = layer_formats.describe(layer_formats.executor_formats(self.executor))
             parts.append(f"cpu={ran if ran == given else f'{given} as {ran}'} isa={self.executor.isa} "
                          f"threads={self.executor.threads}")
             parts.append(f"handshake={self.sync.path} ({self.sync_why}; {self.sync.summary()})")
@@ -472,12 +472,6 @@ class MoERunner:
         self.close()
 
 
-def executor_formats(ex) -> list[tuple[str, str]]:
-    """The (gate_up, down) formats an executor runs per layer (after its repacks)."""
-    pairs = getattr(ex, "layer_formats", None)
-    return [tuple(p) for p in pairs] if pairs is not None else [(ex.spec.name, ex.spec.name)] * ex.num_layers
-
-
 def _short(v) -> str:
     r = repr(v)
     return r if len(r) <= 40 else r[:37] + "..."
@@ -495,4 +489,4 @@ def fraction_masks(E: int, num_layers: int, fraction: float, seed: int = 0) -> l
     return out
 
 
-__all__ = ["CaptureRefusedError", "MoERunner", "STRATEGIES", "executor_formats", "fraction_masks"]
+__all__ = ["CaptureRefusedError", "MoERunner", "STRATEGIES", "fraction_masks"]

@@ -36,9 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
-    from .generate import add_parsers
+    from .generate import add_parsers, common_args
+    from .profile import add_parser as add_profile_parser
 
     add_parsers(sub)
+    add_profile_parser(sub, common_args)
     return p
 
 

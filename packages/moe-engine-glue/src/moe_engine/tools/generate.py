@@ -163,7 +163,8 @@ def run_bench(a) -> int:
     return 0
 
 
-def _common(p, path_nargs=None) -> None:
+def common_args(p, path_nargs=None) -> None:
+    """The checkpoint arguments generate, bench and profile share."""
     p.add_argument("path", nargs=path_nargs,
                    help="a Hugging Face directory or a .gguf file (or its directory, with --gguf-file)")
     p.add_argument("--gguf-file", default=None, help="the GGUF file's name inside PATH")
@@ -177,13 +178,10 @@ def _common(p, path_nargs=None) -> None:
 
 
 def add_parsers(sub) -> None:
-    from .profile import add_parser
-
     g = sub.add_parser("generate", help="load a checkpoint (from_pretrained) and generate greedily")
     b = sub.add_parser("bench", help="llama-bench's tests on a checkpoint: pp (prompt) and tg (decode) tokens/s")
-    _common(g)
-    _common(b, "?")
-    add_parser(sub, _common)
+    common_args(g)
+    common_args(b, "?")
     w = g.add_mutually_exclusive_group(required=True)
     w.add_argument("--prompt", help="text (needs the checkpoint's tokenizer)")
     w.add_argument("--ids", help="token ids, e.g. 1,2,3")
