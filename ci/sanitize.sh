@@ -23,7 +23,7 @@ case $mode in
   tsan)
     export CPUMOE_SANITIZE=thread
     preload="$(gcc -print-file-name=libtsan.so)"
-    export TSAN_OPTIONS="halt_on_error=1 exitcode=66 report_signal_unsafe=0"
+    export TSAN_OPTIONS="halt_on_error=1 exitcode=66 report_signal_unsafe=0 suppressions=$root/ci/tsan.supp"
     wrap=(setarch "$(uname -m)" -R) ;;
   *) echo "unknown mode $mode (asan|tsan)" >&2; exit 2 ;;
 esac
