@@ -36,6 +36,11 @@ def _inputs(rng, T, E, H):
     return x, w.to(DEVICE), ids.to(DEVICE)
 
 
+def _gpu_name() -> str:
+    """The name a runner on DEVICE checks a profile against (none in the interpreter: any profile's name passes)."""
+    return torch.cuda.get_device_name() if DEVICE == "cuda" else "interp"
+
+
 def _rel(y, ref) -> float:
     return float(np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max())
 
@@ -53,10 +58,19 @@ def test_zero_copy_bank_reads_the_gpu_layout(fmt, rng):
     ge = GpuExperts(fmt, num_layers=1, capacity=E, E=E, H=H, I=I, top_k=3, max_tokens=4, device=dev)
     for e in range(E):
         ge.load(0, e, b, e)  # slot e = expert e: the same numbering as the zero-copy bank
-    zc = ZeroCopyBank(fmt, banks, [True], E=E, H=H, I=I, device=dev)
-    x, w, ids = _inputs(rng, 3, E, H)
-    ids = ids.clamp(min=0).int()
-    assert torch.equal(ge.forward(0, x, w, ids).view(torch.int16), ge.forward(0, x, w, ids, bank=zc).view(torch.int16))
+    if DEVICE == "cuda":  # a pageable bank is refused by name, before any kernel reads it
+        with pytest.raises(ValueError, match="not page-locked for cuda"):
+            ZeroCopyBank(fmt, banks, [True], E=E, H=H, I=I, device=dev)
+    pin = PinnedBanks(banks, dev)
+    try:
+        assert DEVICE == "cpu" or pin.pinned == [True], pin.summary()
+        zc = ZeroCopyBank(fmt, banks, [True], E=E, H=H, I=I, device=dev)
+        x, w, ids = _inputs(rng, 3, E, H)
+        ids = ids.clamp(min=0).int()
+        want = ge.forward(0, x, w, ids).view(torch.int16)
+        assert torch.equal(want, ge.forward(0, x, w, ids, bank=zc).view(torch.int16))
+    finally:
+        pin.close()
 
 
 def test_zero_copy_bank_refuses_transposed_formats(rng):
@@ -109,7 +123,7 @@ def test_split_serves_every_route_once(rng):
 
 def test_split_auto_follows_the_profile(rng, caplog):
     banks, (E, H, _) = make_banks("bf16", rng, E=8)
-    p = Profile(gpu="interp", cpu_read=50.0, executor={"bf16": 50.0}, zero_copy={"bf16": 25.0})
+    p = Profile(gpu=_gpu_name(), cpu_read=50.0, executor={"bf16": 50.0}, zero_copy={"bf16": 25.0})
     caplog.set_level(logging.INFO, logger="moe_engine")
     with _runner(banks, split="auto", profile=p, replace_every=2) as sp:
         assert sp.split.q == 0.0

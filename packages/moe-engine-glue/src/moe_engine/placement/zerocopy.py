@@ -34,7 +34,14 @@ def _view(a, np_view, torch_dtype, device):
         raise ValueError(f"zero-copy bank: a host bank of shape {a.shape} is not C-contiguous; expected the banks' "
                          "own row-major arrays")
     a = a.view(np_view)
-    t = torch.from_numpy(a) if device.type == "cpu" else torch.as_tensor(_HostArray(a), device=device)
+    if device.type == "cpu":
+        t = torch.from_numpy(a)
+    else:
+        try:
+            t = torch.as_tensor(_HostArray(a), device=device)
+        except RuntimeError as e:  # the runtime refuses a pointer it has no registration for
+            raise ValueError(f"zero-copy bank: a host bank of shape {a.shape} is not page-locked for {device}; "
+                             "register it first (placement.pinning.PinnedBanks, or MoERunner(pin_memory=...))") from e
     return t.view(torch_dtype) if t.dtype != torch_dtype else t
 
 
