@@ -7,6 +7,9 @@
 #        by moe_engine.tools.synth --random-codes to /tmp/e2e. Then the glue's GPU tests (GLUE_TESTS=1).
 # llama: llama-bench -ngl 99 --n-cpu-moe N for N = 48 36 24 0 (all, 3/4, 1/2, none of the experts on the CPU): pp and
 #        tg (P, N_GEN, R), JSON per N.
+# fresh: one call on a fresh machine: ours built, the file written, the GPU decode tests (every buffer on the GPU,
+#        the step captured), then `ours`; llama.cpp rebuilt beside it when the card is not the one `llama` last ran on
+#        (LLAMA_ON, default H200), and `llama` run for NCPU after ours (a ratio needs both on one card).
 # ours:  moe-engine bench on the same file: strategy cpu, then hybrid with gpu_memory holding the non-expert weights,
 #        the KV cache and a quarter of the expert bytes (as --n-cpu-moe 36), decode under CUDA graphs.
 set -uo pipefail
@@ -21,6 +24,7 @@ PP=${PP:-512} NG=${NG:-32} R=${R:-2}
 export PYTHONUNBUFFERED=1 CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-$(nproc)}
 export PYTHONPATH=$P/cpumoe-formats/src:$P/cpumoe-executor/src:$P/gpusync-cuda/src:$P/gpusync-hip/src:$P/kernelio/src:$P/moe-engine-glue/src
 mkdir -p "$W"
+export OUT
 if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
   for w in "$ROOT"/.whl/*.whl; do
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" >/dev/null 2>&1 || true
@@ -33,7 +37,7 @@ case "${STAGE:-prep}" in
 prep)
   stamp "start; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
   ( mkdir -p .ggml && tar xJf .ggml/llama-src.tar.xz -C .ggml && \
-    CUDA=1 CUDA_FA=0 JOBS=${LLAMA_JOBS:-10} bench/llamacpp/build_llama_bench.sh ) >"$OUT/llama-build.log" 2>&1 &
+    CUDA=1 CUDA_FA=0 JOBS=${LLAMA_JOBS:-10} OUT=$ROOT/.ggml/llama-cuda bench/llamacpp/build_llama_bench.sh ) >"$OUT/llama-build.log" 2>&1 &
   lb=$!
   $PY -m moe_engine.tools.synth --kind gguf-q4_0 --random-codes --quiet --out "$GGUF" >"$OUT/synth.log" 2>&1 &
   sy=$!
@@ -49,10 +53,29 @@ prep)
   wait $lb; stamp "llama build rc=$?"; tail -3 "$OUT/llama-build.log"
   ls -la .ggml/llama-cuda/bin 2>/dev/null | head
   ;;
+fresh)
+  stamp "start; $(nproc) cores; $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "${LLAMA_ON:-H200}"; then
+    ( mkdir -p .ggml && tar xJf .ggml/llama-src.tar.xz -C .ggml && CUDA=1 CUDA_FA=0 JOBS=8 OUT=$ROOT/.ggml/llama-cuda \
+      bench/llamacpp/build_llama_bench.sh ) >/tmp/llama-build.log 2>&1 &
+  fi
+  [ -f "$GGUF" ] || $PY -m moe_engine.tools.synth --kind gguf-q4_0 --random-codes --quiet --out "$GGUF" >/tmp/synth.log 2>&1 &
+  sy=$!
+  for p in cpumoe-formats cpumoe-executor gpusync-cuda gpusync-hip kernelio; do
+    (cd "$P/$p" && $PY hatch_build.py) >>/tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+  done
+  stamp "ours built"
+  timeout 200 $PY -m pytest -p no:cacheprovider -q -rfEs packages/moe-engine-glue/tests/test_from_pretrained.py \
+    packages/moe-engine-glue/tests/test_runner_split.py -k "captured or buffers or zero_copy or split" >"$OUT/tests.log" 2>&1
+  stamp "tests rc=$?"; tail -4 "$OUT/tests.log"
+  wait $sy; stamp "gguf $(stat -c %s "$GGUF") bytes"
+  STAGE=ours bash "$0"
+  if [ -n "${NCPU_AFTER:-}" ]; then wait; STAGE=llama NCPU="$NCPU_AFTER" bash "$0"; fi
+  ;;
 llama)
   for n in ${NCPU:-48 36 24 0}; do
     timeout 200 .ggml/llama-cuda/bin/run.sh llama-bench -m "$GGUF" -ngl 99 --n-cpu-moe "$n" -t "$THREADS" \
-      -p "$PP" -n "$NG" -r "$R" -o json >"$OUT/llama-ncpumoe$n.json" 2>"$OUT/llama-ncpumoe$n.err"
+      -p "$PP" -n "$NG" -r "$R" -o json >"$OUT/llama-ncpumoe$n.json" 2>"/tmp/llama-ncpumoe$n.err"
     stamp "n-cpu-moe $n rc=$?"
     $PY -c "import json,sys; [print(r['n_prompt'], r['n_gen'], round(r['avg_ts'],2), round(r['stddev_ts'],2)) for r in json.load(open(sys.argv[1]))]" "$OUT/llama-ncpumoe$n.json" 2>/dev/null
   done

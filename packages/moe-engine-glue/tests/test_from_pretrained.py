@@ -119,3 +119,44 @@ def test_gpu_budget_plan():
     for bad in ("16 parsecs", "-3GiB", 0, True):
         with pytest.raises((ValueError, TypeError), match="gpu_memory="):
             budget.parse_bytes(bad)
+
+
+def test_buffers_follow_the_weights(files):
+    """The skeleton computes buffers (rope's inv_freq) on the CPU; place_buffers moves every one, persistent or not,
+    to the weights' device (on a GPU, one left behind made the cudagraphs backend skip the whole decode step)."""
+    from moe_engine.integrations.transformers import skeleton
+
+    src_model = _reference("gguf-q4_0", files["gguf-q4_0"])
+    names = [n for n, _ in src_model.named_buffers()]
+    assert any("inv_freq" in n for n in names), names  # the case this guards: a non-persistent buffer
+    assert skeleton.place_buffers(src_model, torch.device("meta")) == len(names)
+    assert {b.device.type for b in src_model.buffers()} == {"meta"}
+    assert skeleton.place_buffers(src_model, torch.device("meta")) == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+@pytest.mark.parametrize("strategy", ["cpu", "hybrid"])
+def test_gpu_decode_is_captured(files, strategy):
+    """On a GPU every parameter and buffer is on it, and moe-engine bench's decode (static cache, the cudagraphs
+    backend) captures the step (no cudagraph skip) and gives eager's greedy tokens."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    model = from_pretrained(files["gguf-q4_0"], strategy=strategy, device="cuda", threads=2, progress=False,
+                            gpu_memory="2GiB" if strategy == "hybrid" else None)
+    off = model.moe_engine
+    assert off.runner.strategy == strategy and off.runner.graphs_ok
+    off_gpu = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
+               if t.device.type != "cuda" and t.numel()]
+    assert off_gpu == []
+    ids = torch.tensor([[3, 17, 101, 42]], device="cuda")
+    want = model.generate(ids, max_new_tokens=12, do_sample=False)
+    torch._dynamo.reset()
+    counters.clear()
+    cc = CompileConfig(backend="cudagraphs", mode=None)
+    for _ in range(2):  # the first call compiles and records, the second replays
+        got = model.generate(ids, max_new_tokens=12, do_sample=False, cache_implementation="static", compile_config=cc)
+        assert torch.equal(got, want)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    off.close()

@@ -125,6 +125,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
                  type(model).__name__, len(found), E, fmt_text, plan.strategy, plan.why)
         skeleton.empty_experts([m for _, m in found], dev)
         skeleton.load(model, names, src.read, dev, dtype, src.where, progress)
+        skeleton.place_buffers(model, dev)
         left = skeleton.meta_left(model)
         if left:
             raise ValueError(f"{src.where}: {len(left)} tensors were never loaded, e.g. {left[:3]}")

@@ -71,6 +71,19 @@ def load(model, names: list[str], read, device, dtype, where: str, progress: boo
     return total
 
 
+def place_buffers(model, device) -> int:
+    """Every buffer of `model` onto `device` (the skeleton computes them on the CPU: rope's inv_freq, ...). A buffer
+    left on the CPU under GPU weights costs a host-to-device copy per use, and torch.compile's cudagraphs backend
+    skips capturing the whole step for it. Returns how many moved."""
+    moved = 0
+    for m in model.modules():
+        for name, b in list(m._buffers.items()):
+            if b is not None and b.device != device:
+                m._buffers[name] = b.to(device)
+                moved += 1
+    return moved
+
+
 def meta_left(model) -> list[str]:
     """Parameters and buffers still on the meta device (none may be when the model runs)."""
     return [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
