@@ -136,7 +136,7 @@ def test_split_auto_follows_the_profile(rng, caplog):
         assert c is not None and c.mode == "split" and sp.split.q == pytest.approx(25 / 75), c.reason
         assert caplog.text.count("auto: split q=0.33") == 1
     with pytest.raises(ProfileError, match="no executor figure for format 'bf16'"):
-        _runner(banks, split="auto", profile=Profile(gpu="x", cpu_read=1.0, executor={"fp8_block": 1.0}))
+        _runner(banks, split="auto", profile=Profile(gpu=_gpu_name(), cpu_read=1.0, executor={"fp8_block": 1.0}))
     with pytest.raises(ValueError, match="split='auto' sets q from the live miss rate of residency='hot'"):
         _runner(banks, split="auto", residency=0.25)
     with pytest.raises(ValueError, match=r"split=2: expected the fraction"):
@@ -229,3 +229,13 @@ def test_staged_prefill_from_page_locked_banks(rng):
         x, w, ids = _inputs(rng, 7, E, H)  # above max_tokens: staged prefill
         assert _rel(r.forward(0, x, w, ids), reference(r, 0, x, w, ids)) < TOLERANCE["native"]
         assert r.last_prefill["how"] == "gpu"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(DEVICE != "cuda", reason="torch sees no CUDA device")
+@pytest.mark.xfail(strict=True, reason="on the H100 (2026-12-06) the split's graph replay fails with "
+                   "cudaErrorInvalidValue at qualification, so the runner decodes it eagerly (correct, not captured)")
+def test_split_runs_under_graphs(rng):
+    banks, _ = make_banks("bf16", rng, E=8)
+    with _runner(banks, residency=0.25, capacity=4, split=0.5) as sp:
+        assert sp.graphs_ok, sp.describe()
