@@ -120,6 +120,27 @@ def test_packed_linear_against_float64():
             p(torch.zeros(1, k + 1, dtype=torch.bfloat16))
 
 
+def test_pack_linears_frees_each_weight_as_it_goes(monkeypatch):
+    """Each original bf16 weight is freed once its packed copy exists, so packing never holds every weight twice
+    (the full-size file's peak RSS rose 2 GB when it did)."""
+    import weakref
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64).to(torch.bfloat16) for _ in range(4)])
+    refs = [weakref.ref(m.weight) for m in model]
+    alive_at_pack = []
+    real = decode.PackedLinear.__init__
+
+    def counting(self, linear):
+        alive_at_pack.append(sum(r() is not None for r in refs))
+        real(self, linear)
+
+    monkeypatch.setattr(decode.PackedLinear, "__init__", counting)
+    model.get_input_embeddings = lambda: None
+    assert decode.pack_linears(model) == 4
+    assert alive_at_pack == [4, 3, 2, 1], alive_at_pack
+    assert all(r() is None for r in refs)
+
+
 def test_bad_decode_value_is_refused_before_loading(tmp_path):
     with pytest.raises(ValueError, match=r"decode='fast': expected one of auto, eager, packed, static, compile"):
         from_pretrained(tmp_path / "missing.gguf", decode="fast", **KW)
