@@ -123,3 +123,22 @@ def test_gpu_experts_one_per_pair_mapped_by_layer(monkeypatch):
     assert made[1].calls == [("load", 1, 1, 5)] and g.bytes_per_expert == 2
     made.clear()
     assert isinstance(by_pair.open_gpu_experts([("q8_0", "q8_0")] * 3, capacity=2), Fake) and made[0].fmt == "q8_0"
+
+
+def test_mix_pairs_and_their_random_banks(rng):
+    """q4_k_m / q5_k_m: llama.cpp's use_more_bits layers take Q6_K downs (24 of 48 layers); random_pair_layers gives
+    each layer its gate_up format's gate_up banks and its down format's down banks, valid for that pair."""
+    from moe_engine.banks import random_pair_layers
+
+    pairs = layer_formats.mix_pairs("q4_k_m", 48)
+    assert sum(dn == "q6_k" for _, dn in pairs) == 24 and {gu for gu, _ in pairs} == {"q4_k"}
+    assert pairs[0] == ("q4_k", "q6_k") and pairs[6] == ("q4_k", "q4_k") and pairs[8] == ("q4_k", "q6_k")
+    assert layer_formats.mix_pairs("q5_k_m", 8)[0] == ("q5_k", "q6_k")
+    with pytest.raises(ValueError, match=r"mix 'q4_k_s': expected one of \['q4_k_m', 'q5_k_m'\]"):
+        layer_formats.mix_pairs("q4_k_s", 8)
+    small = layer_formats.mix_pairs("q4_k_m", 4)
+    banks = random_pair_layers(small, E, H, I, seed=3, progress=False)
+    for pair, b in zip(small, banks):
+        layer_formats.validate_layer(pair, b, E, H, I)
+        assert b["gate_up"].any() and b["down"].any()
+    assert not np.array_equal(banks[0]["gate_up"], banks[1]["gate_up"])  # each layer's experts in another order

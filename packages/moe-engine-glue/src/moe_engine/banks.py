@@ -75,6 +75,24 @@ def random_layers(fmt: str, E: int, H: int, I: int, num_layers: int, *, seed: in
     return layers
 
 
+def random_pair_layers(pairs, E: int, H: int, I: int, *, seed: int = 0, progress: bool = True) -> list[dict]:  # noqa: E741
+    """Synthetic banks for a (gate_up format, down format) pair per layer (a Q4_K_M model's mix): one layer of each
+    format is drawn (random_layers), and each layer takes the gate_up banks of its gate_up format and the down banks of
+    its down format, its experts in another random order."""
+    names = sorted({f for p in pairs for f in p})
+    drawn = {n: random_layers(n, E, H, I, 1, seed=seed, progress=progress)[0] for n in names}
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for gu, dn in pairs:
+        perm = rng.permutation(E)
+        layer = {k: v for k, v in expert_slice(drawn[gu], perm).items()
+                 if k in cf.get_format(gu).role_banks("gate_up")}
+        layer.update({k: v for k, v in expert_slice(drawn[dn], perm).items()
+                      if k in cf.get_format(dn).role_banks("down")})
+        out.append(layer)
+    return out
+
+
 def expert_slice(banks: dict, experts) -> dict:
     """The banks of a subset of experts (a copy, leading dim len(experts)), e.g. for a float64 reference."""
     idx = np.asarray(experts, np.int64)

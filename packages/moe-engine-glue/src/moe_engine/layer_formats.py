@@ -11,6 +11,22 @@ from __future__ import annotations
 import cpumoe_formats as cf
 
 Pair = tuple  # (gate_up format name, down format name)
+# the K-quant mixes GGUF files ship: (gate_up and most downs, the downs of the use_more_bits layers)
+MIXES = {"q4_k_m": ("q4_k", "q6_k"), "q5_k_m": ("q5_k", "q6_k")}
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama.cpp's rule for the layers whose ffn_down gets more bits in Q4_K_M / Q5_K_M files (src/llama-quant.cpp,
+    llama_tensor_get_type): the first eighth, the last eighth, and every third layer in between."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def mix_pairs(name: str, num_layers: int) -> list[Pair]:
+    """The per-layer pairs of a Q4_K_M / Q5_K_M file of num_layers layers (llama.cpp's use_more_bits rule)."""
+    if name not in MIXES:
+        raise ValueError(f"mix {name!r}: expected one of {sorted(MIXES)}")
+    base, more = MIXES[name]
+    return [(base, more if use_more_bits(i, num_layers) else base) for i in range(num_layers)]
 
 
 def normalize(spec, num_layers: int) -> list[Pair]:

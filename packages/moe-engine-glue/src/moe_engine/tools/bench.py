@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from ..banks import random_layers
+from .. import layer_formats
+from ..banks import random_layers, random_pair_layers
 from .demo import routes
 from .shapes import preset
 
@@ -114,7 +115,11 @@ def step_bench(fmt: str, L: int, batches, residencies, replays: int, repeats: in
     s = preset("qwen3-30b-a3b")
     dev = torch.device("cuda", torch.cuda.current_device())
     _say(f"{fmt}: building {L} layers of {s.name} experts")
-    banks = random_layers(fmt, s.E, s.H, s.I, L, progress=False)
+    if fmt in layer_formats.MIXES:  # a K-quant mix: a (gate_up, down) pair per layer, as a Q4_K_M file has them
+        pairs = layer_formats.mix_pairs(fmt, L)
+        banks, fmt = random_pair_layers(pairs, s.E, s.H, s.I, progress=False), layer_formats.compact(pairs)
+    else:
+        banks = random_layers(fmt, s.E, s.H, s.I, L, progress=False)
     cap = max(1, round(max(residencies) * s.E))
     gbs = tuple(sorted(set(batches)))
     hy = MoERunner(fmt, banks, top_k=s.top_k, strategy="hybrid", residency=0.0, capacity=cap, graph_batch_sizes=gbs,
@@ -122,7 +127,8 @@ def step_bench(fmt: str, L: int, batches, residencies, replays: int, repeats: in
     gp = MoERunner(fmt, banks, top_k=s.top_k, strategy="gpu", graph_batch_sizes=gbs, progress=False)
     _say(f"hybrid: {hy.describe()}")
     rng = np.random.default_rng(7)
-    res = {"format": fmt, "shape": s.name, "layers": L, "hybrid_runner": hy.describe(), "rows": []}
+    name = fmt if isinstance(fmt, str) else layer_formats.describe(layer_formats.normalize(fmt, L))
+    res = {"format": name, "shape": s.name, "layers": L, "hybrid_runner": hy.describe(), "rows": []}
     for T in gbs:
         ids, w = routes(rng, 64, L, T, s.top_k, s.E)
         pid, pw = torch.from_numpy(ids).to(dev), torch.from_numpy(w).to(dev)
@@ -145,7 +151,7 @@ def step_bench(fmt: str, L: int, batches, residencies, replays: int, repeats: in
                 row = {"batch": T, "variant": k, "residency": None if k in ("cpu", "gpu") else f, "layer_us": _stats(v)}
                 res["rows"].append(row)
             a, b, c = (statistics.median(us[k]) for k in ("hybrid", "cpu_part", "gpu_part"))
-            _say(f"{fmt} T={T} residency {f:.0%}: hybrid {a:.1f} us/layer, CPU part {b:.1f}, GPU part {c:.1f} "
+            _say(f"{name} T={T} residency {f:.0%}: hybrid {a:.1f} us/layer, CPU part {b:.1f}, GPU part {c:.1f} "
                  f"(hybrid - max = {a - max(b, c):+.1f} us)")
             del steps
     res["replay_check"] = replay_check(torch, hy, L, gbs[0], check_replays, rng, s) if check_replays else None
@@ -261,7 +267,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m moe_engine.tools.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("overhead", "step", "prefill"))
-    p.add_argument("--formats", default="bf16,fp8_block")
+    p.add_argument("--formats", default="bf16,fp8_block", help="comma list of formats; step also takes the K-quant "
+                   "mixes q4_k_m and q5_k_m (a (gate_up, down) pair per layer by llama.cpp's use_more_bits rule)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", default="1,8")
     p.add_argument("--residency", default="0,0.25,0.5,0.9")

@@ -13,9 +13,10 @@ Thread contract: `write` and `check` are plain functions over their arguments; c
 in parallel, calls on one path may not."""
 from __future__ import annotations
 
+from ...layer_formats import use_more_bits
 from . import check as _check
 from . import gguf_file, hf_dir
-from .shapes import ARCHS, Shape, get_shape, use_more_bits
+from .shapes import ARCHS, Shape, get_shape
 
 # kind -> (shape it is written for, writer, layout or expert types)
 KINDS = {

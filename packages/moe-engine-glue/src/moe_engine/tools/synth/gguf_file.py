@@ -20,9 +20,10 @@ import os
 
 import numpy as np
 
+from ...layer_formats import use_more_bits
 from . import tokenizer, weights
 from ._io import DROP_EVERY, Progress, drop_cache
-from .shapes import Shape, use_more_bits
+from .shapes import Shape
 
 EXPERT_TYPES = ("q4_0", "q8_0", "q4_k_m", "q5_k_m", "q4_k", "q5_k", "q6_k")
 

@@ -70,9 +70,3 @@ def get_shape(arch: str, small: bool = False, layers: int | None = None) -> Shap
             raise ValueError(f"layers={layers!r}: expected a positive int")
         s = replace(s, layers=layers)
     return s
-
-
-def use_more_bits(i_layer: int, n_layers: int) -> bool:
-    """llama.cpp's rule for the layers whose ffn_down gets more bits in Q4_K_M / Q5_K_M files (src/llama-quant.cpp,
-    llama_tensor_get_type): the first eighth, the last eighth, and every third layer in between."""
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
