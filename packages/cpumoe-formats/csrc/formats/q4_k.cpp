@@ -10,7 +10,8 @@
 //    S = sum_j sc[j] sum(q q_a) and M = sum_j m[j] (bsum[2j] + bsum[2j+1]), folded into fp32 lanes as
 //    acc += S * (d d_a), acc += M * (-(dmin d_a)). avx2: vpmaddubsw(nibbles, q_a) (a pair <= 2 * 15 * 127 = 3810,
 //    no int16 saturation), vpmaddwd with sc[j] broadcast in int16; avxvnni / avx512vnni: vpdpwssd for the second
-//    step. Every int32 lane is the same exact integer in the three, so they are bit-identical (tests/test_q4_k.py).
+//    step. Every int32 lane is the same exact integer in the three, so they are bit-identical
+//    (tests/test_kquant_kernels.py). The kernels are kquant_mins.h's block traits in gguf_block_kernels.h's skeleton.
 //    The executor runs q4_k's CPU layout, q4_k_x16, by default (q4_k_x16.cpp).
 //  native (W4A16): fp32 activations, the weights as gguf dequantizes them, fma(q, d sc, -(dmin m)) (d q sc exact,
 //    one rounding), fp32 FMAs. Tiers: scalar, avx2, avx512f.

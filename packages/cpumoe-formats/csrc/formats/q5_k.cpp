@@ -11,7 +11,8 @@
 //    acc += S * (d d_a), acc += M * (-(dmin d_a)). avx2: vpmaddubsw(codes, q_a) (a pair <= 2 * 31 * 127 = 7874,
 //    no int16 saturation), vpmaddwd with sc[j] broadcast in int16 (a lane of S <= 8 runs * 63 * 4 * 31 * 127 =
 //    7.9e6 < 2^24: converted exactly); avxvnni / avx512vnni: vpdpwssd for the second step. Every int32 lane is the
-//    same exact integer in the three, so they are bit-identical (tests/test_q5_k.py).
+//    same exact integer in the three, so they are bit-identical (tests/test_kquant_kernels.py). The kernels are
+//    kquant_mins.h's block traits (q4_k's with the fifth bits) in gguf_block_kernels.h's skeleton.
 //  native (W5A16): fp32 activations, the weights as gguf dequantizes them, fma(q, d sc, -(dmin m)) (d q sc exact,
 //    one rounding), fp32 FMAs. Tiers: scalar, avx2, avx512f.
 #include "kquant_mins.h"

@@ -12,7 +12,7 @@
 //    sign(q_a, q - 32)) (|q - 32| <= 32: a pair <= 2 * 32 * 127 = 8128), then vpmaddwd with the two sub-blocks'
 //    scales; avxvnni / avx512vnni: vpdpwssd for the second step. A lane sums 4 products of each of a block's 8 runs
 //    times its scale, |lane| <= 8 * 128 * 4 * 32 * 127 < 2^24: converted exactly (all codes 32 give exactly 0). The
-//    int32 lanes are the same in the three tiers, so they are bit-identical (tests/test_q6_k.py).
+//    int32 lanes are the same in the three tiers, so they are bit-identical (tests/test_kquant_kernels.py).
 //  native (W6A16): fp32 activations, per sub-block (d sc[j]) * sum((q - 32) x) in fp32. Tiers: scalar, avx2,
 //    avx512f.
 #include "gguf_block_kernels.h"
