@@ -94,10 +94,11 @@ struct KMinsBlock {
 #endif
 
 #if CPUMOE_GGUF_I8_SIMD
-  // runs 2C, 2C + 1 (qs[32C ..]) against NT tokens, into S: the row's codes split once for all NT tokens
+  // runs 2C, 2C + 1 (qs[32C ..]) against NT tokens, into S (low nibbles) and S2 (high): the row's codes split once
+  // for all NT tokens; two chains of vpdpwssd a block, not one of 8 (exact integers: the same sum either way)
   template <int C, int NT>
   static CPUMOE_INLINE void pair(const uint8_t* p, __m256i qh, __m256i scv, int b, const ActsI8<256, NT>& a,
-                                 __m256i (&S)[NT]) {
+                                 __m256i (&S)[NT], __m256i (&S2)[NT]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i raw = _mm256_loadu_si256((const __m256i*)(p + QS + 32 * C));
     __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
@@ -107,7 +108,7 @@ struct KMinsBlock {
     for (int t = 0; t < NT; ++t) {
       const int8_t* q = a.q[t] + (size_t)b * QK + 64 * C;
       S[t] = madd_acc(S[t], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)q)), sa);
-      S[t] = madd_acc(S[t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(q + 32))), sb);
+      S2[t] = madd_acc(S2[t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(q + 32))), sb);
     }
   }
   template <int NT>
@@ -117,13 +118,15 @@ struct KMinsBlock {
     const __m256i mw = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(s16, 1));   // m[j] in int32 lane j
     const __m256i mins = _mm256_or_si256(mw, _mm256_slli_epi32(mw, 16));          // int16 lanes 2j, 2j+1
     const __m256i qh = kFifth ? _mm256_loadu_si256((const __m256i*)(p + QH)) : _mm256_setzero_si256();
-    __m256i S[NT];
+    __m256i S[NT], S2[NT];
     CPUMOE_UNROLL
-    for (int t = 0; t < NT; ++t) S[t] = _mm256_setzero_si256();
-    pair<0, NT>(p, qh, scv, b, a, S);
-    pair<1, NT>(p, qh, scv, b, a, S);
-    pair<2, NT>(p, qh, scv, b, a, S);
-    pair<3, NT>(p, qh, scv, b, a, S);
+    for (int t = 0; t < NT; ++t) S[t] = S2[t] = _mm256_setzero_si256();
+    pair<0, NT>(p, qh, scv, b, a, S, S2);
+    pair<1, NT>(p, qh, scv, b, a, S, S2);
+    pair<2, NT>(p, qh, scv, b, a, S, S2);
+    pair<3, NT>(p, qh, scv, b, a, S, S2);
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) S[t] = _mm256_add_epi32(S[t], S2[t]);
     const float d = _cvtsh_ss(ld16(p)), dmin = _cvtsh_ss(ld16(p + 2));
     CPUMOE_UNROLL
     for (int t = 0; t < NT; ++t) {
