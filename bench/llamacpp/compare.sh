@@ -12,7 +12,7 @@
 #   REPEATS    (5)     timed repeats per (format, batch, routing), each of STEPS steps
 #   STEPS      (20)
 #   BATCH      (1,8)
-#   FORMATS    ("q4_0 mxfp4 bf16") at gemma4-26b, gpt-oss-120b, qwen3-30b; q8_0, q4_k, q6_k (GGUF types) at qwen3-30b
+#   FORMATS    ("q4_0 mxfp4 bf16") at gemma4-26b, gpt-oss-120b, qwen3-30b; q8_0, q4_k, q5_k, q6_k (GGUF types) at qwen3-30b
 #   BUDGET_S   (510)   a round starts only if the time so far plus the longest round so far stays within
 #                      this many seconds (the build and round 1 always run); the summary uses the rounds that ran
 #   GGML_BIND  (0)     1: OMP_PROC_BIND=close OMP_PLACES=cores for ggml (llama.cpp sets neither by default;
@@ -50,7 +50,7 @@ model_of() {
     case $1 in
         q4_0) echo gemma4-26b ;;
         mxfp4) echo gpt-oss-120b ;;
-        bf16|q8_0|q4_k|q6_k) echo qwen3-30b ;;
+        bf16|q8_0|q4_k|q5_k|q6_k) echo qwen3-30b ;;
         *) echo "compare.sh: no model for format $1" >&2; exit 2 ;;
     esac
 }

@@ -55,6 +55,8 @@ inline const Model MODELS[] = {
     {"q8_0", "qwen3-30b", GGML_TYPE_Q8_0, 2048, 768, 128, 8, ACT_SILU, false, false},
     {"q4_k", "qwen3-30b", GGML_TYPE_Q4_K, 2048, 768, 128, 8, ACT_SILU, false, false},
     {"q6_k", "qwen3-30b", GGML_TYPE_Q6_K, 2048, 768, 128, 8, ACT_SILU, false, false},
+    // Q5_K_M files: gate / up Q5_K (down Q5_K or Q6_K by layer), Q5_K alone on all three as above
+    {"q5_k", "qwen3-30b", GGML_TYPE_Q5_K, 2048, 768, 128, 8, ACT_SILU, false, false},
     // the end-to-end file's experts (docs/end-to-end.md: Qwen3-30B-A3B shape, experts Q4_0): ggml's share of a token
     {"q4_0-qwen3", "qwen3-30b", GGML_TYPE_Q4_0, 2048, 768, 128, 8, ACT_SILU, false, false},
 };

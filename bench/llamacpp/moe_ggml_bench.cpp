@@ -14,7 +14,7 @@
 //         gate = add_id(mul_mat_id(gate_exps, x, ids), gate_b, ids), a = swiglu_oai(gate, up, 1.702, 7.0)
 //   bf16  (qwen3-30b, H 2048, I 768, E 128, top_k 8):  up = mul_mat_id(up_exps, ...), gate = mul_mat_id(gate_exps,
 //         ...), a = swiglu_split(gate, up)  (SiLU GLU)
-//   q8_0, q4_k, q6_k (qwen3-30b, as bf16's graph): Qwen3-30B-A3B's Q8_0 and Q4_K_M GGUF files; one type on all
+//   q8_0, q4_k, q5_k, q6_k (qwen3-30b, as bf16's graph): Qwen3-30B-A3B's Q8_0, Q4_K_M and Q5_K_M GGUF files; one type on all
 //         three matrices (a Q4_K_M file mixes Q4_K and Q6_K down projections by layer)
 //   then d = mul_mat_id(down_exps, a, ids) (+ add_id(down_b) for mxfp4), d = mul(d, weights),
 //   y = d[:, 0, :] + d[:, 1, :] + ... (ggml_add of the top_k views, in order), as build_moe_ffn does.

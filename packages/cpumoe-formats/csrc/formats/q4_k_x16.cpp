@@ -20,7 +20,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "../x16.h"
+#include "gguf_x16.h"
 #include "gguf_rows.h"
 
 namespace cpumoe {
@@ -85,12 +85,17 @@ CPUMOE_INLINE void unpack_scales(const uint8_t* planes, uint8_t* out) {
 #endif
 }
 
+// The group dots for gguf_x16.h's RowG16: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar.
+struct Q4KX16 {
+  static constexpr int QK = cpumoe::CPUMOE_NS::QK, kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
+  static constexpr int64_t kPf = CPUMOE_Q4KX16_PF;
+
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 // G groups x NT tokens, all 16 rows per zmm. Per group-block: its scales and mins unpacked once; per run pair c the
 // 8 code vectors split into 16 (low / high nibbles) once for the NT tokens, whose two run sums (vpdpbusd against the
 // token's 4 codes broadcast, 8 steps each) are scaled by the runs' sc (vpmulld) into the token's block sum.
 template <int G, int NT>
-CPUMOE_INLINE void groups_zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
+static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
   __m512 acc[G][NT];
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g)
@@ -166,7 +171,7 @@ CPUMOE_INLINE void groups_zmm(const uint8_t* const* w, int nb, const void* const
 // in int32. A lone token takes both halves of its groups block by block (G x 2 streams); several take one half per
 // pass (the second pass reads the group from L1 / L2), so only one half's accumulators are live.
 template <int G, int NT, int H0, int NH>
-CPUMOE_INLINE void groups_ymm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
+static CPUMOE_INLINE void ymm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
   __m256 acc[G][NH][NT];
   CPUMOE_UNROLL
   for (int g = 0; g < G; ++g)
@@ -252,37 +257,15 @@ CPUMOE_INLINE void groups_ymm(const uint8_t* const* w, int nb, const void* const
 }
 #endif
 
-// The layout for x16.h's loops: a group is one bank row.
-struct G16 {
-  static constexpr int kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
-  static constexpr int64_t kPf = CPUMOE_Q4KX16_PF;
-  static constexpr int kSlot[2] = {0, 1};
-  struct Ref {
-    const uint8_t* w;
-  };
-  static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
-    return {bank_row<uint8_t>(banks[mat], e, g)};
-  }
-  // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+  // scalar: the same integers and fp32 operations, row by row
   template <int G, int NT>
-  static void groups(const Ref* gp, int K, const void* const* act, float* out) {
-    const uint8_t* w[G];
-    for (int g = 0; g < G; ++g) w[g] = gp[g].w;
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-    groups_zmm<G, NT>(w, K / QK, act, out);
-#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-    if constexpr (NT == 1) {
-      groups_ymm<G, 1, 0, 2>(w, K / QK, act, out);
-    } else {
-      groups_ymm<G, NT, 0, 1>(w, K / QK, act, out);
-      groups_ymm<G, NT, 1, 1>(w, K / QK, act, out);
-    }
-#else  // scalar: the same integers and fp32 operations, row by row
+  static void scalar(const uint8_t* const* w, int nb, const void* const* act, float* out) {
     for (int g = 0; g < G; ++g)
       for (int t = 0; t < NT; ++t)
         for (int r = 0; r < GR; ++r) {
           float acc = 0.f;
-          for (int b = 0; b < K / QK; ++b) {
+          for (int b = 0; b < nb; ++b) {
             const uint8_t* p = w[g] + (size_t)b * GB;
             const int8_t* rec = (const int8_t*)act[t] + (size_t)b * REC;
             uint8_t sm[256];
@@ -313,8 +296,8 @@ struct G16 {
           }
           out[(size_t)(g * NT + t) * GR + r] = acc;
         }
-#endif
   }
+#endif
 };
 
 }  // namespace
@@ -323,11 +306,5 @@ struct G16 {
 
 bool CPUMOE_INIT_FN(q4_k_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
-    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  return x16::install<G16>(k, CPUMOE_MODE_W4A8, &act_bytes_x16, &prep_x16);
-#else
-  (void)k;
-  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
-#endif
+  return x16::install_row_groups<Q4KX16>(k, &act_bytes_x16, &prep_x16);
 }

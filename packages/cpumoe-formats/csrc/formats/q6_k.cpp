@@ -12,79 +12,15 @@
 //    sign(q_a, q - 32)) (|q - 32| <= 32: a pair <= 2 * 32 * 127 = 8128), then vpmaddwd with the two sub-blocks'
 //    scales; avxvnni / avx512vnni: vpdpwssd for the second step. A lane sums 4 products of each of a block's 8 runs
 //    times its scale, |lane| <= 8 * 128 * 4 * 32 * 127 < 2^24: converted exactly (all codes 32 give exactly 0). The
-//    int32 lanes are the same in the three tiers, so they are bit-identical (tests/test_q6_k.py).
+//    int32 lanes are the same in the three tiers, so they are bit-identical (tests/test_kquant_kernels.py).
 //  native (W6A16): fp32 activations, per sub-block (d sc[j]) * sum((q - 32) x) in fp32. Tiers: scalar, avx2,
 //    avx512f.
-#include "gguf_rows.h"
+#include "gguf_block_kernels.h"
 
 namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
 using namespace gguf;
-
-constexpr int QK = 256, QB = 210;
-#if defined(__clang__)
-#define Q6K_UNROLL _Pragma("unroll")
-#elif defined(__GNUC__)
-#define Q6K_UNROLL _Pragma("GCC unroll 8")
-#else
-#define Q6K_UNROLL
-#endif
-
-// Code of element e (0..255) of the block at p, 0..63.
-CPUMOE_INLINE int code(const uint8_t* p, int e) {
-  const int h = e / 128, g = e % 128 / 32, l = e % 32;
-  const uint8_t lo = p[64 * h + 32 * (g & 1) + l], hi = p[128 + 32 * h + l];
-  return ((g < 2 ? lo & 15 : lo >> 4)) | ((hi >> 2 * g) & 3) << 4;
-}
-
-#if CPUMOE_TIER == CPUMOE_T_SCALAR
-struct RowsW4A8 {
-  static constexpr int kGrid = 4, kRowsDown = 2;
-  template <int R, int NT>
-  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < NT; ++t) {
-        const ActI8<QK> a(act[t], K);
-        float acc = 0.0f;
-        for (int b = 0; b < K / QK; ++b) {
-          const uint8_t* p = w[r] + (size_t)b * QB;
-          const int8_t* sc = (const int8_t*)(p + 192);
-          const int8_t* qa = a.q + (size_t)b * QK;
-          int32_t S = 0;
-          for (int j = 0; j < 16; ++j) {
-            int32_t s = 0;
-            for (int i = 0; i < 16; ++i) s += (code(p, 16 * j + i) - 32) * qa[16 * j + i];
-            S += sc[j] * s;
-          }
-          acc += (float)S * (fp16_to_f32(ld16(p + 208)) * a.d[b]);
-        }
-        out[r * NT + t] = acc;
-      }
-  }
-};
-struct RowsNative {
-  static constexpr int kGrid = 4, kRowsDown = 2;
-  template <int R, int NT>
-  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < NT; ++t) {
-        const float* x = (const float*)act[t];
-        float acc = 0.0f;
-        for (int b = 0; b < K / QK; ++b) {
-          const uint8_t* p = w[r] + (size_t)b * QB;
-          const float d = fp16_to_f32(ld16(p + 208));
-          for (int j = 0; j < 16; ++j) {
-            float s = 0.0f;
-            for (int i = 0; i < 16; ++i) s += (float)(code(p, 16 * j + i) - 32) * x[(size_t)b * QK + 16 * j + i];
-            acc = std::fma(d * (float)((const int8_t*)(p + 192))[j], s, acc);
-          }
-        }
-        out[r * NT + t] = acc;
-      }
-  }
-};
-#endif
 
 #if defined(__AVX2__)
 // The four 32-code runs of half h of the block at p, element order (128h + 32g ..), as unsigned bytes 0..63.
@@ -104,185 +40,91 @@ struct Half {
 };
 #endif
 
-#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-CPUMOE_INLINE __m256i madd_acc(__m256i s, __m256i p, __m256i sc) {
-#if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-  return _mm256_dpwssd_avx_epi32(s, p, sc);
-#elif CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  return _mm256_dpwssd_epi32(s, p, sc);
-#else
-  return _mm256_add_epi32(s, _mm256_madd_epi16(p, sc));
-#endif
-}
-// [sc[j] x 8 | sc[j+1] x 8] as int16 (a run of 32 codes spans sub-blocks j and j + 1)
-CPUMOE_INLINE __m256i pair_scales(__m128i sc, int j) {
-  const long long b = 0x0101010101010101ll;
-  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, _mm_set_epi64x(b * (j + 1), b * j)));
-}
+struct Q6KBlock {
+  static constexpr int QK = 256, QB = 210, kActQB = 256, kStep = 1;
+  static constexpr int kPfLines = 4, kPfNativeEvery = 1, kPfNativeLines = 4;  // 210 bytes a block
 
-// R rows x NT tokens; per (row, token) one 8-lane fp32 accumulator, per block the int32 lanes of S.
-struct RowsW4A8 {
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  static constexpr int kGrid = 8;
-#else
-  static constexpr int kGrid = 4;
-#endif
-  static constexpr int kRowsDown = 4;
-  template <int R, int NT>
-  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
-    const int nb = K / QK;
-    const int8_t* qa[NT];
-    const float* da[NT];
-    Q6K_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      const ActI8<QK> a(act[t], K);
-      qa[t] = a.q, da[t] = a.d;
+  // Code of element e (0..255) of the block at p, 0..63.
+  static CPUMOE_INLINE int code(const uint8_t* p, int e) {
+    const int h = e / 128, g = e % 128 / 32, l = e % 32;
+    const uint8_t lo = p[64 * h + 32 * (g & 1) + l], hi = p[128 + 32 * h + l];
+    return ((g < 2 ? lo & 15 : lo >> 4)) | ((hi >> 2 * g) & 3) << 4;
+  }
+
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+  static void scalar_i8(const uint8_t* p, const ActI8<256>& a, int b, float& acc) {
+    const int8_t* sc = (const int8_t*)(p + 192);
+    const int8_t* qa = a.q + (size_t)b * QK;
+    int32_t S = 0;
+    for (int j = 0; j < 16; ++j) {
+      int32_t s = 0;
+      for (int i = 0; i < 16; ++i) s += (code(p, 16 * j + i) - 32) * qa[16 * j + i];
+      S += sc[j] * s;
     }
-    __m256 acc[R][NT];
-    Q6K_UNROLL
-    for (int r = 0; r < R; ++r)
-      Q6K_UNROLL
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; ++b)
-      Q6K_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* p = w[r] + (size_t)b * QB;
-        prefetch_ahead(p, 4);  // 210 bytes a block
-        const __m128i sc = _mm_loadu_si128((const __m128i*)(p + 192));
-        __m256i S[NT];
-        Q6K_UNROLL
-        for (int t = 0; t < NT; ++t) S[t] = _mm256_setzero_si256();
-        Q6K_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const Half H(p, h);
-          Q6K_UNROLL
-          for (int g = 0; g < 4; ++g) {
-            const __m256i qm = _mm256_sub_epi8(H.q[g], _mm256_set1_epi8(32)), aq = _mm256_abs_epi8(qm);
-            const __m256i sv = pair_scales(sc, 8 * h + 2 * g);
-            Q6K_UNROLL
-            for (int t = 0; t < NT; ++t) {
-              const __m256i a = _mm256_loadu_si256((const __m256i*)(qa[t] + (size_t)b * QK + 128 * h + 32 * g));
-              S[t] = madd_acc(S[t], _mm256_maddubs_epi16(aq, _mm256_sign_epi8(a, qm)), sv);
-            }
-          }
-        }
-        const float d = _cvtsh_ss(ld16(p + 208));
-        Q6K_UNROLL
-        for (int t = 0; t < NT; ++t)
-          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), _mm256_set1_ps(d * da[t][b]), acc[r][t]);
-      }
-    Q6K_UNROLL
-    for (int r = 0; r < R; ++r)
-      Q6K_UNROLL
-      for (int t = 0; t < NT; ++t) out[r * NT + t] = hsum256(acc[r][t]);
+    acc += (float)S * (fp16_to_f32(ld16(p + 208)) * a.d[b]);
   }
-};
+  static void scalar_native(const uint8_t* p, const float* x, float& acc) {
+    const float d = fp16_to_f32(ld16(p + 208));
+    for (int j = 0; j < 16; ++j) {
+      float s = 0.0f;
+      for (int i = 0; i < 16; ++i) s += (float)(code(p, 16 * j + i) - 32) * x[16 * j + i];
+      acc = std::fma(d * (float)((const int8_t*)(p + 192))[j], s, acc);
+    }
+  }
 #endif
 
-#if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
-// native: per (row, token) one fp32 accumulator of the tier's width: per sub-block s = sum((q - 32) x) in lanes,
-// acc += s * (d sc[j]).
-struct RowsNative {
-#if CPUMOE_TIER == CPUMOE_T_AVX512F
-  using F = __m512;
-  static constexpr int kW = 16, kGrid = 8;
-  static CPUMOE_INLINE F cvt(const int8_t* q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)q))); }
-  static CPUMOE_INLINE F ld(const float* x) { return _mm512_loadu_ps(x); }
-  static CPUMOE_INLINE F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static CPUMOE_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static CPUMOE_INLINE F set1(float v) { return _mm512_set1_ps(v); }
-  static CPUMOE_INLINE F zero() { return _mm512_setzero_ps(); }
-  static CPUMOE_INLINE float hsum(F v) { return hsum512(v); }
-#else
-  using F = __m256;
-  static constexpr int kW = 8, kGrid = 4;
-  static CPUMOE_INLINE F cvt(const int8_t* q) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)q))); }
-  static CPUMOE_INLINE F ld(const float* x) { return _mm256_loadu_ps(x); }
-  static CPUMOE_INLINE F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static CPUMOE_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static CPUMOE_INLINE F set1(float v) { return _mm256_set1_ps(v); }
-  static CPUMOE_INLINE F zero() { return _mm256_setzero_ps(); }
-  static CPUMOE_INLINE float hsum(F v) { return hsum256(v); }
-#endif
-  static constexpr int kRowsDown = 2;
-  template <int R, int NT>
-  static void dot(const uint8_t* const* w, int K, const void* const* act, float* out) {
-    const int nb = K / QK;
-    F acc[R][NT];
-    Q6K_UNROLL
-    for (int r = 0; r < R; ++r)
-      Q6K_UNROLL
-      for (int t = 0; t < NT; ++t) acc[r][t] = zero();
-    const __m256i k32 = _mm256_set1_epi8(32);
-    for (int b = 0; b < nb; ++b)
-      Q6K_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* p = w[r] + (size_t)b * QB;
-        prefetch_ahead(p, 4);
-        const float d = _cvtsh_ss(ld16(p + 208));
-        const int8_t* sc = (const int8_t*)(p + 192);
-        for (int h = 0; h < 2; ++h) {
-          const Half H(p, h);
-          alignas(32) int8_t qm[128];  // q - 32, signed, element order of the half
-          for (int g = 0; g < 4; ++g) _mm256_store_si256((__m256i*)(qm + 32 * g), _mm256_sub_epi8(H.q[g], k32));
-          Q6K_UNROLL
-          for (int j = 0; j < 8; ++j) {
-            const F dsc = set1(d * (float)sc[8 * h + j]);
-            F wv[16 / kW];
-            Q6K_UNROLL
-            for (int i = 0; i < 16 / kW; ++i) wv[i] = cvt(qm + 16 * j + i * kW);
-            Q6K_UNROLL
-            for (int t = 0; t < NT; ++t) {
-              const float* x = (const float*)act[t] + (size_t)b * QK + 128 * h + 16 * j;
-              F s = mul(wv[0], ld(x));
-              Q6K_UNROLL
-              for (int i = 1; i < 16 / kW; ++i) s = fma(wv[i], ld(x + i * kW), s);
-              acc[r][t] = fma(s, dsc, acc[r][t]);
-            }
-          }
+#if CPUMOE_GGUF_I8_SIMD
+  // [sc[j] x 8 | sc[j+1] x 8] as int16 (a run of 32 codes spans sub-blocks j and j + 1)
+  static CPUMOE_INLINE __m256i pair_scales(__m128i sc, int j) {
+    const long long b = 0x0101010101010101ll;
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, _mm_set_epi64x(b * (j + 1), b * j)));
+  }
+  template <int NT>
+  static CPUMOE_INLINE void step_i8(const uint8_t* p, int b, const ActsI8<256, NT>& a, __m256 (&acc)[NT]) {
+    const __m128i sc = _mm_loadu_si128((const __m128i*)(p + 192));
+    __m256i S[NT];
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) S[t] = _mm256_setzero_si256();
+    CPUMOE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const Half H(p, h);
+      CPUMOE_UNROLL
+      for (int g = 0; g < 4; ++g) {
+        const __m256i qm = _mm256_sub_epi8(H.q[g], _mm256_set1_epi8(32)), aq = _mm256_abs_epi8(qm);
+        const __m256i sv = pair_scales(sc, 8 * h + 2 * g);
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const __m256i q = _mm256_loadu_si256((const __m256i*)(a.q[t] + (size_t)b * QK + 128 * h + 32 * g));
+          S[t] = madd_acc(S[t], _mm256_maddubs_epi16(aq, _mm256_sign_epi8(q, qm)), sv);
         }
       }
-    Q6K_UNROLL
-    for (int r = 0; r < R; ++r)
-      Q6K_UNROLL
-      for (int t = 0; t < NT; ++t) out[r * NT + t] = hsum(acc[r][t]);
+    }
+    const float d = _cvtsh_ss(ld16(p + 208));
+    CPUMOE_UNROLL
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), _mm256_set1_ps(d * a.d[t][b]), acc[t]);
   }
-};
 #endif
+
+#if CPUMOE_GGUF_NATIVE_SIMD
+  // per sub-block of 16: s = sum((q - 32) x) in lanes, acc += s * (d sc[j])
+  template <class V, int NT>
+  static CPUMOE_INLINE void block_native(const uint8_t* p, const float* const* x, typename V::F (&acc)[NT]) {
+    const float d = _cvtsh_ss(ld16(p + 208));
+    const int8_t* sc = (const int8_t*)(p + 192);
+    const __m256i k32 = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; ++h) {
+      const Half H(p, h);
+      alignas(32) int8_t qm[128];  // q - 32, signed, element order of the half
+      for (int g = 0; g < 4; ++g) _mm256_store_si256((__m256i*)(qm + 32 * g), _mm256_sub_epi8(H.q[g], k32));
+      CPUMOE_UNROLL
+      for (int j = 0; j < 8; ++j) signed_run<V, 16, NT>(qm + 16 * j, x, 128 * h + 16 * j, V::set1(d * (float)sc[8 * h + j]), acc);
+    }
+  }
+#endif
+};
 
 }  // namespace
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
 
-bool CPUMOE_INIT_FN(q6_k)(cpumoe_kernel* k) {
-  using namespace cpumoe::CPUMOE_NS;
-  const bool w4a8 = k->params.mode == CPUMOE_MODE_W4A8;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2
-  if (w4a8) {
-    k->act_bytes = &gguf::act_bytes_i8<256>;
-    k->prep_act = &gguf::prep_act_i8<256>;
-    gguf::install<RowsW4A8>(k);
-  } else {
-    k->act_bytes = &act_bytes_f32;
-    k->prep_act = &prep_act_f32;
-    gguf::install<RowsNative>(k);
-  }
-  return true;
-#elif CPUMOE_TIER == CPUMOE_T_AVXVNNI || CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  if (!w4a8) return false;  // native has no int8 work: the tier below runs (avx2 / avx512f)
-  k->act_bytes = &gguf::act_bytes_i8<256>;
-  k->prep_act = &gguf::prep_act_i8<256>;
-  gguf::install<RowsW4A8>(k);
-  return true;
-#elif CPUMOE_TIER == CPUMOE_T_AVX512F
-  if (w4a8) return false;  // w4a8 without VNNI: avxvnni (if the CPU has it) or avx2 runs
-  k->act_bytes = &act_bytes_f32;
-  k->prep_act = &prep_act_f32;
-  gguf::install<RowsNative>(k);
-  return true;
-#else
-  (void)k;
-  (void)w4a8;
-  return false;  // avx512bf16 / amx: nothing specific; avx512vnni (w4a8) / avx512f (native) run
-#endif
-}
+bool CPUMOE_INIT_FN(q6_k)(cpumoe_kernel* k) { return cpumoe::CPUMOE_NS::gguf::init<cpumoe::CPUMOE_NS::Q6KBlock>(k); }

@@ -17,7 +17,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "../x16.h"
+#include "gguf_x16.h"
 
 namespace cpumoe {
 namespace CPUMOE_NS {
@@ -32,9 +32,14 @@ constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 // q8_0's w4a8 codes and d_a per 32, corr = -128 sum(q) (the codes' offset 128 in vpdpbusd's unsigned operand)
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) { x16::q8_records<-128>(src, K, dst); }
 
+// The group dots for gguf_x16.h's RowG16: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar.
+struct Q8X16 {
+  static constexpr int QK = cpumoe::CPUMOE_NS::QK, kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
+  static constexpr int64_t kPf = CPUMOE_Q8X16_PF;
+
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 template <int G, int NT>
-CPUMOE_INLINE void groups_zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
+static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
   x16::BlockToks<NT, QK> a(act);
   __m512 acc[G][NT];
   CPUMOE_UNROLL
@@ -72,7 +77,7 @@ CPUMOE_INLINE void groups_zmm(const uint8_t* const* w, int nb, const void* const
 #if CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
 // G groups x NT tokens, rows 8h..8h+7 (h in [H0, H0 + NH)) per ymm; a lone token takes both row halves per block.
 template <int G, int NT, int H0, int NH>
-CPUMOE_INLINE void groups_ymm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
+static CPUMOE_INLINE void ymm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
   x16::BlockToks<NT, QK> a(act);
   __m256 acc[G][NH][NT];
   CPUMOE_UNROLL
@@ -126,38 +131,16 @@ CPUMOE_INLINE void groups_ymm(const uint8_t* const* w, int nb, const void* const
 }
 #endif
 
-// The layout for x16.h's loops: a group is one bank row.
-struct G16 {
-  static constexpr int kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
-  static constexpr int64_t kPf = CPUMOE_Q8X16_PF;
-  static constexpr int kSlot[2] = {0, 1};
-  struct Ref {
-    const uint8_t* w;
-  };
-  static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
-    return {bank_row<uint8_t>(banks[mat], e, g)};
-  }
-  // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
+#if CPUMOE_TIER == CPUMOE_T_SCALAR
+  // scalar: the same integer and fp32 operations, row by row
   template <int G, int NT>
-  static void groups(const Ref* gp, int K, const void* const* act, float* out) {
-    const uint8_t* w[G];
-    for (int g = 0; g < G; ++g) w[g] = gp[g].w;
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-    groups_zmm<G, NT>(w, K / QK, act, out);
-#elif CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI
-    if constexpr (NT == 1) {
-      groups_ymm<G, 1, 0, 2>(w, K / QK, act, out);
-    } else {
-      groups_ymm<G, NT, 0, 1>(w, K / QK, act, out);
-      groups_ymm<G, NT, 1, 1>(w, K / QK, act, out);
-    }
-#else  // scalar: the same integer and fp32 operations, row by row
+  static void scalar(const uint8_t* const* w, int nb, const void* const* act, float* out) {
     const x16::BlockToks<NT, QK> a(act);
     for (int g = 0; g < G; ++g)
       for (int t = 0; t < NT; ++t)
         for (int r = 0; r < GR; ++r) {
           float acc = 0.f;
-          for (int b = 0; b < K / QK; ++b) {
+          for (int b = 0; b < nb; ++b) {
             const uint8_t* p = w[g] + (size_t)b * GB;
             uint16_t dh;
             std::memcpy(&dh, p + 2 * r, 2);
@@ -169,8 +152,8 @@ struct G16 {
           }
           out[(size_t)(g * NT + t) * GR + r] = acc;
         }
-#endif
   }
+#endif
 };
 
 }  // namespace
@@ -179,11 +162,5 @@ struct G16 {
 
 bool CPUMOE_INIT_FN(q8_0_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
-    CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
-#else
-  (void)k;
-  return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs
-#endif
+  return x16::install_row_groups<Q8X16>(k, &x16::int8_record_bytes<QK>, &prep_x16);
 }
