@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 import warnings
 
@@ -64,6 +65,32 @@ def _resolve_cores(threads, core_ids) -> tuple[list[int], str]:
         log.warning("cpumoe_executor: %s", msg)
         threads, why = usable, f"threads clamped to {usable} usable CPUs ({len(phys)} physical cores)"
     return order[:threads], why
+
+
+def _plain_tensors(x, w, ids, H: int, K: int, max_tokens: int):
+    """(torch, T, ids_bytes, w_bf16) when x [T, H] bf16, w [T, K] float32/bf16 and ids [T, K] int32/int64 are CPU
+    torch tensors, C-contiguous and element-aligned, with 1 <= T <= max_tokens: the native step reads them in
+    place. None for anything else (numpy arrays, other dtypes, strides or devices), which the general path converts
+    or refuses by name. A few attribute reads: a step between a model's layers finds Python's caches cold, where
+    each torch op costs tens of microseconds (docs/end-to-end.md)."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(x) is not torch.Tensor or type(w) is not torch.Tensor or type(ids) is not torch.Tensor:
+        return None
+    wd, idd = w.dtype, ids.dtype
+    if (x.dtype is not torch.bfloat16 or (wd is not torch.float32 and wd is not torch.bfloat16)
+            or (idd is not torch.int64 and idd is not torch.int32)):
+        return None
+    if x.dim() != 2 or w.dim() != 2 or ids.dim() != 2:
+        return None
+    T = x.shape[0]
+    if (x.shape[1] != H or not 1 <= T <= max_tokens or tuple(w.shape) != (T, K) or tuple(ids.shape) != (T, K)
+            or not (x.is_cpu and w.is_cpu and ids.is_cpu)
+            or not (x.is_contiguous() and w.is_contiguous() and ids.is_contiguous())):
+        return None
+    ib = 8 if idd is torch.int64 else 4
+    if x.data_ptr() % 2 or w.data_ptr() % w.element_size() or ids.data_ptr() % ib:
+        return None
+    return torch, T, ib, wd is torch.bfloat16
 
 
 def _span(a: np.ndarray) -> int:
@@ -453,9 +480,18 @@ class CpuMoeExecutor:
     def decode(self, layer: int, x, topk_weights, topk_ids, out=None):
         """y [T, H] bf16 for one layer's routed experts; synchronous on host arrays/tensors. out: a writable,
         aligned, C-contiguous bfloat16 array [T, H] to write y into (cpumoe_formats.arrays.check_array), else a new
-        one."""
+        one. CPU torch tensors as a router leaves them (x bf16, weights float32 or bf16, ids int32 or int64, each
+        C-contiguous) go to the native step in place, y a new bf16 tensor: no conversion runs in Python."""
         if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer!r} is not in [0, {self.num_layers})")
+        if out is None:
+            plain = _plain_tensors(x, topk_weights, topk_ids, self.H, self.top_k, self.max_tokens)
+            if plain is not None:
+                torch, T, ids_bytes, w_bf16 = plain
+                y = torch.empty((T, self.H), dtype=torch.bfloat16)
+                self._x.decode(int(layer), T, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
+                               y.data_ptr(), ids_bytes, w_bf16)
+                return y
         torch_in = str(getattr(x, "dtype", "")).startswith("torch.")
         xb = x_as_bf16(x, self.H)
         T = xb.shape[0]
