@@ -204,15 +204,20 @@ PYBIND11_MODULE(_native, m) {
            py::arg("layer"), py::arg("banks"), py::arg("gu_map") = std::vector<int>{},
            py::arg("dn_map") = std::vector<int>{})
       .def("decode",
-           [](PyExecutor& s, int layer, int T, uint64_t x, uint64_t ids, uint64_t w, uint64_t y) {
+           [](PyExecutor& s, int layer, int T, uint64_t x, uint64_t ids, uint64_t w, uint64_t y, int ids_bytes,
+              bool w_bf16) {
+             if (ids_bytes != 4 && ids_bytes != 8)
+               throw py::value_error("ids_bytes=" + std::to_string(ids_bytes) + ": expected 4 (int32) or 8 (int64)");
              std::string err;
              const int rc = without_gil([&] {
-               return s.ex->run(layer, T, (const uint16_t*)(uintptr_t)x, (const int32_t*)(uintptr_t)ids,
-                                (const float*)(uintptr_t)w, (uint16_t*)(uintptr_t)y, &err);
+               return s.ex->run_routed(layer, T, (const uint16_t*)(uintptr_t)x, (const void*)(uintptr_t)ids,
+                                       ids_bytes, (const void*)(uintptr_t)w, w_bf16, (uint16_t*)(uintptr_t)y, &err);
              });
              if (rc == CPUMOE_ERR_INTERNAL) throw std::runtime_error(err);  // closed, or a forked child's copy
              if (rc) throw py::value_error(err);
-           })
+           },
+           py::arg("layer"), py::arg("T"), py::arg("x"), py::arg("ids"), py::arg("w"), py::arg("y"),
+           py::arg("ids_bytes") = 4, py::arg("w_bf16") = false)
       .def("run_task", [](PyExecutor& s, uint64_t task) { return without_gil([&] { return s.ex->run_task(task); }); })
       .def("start_coordinator",
            [](PyExecutor& s, uint64_t ready, uint64_t done, uint64_t error, int core) {

@@ -122,6 +122,11 @@ class Executor {
   // Synchronous step (one at a time per executor). Returns a cpumoe_error_code (CPUMOE_ERR_INTERNAL: closed, or
   // a forked child's copy).
   int run(int layer, int T, const uint16_t* x, const int32_t* ids, const float* w, uint16_t* y, std::string* err);
+  // run() on the routing as a framework's router leaves it: ids int32 or int64 (ids_bytes 4 or 8; int64 ids are
+  // range-checked before they are narrowed), weights float32 or bf16 (widened exactly). Saves the caller a conversion
+  // per array per step, each a framework op that costs tens of microseconds between layers (docs/end-to-end.md).
+  int run_routed(int layer, int T, const uint16_t* x, const void* ids, int ids_bytes, const void* w, bool w_bf16,
+                 uint16_t* y, std::string* err);
   // A task on the IO block; on failure also sets the error word (first error sticks).
   int run_task(uint64_t task);
 

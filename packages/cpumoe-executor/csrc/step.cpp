@@ -25,6 +25,12 @@
 namespace cpumoe_exec {
 namespace {
 constexpr size_t kAlign = 64;
+int bad_id(int r, int K, int64_t id, int E, std::string* err) {
+  if (err)
+    *err = "topk_ids[" + std::to_string(r / K) + ", " + std::to_string(r % K) + "] = " + std::to_string(id) +
+           " is not in [-1, " + std::to_string(E) + ")";
+  return CPUMOE_ERR_EXPERT_ID;
+}
 char* up64(void* p) { return (char*)(((uintptr_t)p + kAlign - 1) / kAlign * kAlign); }
 // the lines of [p, p + n) toward this core (into L2 and L1: other cores wrote them)
 void prefetch_span(const void* p, size_t n) {
@@ -43,6 +49,42 @@ struct Executor::Clock {
   }
 };
 
+int Executor::run_routed(int layer, int T, const uint16_t* x, const void* ids, int ids_bytes, const void* w,
+                         bool w_bf16, uint16_t* y, std::string* err) {
+  const int K = cfg_.top_k, E = cfg_.params.num_experts;
+  const bool sized = layer >= 0 && layer < cfg_.num_layers && T >= 1 && T <= cfg_.max_tokens;
+  if (ids_bytes != 4 && ids_bytes != 8) {
+    if (err) *err = "ids_bytes=" + std::to_string(ids_bytes) + ": expected 4 (int32) or 8 (int64)";
+    return CPUMOE_ERR_INTERNAL;
+  }
+  if (!sized || (ids_bytes == 4 && !w_bf16))  // run() refuses a bad layer or T before it reads a route
+    return run(layer, T, x, (const int32_t*)ids, (const float*)w, y, err);
+  const int n = T * K;
+  std::vector<int32_t> ids32;
+  std::vector<float> w32;
+  const int32_t* ip = (const int32_t*)ids;
+  const float* wp = (const float*)w;
+  if (ids_bytes == 8) {
+    const int64_t* src = (const int64_t*)ids;
+    ids32.resize(n);
+    for (int r = 0; r < n; ++r) {
+      if (src[r] < -1 || src[r] >= E) return bad_id(r, K, src[r], E, err);
+      ids32[r] = (int32_t)src[r];
+    }
+    ip = ids32.data();
+  }
+  if (w_bf16) {
+    const uint16_t* src = (const uint16_t*)w;
+    w32.resize(n);
+    for (int r = 0; r < n; ++r) {
+      const uint32_t bits = (uint32_t)src[r] << 16;
+      std::memcpy(&w32[r], &bits, sizeof bits);
+    }
+    wp = w32.data();
+  }
+  return run(layer, T, x, ip, wp, y, err);
+}
+
 int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const float* w, uint16_t* y,
                   std::string* err) {
   const auto& p = cfg_.params;
@@ -60,12 +102,7 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
     return CPUMOE_ERR_NUM_TOKENS;
   }
   for (int r = 0; r < T * K; ++r)
-    if (ids[r] < -1 || ids[r] >= E) {
-      if (err)
-        *err = "topk_ids[" + std::to_string(r / K) + ", " + std::to_string(r % K) + "] = " + std::to_string(ids[r]) +
-               " is not in [-1, " + std::to_string(E) + ")";
-      return CPUMOE_ERR_EXPERT_ID;
-    }
+    if (ids[r] < -1 || ids[r] >= E) return bad_id(r, K, ids[r], E, err);
   std::lock_guard<std::mutex> g(run_mu_);
   if (closed()) {
     if (err) *err = state_error();

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 import warnings
 
@@ -453,7 +454,12 @@ class CpuMoeExecutor:
     def decode(self, layer: int, x, topk_weights, topk_ids, out=None):
         """y [T, H] bf16 for one layer's routed experts; synchronous on host arrays/tensors. out: a writable,
         aligned, C-contiguous bfloat16 array [T, H] to write y into (cpumoe_formats.arrays.check_array), else a new
-        one."""
+        one. CPU torch tensors as a router leaves them (x bf16, weights float32 or bf16, ids int32 or int64, each
+        C-contiguous) go to the native step in place, y a new bf16 tensor: no conversion runs in Python."""
+        if out is None:
+            y = self.decode_routed(layer, x, topk_weights, topk_ids)
+            if y is not None:
+                return y
         if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer!r} is not in [0, {self.num_layers})")
         torch_in = str(getattr(x, "dtype", "")).startswith("torch.")
@@ -472,6 +478,40 @@ class CpuMoeExecutor:
 
             return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
         return out
+
+    def decode_routed(self, layer: int, x, topk_weights, topk_ids):
+        """decode() of CPU torch tensors as a router leaves them, read in place by the native step: x [T, H] bf16,
+        topk_weights [T, top_k] float32 or bf16 (widened exactly there), topk_ids [T, top_k] int32 or int64
+        (range-checked there before narrowing: ValueError naming the route), each C-contiguous, 1 <= T <=
+        max_tokens, layer an int in range. Returns y, a new bf16 tensor like x; or None, with nothing run, for any
+        other input (the caller's general path converts it or names what is wrong).
+
+        Between a model's layers Python finds its caches and TLB cold (the layer streamed tens of MB): on the Zen 4
+        VM each tensor attribute read then costs ~10 us and a torch op 30-60 us, so this reads five kinds of
+        attribute and runs one op (torch.empty_like). Threads: decode's."""
+        torch = sys.modules.get("torch")
+        if (torch is None or type(layer) is not int or not 0 <= layer < self.num_layers
+                or type(x) is not torch.Tensor or type(topk_weights) is not torch.Tensor
+                or type(topk_ids) is not torch.Tensor):
+            return None
+        wd, idd = topk_weights.dtype, topk_ids.dtype
+        if (x.dtype is not torch.bfloat16 or (wd is not torch.float32 and wd is not torch.bfloat16)
+                or (idd is not torch.int64 and idd is not torch.int32)):
+            return None
+        xs, ws = x.shape, topk_weights.shape
+        if len(xs) != 2 or xs[1] != self.H or not 1 <= xs[0] <= self.max_tokens or ws != (xs[0], self.top_k) \
+                or topk_ids.shape != ws:
+            return None
+        if not (x.is_cpu and topk_weights.is_cpu and topk_ids.is_cpu and x.is_contiguous()
+                and topk_weights.is_contiguous() and topk_ids.is_contiguous()):
+            return None
+        ib, wb = (8 if idd is torch.int64 else 4), (2 if wd is torch.bfloat16 else 4)
+        xp, wp, ip = x.data_ptr(), topk_weights.data_ptr(), topk_ids.data_ptr()
+        if xp % 2 or wp % wb or ip % ib:  # element-misaligned views (a byte offset into a storage)
+            return None
+        y = torch.empty_like(x)
+        self._x.decode(layer, xs[0], xp, ip, wp, y.data_ptr(), ib, wb == 2)
+        return y
 
     # ---- IO block and doorbell (protocol v1) ----------------------------------------------------
     def io_block(self) -> dict:

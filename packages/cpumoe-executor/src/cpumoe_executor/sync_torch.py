@@ -158,16 +158,7 @@ class StepSync:
         (MoERunner does, at its own boundary)."""
         torch = _torch()
         path = self.path if path is None else path
-        if check:
-            T = check_step(self.executor, torch, layer, x, topk_weights, topk_ids, residency_mask, into)
-            if path not in self.SYNCHRONOUS:
-                devs = {t.device for t in (x, topk_weights, topk_ids, residency_mask, into) if t is not None}
-                if devs != {torch.device(self.device)}:
-                    raise ValueError(f"all tensors must be on {self.device}, got {sorted(map(str, devs))}")
-            if not self._usable(path):
-                raise RuntimeError(f"{type(self).__name__}: path {path!r} is unavailable here: {self.summary()}")
-        else:
-            T = x.shape[0]
+        T = self._check(torch, path, layer, x, topk_weights, topk_ids, residency_mask, into) if check else x.shape[0]
         if not self._slot.acquire(blocking=False):
             raise self._busy(layer)
         try:
@@ -208,10 +199,41 @@ class StepSync:
         add y into it in place (a GPU partial result). Returns the tensor holding the result."""
         if out is not None and partial is not None:
             raise ValueError("give out= or partial=, not both")
-        self.submit(layer, x, topk_weights, topk_ids, residency_mask, into=partial if partial is not None else out,
-                    path=path, check=check)
+        into = partial if partial is not None else out
+        if (self.path if path is None else path) in self.SYNCHRONOUS:
+            return self._decode_now(layer, x, topk_weights, topk_ids, residency_mask, out, partial, path, check)
+        self.submit(layer, x, topk_weights, topk_ids, residency_mask, into=into, path=path, check=check)
         self._pending.in_decode = True
         return self.finish(layer, out=out, partial=partial)
+
+    def _decode_now(self, layer, x, w, ids, mask, out, partial, path, check):
+        """decode() on a synchronous path: the CPU step runs here, holding the slot as submit ... finish would, in
+        one call (a step between a model's layers finds Python's caches cold: every call saved is microseconds)."""
+        torch = _torch()
+        path = self.path if path is None else path
+        into = partial if partial is not None else out
+        T = self._check(torch, path, layer, x, w, ids, mask, into) if check else x.shape[0]
+        if not self._slot.acquire(blocking=False):
+            raise self._busy(layer)
+        try:
+            self._pending = Pending(layer, T, path, None)
+            if capturing(torch):
+                raise self._refused(path)
+            return apply(self._eager_y(torch, int(layer), x, w, ids, mask), out, partial)
+        finally:
+            self._release()
+
+    def _check(self, torch, path, layer, x, w, ids, mask, into) -> int:
+        """submit's checks (check=True): the step against the executor, one device for a GPU path, a usable path.
+        Returns T."""
+        T = check_step(self.executor, torch, layer, x, w, ids, mask, into)
+        if path not in self.SYNCHRONOUS:
+            devs = {t.device for t in (x, w, ids, mask, into) if t is not None}
+            if devs != {torch.device(self.device)}:
+                raise ValueError(f"all tensors must be on {self.device}, got {sorted(map(str, devs))}")
+        if not self._usable(path):
+            raise RuntimeError(f"{type(self).__name__}: path {path!r} is unavailable here: {self.summary()}")
+        return T
 
     def abandon(self, pend: Pending | None = None) -> None:
         """Forget a submitted step that finish will not complete (the pending one when `pend` is None). When it was
@@ -292,7 +314,10 @@ class StepSync:
                                "stream")
 
     def _eager_y(self, torch, layer, x, w, ids, mask):
-        """No GPU handshake: synchronous CPU decode of host copies, y on x's device (never under capture)."""
+        """No GPU handshake: synchronous CPU decode of host copies, y on x's device (never under capture). CPU
+        tensors without a mask go to the executor as they are (it converts what its native step cannot read)."""
+        if mask is None and x.is_cpu and w.is_cpu and ids.is_cpu:
+            return self.executor.decode(layer, x, w, ids)
         ids_c = ids.detach().to("cpu", torch.int32)
         if mask is not None:
             ids_c = mask_ids(torch, ids_c, mask.detach().cpu(), self.executor.E)

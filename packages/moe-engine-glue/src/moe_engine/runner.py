@@ -186,6 +186,9 @@ class MoERunner:
         from .op import register
 
         self.handle = register(self)
+        # forward()'s direct path: every expert on the CPU, activations there, no routes to count (decode_routed)
+        self._routed = self.executor if (self.strategy == "cpu" and self.device.type == "cpu"
+                                         and self.route_counts is None) else None
         log.info("ready: strategy=%s (%s) %s", self.strategy, why, self.describe())
 
     # ---- construction ------------------------------------------------------------------------------
@@ -357,9 +360,15 @@ class MoERunner:
         topk_weights [T, top_k] float, topk_ids [T, top_k] int (-1 = no route): the order of every layer of this
         project (executor, sync backends, GPU experts) and of vLLM's fused-MoE; transformers' adapter maps its own
         (top_k_index, top_k_weights) at its boundary. The one check of the step's shapes, dtypes and devices."""
-        import torch
-
         with self._lock:
+            if self._routed is not None and not self.closed:
+                # a decode step on a router's tensors: the executor reads them in place (its decode_routed checks
+                # everything validate.step would); in a model each check or op here costs ~10-50 us (cold caches)
+                y = self._routed.decode_routed(layer, hidden_states, topk_weights, topk_ids)
+                if y is not None:
+                    return y
+            import torch
+
             T = validate.step(self, layer, hidden_states, topk_weights, topk_ids)
             capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
             if capturing and not self.graphs_ok:
@@ -463,7 +472,7 @@ class MoERunner:
             self.pinned = None
         if self.executor is not None:
             self.executor.close()
-        self.sync = self.executor = self.gpu = self.residency = self.host_banks = None
+        self.sync = self.executor = self.gpu = self.residency = self.host_banks = self._routed = None
 
     def __enter__(self):
         return self

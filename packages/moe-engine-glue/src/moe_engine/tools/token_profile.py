@@ -10,8 +10,13 @@ times the layer count: the experts' share of llama.cpp's token, against ours.
         [--ggml .ggml/build/moe_ggml_bench] [--rounds 2] [--json F]
 
 Hooks stamp time.perf_counter() before and after each module; on a GPU every stamp synchronizes first, so the parts
-are true but the total is slower than a graph-replayed step. Rounds alternate ours and ggml's on the same minutes of
-the machine; the figures are medians over rounds. Thread contract: a command-line tool."""
+are true but the total is slower than a graph-replayed step. With the experts on the CPU the profile also splits our
+experts' time: the executor's native step inside the model (its step trace: the step and how late its workers
+entered it) and, in each round, the same runner alone on the same banks (`experts_alone`: random top-k routes, fresh
+per layer, every layer in turn, back to back, through runner.forward as transformers calls it). Hooked minus alone is
+what the model around the call costs our experts: the glue's Python on cold caches, workers woken beside torch's
+threads. Rounds alternate ours and ggml's on the same minutes of the machine; the figures are medians over rounds.
+Thread contract: a command-line tool."""
 from __future__ import annotations
 
 import argparse
@@ -92,6 +97,9 @@ def profile(model, steps: int = 32) -> dict:
             pass
 
     ids = torch.tensor([[1]], device=dev)
+    ex = runner.executor if runner.strategy == "cpu" else None
+    if ex is not None:
+        ex.start_trace()
     try:
         with torch.no_grad():
             model.generate(ids, max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False, streamer=Clock())
@@ -100,10 +108,57 @@ def profile(model, steps: int = 32) -> dict:
             h.remove()
         if path == "compile":
             del runner.forward  # back to the class's method
+        trace = ex.stop_trace() if ex is not None else None
     total = stamps[-1] - stamps[1]
     parts = {k: v / steps for k, v in spent.items()}
     parts["rest" if path != "compile" else "non-expert (compiled)"] = total / steps - sum(parts.values())
-    return {"token_s": total / steps, "tok_s": steps / total, "parts_s": parts, "steps": steps, "decode": path}
+    out = {"token_s": total / steps, "tok_s": steps / total, "parts_s": parts, "steps": steps, "decode": path}
+    if trace and trace["steps"]:
+        out["executor_in_model"] = _trace_part(trace, runner.num_layers)
+    return out
+
+
+def _trace_part(trace: dict, layers: int) -> dict:
+    """The executor's step trace as the experts' share of a token: the native step per token and per layer, and how
+    long after a step began its threads entered it (the pool's wake), on average and for the latest thread."""
+    enters = [t["enter_ns"] / t["steps"] / 1e3 for t in trace["raw"]["threads"] if t["steps"]]
+    return {"step_s": trace["step_us"] * layers / 1e6, "layer_step_us": trace["step_us"], "steps": trace["steps"],
+            "enter_us": trace["enter_us"], "enter_latest_us": max(enters)}
+
+
+def experts_alone(runner, tokens: int = 16, seed: int = 0) -> dict:
+    """The runner's experts alone on its own banks: `tokens` tokens of every layer in turn, back to back, each step
+    on random top_k routes of E (fresh per layer, so the working set is every layer's banks: DRAM, not cache), x and
+    weights bf16 and ids int64 as a router leaves them, through runner.forward. Seconds per token and microseconds per
+    layer, with the executor's step trace over the same steps (CPU strategy)."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    L, E, K = runner.num_layers, runner.E, runner.top_k
+    dev = runner.device
+    x = torch.from_numpy(rng.standard_normal((1, runner.H), dtype=np.float32)).to(torch.bfloat16).to(dev)
+    ids = [[torch.from_numpy(rng.choice(E, K, replace=False).astype(np.int64)).view(1, K).to(dev)
+            for _ in range(L)] for _ in range(tokens + 1)]
+    w = torch.softmax(torch.from_numpy(rng.standard_normal((1, K), dtype=np.float32)), -1).to(torch.bfloat16).to(dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    for layer in range(L):  # one token untimed: the pool's first wake, first touches
+        runner.forward(layer, x, w, ids[0][layer])
+    ex = runner.executor if runner.strategy == "cpu" else None
+    if ex is not None:
+        ex.start_trace()
+    sync()
+    t = time.perf_counter()
+    with torch.no_grad():
+        for tok in range(1, tokens + 1):
+            for layer in range(L):
+                runner.forward(layer, x, w, ids[tok][layer])
+    sync()
+    total = time.perf_counter() - t
+    out = {"token_s": total / tokens, "layer_us": 1e6 * total / (tokens * L), "tokens": tokens}
+    if ex is not None:
+        out["executor"] = _trace_part(ex.stop_trace(), L)
+    return out
 
 
 def ggml_entry(runner) -> str | None:
@@ -154,19 +209,32 @@ def main(argv=None) -> int:
               f"top_k={runner.top_k}; ggml's side skipped", file=sys.stderr)
     threads = runner.executor.threads if runner.executor else (a.threads or 1)
     profile(model, 4)  # warm-up (compiles under decode=compile)
-    runs, gg = [], []
+    runs, gg, alone = [], [], []
     for _ in range(max(1, a.rounds)):
         runs.append(profile(model, a.n))
+        alone.append(experts_alone(runner, a.n))
         if entry:
             gg.append(ggml_layer_s(a.ggml, entry, threads))
     keys = sorted({k for r in runs for k in r["parts_s"]})
     parts = {k: statistics.median(r["parts_s"].get(k, 0.0) for r in runs) for k in keys}
     token = statistics.median(r["token_s"] for r in runs)
     res = {"path": a.path, "decode": model.moe_engine.decode, "token_s": token, "tok_s": 1 / token, "parts_s": parts,
-           "rounds": runs, "layers": runner.num_layers, "threads": threads, "runner": runner.describe()}
+           "rounds": runs, "layers": runner.num_layers, "threads": threads, "runner": runner.describe(),
+           "loadavg": os.getloadavg(), "experts_alone": {"token_s": statistics.median(x["token_s"] for x in alone),
+                                                         "rounds": alone}}
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"{k:22s} {1e3 * v:8.2f} ms/token ({100 * v / token:.0f}%)")
     print(f"{'total':22s} {1e3 * token:8.2f} ms/token ({1 / token:.2f} tok/s; decode path {res['decode'][0]})")
+    L = runner.num_layers
+    native = [r["executor_in_model"] for r in runs if "executor_in_model" in r]
+    if native:
+        med = {k: statistics.median(n[k] for n in native) for k in ("step_s", "enter_us", "enter_latest_us")}
+        res["executor_in_model"] = med
+        print(f"{'  executor step':22s} {1e3 * med['step_s']:8.2f} ms/token ({1e6 * med['step_s'] / L:.0f} us/layer; "
+              f"workers entered {med['enter_us']:.0f} us after it began, the latest {med['enter_latest_us']:.0f})")
+    al = res["experts_alone"]["token_s"]
+    print(f"{'experts alone':22s} {1e3 * al:8.2f} ms/token ({1e6 * al / L:.0f} us/layer: same banks, random routes, "
+          f"back to back); in the model {parts.get('experts', 0.0) / al:.2f}x that")
     if gg:
         step = statistics.median(g["step_s"] for g in gg)
         ggml_tok = step * runner.num_layers
