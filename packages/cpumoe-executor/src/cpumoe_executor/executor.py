@@ -479,12 +479,17 @@ class CpuMoeExecutor:
             return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
         return out
 
+    def _unserved(self):
+        """decode_routed's None for an input it does not take, after the one check every input gets: open."""
+        self._check()
+        return None
+
     def decode_routed(self, layer: int, x, topk_weights, topk_ids):
         """decode() of CPU torch tensors as a router leaves them, read in place by the native step: x [T, H] bf16,
         topk_weights [T, top_k] float32 or bf16 (widened exactly there), topk_ids [T, top_k] int32 or int64
         (range-checked there before narrowing: ValueError naming the route), each C-contiguous, 1 <= T <=
         max_tokens, layer an int in range. Returns y, a new bf16 tensor like x; or None, with nothing run, for any
-        other input (the caller's general path converts it or names what is wrong).
+        other input (the caller's general path converts it or names what is wrong); a closed executor raises either way.
 
         Between a model's layers Python finds its caches and TLB cold (the layer streamed tens of MB): on the Zen 4
         VM each tensor attribute read then costs ~10 us and a torch op 30-60 us, so this reads five kinds of
@@ -493,22 +498,22 @@ class CpuMoeExecutor:
         if (torch is None or type(layer) is not int or not 0 <= layer < self.num_layers
                 or type(x) is not torch.Tensor or type(topk_weights) is not torch.Tensor
                 or type(topk_ids) is not torch.Tensor):
-            return None
+            return self._unserved()
         wd, idd = topk_weights.dtype, topk_ids.dtype
         if (x.dtype is not torch.bfloat16 or (wd is not torch.float32 and wd is not torch.bfloat16)
                 or (idd is not torch.int64 and idd is not torch.int32)):
-            return None
+            return self._unserved()
         xs, ws = x.shape, topk_weights.shape
         if len(xs) != 2 or xs[1] != self.H or not 1 <= xs[0] <= self.max_tokens or ws != (xs[0], self.top_k) \
                 or topk_ids.shape != ws:
-            return None
+            return self._unserved()
         if not (x.is_cpu and topk_weights.is_cpu and topk_ids.is_cpu and x.is_contiguous()
                 and topk_weights.is_contiguous() and topk_ids.is_contiguous()):
-            return None
+            return self._unserved()
         ib, wb = (8 if idd is torch.int64 else 4), (2 if wd is torch.bfloat16 else 4)
         xp, wp, ip = x.data_ptr(), topk_weights.data_ptr(), topk_ids.data_ptr()
         if xp % 2 or wp % wb or ip % ib:  # element-misaligned views (a byte offset into a storage)
-            return None
+            return self._unserved()
         y = torch.empty_like(x)
         self._x.decode(layer, xs[0], xp, ip, wp, y.data_ptr(), ib, wb == 2)
         return y
