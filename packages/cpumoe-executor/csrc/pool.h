@@ -10,11 +10,15 @@
 // word), so a worker never pairs one run's number with another run's team.
 // A pool may have no caller (one NUMA group of several): launch() starts its
 // workers and returns at once; tid 0 is then nobody.
+// A pool on the host's OpenMP team (omp_team.h) starts no thread: a run is one
+// OpenMP parallel region of the team size, the caller its thread 0.
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <thread>
 #include <vector>
+
+#include "omp_team.h"
 
 namespace cpumoe_exec {
 
@@ -25,7 +29,9 @@ class Pool {
   static constexpr int kUnusedAfter = 64;   // left out of this many runs in a row: not kept hot
   // cores[0] is the caller's (coordinator's) core (unused by a pool that is only launched); pool thread i pins to
   // cores[i].
-  Pool(const std::vector<int>& cores, bool pin, int64_t spin_us);
+  // omp: run on the host's OpenMP team instead of threads of our own (size() = cores.size(), nothing pinned; no
+  // launch()).
+  Pool(const std::vector<int>& cores, bool pin, int64_t spin_us, const OmpTeam* omp = nullptr);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -60,6 +66,7 @@ class Pool {
   void publish(Fn fn, void* ctx, int team);
   int n_;
   int64_t spin_us_;
+  const OmpTeam* omp_ = nullptr;
   std::vector<std::thread> threads_;
   bool stopped_ = false;  // caller-only, like expect_
   Fn fn_ = nullptr;

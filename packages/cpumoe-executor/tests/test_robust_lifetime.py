@@ -18,6 +18,7 @@ CLOSED = r"CpuMoeExecutor\(.*\) is closed"
 # Every public member once closed: calls that raise (with a sample call) and those still fine.
 RAISE = {
     "decode": lambda ex, s: ex.decode(0, *s),
+    "decode_routed": lambda ex, s: ex.decode_routed(0, *router_tensors(s)),
     "io_block": lambda ex, s: ex.io_block(),
     "io_arrays": lambda ex, s: ex.io_arrays(),
     "start_coordinator": lambda ex, s: ex.start_coordinator(),
@@ -36,6 +37,14 @@ RAISE = {
 }
 FINE = {"close", "stop_coordinator", "closed", "isa", "threads", "numa",  # teardown stays idempotent; descriptions stay
         "spec", "given_format", "layer_formats", "given_layer_formats", "mixed", "layer_spec", "kernel_isas"}
+
+
+def router_tensors(s):
+    """A step's (x, w, ids) as the torch tensors decode_routed reads in place (x bf16, ids int64)."""
+    import torch
+
+    x, w, ids = s
+    return torch.from_numpy(x).to(torch.bfloat16), torch.from_numpy(w), torch.from_numpy(ids).long()
 
 
 def proc_status() -> dict:
