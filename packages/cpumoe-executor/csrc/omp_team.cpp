@@ -10,10 +10,17 @@ struct Call {
   OmpTeam::Fn fn;
   void* ctx;
   int (*tid)();
+  int team;
+  std::atomic<int> entered{0};
+  bool prompt = true;
 };
 void tramp(void* p) {
-  const auto* c = static_cast<const Call*>(p);
-  c->fn(c->ctx, c->tid());
+  auto* c = static_cast<Call*>(p);
+  const int tid = c->tid();
+  c->entered.fetch_add(1, std::memory_order_relaxed);
+  c->fn(c->ctx, tid);
+  // the caller's fn returns once y is complete: a thread not in yet did nothing, and the region's end waits for it
+  if (tid == 0) c->prompt = c->entered.load(std::memory_order_relaxed) >= c->team;
 }
 std::atomic<const OmpTeam*> g_host{nullptr};
 }  // namespace
@@ -39,9 +46,10 @@ const OmpTeam* OmpTeam::host() {
   return t;
 }
 
-void OmpTeam::run(Fn fn, void* ctx, int team) const {
-  Call c{fn, ctx, thread_num_};
+bool OmpTeam::run(Fn fn, void* ctx, int team) const {
+  Call c{fn, ctx, thread_num_, team};
   parallel_(&tramp, &c, (unsigned)team, 0);
+  return c.prompt;
 }
 
 }  // namespace cpumoe_exec

@@ -16,8 +16,9 @@ class OmpTeam {
   static const OmpTeam* host();
   // fn(ctx, tid) on `team` threads of the calling thread's OpenMP team (tid 0: the caller); returns when every one
   // has returned. Inside another parallel region the team is the caller alone (libgomp's nesting default). fn must
-  // not throw.
-  void run(Fn fn, void* ctx, int team) const;
+  // not throw. Returns whether every thread had entered fn by the time the caller's fn returned: false when one
+  // came late (preempted by other work on its core), which the caller then waited for at the region's end.
+  bool run(Fn fn, void* ctx, int team) const;
 
  private:
   void (*parallel_)(void (*)(void*), void*, unsigned, unsigned) = nullptr;

@@ -119,8 +119,13 @@ void Pool::launch(Fn fn, void* ctx, int team) {
 
 void Pool::start(Fn fn, void* ctx, int team) {
   team = std::max(1, std::min(team, n_));
-  if (omp_ && team > 1) {
-    omp_->run(fn, ctx, team);  // returns when every thread is out of fn: nothing for quiesce() to wait for
+  if (omp_ && team > 1) {  // returns when every thread is out of fn: nothing for quiesce() to wait for
+    if (solo_left_ > 0) {
+      --solo_left_;
+      fn(ctx, 0);
+    } else if (!omp_->run(fn, ctx, team)) {
+      solo_left_ = kSoloAfterLate;
+    }
     return;
   }
   if (team > 1) {

@@ -75,3 +75,35 @@ def test_without_a_loaded_runtime_it_says_what_to_do():
     assert "no OpenMP runtime (libgomp.so.1) is loaded in this process" in out.stdout
     assert "team='pool'" in out.stdout
     assert ce.openmp_team_loaded()  # here torch brought it
+
+
+def test_a_late_team_thread_makes_the_next_steps_the_callers(tmp_path):
+    """Every thread on one CPU (a subprocess): the team's second thread can enter a step only once the caller has
+    finished it, and the region's end waits for it. After such a late step the next 32 run on the caller alone (no
+    region to wait for); the bits stay the reference's. Without the fallback every step waits: 40 of 40 entered."""
+    code = """if True:
+        import os, sys, numpy as np, torch
+        import cpumoe_executor as ce, cpumoe_formats as cf
+        a = torch.randn(256, 256)
+        (a @ a).sum()  # torch's team exists
+        cpu = min(os.sched_getaffinity(0))
+        for t in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(t), {cpu})
+        rng = np.random.default_rng(0)
+        banks = [cf.get_format("q4_0").random_banks(8, 256, 128, rng) for _ in range(2)]
+        ex = ce.CpuMoeExecutor("q4_0", banks, top_k=4, core_ids=[cpu, cpu], team="openmp")
+        x = rng.standard_normal((3, 256)).astype(np.float32)
+        ids = rng.integers(-1, 8, (3, 4)).astype(np.int32)
+        w = rng.random((3, 4), dtype=np.float32)
+        want = cf.moe_forward(ex.spec.name, cf.get_format("q4_0").to_layout(banks[1], ex.spec.name), x, w, ids,
+                              mode=ex.mode)
+        ex.start_trace()
+        for i in range(40):
+            y = ex.decode(1, x, w, ids)
+            assert (np.asarray(y).view(np.uint16) == np.asarray(want).view(np.uint16)).all(), i
+        print([t["steps"] for t in ex.stop_trace()["raw"]["threads"]])
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    caller, second = eval(out.stdout.strip().splitlines()[-1])
+    assert caller == 40 and second <= 2, (caller, second)  # late steps only: the first and the probe 33 later
