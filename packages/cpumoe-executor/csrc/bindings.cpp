@@ -48,7 +48,7 @@ struct PyExecutor {
   PyExecutor(int format, int act, int mode, bool on_input, int E, int H, int I, float alpha, float limit,
              int tier_cap, int num_layers, int top_k, int max_tokens, std::vector<int> cores, bool pin,
              int64_t spin_us, std::string label, const std::vector<GroupTuple>& groups, std::vector<int> bounds,
-             std::vector<int32_t> formats, const std::vector<std::pair<int, int>>& layer_kernels) {
+             std::vector<int32_t> formats, const std::vector<std::pair<int, int>>& layer_kernels, bool team_openmp) {
     if (num_layers < 1) throw py::value_error("num_layers must be >= 1");
     if (max_tokens < 1) throw py::value_error("max_tokens must be >= 1");
     if (cores.empty() && groups.empty()) throw py::value_error("at least one core");
@@ -59,6 +59,7 @@ struct PyExecutor {
     for (const auto& g : groups) c.groups.push_back({std::get<0>(g), std::get<1>(g), std::get<2>(g)});
     c.bounds = std::move(bounds);
     c.formats = std::move(formats);
+    c.team_openmp = team_openmp;
     for (const auto& lk : layer_kernels) c.layer_kernels.push_back({lk.first, lk.second});
     try {
       ex = std::make_unique<Executor>(g_formats, c);
@@ -86,6 +87,7 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "physical_cores_in", [](const std::string& root, const std::vector<int>& allowed) { return physical_cores(root, allowed); },
       py::arg("root"), py::arg("allowed"));
+  m.def("openmp_team_loaded", [] { return OmpTeam::host() != nullptr; });
   m.def("allowed_cpus", &allowed_cpus);
   m.def("cgroup_cpu_limit", [](const std::string& root) { return cgroup_cpu_limit(root); }, py::arg("root") = kSysRoot);
   m.def("parse_cpulist", &parse_cpulist);
@@ -164,13 +166,13 @@ PYBIND11_MODULE(_native, m) {
   py::class_<PyExecutor>(m, "Executor")
       .def(py::init<int, int, int, bool, int, int, int, float, float, int, int, int, int, std::vector<int>, bool,
                     int64_t, std::string, const std::vector<GroupTuple>&, std::vector<int>, std::vector<int32_t>,
-                    const std::vector<std::pair<int, int>>&>(),
+                    const std::vector<std::pair<int, int>>&, bool>(),
            py::arg("format"), py::arg("act"), py::arg("mode"), py::arg("on_input"), py::arg("E"), py::arg("H"),
            py::arg("I"), py::arg("alpha"), py::arg("limit"), py::arg("tier_cap"), py::arg("num_layers"),
            py::arg("top_k"), py::arg("max_tokens"), py::arg("cores"), py::arg("pin"), py::arg("spin_us"),
            py::arg("label"), py::arg("groups") = std::vector<GroupTuple>{}, py::arg("bounds") = std::vector<int>{},
            py::arg("formats") = std::vector<int32_t>{},
-           py::arg("layer_kernels") = std::vector<std::pair<int, int>>{})
+           py::arg("layer_kernels") = std::vector<std::pair<int, int>>{}, py::arg("team_openmp") = false)
       .def("place_banks",
            [](PyExecutor& s, int layer, int group, int part, const std::vector<std::tuple<uint64_t, size_t, int64_t, int64_t>>& src,
               const std::vector<int>& gu_map, const std::vector<int>& dn_map) {

@@ -22,6 +22,9 @@ void Executor::start_coordinator(uint64_t* ready, uint64_t* done, uint64_t* erro
   if (forked()) throw std::runtime_error(state_error());
   std::lock_guard<std::mutex> c(coord_mu_);
   if (closed()) throw std::runtime_error(state_error());
+  if (cfg_.team_openmp)  // its thread would start an OpenMP team of its own beside the host's
+    throw std::runtime_error(cfg_.label + " runs on the host's OpenMP team (team='openmp'), which serves synchronous "
+                             "decode only: a doorbell needs team='pool'");
   stop_coordinator_locked();
   ready_ = ready ? ready : &iob_->ready;
   done_ = done ? done : &iob_->done;

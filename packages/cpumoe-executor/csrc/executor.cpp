@@ -102,6 +102,16 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
   }
   for (int q = 0; q < np; ++q)
     if (!sharers[q]) throw std::invalid_argument("part " + std::to_string(q) + " is run by no worker group");
+  const OmpTeam* omp = nullptr;
+  if (cfg_.team_openmp) {
+    if (cfg_.groups.size() > 1)
+      throw std::invalid_argument("team='openmp' runs one pool: expected numa off (got " +
+                                  std::to_string(cfg_.groups.size()) + " worker groups)");
+    omp = OmpTeam::host();
+    if (!omp)
+      throw std::invalid_argument("team='openmp': no OpenMP runtime (libgomp.so.1) is loaded in this process; "
+                                  "import torch (or what brings the runtime) first, or use team='pool'");
+  }
   rsum_ = route_sum_for(capped_tier(api_, cfg_.tier_cap));
   const size_t T = cfg_.max_tokens, R = T * cfg_.top_k;
   for (int q = 0; q < np; ++q) {
@@ -156,7 +166,7 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
     G->ex = this, G->index = (int)gi, G->node = C.node, G->first = nthreads_, G->parts = C.parts;
     std::vector<int> cores = C.cores;
     if (gi > 0) cores.insert(cores.begin(), -1);  // tid 0 of a launched pool is nobody
-    G->pool = std::make_unique<Pool>(cores, cfg_.pin, cfg_.spin_us);
+    G->pool = std::make_unique<Pool>(cores, cfg_.pin, cfg_.spin_us, omp);
     G->banks.assign(C.parts.size(), std::vector<LayerBanks>(cfg_.num_layers));
     G->mem.assign(C.parts.size(), std::vector<std::shared_ptr<NodeMem>>(cfg_.num_layers));
     nthreads_ += G->threads();

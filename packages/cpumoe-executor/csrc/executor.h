@@ -51,6 +51,9 @@ struct Config {
   std::vector<int> cores;  // cores[0]: caller/coordinator; size = threads (the single pool: `groups` empty)
   bool pin = true;
   int64_t spin_us = 2000;
+  // The single pool's steps run on the host process's OpenMP team (omp_team.h): no worker thread of our own, no
+  // coordinator, no NUMA groups.
+  bool team_openmp = false;
   // NUMA worker groups (empty: one group of `cores` running the whole of I). Group 0's cores[0] is the caller's;
   // the other groups' cores are all workers. bounds: the parts' I boundaries, 0 = bounds[0] < ... < bounds[P] = I.
   struct Group {

@@ -31,8 +31,9 @@ void spin_pause(unsigned i) {
   else cpu_relax();
 }
 
-Pool::Pool(const std::vector<int>& cores, bool pin, int64_t spin_us)
-    : n_((int)std::min<size_t>(kMaxThreads, std::max<size_t>(1, cores.size()))), spin_us_(spin_us) {
+Pool::Pool(const std::vector<int>& cores, bool pin, int64_t spin_us, const OmpTeam* omp)
+    : n_((int)std::min<size_t>(kMaxThreads, std::max<size_t>(1, cores.size()))), spin_us_(spin_us), omp_(omp) {
+  if (omp_) return;  // the OpenMP team's threads run the steps
   for (int t = 1; t < n_; ++t) threads_.emplace_back(&Pool::worker, this, t, cores[t], pin);
 }
 
@@ -112,12 +113,21 @@ void Pool::publish(Fn fn, void* ctx, int team) {
 }
 
 void Pool::launch(Fn fn, void* ctx, int team) {
-  if (n_ < 2) return;
+  if (n_ < 2 || omp_) return;  // an OpenMP team has no thread without the caller (the executor refuses groups)
   publish(fn, ctx, std::max(2, std::min(team, n_)));
 }
 
 void Pool::start(Fn fn, void* ctx, int team) {
   team = std::max(1, std::min(team, n_));
+  if (omp_ && team > 1) {  // returns when every thread is out of fn: nothing for quiesce() to wait for
+    if (solo_left_ > 0) {
+      --solo_left_;
+      fn(ctx, 0);
+    } else if (!omp_->run(fn, ctx, team)) {
+      solo_left_ = kSoloAfterLate;
+    }
+    return;
+  }
   if (team > 1) {
     publish(fn, ctx, team);
   } else {

@@ -10,11 +10,20 @@
 // word), so a worker never pairs one run's number with another run's team.
 // A pool may have no caller (one NUMA group of several): launch() starts its
 // workers and returns at once; tid 0 is then nobody.
+// A pool on the host's OpenMP team (omp_team.h) starts no thread: a run is one
+// OpenMP parallel region of the team size, the caller its thread 0. A region
+// ends only when every team thread has run, so one whose thread came late (its
+// core taken by other work) makes the next kSoloAfterLate runs the caller's
+// alone: a loaded machine costs one late region per that many steps, not one
+// per step (2-core VM at load 3.5-5, full-size Qwen3-30B q4_0: 4-8 ms a step
+// waiting for the team every time, against 1.3-1.5 ms on a pool of our own).
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <thread>
 #include <vector>
+
+#include "omp_team.h"
 
 namespace cpumoe_exec {
 
@@ -23,9 +32,12 @@ class Pool {
   using Fn = void (*)(void* ctx, int tid);
   static constexpr int kMaxThreads = 4095;  // the team field of the generation word
   static constexpr int kUnusedAfter = 64;   // left out of this many runs in a row: not kept hot
+  static constexpr int kSoloAfterLate = 32; // OpenMP team: caller-alone runs after a late team thread
   // cores[0] is the caller's (coordinator's) core (unused by a pool that is only launched); pool thread i pins to
   // cores[i].
-  Pool(const std::vector<int>& cores, bool pin, int64_t spin_us);
+  // omp: run on the host's OpenMP team instead of threads of our own (size() = cores.size(), nothing pinned; no
+  // launch()).
+  Pool(const std::vector<int>& cores, bool pin, int64_t spin_us, const OmpTeam* omp = nullptr);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -60,6 +72,8 @@ class Pool {
   void publish(Fn fn, void* ctx, int team);
   int n_;
   int64_t spin_us_;
+  const OmpTeam* omp_ = nullptr;
+  int solo_left_ = 0;  // OpenMP team: runs left for the caller alone (caller-only, like expect_)
   std::vector<std::thread> threads_;
   bool stopped_ = false;  // caller-only, like expect_
   Fn fn_ = nullptr;

@@ -256,3 +256,20 @@ def cf_bf16():
     import cpumoe_formats as cf
 
     return cf.numerics.BF16
+
+
+
+def test_cpu_activations_run_on_torchs_openmp_team(rng):
+    """With the activations on the CPU the executor's steps run on torch's OpenMP threads (team="openmp"): no pool of
+    our own beside them on the same cores. team="pool" keeps our pinned workers; both give the same bits."""
+    banks, (E, H, I) = make_banks("q4_0", rng)
+    kw = dict(top_k=3, strategy="cpu", device="cpu", threads=2, graph_batch_sizes=(1, 4), progress=False)
+    with MoERunner("q4_0", banks, **kw) as r, MoERunner("q4_0", banks, team="pool", **kw) as p:
+        assert r.executor.team == "openmp" and "team=openmp" in r.describe()
+        assert p.executor.team == "pool" and p.executor._x.pinned == p.executor.threads - 1
+        for layer in range(r.num_layers):
+            for T in (1, 4):
+                x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
+                ids, w = routes(rng, T, r.top_k, E)
+                assert torch.equal(r.forward(layer, x, w, ids).view(torch.int16),
+                                   p.forward(layer, x, w, ids).view(torch.int16))

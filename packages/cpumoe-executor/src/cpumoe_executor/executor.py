@@ -22,6 +22,7 @@ from .trace import trace_summary
 
 log = logging.getLogger("cpumoe_executor")
 _MODES = ("native", "w4a8")
+TEAMS = ("pool", "openmp")  # who runs the steps: our own worker threads, or the caller's OpenMP team
 
 
 def usable_cpus() -> int:
@@ -29,6 +30,12 @@ def usable_cpus() -> int:
     function: any thread may call it."""
     n, limit = len(_native.allowed_cpus()) or 1, _native.cgroup_cpu_limit()
     return min(n, limit) if limit > 0 else n
+
+
+def openmp_team_loaded() -> bool:
+    """Whether this process has loaded the OpenMP runtime an executor's team="openmp" runs on (libgomp.so.1, as
+    torch's wheels bring it). Any thread; nothing is loaded by asking."""
+    return bool(_native.openmp_team_loaded())
 
 
 def resolve_cores(threads: int | None = None, core_ids=None) -> tuple[list[int], str]:
@@ -162,6 +169,13 @@ class CpuMoeExecutor:
     given arrays, as on one node), or a numa.NumaPlan (explicit groups and slices: tests). The threads of every group
     follow the contracts above; a placed copy is freed by close() once no layer_banks() view holds it
     (docs/numa.md). sysfs_root: where the topology is read ("/sys"; CPUMOE_SYSFS_ROOT; tests describe any machine).
+    team: "pool" (default): the steps run on worker threads of this executor's own, pinned to core_ids, spinning
+    spin_us between steps. "openmp": on the OpenMP team of the thread that calls decode, from the OpenMP runtime the
+    process already loaded (libgomp.so.1: torch's), `threads` of its threads; nothing of ours is started or pinned.
+    For activations on the CPU, where torch runs the rest of the model on those threads: they spin ~12 ms after each
+    of torch's parallel regions, so workers of our own on the same cores enter a step late (390-650 us into a 760 us
+    step on the 2-core VM). Synchronous decode only (no coordinator, no NUMA groups); ValueError where no OpenMP
+    runtime is loaded.
     """
 
     def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,
@@ -169,7 +183,9 @@ class CpuMoeExecutor:
                  limit: float | None = None, apply_router_weight_on_input: bool = False, max_tokens: int = 8,
                  threads: int | None = None, core_ids=None, mode: str | None = None, isa: str | None = None,
                  pin: bool = True, spin_us: int = 2000, repack: bool | None = None, numa=None,
-                 sysfs_root: str | None = None):
+                 sysfs_root: str | None = None, team: str = "pool"):
+        if team not in TEAMS:
+            raise ValueError(f"team={team!r}: expected one of {list(TEAMS)}")
         if repack not in (None, True, False):
             raise ValueError(f"repack={repack!r} must be None (auto), True or False")
         if isinstance(banks, dict) or not hasattr(banks, "__len__") or len(banks) == 0:
@@ -213,6 +229,11 @@ class CpuMoeExecutor:
         self._formats = model_formats.resolve(pairs, self.H, self.I, mode, isa, repack, _repack_target)
         kernel_specs = self._formats.kernel_formats
         self._topology, self._placed = None, None
+        if team == "openmp":
+            if numa not in (None, "off"):
+                raise ValueError(f"numa={numa!r} with team='openmp': an OpenMP team is one pool; expected numa=None "
+                                 "or 'off' (or team='pool')")
+            numa = "off"
         self.numa_plan = self._plan_numa(numa, sysfs_root, threads, core_ids, len(banks))
         if self.numa_plan is None:
             self.core_ids, why = _resolve_cores(threads, core_ids)
@@ -230,7 +251,8 @@ class CpuMoeExecutor:
                                    self.core_ids, bool(pin), int(spin_us), self._label(),
                                    groups=[(g.node, list(g.cores), list(g.parts)) for g in plan.groups] if plan else [],
                                    bounds=list(plan.bounds) if plan else [], formats=[s.id for s in kernel_specs],
-                                   layer_kernels=self._formats.layer_kernels())
+                                   layer_kernels=self._formats.layer_kernels(), team_openmp=team == "openmp")
+        self.team = team
         self._kernel_names = tuple(self._x.kernel_names)  # per kernel format; readable after close()
         if plan is None:
             # the arrays must outlive the executor (the given ones where a layer runs them in place)

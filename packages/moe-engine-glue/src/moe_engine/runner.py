@@ -69,6 +69,10 @@ class MoERunner:
     threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
     spin_us: how long the executor's idle workers spin before sleeping (default 50 with CPU activations, where torch
         shares their cores between steps; 2000 beside a GPU).
+    team: who runs the executor's steps (CpuMoeExecutor's team=): "pool", its own pinned workers; "openmp", the
+        calling thread's OpenMP team, the threads torch runs the rest of the model on. Default: "openmp" with the
+        activations on the CPU where torch's parallel backend is the OpenMP runtime loaded here (libgomp), so one set
+        of threads serves the whole token; "pool" beside a GPU (the doorbell's coordinator needs it).
     handshake: force a GPU handshake path (CUDA: kernel, memop, host-func, eager; HIP: copy-native, copy-splice,
         host-func, eager); default: the best that its probe and qualification proved.
     prefill: how a batch above max_tokens runs: auto (measured: CPU chunks or experts staged on the GPU), cpu, gpu;
@@ -84,7 +88,7 @@ class MoERunner:
                  mode: str | None = None, isa: str | None = None, handshake: str | None = None, qualify: bool = True,
                  prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True,
                  spin_us: int | None = None, replace_every: int = 50, routing_profile=None,
-                 count_routes: bool = False, split=None, pin_memory=None, profile=None):
+                 count_routes: bool = False, split=None, pin_memory=None, profile=None, team: str | None = None):
         import torch
 
         self.closed = False
@@ -159,8 +163,10 @@ class MoERunner:
                     # step: workers that spin 2 ms for the next one starve it (2-core VM, small qwen3moe, attention
                     # 255 ms/token spinning, see docs/end-to-end.md); beside a GPU they spin for the next layer
                     spin_us = SPIN_US_CPU if self.device.type == "cpu" else SPIN_US_GPU
+                if team is None:
+                    team = "openmp" if self.device.type == "cpu" and _torch_on_openmp() else "pool"
                 self.executor = CpuMoeExecutor(self.format, banks, top_k=top_k, max_tokens=self.max_tokens,
-                                               threads=threads, mode=mode, isa=isa, spin_us=spin_us,
+                                               threads=threads, mode=mode, isa=isa, spin_us=spin_us, team=team,
                                                apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
                 self.top_k = self.executor.top_k
                 from .sync import open_sync
@@ -425,7 +431,7 @@ class MoERunner:
         if self.executor is not None:
             ran = layer_formats.describe(layer_formats.executor_formats(self.executor))
             parts.append(f"cpu={ran if ran == given else f'{given} as {ran}'} isa={self.executor.isa} "
-                         f"threads={self.executor.threads}")
+                         f"threads={self.executor.threads} team={self.executor.team}")
             parts.append(f"handshake={self.sync.path} ({self.sync_why}; {self.sync.summary()})")
         if self.residency is not None:
             parts.append(f"gpu_experts={given} slots={self.residency.capacity}/layer "
@@ -479,6 +485,17 @@ class MoERunner:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _torch_on_openmp() -> bool:
+    """Whether torch runs its CPU parallel regions on the OpenMP runtime the executor can join (libgomp, loaded):
+    its OpenMP threads then spin ~12 ms after every region on the cores a pool of our own would use (the 2-core VM:
+    our workers entered a 760 us step 390-650 us late; on torch's team, within 1 us)."""
+    import torch
+
+    from cpumoe_executor import openmp_team_loaded
+
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info() and openmp_team_loaded()
 
 
 def _short(v) -> str:

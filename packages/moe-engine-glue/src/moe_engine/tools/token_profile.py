@@ -7,7 +7,7 @@ ggml's MUL_MAT_ID experts step at the file's shape and threads, one layer's deco
 times the layer count: the experts' share of llama.cpp's token, against ours.
 
     python -m moe_engine.tools.token_profile PATH [--gguf-file F] [-n 32] [-t THREADS] [--decode auto]
-        [--ggml .ggml/build/moe_ggml_bench] [--rounds 2] [--json F]
+        [--team pool|openmp] [--ggml .ggml/build/moe_ggml_bench] [--rounds 2] [--json F]
 
 Hooks stamp time.perf_counter() before and after each module; on a GPU every stamp synchronizes first, so the parts
 are true but the total is slower than a graph-replayed step. With the experts on the CPU the profile also splits our
@@ -192,6 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--decode", default="auto", help="from_pretrained's decode path (auto, eager, packed, static, "
                     "compile)")
+    ap.add_argument("--team", default=None, choices=("pool", "openmp"), help="who runs the executor's steps "
+                    "(MoERunner's team=; default: openmp with the activations on the CPU)")
     ap.add_argument("--ggml", default=None, metavar="BIN", help="moe_ggml_bench (bench/llamacpp/build.sh): also time "
                     "ggml's experts at this shape")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of ours then ggml's (default 2)")
@@ -201,7 +203,8 @@ def main(argv=None) -> int:
 
     if a.ggml and not os.access(a.ggml, os.X_OK):
         raise SystemExit(f"--ggml {a.ggml}: not an executable (build it with bench/llamacpp/build.sh)")
-    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=False, decode=a.decode)
+    team = {} if a.team is None else {"team": a.team}
+    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=False, decode=a.decode, **team)
     runner = model.moe_engine.runner
     entry = ggml_entry(runner) if a.ggml else None
     if a.ggml and entry is None:
