@@ -87,7 +87,10 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "physical_cores_in", [](const std::string& root, const std::vector<int>& allowed) { return physical_cores(root, allowed); },
       py::arg("root"), py::arg("allowed"));
-  m.def("openmp_team_loaded", [] { return OmpTeam::host() != nullptr; });
+  m.def("openmp_team_unusable", [] {
+    std::string why;
+    return OmpTeam::host(&why) ? std::string() : why;
+  });
   m.def("allowed_cpus", &allowed_cpus);
   m.def("cgroup_cpu_limit", [](const std::string& root) { return cgroup_cpu_limit(root); }, py::arg("root") = kSysRoot);
   m.def("parse_cpulist", &parse_cpulist);

@@ -107,10 +107,9 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
     if (cfg_.groups.size() > 1)
       throw std::invalid_argument("team='openmp' runs one pool: expected numa off (got " +
                                   std::to_string(cfg_.groups.size()) + " worker groups)");
-    omp = OmpTeam::host();
-    if (!omp)
-      throw std::invalid_argument("team='openmp': no OpenMP runtime (libgomp.so.1) is loaded in this process; "
-                                  "import torch (or what brings the runtime) first, or use team='pool'");
+    std::string why;
+    omp = OmpTeam::host(&why);
+    if (!omp) throw std::invalid_argument("team='openmp': " + why);
   }
   rsum_ = route_sum_for(capped_tier(api_, cfg_.tier_cap));
   const size_t T = cfg_.max_tokens, R = T * cfg_.top_k;

@@ -123,7 +123,7 @@ void Pool::start(Fn fn, void* ctx, int team) {
     if (solo_left_ > 0) {
       --solo_left_;
       fn(ctx, 0);
-    } else if (!omp_->run(fn, ctx, team)) {
+    } else if (!omp_->run(fn, ctx, team, false)) {
       solo_left_ = kSoloAfterLate;
     }
     return;
@@ -140,6 +140,11 @@ void Pool::start(Fn fn, void* ctx, int team) {
 }
 
 void Pool::run(Fn fn, void* ctx, int team) {
+  team = std::max(1, std::min(team, n_));
+  if (omp_ && team > 1) {  // every tid, late or not: fn's work is split by tid
+    omp_->run(fn, ctx, team, true);
+    return;
+  }
   start(fn, ctx, team);
   quiesce();
 }

@@ -13,10 +13,14 @@
 // A pool on the host's OpenMP team (omp_team.h) starts no thread: a run is one
 // OpenMP parallel region of the team size, the caller its thread 0. A region
 // ends only when every team thread has run, so one whose thread came late (its
-// core taken by other work) makes the next kSoloAfterLate runs the caller's
+// core taken by other work) makes the next kSoloAfterLate start()s the caller's
 // alone: a loaded machine costs one late region per that many steps, not one
 // per step (2-core VM at load 3.5-5, full-size Qwen3-30B q4_0: 4-8 ms a step
 // waiting for the team every time, against 1.3-1.5 ms on a pool of our own).
+// So on a team start() may run fn on fewer threads than asked (the caller
+// alone, or what the runtime gives): its fn must claim work dynamically, as the
+// step does. run() runs fn once for every tid (work split by tid): the caller
+// runs the tids the runtime did not give.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -32,7 +36,7 @@ class Pool {
   using Fn = void (*)(void* ctx, int tid);
   static constexpr int kMaxThreads = 4095;  // the team field of the generation word
   static constexpr int kUnusedAfter = 64;   // left out of this many runs in a row: not kept hot
-  static constexpr int kSoloAfterLate = 32; // OpenMP team: caller-alone runs after a late team thread
+  static constexpr int kSoloAfterLate = 32; // OpenMP team: caller-alone start()s after a late team thread
   // cores[0] is the caller's (coordinator's) core (unused by a pool that is only launched); pool thread i pins to
   // cores[i].
   // omp: run on the host's OpenMP team instead of threads of our own (size() = cores.size(), nothing pinned; no
@@ -43,12 +47,14 @@ class Pool {
   Pool& operator=(const Pool&) = delete;
 
   int size() const { return n_; }
-  // Runs fn(ctx, tid) on the caller as tid 0 and on workers 1..team-1 (team clamped to
-  // [1, size()]); returns when all of them are done.
+  // Runs fn(ctx, tid) once for each tid in [0, team) (team clamped to [1, size()]), the caller's tid 0; returns
+  // when all of them are done.
   void run(Fn fn, void* ctx, int team = kMaxThreads);
   // Same, but returns as soon as the caller's fn(ctx, 0) returns: fn must itself wait for
   // the work the caller needs. Workers may still be inside fn; quiesce() waits for them and
-  // must precede any change to what fn reads (the next start() calls it first).
+  // must precede any change to what fn reads (the next start() calls it first). On an OpenMP
+  // team it returns after the region (nothing left for quiesce()), and tids 1..team-1 may not
+  // run at all: fn must claim its work dynamically.
   void start(Fn fn, void* ctx, int team);
   // Runs fn(ctx, tid) on workers 1..team-1 (team clamped to [2, size()]) and returns at once: the caller takes no
   // part (a pool of a NUMA group the caller is not in). Nothing runs where size() < 2. quiesce() waits for them.
@@ -73,7 +79,8 @@ class Pool {
   int n_;
   int64_t spin_us_;
   const OmpTeam* omp_ = nullptr;
-  int solo_left_ = 0;  // OpenMP team: runs left for the caller alone (caller-only, like expect_)
+  int solo_left_ = 0;  // OpenMP team: start()s left for the caller alone (caller-only: under the executor's
+                       // step lock, like expect_)
   std::vector<std::thread> threads_;
   bool stopped_ = false;  // caller-only, like expect_
   Fn fn_ = nullptr;

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import _native
-from .executor import CpuMoeExecutor, cpu_layout, openmp_team_loaded, resolve_cores, usable_cpus
+from .executor import CpuMoeExecutor, cpu_layout, openmp_team_unusable, resolve_cores, usable_cpus
 
 __version__ = "0.4.0"
 ABI_VERSION = (_native.ABI_MAJOR, _native.ABI_MINOR)
@@ -20,4 +20,4 @@ def get_include() -> str:
 
 
 __all__ = ["ABI_VERSION", "C_API_CAPSULE", "PROTOCOL_VERSION", "CpuMoeExecutor", "cpu_layout", "get_include",
-           "openmp_team_loaded", "resolve_cores", "usable_cpus"]
+           "openmp_team_unusable", "resolve_cores", "usable_cpus"]

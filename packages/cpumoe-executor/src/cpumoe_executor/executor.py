@@ -32,10 +32,11 @@ def usable_cpus() -> int:
     return min(n, limit) if limit > 0 else n
 
 
-def openmp_team_loaded() -> bool:
-    """Whether this process has loaded the OpenMP runtime an executor's team="openmp" runs on (libgomp.so.1, as
-    torch's wheels bring it). Any thread; nothing is loaded by asking."""
-    return bool(_native.openmp_team_loaded())
+def openmp_team_unusable() -> str:
+    """Why an executor's team="openmp" cannot run in this process ("" when it can): no OpenMP runtime loaded (it
+    runs on libgomp.so.1 as torch's wheels bring it; nothing is loaded by asking), or a fork of the process that
+    loaded this package (GNU libgomp's team does not survive fork()). Any thread."""
+    return _native.openmp_team_unusable()
 
 
 def resolve_cores(threads: int | None = None, core_ids=None) -> tuple[list[int], str]:
@@ -174,8 +175,10 @@ class CpuMoeExecutor:
     process already loaded (libgomp.so.1: torch's), `threads` of its threads; nothing of ours is started or pinned.
     For activations on the CPU, where torch runs the rest of the model on those threads: they spin ~12 ms after each
     of torch's parallel regions, so workers of our own on the same cores enter a step late (390-650 us into a 760 us
-    step on the 2-core VM). Synchronous decode only (no coordinator, no NUMA groups); ValueError where no OpenMP
-    runtime is loaded.
+    step on the 2-core VM). Synchronous decode only (no coordinator, no NUMA groups); ValueError naming the cause
+    and the way out where it cannot run (openmp_team_unusable(): no OpenMP runtime loaded, or a forked child). A
+    decode from another thread runs on that thread's team (libgomp keeps one per thread that starts regions); one
+    from inside a parallel region runs on the caller alone.
     """
 
     def __init__(self, format, banks, *, top_k: int, E: int | None = None, H: int | None = None,
@@ -186,6 +189,8 @@ class CpuMoeExecutor:
                  sysfs_root: str | None = None, team: str = "pool"):
         if team not in TEAMS:
             raise ValueError(f"team={team!r}: expected one of {list(TEAMS)}")
+        if team == "openmp" and (why := _native.openmp_team_unusable()):
+            raise ValueError(f"team='openmp': {why}")  # before any repack; the native executor checks again
         if repack not in (None, True, False):
             raise ValueError(f"repack={repack!r} must be None (auto), True or False")
         if isinstance(banks, dict) or not hasattr(banks, "__len__") or len(banks) == 0:

@@ -493,9 +493,9 @@ def _torch_on_openmp() -> bool:
     our workers entered a 760 us step 390-650 us late; on torch's team, within 1 us)."""
     import torch
 
-    from cpumoe_executor import openmp_team_loaded
+    from cpumoe_executor import openmp_team_unusable
 
-    return "parallel backend: OpenMP" in torch.__config__.parallel_info() and openmp_team_loaded()
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info() and not openmp_team_unusable()
 
 
 def _short(v) -> str:
