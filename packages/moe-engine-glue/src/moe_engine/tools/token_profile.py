@@ -13,13 +13,13 @@ times the layer count: the experts' share of llama.cpp's token, against ours.
 Hooks stamp time.perf_counter() before and after each module; on a GPU every stamp synchronizes first, so the parts
 are true but the total is slower than a graph-replayed step. Each round also times the same tokens through GraphLoop
 (`loop`: the greedy step on a static cache, one CUDA graph replay a token on a GPU, eager on the CPU) and through
-generate() without hooks (`generate`): their difference is what generate()'s own loop costs a token.
-With the experts on the CPU the profile also splits our experts' time: the executor's native step inside the
-model (its step trace: the step and how late its workers entered it) and, in each round, the same runner alone on the same banks (`experts_alone`: random top-k routes, fresh
-per layer, every layer in turn, back to back, through runner.forward as transformers calls it). Hooked minus alone is
-what the model around the call costs our experts: the glue's Python on cold caches, workers woken beside torch's
-threads. Rounds alternate ours and ggml's on the same minutes of the machine; the figures are medians over rounds.
-Thread contract: a command-line tool."""
+generate() without hooks (`generate`): their difference is what generate()'s own loop costs a token. With the experts
+on the CPU the profile also splits our experts' time: the executor's native step inside the model (its step trace: the
+step and how late its workers entered it) and, in each round, the same runner alone on the same banks
+(`experts_alone`: random top-k routes, fresh per layer, every layer in turn, back to back, through runner.forward as
+transformers calls it). Hooked minus alone is what the model around the call costs our experts: the glue's Python on
+cold caches, workers woken beside torch's threads. Rounds alternate ours and ggml's on the same minutes of the
+machine; the figures are medians over rounds. Thread contract: a command-line tool."""
 from __future__ import annotations
 
 import argparse
