@@ -10,6 +10,9 @@
 # fresh: one call on a fresh machine: ours built, the file written, the GPU decode tests (every buffer on the GPU,
 #        the step captured), then `ours`; llama.cpp rebuilt beside it when the card is not the one `llama` last ran on
 #        (LLAMA_ON, default H200), and `llama` run for NCPU after ours (a ratio needs both on one card).
+# profile: token_profile on the GPU for each of STRATS (default "cpu"; gpu = every expert on the GPU: the floor of
+#        the non-expert part): the parts with a sync at each hook, GraphLoop's captured step and generate() apart,
+#        the experts alone; JSON per strategy (tp-STRATEGY.json).
 # ours:  moe-engine bench on the same file: strategy cpu, then hybrid with gpu_memory holding the non-expert weights,
 #        the KV cache and a quarter of the expert bytes (as --n-cpu-moe 36), decode under CUDA graphs.
 set -uo pipefail
@@ -78,6 +81,13 @@ llama)
       -p "$PP" -n "$NG" -r "$R" -o json >"$OUT/llama-ncpumoe$n.json" 2>"/tmp/llama-ncpumoe$n.err"
     stamp "n-cpu-moe $n rc=$?"
     $PY -c "import json,sys; [print(r['n_prompt'], r['n_gen'], round(r['avg_ts'],2), round(r['stddev_ts'],2)) for r in json.load(open(sys.argv[1]))]" "$OUT/llama-ncpumoe$n.json" 2>/dev/null
+  done
+  ;;
+profile)
+  for st in ${STRATS:-cpu}; do
+    timeout ${PROFILE_TIMEOUT:-280} $PY -m moe_engine.tools.token_profile "$GGUF" --device cuda --strategy "$st" \
+      -t "$THREADS" -n "${PROFILE_N:-16}" --rounds "${ROUNDS_P:-2}" --json "$OUT/tp-$st.json" >"$OUT/tp-$st.log" 2>&1
+    stamp "profile $st rc=$?"; grep -v "^moe_engine:" "$OUT/tp-$st.log" | tail -14
   done
   ;;
 ours)

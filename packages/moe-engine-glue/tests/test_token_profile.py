@@ -43,7 +43,8 @@ def test_command_reports_the_split(gguf, tmp_path, capsys):
     out = tmp_path / "tp.json"
     assert token_profile.main([str(gguf), "-n", "2", "-t", "2", "--rounds", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "executor step" in text and "experts alone" in text
+    assert "executor step" in text and "experts alone" in text and "GraphLoop" in text
     res = json.loads(out.read_text())
+    assert not res["loop"]["captured"] and res["loop"]["token_s"] > 0 and res["generate"]["token_s"] > 0
     assert res["experts_alone"]["token_s"] > 0 and len(res["experts_alone"]["rounds"]) == 1
     assert set(res["executor_in_model"]) == {"step_s", "enter_us", "enter_latest_us"}

@@ -67,19 +67,25 @@ def run_generate(a) -> int:
     dev = model.moe_engine.runner.device
     ids, tok = _prompt_ids(a, model)
     ids = ids.to(dev)
-    clock = _Clock()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=a.max_new_tokens, do_sample=False, streamer=clock)
-    new = out[0, ids.shape[1]:].tolist()
-    first = clock.stamps[1] if len(clock.stamps) > 1 else time.perf_counter()
-    prefill_s = first - t0
-    decode_s = clock.stamps[-1] - first if len(clock.stamps) > 2 else 0.0
+    loop = _loop(a, model, ids.shape[1] + a.max_new_tokens)
+    if loop is not None:
+        new = loop.generate(ids, a.max_new_tokens)[0].tolist()
+        prefill_s, decode_s = loop.last["prompt_s"], loop.last["decode_s"]
+        loop.close()
+    else:
+        clock = _Clock()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=a.max_new_tokens, do_sample=False, streamer=clock)
+        new = out[0, ids.shape[1]:].tolist()
+        first = clock.stamps[1] if len(clock.stamps) > 1 else time.perf_counter()
+        prefill_s = first - t0
+        decode_s = clock.stamps[-1] - first if len(clock.stamps) > 2 else 0.0
     res = {"path": str(a.path), "load_s": load_s, "prompt_tokens": int(ids.shape[1]), "new_tokens": len(new),
            "prefill_tok_s": ids.shape[1] / prefill_s if prefill_s > 0 else None,
            "decode_tok_s": (len(new) - 1) / decode_s if decode_s > 0 else None, "ids": new,
            "text": tok.decode(new) if tok is not None and not a.ids else None,
-           "runner": model.moe_engine.runner.describe()}
+           "loop": "graph" if loop is not None else "generate", "runner": model.moe_engine.runner.describe()}
     if a.json:
         print(json.dumps(res, indent=1))
     else:
@@ -104,14 +110,18 @@ def _pp(model, p: int, vocab: int, dev) -> float:
     return p / (time.perf_counter() - t)
 
 
-def _tg(model, n: int, vocab: int, dev, graphs: bool = False) -> float:
-    """n tokens decoded one at a time after a one-token prompt. graphs (a GPU): transformers' static cache with the
-    decode step captured as a CUDA graph (torch.compile backend "cudagraphs": the eager kernels, our experts op
-    inside; the first call at a cache length compiles)."""
+def _tg(model, n: int, vocab: int, dev, graphs: bool = False, loop=None) -> float:
+    """n tokens decoded one at a time after a one-token prompt. loop (a GraphLoop): its greedy step, on a GPU one
+    CUDA graph replay a token (what llama-bench's tg times: tokens evaluated, no sampling, no Python between them).
+    Otherwise generate(); graphs (a GPU): transformers' static cache with the step captured through torch.compile's
+    cudagraphs backend (the eager kernels, our experts op inside; the first call at a cache length compiles)."""
     import torch
 
-    clock = _Clock()
     ids = torch.randint(0, vocab, (1, 1), device=dev)
+    if loop is not None:
+        loop.generate(ids, n + 1)
+        return n / loop.last["decode_s"]
+    clock = _Clock()
     kw = {}
     if graphs:
         from transformers import CompileConfig
@@ -122,6 +132,16 @@ def _tg(model, n: int, vocab: int, dev, graphs: bool = False) -> float:
     return n / (clock.stamps[-1] - clock.stamps[1])  # after the first new token: n decode steps
 
 
+def _loop(a, model, length: int):
+    """bench's and generate's GraphLoop, or None for transformers' generate() (--loop generate; decode=compile)."""
+    decode = model.moe_engine.decode
+    if getattr(a, "loop", "generate") != "graph" or (decode and decode[0] == "compile"):
+        return None
+    from ..integrations.transformers.graph_loop import GraphLoop
+
+    return GraphLoop(model, max_len=length, capture=None if not getattr(a, "no_graphs", False) else False)
+
+
 def run_bench(a) -> int:
     model, load_s = load(a)
     off = model.moe_engine
@@ -130,7 +150,8 @@ def run_bench(a) -> int:
     tests = [("pp", p) for p in a.p if p > 0] + [("tg", n) for n in a.n if n > 0]
     rows = []
     graphs = dev.type == "cuda" and not a.no_graphs and off.runner.graphs_ok
-    fn = {"pp": _pp, "tg": lambda m, k, v, d: _tg(m, k, v, d, graphs)}
+    loop = _loop(a, model, max(a.n) + 2) if any(n > 0 for n in a.n) else None
+    fn = {"pp": _pp, "tg": lambda m, k, v, d: _tg(m, k, v, d, graphs, loop)}
     for kind, k in tests:
         fn[kind](model, k if graphs and kind == "tg" else min(k, 8), vocab, dev)  # warm-up (compiles at length k)
         rates = []
@@ -146,7 +167,9 @@ def run_bench(a) -> int:
     params = sum(p.numel() for p in model.parameters()) + sum(  # a packed weight is no parameter
         m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
     info = {"model": f"{cfg.model_type} {describe(off.runner.layer_formats)}", "file": str(a.path), "load_s": load_s,
-            "graphs": graphs, "strategy": off.runner.strategy, "decode": off.decode,
+            "graphs": loop.capture if loop is not None else graphs,
+            "loop": "graph" if loop is not None else "generate", "strategy": off.runner.strategy,
+            "decode": off.decode,
             "threads": off.runner.executor.threads if off.runner.executor else 0,
             "non_expert_params": params, "plan": off.plan.why if off.plan else None, "runner": off.runner.describe()}
     if a.json:
@@ -159,6 +182,8 @@ def run_bench(a) -> int:
             print(f"| {info['model']} | {backend} | {info['threads']} | {r['test']} | "
                   f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
         _say(f"load {load_s:.1f} s; {off.plan.why if off.plan else ''}")
+    if loop is not None:
+        loop.close()
     off.close()
     return 0
 
@@ -186,13 +211,19 @@ def add_parsers(sub) -> None:
     w.add_argument("--prompt", help="text (needs the checkpoint's tokenizer)")
     w.add_argument("--ids", help="token ids, e.g. 1,2,3")
     g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--loop", default="generate", choices=("generate", "graph"), help="generate: transformers' "
+                   "generate(); graph: GraphLoop, the greedy step captured as one CUDA graph on a GPU (default "
+                   "generate)")
     g.add_argument("-t", "--threads", type=int, default=None, help="CPU workers (default: one per physical core)")
     b.add_argument("-p", type=_ints, default=[512], help="prompt lengths (default 512; comma list)")
     b.add_argument("-n", type=_ints, default=[128], help="decoded tokens (default 128; comma list)")
     b.add_argument("-r", type=int, default=5, help="repetitions (default 5)")
     b.add_argument("-t", "--threads", type=int, default=None, help="CPU workers (default: one per physical core)")
-    b.add_argument("--no-graphs", action="store_true", help="on a GPU, decode eagerly (default: static cache + CUDA "
-                   "graphs through torch.compile's cudagraphs backend)")
+    b.add_argument("--no-graphs", action="store_true", help="on a GPU, decode eagerly (default: CUDA graphs)")
+    b.add_argument("--loop", default="graph", choices=("graph", "generate"), help="tg's decode loop: graph "
+                   "(default): GraphLoop, the greedy step on a static cache, one CUDA graph replay a token on a GPU, "
+                   "as llama-bench's tg evaluates tokens without sampling; generate: transformers' generate() (static "
+                   "cache + the cudagraphs backend on a GPU)")
     b.add_argument("--profile", action="store_true", help="measure the bandwidths strategy='auto' decides from and "
                    "write the profile (no PATH: at --preset / --shape)")
     b.add_argument("--preset", default=None, help="--profile: expert shape preset (default qwen3-30b-a3b)")

@@ -7,16 +7,19 @@ ggml's MUL_MAT_ID experts step at the file's shape and threads, one layer's deco
 times the layer count: the experts' share of llama.cpp's token, against ours.
 
     python -m moe_engine.tools.token_profile PATH [--gguf-file F] [-n 32] [-t THREADS] [--decode auto]
-        [--team pool|openmp] [--ggml .ggml/build/moe_ggml_bench] [--rounds 2] [--json F]
+        [--device cuda --strategy cpu|hybrid|gpu --gpu-memory 16GiB] [--team pool|openmp]
+        [--ggml .ggml/build/moe_ggml_bench] [--rounds 2] [--json F]
 
 Hooks stamp time.perf_counter() before and after each module; on a GPU every stamp synchronizes first, so the parts
-are true but the total is slower than a graph-replayed step. With the experts on the CPU the profile also splits our
-experts' time: the executor's native step inside the model (its step trace: the step and how late its workers
-entered it) and, in each round, the same runner alone on the same banks (`experts_alone`: random top-k routes, fresh
-per layer, every layer in turn, back to back, through runner.forward as transformers calls it). Hooked minus alone is
-what the model around the call costs our experts: the glue's Python on cold caches, workers woken beside torch's
-threads. Rounds alternate ours and ggml's on the same minutes of the machine; the figures are medians over rounds.
-Thread contract: a command-line tool."""
+are true but the total is slower than a graph-replayed step. Each round also times the same tokens through GraphLoop
+(`loop`: the greedy step on a static cache, one CUDA graph replay a token on a GPU, eager on the CPU) and through
+generate() without hooks (`generate`): their difference is what generate()'s own loop costs a token. With the experts
+on the CPU the profile also splits our experts' time: the executor's native step inside the model (its step trace: the
+step and how late its workers entered it) and, in each round, the same runner alone on the same banks
+(`experts_alone`: random top-k routes, fresh per layer, every layer in turn, back to back, through runner.forward as
+transformers calls it). Hooked minus alone is what the model around the call costs our experts: the glue's Python on
+cold caches, workers woken beside torch's threads. Rounds alternate ours and ggml's on the same minutes of the
+machine; the figures are medians over rounds. Thread contract: a command-line tool."""
 from __future__ import annotations
 
 import argparse
@@ -118,6 +121,32 @@ def profile(model, steps: int = 32) -> dict:
     return out
 
 
+def loop_tok(loop, steps: int) -> float:
+    """Seconds per decode token through GraphLoop (steps tokens after a one-token prompt)."""
+    loop.generate([1], steps + 1)
+    return loop.last["decode_s"] / steps
+
+
+def generate_tok(model, steps: int) -> float:
+    """Seconds per decode token through generate() on the model's generation_config, no hooks; on a GPU the step
+    captured through the cudagraphs backend as moe-engine bench --loop generate does."""
+    import torch
+
+    from .generate import _Clock
+
+    dev = model.moe_engine.runner.device
+    kw = {}
+    if dev.type == "cuda" and model.moe_engine.runner.graphs_ok:
+        from transformers import CompileConfig
+
+        kw = dict(cache_implementation="static", compile_config=CompileConfig(backend="cudagraphs", mode=None))
+    clock = _Clock()
+    with torch.no_grad():
+        model.generate(torch.tensor([[1]], device=dev), max_new_tokens=steps + 1, min_new_tokens=steps + 1,
+                       do_sample=False, streamer=clock, **kw)
+    return (clock.stamps[-1] - clock.stamps[1]) / steps
+
+
 def _trace_part(trace: dict, layers: int) -> dict:
     """The executor's step trace as the experts' share of a token: the native step per token and per layer, and how
     long after a step began its threads entered it (the pool's wake), on average and for the latest thread."""
@@ -197,14 +226,18 @@ def main(argv=None) -> int:
     ap.add_argument("--ggml", default=None, metavar="BIN", help="moe_ggml_bench (bench/llamacpp/build.sh): also time "
                     "ggml's experts at this shape")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of ours then ggml's (default 2)")
+    ap.add_argument("--device", default=None, help="cpu or cuda[:N] (from_pretrained's device=)")
+    ap.add_argument("--strategy", default="auto", choices=("auto", "cpu", "hybrid", "gpu"))
+    ap.add_argument("--gpu-memory", default=None, help="from_pretrained's gpu_memory= (e.g. 16GiB)")
     ap.add_argument("--json", default=None, help="also write the result here")
     a = ap.parse_args(argv)
     from ..integrations.transformers import from_pretrained
 
     if a.ggml and not os.access(a.ggml, os.X_OK):
         raise SystemExit(f"--ggml {a.ggml}: not an executable (build it with bench/llamacpp/build.sh)")
-    team = {} if a.team is None else {"team": a.team}
-    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=False, decode=a.decode, **team)
+    kw = {k: v for k, v in (("device", a.device), ("gpu_memory", a.gpu_memory), ("team", a.team)) if v is not None}
+    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=False, decode=a.decode,
+                            strategy=a.strategy, **kw)
     runner = model.moe_engine.runner
     entry = ggml_entry(runner) if a.ggml else None
     if a.ggml and entry is None:
@@ -212,9 +245,15 @@ def main(argv=None) -> int:
               f"top_k={runner.top_k}; ggml's side skipped", file=sys.stderr)
     threads = runner.executor.threads if runner.executor else (a.threads or 1)
     profile(model, 4)  # warm-up (compiles under decode=compile)
-    runs, gg, alone = [], [], []
+    from ..integrations.transformers.graph_loop import GraphLoop
+
+    loop = GraphLoop(model, max_len=a.n + 4)
+    loop_tok(loop, 4)  # warm-up (captures on a GPU)
+    runs, gg, alone, loops, gens = [], [], [], [], []
     for _ in range(max(1, a.rounds)):
         runs.append(profile(model, a.n))
+        loops.append(loop_tok(loop, a.n))
+        gens.append(generate_tok(model, a.n))
         alone.append(experts_alone(runner, a.n))
         if entry:
             gg.append(ggml_layer_s(a.ggml, entry, threads))
@@ -223,8 +262,10 @@ def main(argv=None) -> int:
     token = statistics.median(r["token_s"] for r in runs)
     res = {"path": a.path, "decode": model.moe_engine.decode, "token_s": token, "tok_s": 1 / token, "parts_s": parts,
            "rounds": runs, "layers": runner.num_layers, "threads": threads, "runner": runner.describe(),
-           "loadavg": os.getloadavg(), "experts_alone": {"token_s": statistics.median(x["token_s"] for x in alone),
-                                                         "rounds": alone}}
+           "loadavg": os.getloadavg(), "loop": {"captured": loop.capture, "token_s": statistics.median(loops),
+                                                "rounds": loops},
+           "generate": {"token_s": statistics.median(gens), "rounds": gens},
+           "experts_alone": {"token_s": statistics.median(x["token_s"] for x in alone), "rounds": alone}}
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"{k:22s} {1e3 * v:8.2f} ms/token ({100 * v / token:.0f}%)")
     print(f"{'total':22s} {1e3 * token:8.2f} ms/token ({1 / token:.2f} tok/s; decode path {res['decode'][0]})")
@@ -235,6 +276,12 @@ def main(argv=None) -> int:
         res["executor_in_model"] = med
         print(f"{'  executor step':22s} {1e3 * med['step_s']:8.2f} ms/token ({1e6 * med['step_s'] / L:.0f} us/layer; "
               f"workers entered {med['enter_us']:.0f} us after it began, the latest {med['enter_latest_us']:.0f})")
+    lp, gn = res["loop"]["token_s"], res["generate"]["token_s"]
+    print(f"{'generate(), no hooks':22s} {1e3 * gn:8.2f} ms/token ({1 / gn:.2f} tok/s)")
+    print(f"{'GraphLoop':22s} {1e3 * lp:8.2f} ms/token ({1 / lp:.2f} tok/s; "
+          f"{'one CUDA graph replay a token' if loop.capture else 'eager steps'}): generate() costs "
+          f"{1e3 * (gn - lp):.2f} ms a token more")
+    loop.close()
     al = res["experts_alone"]["token_s"]
     print(f"{'experts alone':22s} {1e3 * al:8.2f} ms/token ({1e6 * al / L:.0f} us/layer: same banks, random routes, "
           f"back to back); in the model {parts.get('experts', 0.0) / al:.2f}x that")

@@ -1,0 +1,123 @@
+"""Greedy decode of a from_pretrained model as one captured step: transformers' own forward on a StaticCache, the
+argmax and the next step's inputs inside the step, so on a GPU a token is one CUDA graph replay and nothing of
+Python's runs between tokens (generate() runs its loop, logits processors and stopping checks in Python, and the
+cudagraphs backend checks its guards and copies its inputs, every token, while the GPU and the CPU experts wait).
+
+The step's inputs are tensors the graph owns: the current token, its position (the cache position, position ids),
+a [1, max_len] attention mask whose position is set inside the step, and a counter indexing the tokens written. Under
+capture transformers builds the causal mask from them with tensor ops (masking_utils skips its data-dependent
+shortcut while a CUDA stream captures). Without a GPU (or capture=False) the same step runs eagerly in a loop: the
+CPU tests check it against generate()'s greedy tokens.
+
+    loop = GraphLoop(model, max_len=4096)
+    new = loop.generate(ids, 32)             # [1, 32]; loop.last: the decode's seconds and tokens
+
+Thread contract: one generate() at a time (the step's tensors are shared); close() drops the graph and the cache."""
+from __future__ import annotations
+
+import inspect
+import time
+
+
+class GraphLoop:
+    def __init__(self, model, max_len: int = 4096, *, capture: bool | None = None):
+        import torch
+
+        if not isinstance(max_len, int) or max_len < 2:
+            raise ValueError(f"max_len={max_len!r}: expected an int >= 2 (the prompt plus the new tokens)")
+        off = getattr(model, "moe_engine", None)
+        self.device = off.runner.device if off is not None else next(model.parameters()).device
+        cuda = self.device.type == "cuda"
+        if capture and not cuda:
+            raise ValueError(f"capture=True: a CUDA graph needs the model on a GPU, it is on {self.device}")
+        if cuda and capture is None and off is not None and not off.runner.graphs_ok:
+            capture = False  # the runner refused graphs at qualification (its reason is in runner.graphs_reason)
+        self.capture = cuda if capture is None else bool(capture)
+        self.model, self.max_len = model, max_len
+        # transformers >= 5.2x names the cache argument `cache` (past_key_values is deprecated there), 5.17 does not
+        self._kv = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache = self.graph = None
+        long = dict(dtype=torch.long, device=self.device)
+        self.cur = torch.zeros((1, 1), **long)  # the token the step reads
+        self.pos = torch.zeros((1,), **long)  # its position
+        self.k = torch.zeros((1,), **long)  # how many tokens the steps wrote
+        self.mask = torch.zeros((1, max_len), **long)
+        self.out = torch.zeros((1, max_len), **long)
+        self.last = None
+
+    def _cache(self):
+        from transformers import StaticCache
+
+        if self.cache is None:
+            self.cache = StaticCache(config=self.model.config, max_cache_len=self.max_len)
+        else:
+            self.cache.reset()
+        return self.cache
+
+    def _step(self) -> None:
+        """One token: set its mask position, transformers' forward on the static cache, argmax, the next inputs."""
+        self.mask.index_fill_(1, self.pos, 1)
+        logits = self.model(input_ids=self.cur, attention_mask=self.mask, cache_position=self.pos,
+                            position_ids=self.pos.view(1, 1), use_cache=True, **{self._kv: self.cache}).logits
+        nxt = logits[:, -1].argmax(-1).view(1, 1)
+        self.out.index_copy_(1, self.k, nxt)
+        self.cur.copy_(nxt)
+        self.pos.add_(1)
+        self.k.add_(1)
+
+    def _capture(self) -> None:
+        import torch
+
+        s = torch.cuda.Stream(self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+            self._step()
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        self.graph = g
+
+    def generate(self, ids, n: int):
+        """The n greedy tokens after ids ([1, P] or [P]), as [1, n] on the model's device. self.last: the prompt's
+        seconds, the decode's seconds for tokens 2..n (the first comes from the prompt), whether captured."""
+        import torch
+
+        ids = torch.as_tensor(ids, device=self.device).view(1, -1).long()
+        P = ids.shape[1]
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n={n!r}: expected an int >= 1 (tokens to generate)")
+        if P < 1 or P + n > self.max_len:
+            raise ValueError(f"a prompt of {P} tokens plus n={n} new ones: expected 1 <= P and P + n <= "
+                             f"max_len={self.max_len}")
+        sync = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            cache = self._cache()
+            self.mask.zero_()
+            self.mask[:, :P] = 1
+            logits = self.model(input_ids=ids, attention_mask=self.mask[:, :P],
+                                cache_position=torch.arange(P, device=self.device), use_cache=True,
+                                **{self._kv: cache}).logits
+            self.out[:, :1] = logits[:, -1].argmax(-1).view(1, 1)
+            self.cur.copy_(self.out[:, :1])
+            self.pos.fill_(P)
+            self.k.fill_(1)
+            sync()
+            t1 = time.perf_counter()
+            steps = n - 1
+            if steps and self.capture and self.graph is None:
+                self._step()  # the first step eagerly: kernels loaded, workspaces made outside the capture
+                steps -= 1
+                self._capture()
+            for _ in range(steps):
+                if self.graph is not None:
+                    self.graph.replay()
+                else:
+                    self._step()
+            sync()
+            t2 = time.perf_counter()
+        self.last = {"prompt_s": t1 - t0, "decode_s": t2 - t1, "decode_tokens": n - 1,
+                     "captured": self.graph is not None}
+        return self.out[:, :n].clone()
+
+    def close(self) -> None:
+        self.graph = self.cache = None

@@ -1,0 +1,91 @@
+"""GraphLoop (integrations/transformers/graph_loop.py): the decode step with its argmax and next inputs inside, on
+a StaticCache, gives generate()'s greedy tokens, eagerly on the CPU (the same step a GPU captures) and, on a GPU,
+captured as one CUDA graph and replayed; a second call reuses the cache and the graph. Bad arguments are named."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", minversion="5.0")
+pytest.importorskip("gguf")
+
+from moe_engine import from_pretrained  # noqa: E402
+from moe_engine.integrations.transformers.graph_loop import GraphLoop  # noqa: E402
+from moe_engine.tools import synth  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    p = tmp_path_factory.mktemp("loop") / "m.gguf"
+    synth.write("gguf-q4_0", p, small=True, layers=2, seed=5, progress=False)
+    return p
+
+
+def _greedy(model, ids, n):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_loop_gives_generates_tokens_on_the_cpu(gguf, decode):
+    model = from_pretrained(gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode=decode)
+    ids = torch.tensor([[3, 17, 101, 42]])
+    want = _greedy(model, ids, 10)
+    loop = GraphLoop(model, max_len=64)
+    assert not loop.capture
+    assert torch.equal(loop.generate(ids, 10), want)
+    other = torch.tensor([[7, 7, 9]])  # a second call: the cache reset, a prompt of another length
+    assert torch.equal(loop.generate(other, 6), _greedy(model, other, 6))
+    assert loop.last["decode_tokens"] == 5 and not loop.last["captured"]
+    loop.close()
+    model.moe_engine.close()
+
+
+def test_loop_refuses_bad_arguments(gguf):
+    model = from_pretrained(gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode="eager")
+    with pytest.raises(ValueError, match="max_len=1"):
+        GraphLoop(model, max_len=1)
+    with pytest.raises(ValueError, match="capture=True: a CUDA graph needs the model on a GPU"):
+        GraphLoop(model, capture=True)
+    loop = GraphLoop(model, max_len=8)
+    with pytest.raises(ValueError, match="n=0"):
+        loop.generate(torch.tensor([[1]]), 0)
+    with pytest.raises(ValueError, match=r"P \+ n <= max_len=8"):
+        loop.generate(torch.tensor([[1, 2, 3]]), 6)
+    model.moe_engine.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+@pytest.mark.parametrize("strategy", ["cpu", "hybrid"])
+def test_loop_captured_on_a_gpu(gguf, strategy):
+    model = from_pretrained(gguf, strategy=strategy, device="cuda", threads=2, progress=False,
+                            gpu_memory="2GiB" if strategy == "hybrid" else None)
+    ids = torch.tensor([[3, 17, 101, 42]], device="cuda")
+    want = _greedy(model, ids, 12)
+    loop = GraphLoop(model, max_len=64)
+    assert loop.capture
+    for _ in range(2):  # the first call captures, the second replays the same graph
+        assert torch.equal(loop.generate(ids, 12), want)
+        assert loop.last["captured"]
+    loop.close()
+    model.moe_engine.close()
+
+
+def test_cli_generate_and_bench_through_the_loop(gguf, capsys):
+    import json
+
+    from moe_engine.tools.cli import main
+
+    common = [str(gguf), "--strategy", "cpu", "--device", "cpu", "-t", "2", "--json", "--quiet"]
+    got = {}
+    for loop in ("generate", "graph"):
+        assert main(["generate", *common, "--ids", "3,17,101", "--max-new-tokens", "6", "--loop", loop]) == 0
+        res = json.loads(capsys.readouterr().out)
+        assert res["loop"] == loop and len(res["ids"]) == 6 and res["decode_tok_s"] > 0
+        got[loop] = res["ids"]
+    assert got["graph"] == got["generate"]
+    assert main(["bench", *common, "-p", "4", "-n", "3", "-r", "2"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["loop"] == "graph" and [r["test"] for r in res["results"]] == ["pp4", "tg3"]
+    assert all(r["avg_ts"] > 0 for r in res["results"])
