@@ -2,6 +2,8 @@
 prefill in chunks, the custom op (opcheck, torch.compile), bad input named before anything runs."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -258,7 +260,6 @@ def cf_bf16():
     return cf.numerics.BF16
 
 
-
 def test_cpu_activations_run_on_torchs_openmp_team(rng):
     """With the activations on the CPU the executor's steps run on torch's OpenMP threads (team="openmp"): no pool of
     our own beside them on the same cores. team="pool" keeps our pinned workers; both give the same bits."""
@@ -273,3 +274,21 @@ def test_cpu_activations_run_on_torchs_openmp_team(rng):
                 ids, w = routes(rng, T, r.top_k, E)
                 assert torch.equal(r.forward(layer, x, w, ids).view(torch.int16),
                                    p.forward(layer, x, w, ids).view(torch.int16))
+
+
+def test_a_forked_child_defaults_to_the_pool():
+    """GNU libgomp does not survive fork(): in a forked child the runner's default team is "pool" (no torch op runs
+    in the child: a parallel region there would wait for the parent's threads)."""
+    from moe_engine.runner import _torch_on_openmp
+
+    if not _torch_on_openmp():
+        pytest.skip("torch's parallel backend here is not libgomp")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, b"pool" if not _torch_on_openmp() else b"openmp")
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r, "rb") as f:
+        assert f.read() == b"pool"
