@@ -3,11 +3,19 @@
  * of the caller alone. Built with -fopenmp: its libgomp.so.1 is the one already loaded (torch's). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
 #include <omp.h>
 
 #include "cpumoe_executor/abi.h"
 
 static const cpumoe_executor_api *api;
+/* ThreadSanitizer's annotations where it is preloaded (ci/sanitize.sh tsan), else none: libgomp is not instrumented,
+ * so this region's start and end are made visible to it by hand (a reused team thread otherwise looks unordered
+ * with what the caller wrote before the region). */
+static void (*tsan_acquire)(void *), (*tsan_release)(void *);
+static void edge(void (*f)(void *), void *p) {
+  if (f) f(p);
+}
 
 /* run_in_region(handle, layer, num_tokens, outer) -> [(rc, outer team size), ...] per outer thread */
 static PyObject *run_in_region(PyObject *self, PyObject *args) {
@@ -21,13 +29,16 @@ static PyObject *run_in_region(PyObject *self, PyObject *args) {
     return NULL;
   }
   cpumoe_executor *ex = (cpumoe_executor *)(uintptr_t)h;
-  Py_BEGIN_ALLOW_THREADS
+  Py_BEGIN_ALLOW_THREADS edge(tsan_release, rc);
 #pragma omp parallel num_threads(outer)
   {
+    edge(tsan_acquire, rc);
     const int t = omp_get_thread_num();
     size[t] = omp_get_num_threads();
     rc[t] = api->run_task(ex, CPUMOE_TASK(layer, T));
+    edge(tsan_release, rc);
   }
+  edge(tsan_acquire, rc);
   Py_END_ALLOW_THREADS
   PyObject *out = PyList_New(outer);
   for (int t = 0; t < outer; ++t) PyList_SET_ITEM(out, t, Py_BuildValue("ii", rc[t], size[t]));
@@ -38,6 +49,8 @@ static PyMethodDef methods[] = {{"run_in_region", run_in_region, METH_VARARGS, "
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "omp_region", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit_omp_region(void) {
+  *(void **)&tsan_acquire = dlsym(RTLD_DEFAULT, "__tsan_acquire");
+  *(void **)&tsan_release = dlsym(RTLD_DEFAULT, "__tsan_release");
   api = (const cpumoe_executor_api *)PyCapsule_Import(CPUMOE_EXECUTOR_CAPSULE_NAME, 0);
   if (!api) return NULL;
   char err[512];
