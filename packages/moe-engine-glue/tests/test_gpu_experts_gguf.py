@@ -306,3 +306,20 @@ def test_cuda_graph_replay(fmts, T):
         eager = ge.forward(1, xi, wi, si)
         torch.cuda.synchronize()
         assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmts", [(f, f) for f in GGUF] + PAIRS, ids="/".join)
+def test_load_range_equals_loads(fmts, device, rng):
+    """load_range (a staged prefill's one copy per bank) leaves the slots bit for bit as load() per expert does."""
+    banks, _, _ = _banks(fmts, rng)
+    E, H, I = SHAPES[fmts[0]]  # noqa: E741
+    fmt = fmts if fmts[0] != fmts[1] else fmts[0]
+    one, many = (GpuExperts(fmt, num_layers=1, capacity=E, E=E, H=H, I=I, top_k=TOP_K, max_tokens=8, device=device)
+                 for _ in range(2))
+    for e in range(E):
+        one.load(0, e, banks, e)
+    many.load_range(0, 0, banks, 0, E)
+    for name in one.parts:
+        a, b = one.parts[name][0], many.parts[name][0]
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name

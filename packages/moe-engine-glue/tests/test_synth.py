@@ -91,6 +91,23 @@ def test_k_quant_blocks_decode_finite_at_the_written_magnitude(maker, qtype):
         np.testing.assert_allclose(dmin, (7.5 if qtype == T.Q4_K else 15.5) * d, rtol=2e-3, atol=6e-8)
 
 
+def test_fp8_random_codes_decode_at_the_written_magnitude():
+    """weights.fp8_block_codes (the full-size FP8 file's fast path): ~N(0, 0.02^2) once scaled, no NaN code, the
+    same bytes for the same (seed, name), the scale shape fp8_block gives."""
+    import ml_dtypes
+
+    from moe_engine.tools.synth import weights
+
+    c, sc = weights.fp8_block_codes(3, "w", (300, 200))
+    assert c.dtype == ml_dtypes.float8_e4m3fn and c.shape == (300, 200) and sc.shape == (3, 2)
+    u = c.view(np.uint8)
+    assert not ((u & 0x7F) == 0x7F).any()
+    x = c.astype(np.float32) * sc[0, 0]
+    assert np.isfinite(x).all() and 0.018 < x.std() < 0.022 and abs(x.mean()) < 0.002
+    assert weights.fp8_block(np.zeros((300, 200), np.float32))[1].shape == sc.shape
+    assert np.array_equal(weights.fp8_block_codes(3, "w", (300, 200))[0].view(np.uint8), u)
+
+
 def test_bad_input_names_the_argument(tmp_path):
     with pytest.raises(ValueError, match="kind='gguf-q2_k'"):
         synth.write("gguf-q2_k", tmp_path / "x.gguf", small=True)

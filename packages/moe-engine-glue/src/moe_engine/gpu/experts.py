@@ -113,6 +113,22 @@ class GpuExperts:
         for name, t in parts.items():
             self.parts[name][layer, slot].copy_(t, non_blocking=non_blocking)
 
+    def load_range(self, layer: int, slot: int, banks: dict, lo: int, hi: int, *, non_blocking: bool = False) -> None:
+        """Copy experts lo..hi-1 of `banks` into slots slot..slot+hi-lo-1 of `layer`: one copy per bank and part for
+        the whole range (a staged prefill's layer: the per-expert load() ran 128 copies and plane splits a layer)."""
+        self._check_layer(layer)
+        n = hi - lo
+        if not (0 <= lo < hi <= self.E and 0 <= slot and slot + n <= self.capacity):
+            raise ValueError(f"experts {lo}..{hi} into slots from {slot}: expected 0 <= lo < hi <= E={self.E} and "
+                             f"slot + (hi - lo) <= capacity={self.capacity}")
+        if self._specs[0] is self._specs[1]:
+            self._specs[0].validate(banks, self.E, self.H, self.I)
+        else:
+            _validate_pair(self._specs, banks, self.E, self.H, self.I)
+        parts = layouts.to_device(self.formats, banks, slice(lo, hi), self.H, self.I, self.device, non_blocking)
+        for name, t in parts.items():
+            self.parts[name][layer, slot:slot + n].copy_(t, non_blocking=non_blocking)
+
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer}: expected 0 <= layer < num_layers={self.num_layers}")

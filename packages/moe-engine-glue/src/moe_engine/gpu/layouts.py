@@ -120,53 +120,65 @@ def _bf16(a, device, nbk) -> torch.Tensor:
     return _t(a, np.uint16, device, nbk).view(torch.bfloat16)
 
 
-def _has_480(codes: torch.Tensor) -> torch.Tensor:
-    """[1] int32 on the codes' device: 1 if any e4m3 code is 0x7F or 0xFF (computed there: on the host the scan
-    held an fp8_block layer's staged prefill to 1.4 GB/s, against 4.2 GB/s now, on the H200 host)."""
-    return ((codes & 0x7F) == 0x7F).any().to(torch.int32).reshape(1)
+def _has_480(codes: torch.Tensor, batched: bool = False) -> torch.Tensor:
+    """[1] int32 on the codes' device ([n, 1] for a batch of experts): 1 if any e4m3 code is 0x7F or 0xFF (computed
+    there: on the host the scan held an fp8_block layer's staged prefill to 1.4 GB/s, against 4.2 GB/s now, on the
+    H200 host)."""
+    hit = (codes & 0x7F) == 0x7F
+    if batched:
+        return hit.flatten(1).any(1).to(torch.int32).reshape(-1, 1)
+    return hit.any().to(torch.int32).reshape(1)
 
 
-def _deinterleave_rows(t: torch.Tensor) -> torch.Tensor:
-    """Rows 0, 2, 4, ... then 1, 3, 5, ... (mxfp4's interleaved gate/up columns -> gate rows then up rows)."""
-    return torch.cat([t[0::2], t[1::2]], dim=0)
+def _deinterleave_rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """Rows 0, 2, 4, ... then 1, 3, 5, ... along `dim` (mxfp4's interleaved gate/up columns -> gate rows then up
+    rows)."""
+    t = t.movedim(dim, 0)
+    return torch.cat([t[0::2], t[1::2]], dim=0).movedim(0, dim)
 
 
 def _planes(fmt: str, raw: torch.Tensor) -> dict:
-    """A GGUF matrix's block bytes [N, nb * B] uint8 on the device -> its planes (views; load() copies them into
-    the slot's contiguous parts)."""
+    """A GGUF matrix's block bytes [N, nb * B] uint8 on the device ([n, N, nb * B] for n experts) -> its planes
+    (views; load() copies them into the slots' contiguous parts)."""
     B = GGUF_BLOCK[fmt][0]
-    N = raw.shape[0]
-    b = raw.view(N, -1, B)
+    lead = tuple(raw.shape[:-1])
+    b = raw.reshape(-1, raw.shape[-1]).view(-1, raw.shape[-1] // B, B)
+    N = b.shape[0]
 
     def f16(lo):  # the fp16 at byte lo of every block -> [N, nb]
         return b[:, :, lo:lo + 2].view(torch.float16).reshape(N, -1)
 
     if fmt == "q4_0":
-        return {"w": b[:, :, 2:].reshape(N, -1), "s": f16(0)}
-    if fmt == "q8_0":
-        return {"w": b[:, :, 2:].reshape(N, -1).view(torch.int8), "s": f16(0)}
-    if fmt == "q4_k":
-        return {"w": b[:, :, 16:].reshape(N, -1), "s": b[:, :, 4:16].reshape(N, -1),
-                "v": b[:, :, 0:4].view(torch.float16).reshape(N, -1)}
-    return {"w": b[:, :, 0:192].reshape(N, -1), "s": b[:, :, 192:208].reshape(N, -1).view(torch.int8),
-            "v": f16(208)}
+        out = {"w": b[:, :, 2:].reshape(N, -1), "s": f16(0)}
+    elif fmt == "q8_0":
+        out = {"w": b[:, :, 2:].reshape(N, -1).view(torch.int8), "s": f16(0)}
+    elif fmt == "q4_k":
+        out = {"w": b[:, :, 16:].reshape(N, -1), "s": b[:, :, 4:16].reshape(N, -1),
+               "v": b[:, :, 0:4].view(torch.float16).reshape(N, -1)}
+    else:
+        out = {"w": b[:, :, 0:192].reshape(N, -1), "s": b[:, :, 192:208].reshape(N, -1).view(torch.int8),
+               "v": f16(208)}
+    return {k: v.reshape(lead + (v.shape[-1],)) for k, v in out.items()}
 
 
-def matrix_to_device(fmt: str, role: str, banks: dict, e: int, K: int, device, non_blocking: bool = False) -> dict:
+def matrix_to_device(fmt: str, role: str, banks: dict, e, K: int, device, non_blocking: bool = False) -> dict:
     """Expert e's matrix `role` ("gate_up" or "down") of one layer's (validated) banks, stored in format `fmt` under
-    that format's bank names -> {"w" | "s" | "v": device tensor (or view) in the layout of `matrix_specs`}."""
-    nbk, p = non_blocking, role
+    that format's bank names -> {"w" | "s" | "v": device tensor (or view) in the layout of `matrix_specs`}. e: an
+    expert, or a slice of experts (every part then gains their leading dimension: one copy of a layer's range
+    instead of one per expert)."""
+    nbk, p, batched = non_blocking, role, isinstance(e, slice)
     if fmt == "bf16":
         return {"w": _bf16(banks[p][e], device, nbk)}
     if fmt == "fp8_block":
         w = _t(banks[p][e], np.uint8, device, nbk)
-        return {"w": w, "s": _bf16(banks[p + "_scale"][e][:, :nb(K)], device, nbk).float(), "v": _has_480(w)}
+        return {"w": w, "s": _bf16(banks[p + "_scale"][e][..., :nb(K)], device, nbk).float(),
+                "v": _has_480(w, batched)}
     if fmt == "mxfp4":
-        w = _t(banks[p + "_blocks"][e], np.uint8, device, nbk).t()
-        s = _t(banks[p + "_scales"][e], np.uint8, device, nbk).t()
+        w = _t(banks[p + "_blocks"][e], np.uint8, device, nbk).transpose(-1, -2)
+        s = _t(banks[p + "_scales"][e], np.uint8, device, nbk).transpose(-1, -2)
         v = _bf16(banks[p + "_bias"][e], device, nbk).float()
         if role == "gate_up":
-            w, s, v = _deinterleave_rows(w), _deinterleave_rows(s), _deinterleave_rows(v)
+            w, s, v = _deinterleave_rows(w, -2), _deinterleave_rows(s, -2), _deinterleave_rows(v, -1)
         return {"w": w, "s": s, "v": v}
     if fmt == "nvfp4":
         return {"w": _t(banks[p + "_packed"][e], np.uint8, device, nbk),
@@ -177,8 +189,9 @@ def matrix_to_device(fmt: str, role: str, banks: dict, e: int, K: int, device, n
     raise ValueError(f"format={fmt!r} has no GPU layout")
 
 
-def to_device(fmts, banks: dict, e: int, H: int, I: int, device, non_blocking: bool = False) -> dict:  # noqa: E741
-    """Expert e of one layer's (validated) banks -> {part: device tensor (or view) in the layout of `specs`}."""
+def to_device(fmts, banks: dict, e, H: int, I: int, device, non_blocking: bool = False) -> dict:  # noqa: E741
+    """Expert e (an int, or a slice of experts) of one layer's (validated) banks -> {part: device tensor (or view) in
+    the layout of `specs`}."""
     fmts = (fmts, fmts) if isinstance(fmts, str) else tuple(fmts)
     out = {}
     for role, fmt in zip(ROLES, fmts):

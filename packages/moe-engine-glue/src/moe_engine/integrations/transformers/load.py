@@ -61,7 +61,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     decode: the non-expert decode path (decode.py): auto (static on a CPU with oneDNN bf16, else eager), eager,
         packed (oneDNN-packed bf16 linears), static (packed + transformers' static cache), compile (static cache +
         torch.compile); one log line names the choice and why, model.moe_engine.decode keeps it.
-    kwargs: MoERunner's other keywords (graph_batch_sizes, max_tokens, mode, isa, handshake, qualify, prefill).
+    kwargs: MoERunner's other keywords (graph_batch_sizes, max_tokens, mode, isa, handshake, qualify, prefill,
+        pin_memory: on a GPU with experts on the CPU it defaults to True, the host banks page-locked up to half of
+        MemAvailable, so a prompt's staged experts copy at link speed; False keeps them pageable).
     """
     import torch
 
@@ -149,6 +151,10 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         if plan.strategy == "hybrid":  # the budget's slots per layer (a random subset; "hot" once run on a GPU)
             n = plan.experts_per_layer
             place = dict(residency="random", capacity=n) if n else dict(residency=0.0)
+        if dev.type == "cuda" and plan.strategy in ("cpu", "hybrid"):
+            # page-locked host banks (up to half of MemAvailable): a prompt's staged experts copy at link speed
+            # (pageable: 4-6 GB/s on the H200 host, docs/moe-engine.md), hot's re-placements too
+            kwargs.setdefault("pin_memory", True)
         runner = MoERunner(run_fmt, banks, top_k=int(cfg.num_experts_per_tok), strategy=plan.strategy, device=dev,
                            threads=threads, progress=progress, **place, **act, **kwargs)
         del banks

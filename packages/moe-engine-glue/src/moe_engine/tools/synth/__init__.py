@@ -50,7 +50,8 @@ def write(kind: str, out, *, small: bool = False, layers: int | None = None, see
     if writer == "gguf":
         r = gguf_file.write(out, s, what, seed=seed, progress=progress, random_codes=random_codes)
     else:
-        r = hf_dir.write(out, s, what, seed=seed, shard_bytes=shard_bytes, progress=progress)
+        r = hf_dir.write(out, s, what, seed=seed, shard_bytes=shard_bytes, progress=progress,
+                         random_codes=random_codes)
     return {**r, "kind": kind, "shape": s}
 
 

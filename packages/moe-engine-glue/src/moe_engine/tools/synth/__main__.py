@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="read the file back and check it (check.py)")
     ap.add_argument("--quiet", action="store_true", help="no per-layer progress lines")
     ap.add_argument("--random-codes", action="store_true",
-                    help="GGUF Q4_0 / Q8_0 experts: draw the blocks directly instead of quantizing float weights "
+                    help="GGUF Q4_0 / Q8_0 experts and FP8 block weights: draw the codes directly instead of "
+                         "quantizing float weights "
                          "(a full-size file in minutes; the checker then tests their magnitude, not their values)")
     a = ap.parse_args(argv)
     r = write(a.kind, a.out, small=a.small, layers=a.layers, seed=a.seed, shard_bytes=a.shard_size,

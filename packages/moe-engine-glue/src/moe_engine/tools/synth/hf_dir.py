@@ -42,7 +42,7 @@ def _bf16(seed, key, shape, **kw):
     return weights.normal(seed, key, shape, **kw).astype(BF16)
 
 
-def _items(s: Shape, layout: str, seed: int):
+def _items(s: Shape, layout: str, seed: int, random_codes: bool = False):
     """[(layer or None, [(name, dtype, shape)], producer -> {name: array})] in file order."""
     def bf16(key, shape, **kw):
         return (None, [(key, BF16, shape)], lambda: {key: _bf16(seed, key, shape, **kw)})
@@ -54,7 +54,8 @@ def _items(s: Shape, layout: str, seed: int):
         sshape = (-(-shape[0] // weights.FP8_BLOCK), -(-shape[1] // weights.FP8_BLOCK))
 
         def make():
-            c, sc = weights.fp8_block(weights.normal(seed, key, shape))
+            c, sc = (weights.fp8_block_codes(seed, key, shape) if random_codes else
+                     weights.fp8_block(weights.normal(seed, key, shape)))
             return {key: c, sk: sc}
         return (None, [(key, np.dtype(ml_dtypes.float8_e4m3fn), shape), (sk, np.dtype(np.float32), sshape)], make)
 
@@ -132,15 +133,17 @@ def config(s: Shape, layout: str, vocab: tokenizer.Vocab) -> dict:
                 "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
 
 
-def write(out_dir, s: Shape, layout: str, seed: int = 0, shard_bytes: int = 1 << 30, progress: bool = True) -> dict:
-    """Write a checkpoint directory; returns {'path', 'bytes', 'seconds', 'tensors', 'shards'}."""
+def write(out_dir, s: Shape, layout: str, seed: int = 0, shard_bytes: int = 1 << 30, progress: bool = True,
+          random_codes: bool = False) -> dict:
+    """Write a checkpoint directory; returns {'path', 'bytes', 'seconds', 'tensors', 'shards'}. random_codes: the
+    fp8 layout's codes drawn directly (weights.fp8_block_codes)."""
     from safetensors.numpy import save_file
 
     if layout not in LAYOUTS.get(s.arch, ()):
         raise ValueError(f"layout {layout!r} for shape {s.arch!r}: expected one of {LAYOUTS.get(s.arch)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    items = _items(s, layout, seed)
+    items = _items(s, layout, seed, random_codes)
     shards, cur, cur_bytes = [], [], 0
     for it in items:
         nb = sum(int(np.prod(shape)) * dt.itemsize for _, dt, shape in it[1])
