@@ -42,10 +42,13 @@ prep)
   ( mkdir -p .ggml && tar xJf .ggml/llama-src.tar.xz -C .ggml && \
     CUDA=1 CUDA_FA=0 JOBS=${LLAMA_JOBS:-10} OUT=$ROOT/.ggml/llama-cuda bench/llamacpp/build_llama_bench.sh ) >"$OUT/llama-build.log" 2>&1 &
   lb=$!
-  $PY -m moe_engine.tools.synth --kind gguf-q4_0 --random-codes --quiet --out "$GGUF" >"$OUT/synth.log" 2>&1 &
-  sy=$!
+  sy=
   for p in cpumoe-formats cpumoe-executor gpusync-cuda gpusync-hip kernelio; do
     (cd "$P/$p" && $PY hatch_build.py) >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    if [ -z "$sy" ]; then  # the writer imports cpumoe_formats: it starts once that is built
+      $PY -m moe_engine.tools.synth --kind gguf-q4_0 --random-codes --quiet --out "$GGUF" >"$OUT/synth.log" 2>&1 &
+      sy=$!
+    fi
   done
   stamp "ours built"
   if [ "${GLUE_TESTS:-1}" = 1 ]; then
@@ -62,10 +65,13 @@ fresh)
     ( mkdir -p .ggml && tar xJf .ggml/llama-src.tar.xz -C .ggml && CUDA=1 CUDA_FA=0 JOBS=8 OUT=$ROOT/.ggml/llama-cuda \
       bench/llamacpp/build_llama_bench.sh ) >/tmp/llama-build.log 2>&1 &
   fi
-  [ -f "$GGUF" ] || $PY -m moe_engine.tools.synth --kind gguf-q4_0 --random-codes --quiet --out "$GGUF" >/tmp/synth.log 2>&1 &
-  sy=$!
+  sy=
   for p in cpumoe-formats cpumoe-executor gpusync-cuda gpusync-hip kernelio; do
     (cd "$P/$p" && $PY hatch_build.py) >>/tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+    if [ -z "$sy" ]; then  # the writer imports cpumoe_formats: it starts once that is built
+      [ -f "$GGUF" ] || $PY -m moe_engine.tools.synth --kind gguf-q4_0 --random-codes --quiet --out "$GGUF" >/tmp/synth.log 2>&1 &
+      sy=$!
+    fi
   done
   stamp "ours built"
   timeout 200 $PY -m pytest -p no:cacheprovider -q -rfEs packages/moe-engine-glue/tests/test_from_pretrained.py \
