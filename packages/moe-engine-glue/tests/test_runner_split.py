@@ -233,8 +233,10 @@ def test_staged_prefill_from_page_locked_banks(rng):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(DEVICE != "cuda", reason="torch sees no CUDA device")
-@pytest.mark.xfail(strict=True, reason="on the H100 (2026-12-06) the split's graph replay fails with "
-                   "cudaErrorInvalidValue at qualification, so the runner decodes it eagerly (correct, not captured)")
+@pytest.mark.xfail(strict=False, reason="intermittent on the H100 (2026-12-06): the split's graph replay at "
+                   "qualification fails with cudaErrorInvalidValue in some runs (the runner then decodes eagerly: "
+                   "correct, not captured) and not in others: 4 of 8 split runners refused graphs, none of 2 under "
+                   "CUDA_LAUNCH_BLOCKING=1")
 def test_split_runs_under_graphs(rng):
     banks, _ = make_banks("bf16", rng, E=8)
     with _runner(banks, residency=0.25, capacity=4, split=0.5) as sp:
