@@ -41,6 +41,16 @@ def test_loop_gives_generates_tokens_on_the_cpu(gguf, decode):
     model.moe_engine.close()
 
 
+def test_loop_on_gpt_oss(tmp_path):
+    """gpt-oss: sliding-window layers beside full ones, attention sinks; the step's masks from the static cache."""
+    p = tmp_path / "oss"
+    synth.write("mxfp4", p, small=True, layers=2, seed=3, progress=False)
+    model = from_pretrained(p, strategy="cpu", device="cpu", threads=2, progress=False)
+    ids = torch.tensor([[3, 17, 101, 42, 9]])
+    assert torch.equal(GraphLoop(model, max_len=64).generate(ids, 12), _greedy(model, ids, 12))
+    model.moe_engine.close()
+
+
 def test_loop_refuses_bad_arguments(gguf):
     model = from_pretrained(gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode="eager")
     with pytest.raises(ValueError, match="max_len=1"):
