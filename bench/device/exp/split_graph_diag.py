@@ -1,6 +1,5 @@
 """Where the miss split's graph replay fails (issue 40): the split runner as test_split_runs_under_graphs builds it,
 check_graphs called directly with the traceback printed; then the pieces captured one by one."""
-import os
 import sys
 import traceback
 
@@ -14,7 +13,7 @@ from moe_engine import qualify  # noqa: E402
 from moe_engine.runner import MoERunner  # noqa: E402
 
 rng = np.random.default_rng(0)
-banks, (E, H, I) = make_banks("bf16", rng, E=8)
+banks, (E, H, I) = make_banks("bf16", rng, E=8)  # noqa: E741
 r = MoERunner("bf16", banks, top_k=3, strategy="hybrid", device="cuda", threads=2, graph_batch_sizes=(1, 3),
               progress=False, residency=0.25, capacity=4, split=0.5)
 print("graphs_ok", r.graphs_ok, r.graphs_reason, flush=True)
