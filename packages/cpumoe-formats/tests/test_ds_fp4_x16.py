@@ -137,9 +137,15 @@ def test_against_float64_reference(rng, mode, tier, H, I, T):  # noqa: E741
     ref = cf.reference.moe(FMT, b, x, w, ids, mode=mode, dequantized=deq)
     tol = moe_tol(kernel(FMT, E, H, I, mode, tier), b, x, w, ids, ref, deq)
     assert rel_err(y, ref) < tol
-    # ds_fp4's w4a8 kernel on the same bytes: the same math, only the fp32 grouping differs
-    yd = cf.moe_forward("ds_fp4", cf.unpack_ds_fp4_x16(b), x, w, ids, mode="w4a8")
-    assert rel_err(y, yd.astype(np.float64)) < 2 * tol
+    # ds_fp4's w4a8 kernel on the same bytes: the same math, only the fp32 grouping differs, so either side may
+    # round a gate/up to bf16 the other way near a boundary, and through the int8 requantization a whole block of
+    # g may follow: ds_fp4's own flips are allowed too (CPUMOE_TEST_SEED=1994551418: 3.7% at H=384, T=9 from one
+    # such flip in AVX-512's g, gone with x scaled by 1.001)
+    bd = cf.unpack_ds_fp4_x16(b)
+    kd = cf.Kernel("ds_fp4", E, H, I, mode="w4a8")
+    yd = kd.forward(bd, x, w, ids)
+    flips_d = ds_flip_effect("ds_fp4", kd, bd, x, w, ids, cf.get_format("ds_fp4").dequantize(bd), "w4a8")
+    assert rel_err(y, yd.astype(np.float64)) < 2 * tol + flips_d / float(np.abs(ref).max())
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
