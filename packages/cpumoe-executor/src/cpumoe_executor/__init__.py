@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import _native
-from .executor import CpuMoeExecutor, cpu_layout, openmp_team_unusable, resolve_cores, usable_cpus
+from .cores import openmp_team_unusable, resolve_cores, usable_cpus
+from .cpu_layout import cpu_layout
+from .executor import CpuMoeExecutor
 
 __version__ = "0.4.0"
 ABI_VERSION = (_native.ABI_MAJOR, _native.ABI_MINOR)

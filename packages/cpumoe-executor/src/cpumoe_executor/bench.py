@@ -55,7 +55,8 @@ import cpumoe_formats as cf
 from cpumoe_formats.bench import PRESETS, build_banks
 from cpumoe_formats.machine import llc_bytes, machine_info, stats
 
-from .executor import CpuMoeExecutor, resolve_cores
+from .cores import resolve_cores
+from .executor import CpuMoeExecutor
 from .trace import trace_summary
 
 MiB = 1 << 20

@@ -5,7 +5,6 @@ import logging
 import math
 import sys
 import time
-import warnings
 
 import numpy as np
 
@@ -18,6 +17,8 @@ from cpumoe_formats.roles import check_role
 
 from . import _native, model_formats, numa_banks
 from . import numa as numa_mod
+from .cores import _resolve_cores
+from .cpu_layout import repack_target
 from .trace import trace_summary
 
 log = logging.getLogger("cpumoe_executor")
@@ -25,106 +26,9 @@ _MODES = ("native", "w4a8")
 TEAMS = ("pool", "openmp")  # who runs the steps: our own worker threads, or the caller's OpenMP team
 
 
-def usable_cpus() -> int:
-    """Logical CPUs this process may run on: its affinity mask, capped by the cgroup CPU limit (at least 1). A pure
-    function: any thread may call it."""
-    n, limit = len(_native.allowed_cpus()) or 1, _native.cgroup_cpu_limit()
-    return min(n, limit) if limit > 0 else n
-
-
-def openmp_team_unusable() -> str:
-    """Why an executor's team="openmp" cannot run in this process ("" when it can): no OpenMP runtime loaded (it
-    runs on libgomp.so.1 as torch's wheels bring it; nothing is loaded by asking), or a fork of the process that
-    loaded this package (GNU libgomp's team does not survive fork()). Any thread."""
-    return _native.openmp_team_unusable()
-
-
-def resolve_cores(threads: int | None = None, core_ids=None) -> tuple[list[int], str]:
-    """Worker cores and why: explicit core_ids (repeats allowed: workers sharing a core, on purpose); else
-    `threads` cores taken from the physical cores first, then the other logical CPUs, clamped to usable_cpus()
-    with a RuntimeWarning saying so (spinning workers sharing a core slow every step down); else one per physical
-    core (affinity mask and cgroup CPU limit respected). A pure function: any thread may call it."""
-    return _resolve_cores(threads, core_ids)
-
-
-def _resolve_cores(threads, core_ids) -> tuple[list[int], str]:
-    if core_ids is not None:
-        cores = [int(c) for c in core_ids]
-        allowed = set(_native.allowed_cpus())
-        bad = [c for c in cores if c not in allowed]
-        if not cores or bad:
-            raise ValueError(f"core_ids={list(core_ids)!r}: every id must be in the affinity mask {sorted(allowed)}")
-        if threads is not None and threads != len(cores):
-            raise ValueError(f"threads={threads} disagrees with len(core_ids)={len(cores)}")
-        return cores, "core_ids given"
-    default, why = _native.default_cores()
-    if threads is None:
-        return list(default), why
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"threads={threads!r} must be a positive int or None")
-    phys = list(_native.physical_cores()) or list(default)
-    order = phys + [c for c in _native.allowed_cpus() if c not in phys]
-    usable = min(usable_cpus(), len(order))
-    why = f"threads={threads} requested ({len(phys)} physical cores)"
-    if threads > usable:
-        msg = (f"threads={threads} is more than the {usable} CPUs this process may use (affinity mask, cgroup CPU "
-               f"limit): using threads={usable}. Pass core_ids to place several workers on one core on purpose")
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)  # the line calling resolve_cores or CpuMoeExecutor
-        log.warning("cpumoe_executor: %s", msg)
-        threads, why = usable, f"threads clamped to {usable} usable CPUs ({len(phys)} physical cores)"
-    return order[:threads], why
-
-
 def _span(a: np.ndarray) -> int:
     """Bytes from an array's first element to the end of its last (its strides are positive: validated banks)."""
     return sum((n - 1) * st for n, st in zip(a.shape, a.strides)) + a.itemsize if a.size else 0
-
-
-def cpu_layout(format, H: int, I: int, mode: str | None = None, isa: str | None = None) -> str:  # noqa: A002, E741
-    """The format a CpuMoeExecutor runs banks of `format` as on this machine (repack=None): the format itself, or the
-    CPU layout it repacks them into (q4_0 -> q4_0_x16, mxfp4 -> mxfp4_panel / mxfp4_x16, ...). A loader that streams a
-    model layer by layer converts each layer to it as it arrives (FormatSpec.to_layout), so the process never holds
-    the given banks and the repacked copy at once. Threads: any; a pure function of its arguments and the machine."""
-    spec = cf.get_format(format)
-    mode = spec.default_mode if mode is None else mode
-    if mode not in spec.modes:
-        raise ValueError(f"mode={mode!r} is not supported by format {spec.name!r}; expected one of {list(spec.modes)}")
-    target = _repack_target(spec, H, I, mode, isa, None)
-    return spec.name if target is None else target.name
-
-
-def _repack_target(spec, H: int, I: int, mode: str, isa: str | None, repack: bool | None):  # noqa: E741
-    """The CPU layout to run as, or None: the format's cpu_layout, then that layout's own, as far as each step
-    passes (mxfp4 -> mxfp4_panel -> mxfp4_x16 in w4a8). repack=True forces the first step only."""
-    target = None
-    while (step := _layout_step(spec, H, I, mode, isa, repack if target is None else None)) is not None:
-        target = spec = step
-    return target
-
-
-def _layout_step(spec, H: int, I: int, mode: str, isa: str | None, repack: bool | None):  # noqa: E741
-    """spec's CPU layout, or None. Auto (repack=None): when the layout has the mode, takes H and I, and its kernel
-    on this machine (isa / CPUMOE_ISA respected) is at least spec's tier and spec's cpu_layout_min_tier (avx2
-    for every layout but bf16's, avx512f: a scalar cap keeps the given format)."""
-    if not spec.cpu_layout or repack is False:
-        return None
-    target = cf.get_format(spec.cpu_layout)
-    if mode not in target.modes:
-        if repack:
-            raise ValueError(f"repack=True: format {target.name!r} (the CPU layout of {spec.name!r}) has "
-                             f"no mode {mode!r}; expected mode in {list(target.modes)} or repack=None")
-        return None
-    try:  # the layout's own shape rules (fp8_block takes any H and I, fp8_block_x16 multiples of 16)
-        target.check_dims(H, I)
-    except ValueError as e:
-        if repack:
-            raise ValueError(f"repack=True: {e}; expected repack=None or False for these banks") from None
-        return None
-    if repack:
-        return target
-    tier = lambda fmt: TIERS.index(cf.selected_tier(fmt, mode, isa).split("+")[0])  # noqa: E731
-    floor = TIERS.index(spec.cpu_layout_min_tier) if spec.cpu_layout_min_tier else 0
-    return target if tier(target.name) >= max(tier(spec.name), floor) else None
 
 
 def _pair_name(pair) -> str:
@@ -231,7 +135,7 @@ class CpuMoeExecutor:
             mode = cf.model_mode(pairs, mode)
         if isa is not None and isa not in TIERS:
             raise ValueError(f"isa={isa!r} is not a tier; expected one of {list(TIERS)}")
-        self._formats = model_formats.resolve(pairs, self.H, self.I, mode, isa, repack, _repack_target)
+        self._formats = model_formats.resolve(pairs, self.H, self.I, mode, isa, repack, repack_target)
         kernel_specs = self._formats.kernel_formats
         self._topology, self._placed = None, None
         if team == "openmp":
