@@ -25,6 +25,17 @@ def pytest_configure(config):
         config.addinivalue_line("markers", m)
 
 
+@pytest.fixture(scope="session")
+def small_gguf(tmp_path_factory):
+    """The small 2-layer Q4_0 GGUF of the qwen3moe shape (moe_engine.tools.synth), written once per session."""
+    pytest.importorskip("gguf")
+    from moe_engine.tools import synth
+
+    p = tmp_path_factory.mktemp("small_gguf") / "q4_0.gguf"
+    synth.write("gguf-q4_0", p, small=True, layers=2, seed=11, progress=False)
+    return p
+
+
 @pytest.fixture
 def rng():
     seed = int(os.environ.get("CPUMOE_TEST_SEED", int.from_bytes(os.urandom(4), "little")))

@@ -14,21 +14,14 @@ from moe_engine.integrations.transformers.graph_loop import GraphLoop  # noqa: E
 from moe_engine.tools import synth  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def gguf(tmp_path_factory):
-    p = tmp_path_factory.mktemp("loop") / "m.gguf"
-    synth.write("gguf-q4_0", p, small=True, layers=2, seed=5, progress=False)
-    return p
-
-
 def _greedy(model, ids, n):
     with torch.no_grad():
         return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[:, ids.shape[1]:]
 
 
 @pytest.mark.parametrize("decode", ["eager", "static"])
-def test_loop_gives_generates_tokens_on_the_cpu(gguf, decode):
-    model = from_pretrained(gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode=decode)
+def test_loop_gives_generates_tokens_on_the_cpu(small_gguf, decode):
+    model = from_pretrained(small_gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode=decode)
     ids = torch.tensor([[3, 17, 101, 42]])
     want = _greedy(model, ids, 10)
     loop = GraphLoop(model, max_len=64)
@@ -51,8 +44,8 @@ def test_loop_on_gpt_oss(tmp_path):
     model.moe_engine.close()
 
 
-def test_loop_refuses_bad_arguments(gguf):
-    model = from_pretrained(gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode="eager")
+def test_loop_refuses_bad_arguments(small_gguf):
+    model = from_pretrained(small_gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode="eager")
     with pytest.raises(ValueError, match="max_len=1"):
         GraphLoop(model, max_len=1)
     with pytest.raises(ValueError, match="capture=True: a CUDA graph needs the model on a GPU"):
@@ -68,8 +61,8 @@ def test_loop_refuses_bad_arguments(gguf):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 @pytest.mark.parametrize("strategy", ["cpu", "hybrid"])
-def test_loop_captured_on_a_gpu(gguf, strategy):
-    model = from_pretrained(gguf, strategy=strategy, device="cuda", threads=2, progress=False,
+def test_loop_captured_on_a_gpu(small_gguf, strategy):
+    model = from_pretrained(small_gguf, strategy=strategy, device="cuda", threads=2, progress=False,
                             gpu_memory="2GiB" if strategy == "hybrid" else None)
     ids = torch.tensor([[3, 17, 101, 42]], device="cuda")
     want = _greedy(model, ids, 12)
@@ -82,12 +75,12 @@ def test_loop_captured_on_a_gpu(gguf, strategy):
     model.moe_engine.close()
 
 
-def test_cli_generate_and_bench_through_the_loop(gguf, capsys):
+def test_cli_generate_and_bench_through_the_loop(small_gguf, capsys):
     import json
 
     from moe_engine.tools.cli import main
 
-    common = [str(gguf), "--strategy", "cpu", "--device", "cpu", "-t", "2", "--json", "--quiet"]
+    common = [str(small_gguf), "--strategy", "cpu", "--device", "cpu", "-t", "2", "--json", "--quiet"]
     got = {}
     for loop in ("generate", "graph"):
         assert main(["generate", *common, "--ids", "3,17,101", "--max-new-tokens", "6", "--loop", loop]) == 0

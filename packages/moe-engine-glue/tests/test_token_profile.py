@@ -11,18 +11,11 @@ pytest.importorskip("transformers", minversion="5.0")
 pytest.importorskip("gguf")
 
 from moe_engine import from_pretrained  # noqa: E402
-from moe_engine.tools import synth, token_profile  # noqa: E402
+from moe_engine.tools import token_profile  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def gguf(tmp_path_factory):
-    p = tmp_path_factory.mktemp("tp") / "q4_0.gguf"
-    synth.write("gguf-q4_0", p, small=True, layers=2, seed=11, progress=False)
-    return p
-
-
-def test_profile_splits_our_experts(gguf):
-    model = from_pretrained(gguf, strategy="cpu", device="cpu", threads=2, progress=False)
+def test_profile_splits_our_experts(small_gguf):
+    model = from_pretrained(small_gguf, strategy="cpu", device="cpu", threads=2, progress=False)
     try:
         r = model.moe_engine.runner
         p = token_profile.profile(model, 3)
@@ -39,9 +32,9 @@ def test_profile_splits_our_experts(gguf):
         model.moe_engine.close()
 
 
-def test_command_reports_the_split(gguf, tmp_path, capsys):
+def test_command_reports_the_split(small_gguf, tmp_path, capsys):
     out = tmp_path / "tp.json"
-    assert token_profile.main([str(gguf), "-n", "2", "-t", "2", "--rounds", "1", "--json", str(out)]) == 0
+    assert token_profile.main([str(small_gguf), "-n", "2", "-t", "2", "--rounds", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "executor step" in text and "experts alone" in text and "GraphLoop" in text
     res = json.loads(out.read_text())
