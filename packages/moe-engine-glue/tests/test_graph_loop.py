@@ -34,6 +34,28 @@ def test_loop_gives_generates_tokens_on_the_cpu(small_gguf, decode):
     model.moe_engine.close()
 
 
+def test_replays_end_the_runners_step(small_gguf):
+    """A replay runs none of the runner's Python: the loop calls runner.end_step() after each one (hot placement's
+    window), and not after an eager step (the runner's last layer ends those itself)."""
+    model = from_pretrained(small_gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode="static")
+    loop = GraphLoop(model, max_len=64)
+    ended, replays = [], []
+
+    class Replayed:  # stands in for the CUDA graph: the captured step's work, run eagerly
+        def replay(self):
+            replays.append(1)
+            loop._step()
+
+    loop._end_step = lambda: ended.append(1) or 0
+    ids = torch.tensor([[3, 17, 101, 42]])
+    want = _greedy(model, ids, 8)
+    assert torch.equal(loop.generate(ids, 8), want) and not ended  # eager: the runner's own forward ends steps
+    loop.graph = Replayed()
+    assert torch.equal(loop.generate(ids, 8), want)
+    assert len(ended) == len(replays) == 7
+    model.moe_engine.close()
+
+
 def test_loop_on_gpt_oss(tmp_path):
     """gpt-oss: sliding-window layers beside full ones, attention sinks; the step's masks from the static cache."""
     p = tmp_path / "oss"

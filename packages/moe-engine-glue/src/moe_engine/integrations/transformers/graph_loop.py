@@ -12,6 +12,10 @@ CPU tests check it against generate()'s greedy tokens.
     loop = GraphLoop(model, max_len=4096)
     new = loop.generate(ids, 32)             # [1, 32]; loop.last: the decode's seconds and tokens
 
+A replay runs none of the runner's Python, so the loop ends each replayed step itself (runner.end_step(): under
+residency="hot" the routing counts are folded and experts re-placed between replays, through the in-place tables);
+an eager step ends itself in the runner's last layer.
+
 Thread contract: one generate() at a time (the step's tensors are shared); close() drops the graph and the cache."""
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ class GraphLoop:
             capture = False  # the runner refused graphs at qualification (its reason is in runner.graphs_reason)
         self.capture = cuda if capture is None else bool(capture)
         self.model, self.max_len = model, max_len
+        # a replay runs no Python of the runner's: its end of step (hot placement's counts and moves) is called here
+        self._end_step = off.runner.end_step if off is not None else (lambda: 0)
         # transformers >= 5.2x names the cache argument `cache` (past_key_values is deprecated there), 5.17 does not
         self._kv = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.cache = self.graph = None
@@ -111,6 +117,7 @@ class GraphLoop:
             for _ in range(steps):
                 if self.graph is not None:
                     self.graph.replay()
+                    self._end_step()
                 else:
                     self._step()
             sync()
