@@ -34,32 +34,39 @@ def mem_available() -> int | None:
 
 def _ranges(layer: dict) -> list[tuple[int, int]]:
     """The layer's arrays as page-rounded [start, end) address ranges, merged where they share pages."""
-    spans = []
-    for a in layer.values():
-        a = np.asarray(a)
-        if a.nbytes == 0:
-            continue
-        p = a.__array_interface__["data"][0]
-        spans.append((p - p % PAGE, -(-(p + a.nbytes) // PAGE) * PAGE))
-    spans.sort()
-    out = []
-    for s, e in spans:
-        if out and s <= out[-1][1]:
+    return _merge(_page_range(a) for a in layer.values() if np.asarray(a).nbytes)
+
+
+def _page_range(a) -> tuple[int, int]:
+    a = np.asarray(a)
+    p = a.__array_interface__["data"][0]
+    return p - p % PAGE, -(-(p + a.nbytes) // PAGE) * PAGE
+
+
+def _merge(ranges) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(ranges):
+        if out and s < out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], e))
         else:
             out.append((s, e))
     return out
 
 
-def _subtract(ranges, taken) -> list[tuple[int, int]]:
-    """ranges minus the already registered intervals (layers can share a page at their edges)."""
-    out = []
-    for s, e in ranges:
-        parts = [(s, e)]
-        for ts, te in taken:
-            parts = [p for a, b in parts for p in ((a, min(b, ts)), (max(a, te), b)) if p[1] > p[0]]
-        out += parts
-    return out
+def spans(banks) -> tuple[list[tuple[int, int]], list[set[int]]]:
+    """The registration units: every array of every layer page-rounded, merged wherever two share a page, across
+    layers too; and per layer the units its arrays lie in. Each array lies inside one unit, so it is either wholly
+    inside one registration or outside all: the CUDA runtime refuses (cudaErrorInvalidValue) an asynchronous copy
+    whose host range runs over the end of the registration its start lies in, which per-layer ranges trimmed where
+    two layers share a page produced (small arrays packed on the heap; hybrid's set_residency copies failed)."""
+    owned = [(r, li) for li, layer in enumerate(banks) for a in layer.values() if np.asarray(a).nbytes
+             for r in [_page_range(a)]]
+    units = _merge(r for r, _ in owned)
+    starts = [s for s, _ in units]
+    of_layer: list[set[int]] = [set() for _ in banks]
+    for (s, _e), li in owned:
+        of_layer[li].add(int(np.searchsorted(starts, s, side="right")) - 1)
+    return units, of_layer
 
 
 def _name(rt, ret) -> str:
@@ -84,6 +91,18 @@ def _clear_last_error(rt) -> None:
             return
         except (OSError, AttributeError):
             continue
+
+
+def _spans_text(layers: list[int]) -> str:
+    """[2, 3, 4, 7] -> '2..4, 7'."""
+    out, i = [], 0
+    while i < len(layers):
+        j = i
+        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+            j += 1
+        out.append(f"{layers[i]}" if i == j else f"{layers[i]}..{layers[j]}")
+        i = j + 1
+    return ", ".join(out)
 
 
 def _cudart():
@@ -113,30 +132,33 @@ class PinnedBanks:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise ValueError(f"pin_memory={budget!r}: expected bytes to page-lock (an int >= 0), None or False")
         self._rt = runtime or _cudart()
-        taken: list[tuple[int, int]] = []
-        for li, layer in enumerate(banks):
-            ranges = _subtract(_ranges(layer), taken)
-            need = sum(e - s for s, e in ranges)
+        units, of_layer = spans(banks)
+        done: set[int] = set()
+        for li in range(len(banks)):
+            todo = sorted(of_layer[li] - done)
+            need = sum(units[u][1] - units[u][0] for u in todo)
             if self.bytes + need > budget:
-                self.why = (f"layers {li}..{len(banks) - 1} pageable: the pin budget of {budget / 2**30:.1f} GiB is "
-                            f"spent")
+                self.why = f"the pin budget of {budget / 2**30:.1f} GiB is spent"
                 break
-            ok = []
-            for s, e in ranges:
+            failed = False
+            for u in todo:
+                s, e = units[u]
                 ret = self._rt.cudaHostRegister(s, e - s, REGISTER_FLAGS)
                 if int(ret) != 0:
                     _clear_last_error(self._rt)  # else torch's next launch check would report it as its own
-                    self.why = (f"layers {li}..{len(banks) - 1} pageable: cudaHostRegister failed "
-                                f"({_name(self._rt, ret)})")
+                    self.why = f"cudaHostRegister failed ({_name(self._rt, ret)})"
+                    failed = True
                     break
-                ok.append(s)
-                taken.append((s, e))
-            self._done += ok
-            if len(ok) != len(ranges):
+                self._done.append(s)
+                done.add(u)
+                self.bytes += e - s
+            if failed:
                 break
-            self.pinned[li] = True
-            self.bytes += need
+        # a unit registered for one layer may hold another layer's arrays: a layer is pinned when all of its are
+        self.pinned = [of_layer[li] <= done for li in range(len(banks))]
         if self.why:
+            rest = [li for li, p in enumerate(self.pinned) if not p]
+            self.why = f"layers {_spans_text(rest)} pageable: {self.why}"
             log.warning("host banks: %.1f GiB pinned in %d of %d layers; %s", self.bytes / 2**30, sum(self.pinned),
                         len(banks), self.why)
 
