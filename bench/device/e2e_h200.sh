@@ -8,8 +8,9 @@
 # llama: llama-bench -ngl 99 --n-cpu-moe N for N = 48 36 24 0 (all, 3/4, 1/2, none of the experts on the CPU): pp and
 #        tg (P, N_GEN, R), JSON per N.
 # fresh: one call on a fresh machine: ours built, the file written, the GPU decode tests (every buffer on the GPU,
-#        the step captured), then `ours`; llama.cpp built beside the file and the tests when it is missing or the card
-#        is not the one `llama` last ran on (LLAMA_ON, default H200), and `llama` run for NCPU after ours (a ratio needs both on one card).
+#        the step captured), then `ours`, then `llama` for NCPU_AFTER (a ratio needs both on one machine). llama.cpp's
+#        CUDA tools come from .ggml/llama-cuda-bin.tar.xz when carried (built here with build_llama_bench.sh, its
+#        llama-bench stripped and packed: ~27 MB), else they are built there first (~8 min: the call then runs out).
 # profile: token_profile on the GPU for each of STRATS (default "cpu"; gpu = every expert on the GPU: the floor of
 #        the non-expert part): the parts with a sync at each hook, GraphLoop's captured step and generate() apart,
 #        the experts alone; JSON per strategy (tp-STRATEGY.json).
@@ -62,7 +63,10 @@ prep)
 fresh)
   stamp "start; $(nproc) cores; $(nvidia-smi --query-gpu=name --format=csv,noheader)"
   lb=
-  if [ ! -x .ggml/llama-cuda/bin/run.sh ] || ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "${LLAMA_ON:-H200}"; then
+  if [ ! -x .ggml/llama-cuda/bin/run.sh ] && [ -f .ggml/llama-cuda-bin.tar.xz ]; then  # built elsewhere and carried
+    mkdir -p .ggml/llama-cuda && tar xJf .ggml/llama-cuda-bin.tar.xz -C .ggml && mv .ggml/llama-cuda-bin .ggml/llama-cuda/bin
+  fi
+  if [ ! -x .ggml/llama-cuda/bin/run.sh ]; then
     ( mkdir -p .ggml && tar xJf .ggml/llama-src.tar.xz -C .ggml && CUDA=1 CUDA_FA=0 JOBS=8 OUT=$ROOT/.ggml/llama-cuda \
       bench/llamacpp/build_llama_bench.sh ) >/tmp/llama-build.log 2>&1 &
     lb=$!

@@ -16,6 +16,19 @@ from conftest import make_banks  # noqa: E402
 from moe_engine import qualify  # noqa: E402
 from moe_engine.runner import MoERunner  # noqa: E402
 
+_check_graphs = qualify.check_graphs
+
+
+def check_graphs_traced(r, layer, gen, replays=4):
+    try:
+        return _check_graphs(r, layer, gen, replays)
+    except Exception:
+        traceback.print_exc()  # where qualification's replay failed (qualify keeps only the message)
+        print("  last error after:", rt.cudaPeekAtLastError() if rt is not None else None, flush=True)
+        raise
+
+
+qualify.check_graphs = check_graphs_traced
 rt = None
 for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
     try:
@@ -79,14 +92,16 @@ for i in range(N):
             print(f"[{i}] pair pinned: {hy.pinned.summary() if hy.pinned else None} / "
                   f"{s0.pinned.summary() if s0.pinned else None}", flush=True)
     peek("split runner")
-    with runner(banks, residency=0.25, capacity=4, split=0.5) as sp:
+    split = None if os.environ.get("NOSPLIT") == "1" else 0.5
+    with runner(banks, residency=0.25, capacity=4, split=split, pin_memory=True) as sp:
         print(f"[{i}] graphs_ok={sp.graphs_ok} path={getattr(sp.sync, 'path', None)} "
               f"pinned={sp.pinned.summary() if sp.pinned else None}", flush=True)
         if not sp.graphs_ok:
             refused += 1
             print("  reason:", sp.graphs_reason[:300], flush=True)
-            try:
-                staged(sp)
-            except Exception:  # noqa: BLE001
-                traceback.print_exc()
+            if os.environ.get("STAGED", "0") == "1":
+                try:
+                    staged(sp)
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
 print(f"refused {refused} of {N} (CUDA_LAUNCH_BLOCKING={os.environ.get('CUDA_LAUNCH_BLOCKING', '0')})", flush=True)
