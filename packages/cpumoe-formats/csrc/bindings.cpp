@@ -191,6 +191,63 @@ class Kernel {
   }
   std::shared_ptr<KernelState> st_;
 };
+// The dense bf16 linear (ABI 1.9), single-threaded: what the executor runs on its threads, here for tests and
+// tools. Thread contract: shareable; the native kernel is stateless and read-only, each call prepares x into a
+// buffer of its own; concurrent calls follow Kernel's rule (a call's out may not overlap another's memory).
+struct LinearState {
+  cpumoe_linear* k = nullptr;
+  ~LinearState() { linear_destroy(k); }
+};
+class Linear {
+ public:
+  explicit Linear(int tier_cap) {
+    char err[512] = {0};
+    cpumoe_linear* k = nullptr;
+    if (linear_create(tier_cap, &k, err, sizeof err) != 0) throw py::value_error(err);
+    st_ = std::make_shared<LinearState>();
+    st_->k = k;
+  }
+  std::shared_ptr<LinearState> live() const {
+    if (!st_) throw std::runtime_error("cpumoe_formats._native.Linear is closed");
+    return st_;
+  }
+  void close() { st_.reset(); }
+  bool closed() const { return !st_; }
+  std::string name() const { return live()->k->name; }
+  int tier() const { return live()->k->tier; }
+  int row_block() const { return live()->k->row_block; }
+  size_t x_bytes(int K) const {
+    auto s = live();
+    return s->k->x_bytes(s->k, K);
+  }
+  // Rows [r0, r1) of y for n tokens; pointers and byte strides checked by the Python caller (linear.py).
+  void rows(uint64_t w, int64_t w_stride, int K, int M, int r0, int r1, int n, uint64_t x, int64_t x_stride,
+            uint64_t bias, uint64_t y, int64_t y_stride, bool y_fp32) const {
+    auto s = live();
+    if (K < 1 || M < 1 || n < 1) throw py::value_error("need K >= 1, M >= 1 and n >= 1");
+    if (r0 < 0 || r1 > M || r0 >= r1) throw py::value_error("need 0 <= r0 < r1 <= M");
+    const size_t yb = (size_t)(n - 1) * y_stride + (size_t)M * (y_fp32 ? 4 : 2);
+    const size_t xb = (size_t)(n - 1) * x_stride + (size_t)K * 2;
+    const Claim claim{span(y, yb, true), span(x, xb, false), span(w, (size_t)(M - 1) * w_stride + 2 * K, false)};
+    NoGil nogil;
+    const cpumoe_linear* k = s->k;
+    const size_t xp = k->x_bytes(k, K);
+    std::vector<char> buf;
+    const void* xr = (const void*)(uintptr_t)x;
+    int64_t xs = x_stride;
+    if (xp) {  // the tier's prepared rows
+      buf.resize(xp * n + 64);
+      char* d = buf.data() + (64 - (uintptr_t)buf.data() % 64) % 64;
+      for (int t = 0; t < n; ++t) k->prep_x(k, (const uint16_t*)(uintptr_t)(x + (uint64_t)t * x_stride), K, d + xp * t);
+      xr = d, xs = (int64_t)xp;
+    }
+    k->rows(k, (const void*)(uintptr_t)w, w_stride, K, r0, r1, n, xr, xs, (const uint16_t*)(uintptr_t)bias,
+            (void*)(uintptr_t)y, y_stride, y_fp32 ? 1 : 0);
+  }
+
+ private:
+  std::shared_ptr<LinearState> st_;
+};
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -253,4 +310,15 @@ PYBIND11_MODULE(_native, m) {
       .def("moe_step", &Kernel::moe_step)
       .def("close", &Kernel::close)
       .def_property_readonly("closed", &Kernel::closed);
+  py::class_<Linear>(m, "Linear")
+      .def(py::init<int>(), py::arg("tier_cap") = -1)
+      .def_property_readonly("name", &Linear::name)
+      .def_property_readonly("tier", &Linear::tier)
+      .def_property_readonly("row_block", &Linear::row_block)
+      .def("x_bytes", &Linear::x_bytes)
+      .def("rows", &Linear::rows, py::arg("w"), py::arg("w_stride"), py::arg("K"), py::arg("M"), py::arg("r0"),
+           py::arg("r1"), py::arg("n"), py::arg("x"), py::arg("x_stride"), py::arg("bias"), py::arg("y"),
+           py::arg("y_stride"), py::arg("y_fp32"))
+      .def("close", &Linear::close)
+      .def_property_readonly("closed", &Linear::closed);
 }

@@ -188,6 +188,87 @@ void kernel_destroy(cpumoe_kernel* k) {
   delete k;
 }
 
+}  // namespace cpumoe
+
+// ---- the dense bf16 linear (ABI 1.9): one init function per tier, no amx one (linear_bf16.cpp) ----
+#define CPUMOE_LDECL(tag) bool cpumoe_init_linear_bf16_##tag(cpumoe_linear*);
+CPUMOE_LDECL(scalar)
+#ifdef CPUMOE_BUILT_avx2
+CPUMOE_LDECL(avx2)
+#define L_avx2 &cpumoe_init_linear_bf16_avx2
+#else
+#define L_avx2 nullptr
+#endif
+#ifdef CPUMOE_BUILT_avxvnni
+CPUMOE_LDECL(avxvnni)
+#define L_avxvnni &cpumoe_init_linear_bf16_avxvnni
+#else
+#define L_avxvnni nullptr
+#endif
+#ifdef CPUMOE_BUILT_avx512f
+CPUMOE_LDECL(avx512f)
+#define L_avx512f &cpumoe_init_linear_bf16_avx512f
+#else
+#define L_avx512f nullptr
+#endif
+#ifdef CPUMOE_BUILT_avx512vnni
+CPUMOE_LDECL(avx512vnni)
+#define L_avx512vnni &cpumoe_init_linear_bf16_avx512vnni
+#else
+#define L_avx512vnni nullptr
+#endif
+#ifdef CPUMOE_BUILT_avx512bf16
+CPUMOE_LDECL(avx512bf16)
+#define L_avx512bf16 &cpumoe_init_linear_bf16_avx512bf16
+#else
+#define L_avx512bf16 nullptr
+#endif
+namespace cpumoe {
+namespace {
+using LinearInit = bool (*)(cpumoe_linear*);
+const LinearInit kLinear[CPUMOE_TIER_COUNT] = {&cpumoe_init_linear_bf16_scalar, L_avx2, L_avxvnni, L_avx512f,
+                                               L_avx512vnni, L_avx512bf16, nullptr};
+}  // namespace
+
+int32_t linear_create(int32_t cap, cpumoe_linear** out, char* err, size_t errlen) {
+  *out = nullptr;
+  if (cap < 0) {
+    cap = env_tier_cap();
+    if (cap < 0) {
+      const char* v = std::getenv("CPUMOE_ISA");
+      std::snprintf(err, errlen, "CPUMOE_ISA=%s is not a tier; expected one of scalar, avx2, avxvnni, avx512f, "
+                    "avx512vnni, avx512bf16, amx, auto", v ? v : "");
+      return -1;
+    }
+  }
+  if (cap >= CPUMOE_TIER_COUNT) {
+    std::snprintf(err, errlen, "tier cap %d is not in [0, %d)", cap, CPUMOE_TIER_COUNT);
+    return -1;
+  }
+  const unsigned usable = usable_tier_mask();
+  cpumoe_linear* k = new (std::nothrow) cpumoe_linear();
+  if (!k) {
+    std::snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  for (int t = cap; t >= 0; --t) {
+    if (!(usable & (1u << t)) || !kLinear[t]) continue;
+    *k = cpumoe_linear();
+    k->struct_size = sizeof(cpumoe_linear);
+    if (!kLinear[t](k)) continue;
+    k->tier = t;
+    std::snprintf(k->name_buf, sizeof k->name_buf, "%s", tier_name(t));
+    k->name = k->name_buf;
+    *out = k;
+    return 0;
+  }
+  delete k;
+  std::snprintf(err, errlen, "no dense bf16 linear kernel at or below tier %s", tier_name(cap));
+  return -1;
+}
+
+void linear_destroy(cpumoe_linear* k) { delete k; }
+
 int32_t format_bank_count(int32_t format) {
   return format >= 0 && format < CPUMOE_FMT_COUNT ? kFormats[format].banks : -1;
 }

@@ -25,6 +25,9 @@ size_t step_scratch_bytes(const cpumoe_kernel* k, int32_t T, int32_t top_k);
 int32_t moe_step(const cpumoe_kernel* k, const cpumoe_bank* banks, int32_t T, int32_t top_k, const uint16_t* x,
                  const int32_t* ids, const float* w, uint16_t* y, void* scratch, char* err, size_t errlen);
 const cpumoe_formats_api* api_table();
+// The dense bf16 linear (ABI 1.9) at the best tier <= cap (< 0: CPUMOE_ISA's cap).
+int32_t linear_create(int32_t cap, cpumoe_linear** out, char* err, size_t errlen);
+void linear_destroy(cpumoe_linear* k);
 double read_bandwidth_gbps(const void* p, size_t n, int reps);
 uint64_t read_sum(const void* p, size_t n);
 uint64_t peak_loop(int32_t kind, int32_t tier, uint64_t iters);  // peak.cpp

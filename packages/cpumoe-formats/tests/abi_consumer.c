@@ -51,7 +51,41 @@ static PyObject *step(PyObject *self, PyObject *args) {
   return name;
 }
 
-static PyMethodDef methods[] = {{"step", step, METH_VARARGS, "one MoE step through the C ABI"}, {NULL, NULL, 0, NULL}};
+/* linear(M, K, n, w, x, y) -> tier name: y [n, M] bf16 = x [n, K] bf16 @ w [M, K] bf16 ^T (ABI 1.9), rows in two
+ * calls ([0, M/2) then the rest) to use the row range as the executor does */
+static PyObject *linear(PyObject *self, PyObject *args) {
+  int M, K, n;
+  unsigned long long w, x, y;
+  (void)self;
+  if (!PyArg_ParseTuple(args, "iiiKKK", &M, &K, &n, &w, &x, &y)) return NULL;
+  cpumoe_linear *k = NULL;
+  char err[512];
+  if (api->linear_create(-1, &k, err, sizeof err)) {
+    PyErr_SetString(PyExc_ValueError, err);
+    return NULL;
+  }
+  size_t xb = k->x_bytes(k, K);
+  const void *xr = (const void *)(uintptr_t)x;
+  int64_t xs = 2 * (int64_t)K;
+  void *buf = NULL;
+  if (xb) {
+    buf = malloc(xb * n);
+    for (int t = 0; t < n; ++t) k->prep_x(k, (const uint16_t *)(uintptr_t)x + (size_t)t * K, K, (char *)buf + xb * t);
+    xr = buf, xs = (int64_t)xb;
+  }
+  k->rows(k, (const void *)(uintptr_t)w, 2 * (int64_t)K, K, 0, M / 2, n, xr, xs, NULL, (void *)(uintptr_t)y,
+          2 * (int64_t)M, 0);
+  k->rows(k, (const void *)(uintptr_t)w, 2 * (int64_t)K, K, M / 2, M, n, xr, xs, NULL, (void *)(uintptr_t)y,
+          2 * (int64_t)M, 0);
+  free(buf);
+  PyObject *name = PyUnicode_FromString(k->name);
+  api->linear_destroy(k);
+  return name;
+}
+
+static PyMethodDef methods[] = {{"step", step, METH_VARARGS, "one MoE step through the C ABI"},
+                                {"linear", linear, METH_VARARGS, "the dense bf16 linear through the C ABI"},
+                                {NULL, NULL, 0, NULL}};
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "abi_consumer", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit_abi_consumer(void) {

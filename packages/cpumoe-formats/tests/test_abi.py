@@ -64,6 +64,16 @@ def test_matching_consumer_computes_same_bits(tmp_path, rng):
                  y.ctypes.data)
 
 
+def test_linear_through_the_c_abi_computes_the_python_entrys_bits(tmp_path, rng):
+    mod = build_consumer(tmp_path)
+    M, K, n = 45, 133, 3
+    w = rng.standard_normal((M, K)).astype(cf.numerics.BF16)
+    x = rng.standard_normal((n, K)).astype(cf.numerics.BF16)
+    y = np.zeros((n, M), cf.numerics.BF16)
+    assert mod.linear(M, K, n, w.ctypes.data, x.ctypes.data, y.ctypes.data) == cf.Linear().name
+    np.testing.assert_array_equal(y.view(np.uint16), cf.Linear().forward(x, w).view(np.uint16))
+
+
 @pytest.mark.parametrize("major,minor", [(0, 0), (2, 0), (1, 99)])
 def test_mismatched_consumer_is_refused_naming_both_versions(tmp_path, major, minor):
     have = f"{cf.ABI_VERSION[0]}.{cf.ABI_VERSION[1]}"

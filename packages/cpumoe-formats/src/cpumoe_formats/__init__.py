@@ -39,6 +39,7 @@ from .formats.q8_0_x16 import repack as repack_q8_0_x16
 from .formats.q8_0_x16 import unpack as unpack_q8_0_x16
 from .kernels import PEAK_KINDS, TIERS, Kernel, detected_tier, moe_forward, peak_loop, selected_tier, usable_tiers
 from .layers import is_uniform, layer_formats, model_mode, validate_layer
+from .linear import Linear
 from .roles import ROLES
 
 __version__ = "0.2.0"
@@ -90,7 +91,7 @@ if os.environ.get("CPUMOE_DEBUG_INFO"):
     print(f"cpumoe_formats {__version__} ABI {ABI_VERSION} {BUILD_INFO} usable tiers {usable_tiers()}")
 
 __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "PEAK_KINDS", "TIERS", "Kernel",
-           "aligned_copy", "peak_loop",
+           "Linear", "aligned_copy", "peak_loop",
            "ROLES", "aligned_empty", "detected_tier", "get_format", "get_include", "is_uniform", "layer_formats",
            "model_mode", "moe_forward", "quantize", "reference",
            "repack_bf16_x16", "repack_ds_fp4_x16", "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_mxfp4_x16",

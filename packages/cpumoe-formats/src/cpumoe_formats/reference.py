@@ -96,3 +96,18 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
                 o = round_bf16(o)
             y[t] += o
     return y
+
+
+def linear(x, weight, bias=None) -> np.ndarray:
+    """The dense linear's float64 reference (linear.Linear): y [n, M] = bf16(x) @ weight.T (+ bias), exact in float64
+    before the output's rounding; x is rounded to bf16 first (the kernel reads bf16), weight and bias are read as
+    given (bf16 values). NaN and inf propagate by IEEE float64 rules. Threads: any (pure numpy)."""
+    from ._arrays import as_array
+
+    xv = round_bf16(np.asarray(as_array(x, "x"), np.float64))
+    w = np.asarray(as_array(weight, "weight"), np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = xv @ w.T
+        if bias is not None:
+            y = y + np.asarray(as_array(bias, "bias"), np.float64)
+    return y

@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 8
+#define CPUMOE_FORMATS_ABI_MINOR 9
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -155,6 +155,35 @@ struct cpumoe_kernel {
  *   FP32: vfmadd231ps (ymm at avx2 / avxvnni, zmm from avx512f). */
 enum cpumoe_peak_kind { CPUMOE_PEAK_INT8 = 0, CPUMOE_PEAK_BF16 = 1, CPUMOE_PEAK_FP32 = 2, CPUMOE_PEAK_COUNT = 3 };
 
+/* ABI 1.9. The dense bf16 linear: y = x W^T (+ bias) for a row-major bf16 W [M, K] and a few tokens x [n, K] (bf16),
+ * the non-expert projections of a model at decode (attention, routers, the LM head), by the bf16 expert kernels' row
+ * dots. One tier's functions; it holds no weights and no state, so one serves any number of threads at once.
+ * Bytes of one token's prepared x of length K; 0: rows() reads the bf16 row as given (no prep). */
+typedef struct cpumoe_linear cpumoe_linear;
+typedef size_t (*cpumoe_linear_x_bytes_fn)(const cpumoe_linear *k, int32_t K);
+/* Prepare one token's bf16 row (x_bytes(K) > 0). */
+typedef void (*cpumoe_linear_prep_fn)(const cpumoe_linear *k, const uint16_t *src, int32_t K, void *dst);
+/* Rows [r0, r1) of y for n >= 1 tokens: for t < n and r0 <= r < r1,
+ *   y_t[r] = dot(W[r, 0:K], x_t) (+ bias[r]), fp32 accumulation, stored as fp32 (y_fp32) or bf16 (to nearest even).
+ * w: row 0 of W, w_stride bytes between rows (rows 2-byte aligned); x: token 0's prepared row (its bf16 row where
+ * x_bytes is 0), x_stride bytes between tokens; bias: M bf16 values or NULL; y: token 0's output row (element r at
+ * y + r), y_stride bytes between tokens. Any K >= 1 and row range. A (row, token) result depends only on that row,
+ * that token and K: never on r0, r1, n or the other rows (work splits and batches give the same bits). */
+typedef void (*cpumoe_linear_rows_fn)(const cpumoe_linear *k, const void *w, int64_t w_stride, int32_t K,
+                                      int32_t r0, int32_t r1, int32_t n, const void *x, int64_t x_stride,
+                                      const uint16_t *bias, void *y, int64_t y_stride, int32_t y_fp32);
+struct cpumoe_linear {
+  uint32_t struct_size;
+  int32_t tier;              /* cpumoe_tier of the code that runs */
+  const char *name;          /* the tier's name, e.g. "avx512bf16" */
+  cpumoe_linear_x_bytes_fn x_bytes;
+  cpumoe_linear_prep_fn prep_x;
+  cpumoe_linear_rows_fn rows;
+  int32_t row_block;         /* rows per work item it runs best with (its weight streams span one item) */
+  int32_t reserved;
+  char name_buf[32];
+};
+
 typedef struct cpumoe_formats_api {
   uint32_t abi_major;
   uint32_t abi_minor;
@@ -185,6 +214,10 @@ typedef struct cpumoe_formats_api {
    * done, or 0 where this CPU, OS or build cannot run that tier, or the tier has no such instruction (scalar).
    * Time it on every core for the machine's multiply-adds per second: an upper bound for any kernel of the tier. */
   uint64_t (*peak_loop)(int32_t kind, int32_t tier, uint64_t iters);
+  /* ABI 1.9. The dense bf16 linear at the best tier <= tier_cap (< 0: the default cap, CPUMOE_ISA or the best):
+   * returns 0, or -1 with a message in err. Free it with linear_destroy. */
+  int32_t (*linear_create)(int32_t tier_cap, cpumoe_linear **out, char *err, size_t errlen);
+  void (*linear_destroy)(cpumoe_linear *k);
 } cpumoe_formats_api;
 
 /* fp32 -> bf16, round to nearest even; NaN stays a quiet NaN of the same sign.
