@@ -223,6 +223,18 @@ PYBIND11_MODULE(_native, m) {
            },
            py::arg("layer"), py::arg("T"), py::arg("x"), py::arg("ids"), py::arg("w"), py::arg("y"),
            py::arg("ids_bytes") = 4, py::arg("w_bf16") = false)
+      .def("linear",
+           [](PyExecutor& s, uint64_t w, int64_t w_stride, int M, int K, int n, uint64_t x, int64_t x_stride,
+              uint64_t bias, uint64_t y, int64_t y_stride, bool y_fp32) {
+             without_gil([&] {
+               s.ex->linear((const void*)(uintptr_t)w, w_stride, M, K, n, (const uint16_t*)(uintptr_t)x, x_stride,
+                            (const uint16_t*)(uintptr_t)bias, (void*)(uintptr_t)y, y_stride, y_fp32);
+             });
+           },
+           py::arg("w"), py::arg("w_stride"), py::arg("M"), py::arg("K"), py::arg("n"), py::arg("x"),
+           py::arg("x_stride"), py::arg("bias"), py::arg("y"), py::arg("y_stride"), py::arg("y_fp32") = false)
+      .def_property_readonly("linear_name", [](PyExecutor& s) { return s.ex->linear_name(); })
+      .def_property_readonly("linear_runs", [](PyExecutor& s) { return s.ex->linear_runs(); })
       .def("run_task", [](PyExecutor& s, uint64_t task) { return without_gil([&] { return s.ex->run_task(task); }); })
       .def("start_coordinator",
            [](PyExecutor& s, uint64_t ready, uint64_t done, uint64_t error, int core) {

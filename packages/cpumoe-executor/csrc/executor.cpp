@@ -149,6 +149,15 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
     parts_.push_back(std::move(P));
   }
   kernel_name_ = parts_[0]->ks[0]->name;
+  {
+    char err[512] = {0};
+    if (api_->linear_create(cfg_.tier_cap, &lin_, err, sizeof err) != 0) {
+      for (auto& Q : parts_)
+        for (auto* q : Q->ks) api_->kernel_destroy(q);
+      throw std::invalid_argument(err);
+    }
+    linear_name_ = lin_->name;
+  }
   tstart_.resize(T + 1);
   troutes_.resize(R);
   order_.resize(R);
@@ -232,6 +241,8 @@ void Executor::close() {
     release(P->routes);
     P->left.reset(), P->gready.reset(), P->gnext.reset(), P->gdone.reset();
   }
+  if (lin_) api_->linear_destroy(lin_), lin_ = nullptr;
+  release(lin_x_);
   for (auto& G : groups_) release(G->banks), release(G->mem);  // placed banks: freed unless a view holds them
   release(placements_), release(tstart_), release(troutes_), release(order_), release(gstart_), release(gexpert_);
   release(count_), release(rwin_);

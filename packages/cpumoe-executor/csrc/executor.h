@@ -161,6 +161,18 @@ class Executor {
   // multiply-adds per second (G) per rep, or an empty vector where the tier has no such loop here.
   std::vector<double> compute_peak(int kind, int tier, uint64_t iters, int reps);
 
+  // The dense bf16 linear (cpumoe-formats ABI 1.9; linear.cpp) on group 0's threads (the caller and its workers, or
+  // its OpenMP team): y_t[r] = dot(W[r, 0:K], x_t) (+ bias[r]) for r < M, t < n, stored bf16 or fp32. w: W's row 0,
+  // w_stride bytes between rows; x: token 0's bf16 row, x_stride bytes between tokens; y likewise. The rows are split
+  // in blocks the threads claim (a thread that comes late finds them taken); any team gives the same bits. Under the
+  // step lock (a linear and a step never interleave). Throws std::invalid_argument on bad sizes, std::runtime_error
+  // when closed or in a forked child.
+  void linear(const void* w, int64_t w_stride, int32_t M, int32_t K, int32_t n, const uint16_t* x, int64_t x_stride,
+              const uint16_t* bias, void* y, int64_t y_stride, bool y_fp32);
+  // The linear kernel's tier name ("avx512bf16"), from the same cap as the experts' kernels.
+  const std::string& linear_name() const { return linear_name_; }
+  uint64_t linear_runs() const { return linear_runs_.load(std::memory_order_relaxed); }
+
   // Team sizing: a step runs on 1 + (its work in bytes) / unit threads, at most threads();
   // unit <= 0: always every thread. Work = weight bytes of the routed experts + kDotBytes per
   // row dot. Any team size gives bit-identical output.
@@ -280,8 +292,27 @@ class Executor {
   // In a forked child: the parent's threads are forgotten, not joined (pool.h: Pool::abandon).
   void abandon_threads();
 
+  // The linear in flight (linear.cpp): a member, so that a worker leaving late reads live memory.
+  struct LinearJob {
+    const cpumoe_linear* k;
+    const void* w;
+    int64_t ws, xs, ys;
+    int32_t K, M, n, blk, nblk, fp32;
+    const void* x;
+    const uint16_t* bias;
+    void* y;
+    alignas(64) std::atomic<int> next{0};
+    alignas(64) std::atomic<int> done{0};
+  };
+  static void linear_body(void* job, int tid);
+
   const cpumoe_formats_api* api_;
   Config cfg_;
+  cpumoe_linear* lin_ = nullptr;
+  std::string linear_name_;
+  LinearJob lin_job_{};
+  std::vector<char> lin_x_;  // prepared x rows (tiers that widen x)
+  std::atomic<uint64_t> linear_runs_{0};
   RouteSum rsum_{};
   std::vector<std::unique_ptr<Part>> parts_;
   std::vector<std::unique_ptr<Group>> groups_;

@@ -34,9 +34,11 @@ RAISE = {
     "team_unit": lambda ex, s: ex.team_unit,
     "set_team_unit": lambda ex, s: ex.set_team_unit(0),
     "numa_report": lambda ex, s: ex.numa_report(),
+    "linear": lambda ex, s: ex.linear(np.zeros((1, 8), cf.numerics.BF16), np.zeros((4, 8), cf.numerics.BF16)),
 }
 FINE = {"close", "stop_coordinator", "closed", "isa", "threads", "numa",  # teardown stays idempotent; descriptions stay
-        "spec", "given_format", "layer_formats", "given_layer_formats", "mixed", "layer_spec", "kernel_isas"}
+        "spec", "given_format", "layer_formats", "given_layer_formats", "mixed", "layer_spec", "kernel_isas",
+        "linear_isa"}
 
 
 def router_tensors(s):
