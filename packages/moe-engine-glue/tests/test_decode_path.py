@@ -7,6 +7,8 @@ over the vocabulary:
     bound 1e-2 (bf16's relative step is 3.9e-3: a product that rounds differently shows up, a wrong weight does not
     stay under it).
   static: the static cache's attention over its full length with a mask: measured <= 7.5e-3; bound 2e-2.
+  gemv: static's cache, and the bf16 products summed in fp32 by cpumoe_formats' dense linear (4 chains a row):
+    the same bound as static, 2e-2.
   compile: inductor fuses the norms and rotary in fp32: measured <= 3.2e-2 but 1.2e-1 at a routing flip (E = 16,
     top-4 near-ties, as test_from_pretrained.py explains); bound 5e-2 at 90% of positions, 0.3 elsewhere.
 Greedy tokens equal eager's wherever eager's top-2 margin exceeds twice that position's max |error|.
@@ -86,15 +88,40 @@ def test_compile_matches_eager(gguf, eager):
     _check(out, eager, 5e-2, flip_tol=0.3, share=0.9)
 
 
-def test_auto_picks_static_on_this_cpu_and_logs_why(gguf, caplog):
+def test_gemv_matches_eager(gguf, eager):
+    from moe_engine.dense import DenseLinear, DenseWeight
+
+    model, out = _generate(gguf, "gemv")
+    assert model.moe_engine.decode[0] == "gemv"
+    dense = [n for n, m in model.named_modules() if isinstance(m, DenseLinear)]
+    assert "lm_head" in dense and any(n.endswith("self_attn.q_proj") for n in dense)
+    assert all(type(m.gate.weight) is DenseWeight for m in model.modules() if hasattr(m, "gate")
+               and type(m.gate).__name__.endswith("Router"))
+    assert model.generation_config.cache_implementation == "static"
+    _check(out, eager, 2e-2)
+
+
+def test_auto_picks_gemv_with_a_cpu_executor_and_logs_why(gguf, caplog):
     with caplog.at_level(logging.INFO, logger="moe_engine"):
         model = from_pretrained(gguf, **KW)
+    ex = model.moe_engine.runner.executor
+    with torch.no_grad():
+        runs = ex._x.linear_runs
+        model(torch.tensor([[5]]))
+        assert ex._x.linear_runs > runs  # the linears ran there
     model.moe_engine.close()
     line = [r.getMessage() for r in caplog.records if "decode path" in r.getMessage()]
-    assert len(line) == 1 and line[0].startswith("from_pretrained: decode path static (CPU with oneDNN bf16")
-    assert "linears packed" in line[0]
-    assert model.moe_engine.decode[0] == "static"
+    assert len(line) == 1 and line[0].startswith("from_pretrained: decode path gemv (CPU executor: its dense bf16 "
+                                                 f"linear ({ex.linear_isa})"), line
+    assert "linears and 2 routers on the executor" in line[0]
+    assert model.moe_engine.decode[0] == "gemv"
     assert decode.resolve("auto", torch.device("cuda"))[0] == "eager"
+    assert decode.resolve("auto", torch.device("cpu"))[0] == "static"  # no runner: oneDNN's packed path
+
+
+def test_gemv_needs_a_cpu_executor():
+    with pytest.raises(ValueError, match="decode='gemv' runs the linears on the experts' CPU executor"):
+        decode.resolve("gemv", torch.device("cpu"))
 
 
 def test_packed_linear_against_float64():
@@ -142,7 +169,7 @@ def test_pack_linears_frees_each_weight_as_it_goes(monkeypatch):
 
 
 def test_bad_decode_value_is_refused_before_loading(tmp_path):
-    with pytest.raises(ValueError, match=r"decode='fast': expected one of auto, eager, packed, static, compile"):
+    with pytest.raises(ValueError, match=r"decode='fast': expected one of auto, eager, packed, static, compile, gemv"):
         from_pretrained(tmp_path / "missing.gguf", decode="fast", **KW)
     with pytest.raises(ValueError, match="decode=None"):
         decode.check(None)

@@ -19,7 +19,7 @@ def _greedy(model, ids, n):
         return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[:, ids.shape[1]:]
 
 
-@pytest.mark.parametrize("decode", ["eager", "static"])
+@pytest.mark.parametrize("decode", ["eager", "static", "gemv"])
 def test_loop_gives_generates_tokens_on_the_cpu(small_gguf, decode):
     model = from_pretrained(small_gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode=decode)
     ids = torch.tensor([[3, 17, 101, 42]])

@@ -41,3 +41,17 @@ def experts(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: t
 @experts.register_fake
 def _(hidden_states, topk_weights, topk_ids, runner, layer):
     return torch.empty_like(hidden_states)
+
+
+@torch.library.custom_op("moe_engine::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, runner: int) -> torch.Tensor:
+    """x @ weight.T (+ bias) on the runner's CPU executor (moe_engine.dense.linear; F.linear without one)."""
+    from .dense import linear as dense_linear
+
+    y = dense_linear(runner_of(runner).executor, x, weight, bias)
+    return y.clone() if y.data_ptr() == x.data_ptr() else y
+
+
+@linear.register_fake
+def _(x, weight, bias, runner):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

@@ -198,7 +198,7 @@ def common_args(p, path_nargs=None) -> None:
     p.add_argument("--gpu-memory", default=None, help="GPU budget, e.g. 16GiB (default: the free memory)")
     p.add_argument("--strategy", default=None, choices=("auto", "cpu", "hybrid", "gpu"))
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    p.add_argument("--decode", default=None, choices=("auto", "eager", "packed", "static", "compile"),
+    p.add_argument("--decode", default=None, choices=("auto", "eager", "packed", "static", "compile", "gemv"),
                    help="the non-expert decode path (from_pretrained's decode=; default auto)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

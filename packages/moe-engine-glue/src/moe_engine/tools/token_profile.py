@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=32, help="decode steps (default 32)")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--decode", default="auto", help="from_pretrained's decode path (auto, eager, packed, static, "
-                    "compile)")
+                    "compile, gemv)")
     ap.add_argument("--team", default=None, choices=("pool", "openmp"), help="who runs the executor's steps "
                     "(MoERunner's team=; default: openmp with the activations on the CPU)")
     ap.add_argument("--ggml", default=None, metavar="BIN", help="moe_ggml_bench (bench/llamacpp/build.sh): also time "

@@ -13,8 +13,13 @@ which one runs, chosen once at load (`decode=`), with one log line naming it and
            one opaque node, torch.ops.moe_engine.experts) on plain bf16 weights. Measured on the CPU it takes the
            same CPU time as static (76.6 vs 76.4 ms a token on the 2-layer full-width file: the token is bf16
            matrix-vector products, which inductor leaves to aten) and compiles for a minute, so auto never picks it.
-  auto     static on a CPU whose oneDNN runs bf16 (probed: one packed product checked against aten's), eager where
-           the non-expert weights are on a GPU (moe-engine bench captures CUDA graphs itself) or the probe fails.
+  gemv     static cache, and every bf16 nn.Linear on the CPU (the LM head included, tied or not) a
+           moe_engine.dense.DenseLinear: products of up to 8 tokens run on the experts' executor's threads through
+           cpumoe_formats' dense bf16 linear (its weight read at the DRAM read ceiling), more tokens through F.linear
+           on the same weight (no copy, no repack). Needs the runner's CPU executor (strategy cpu).
+  auto     gemv where the runner has a CPU executor (strategy cpu on the CPU); else static on a CPU whose oneDNN runs
+           bf16 (probed: one packed product checked against aten's); eager where the non-expert weights are on a
+           GPU (moe-engine bench captures CUDA graphs itself) or the probe fails.
 
 Thread contract: apply() edits a model before it is shared (the from_pretrained call); PackedLinear.forward is a
 pure function of its input (any number of threads)."""
@@ -25,7 +30,7 @@ import logging
 import torch
 
 log = logging.getLogger("moe_engine")
-DECODE_PATHS = ("auto", "eager", "packed", "static", "compile")
+DECODE_PATHS = ("auto", "eager", "packed", "static", "compile", "gemv")
 
 
 class PackedLinear(torch.nn.Module):
@@ -77,13 +82,27 @@ def _probe() -> str | None:
     return None if err < 1e-2 else f"oneDNN's bf16 inner product is off by {err:.1e}"  # bf16 output rounding: 4e-3
 
 
-def resolve(decode: str, device) -> tuple[str, str]:
-    """(path, why) for decode= on the device the non-expert weights live on."""
+def _executor(runner):
+    """The runner's CPU executor where its linears can run there (strategy cpu, activations on the CPU), else None."""
+    if runner is None or runner.strategy != "cpu" or runner.device.type != "cpu":
+        return None
+    return runner.executor
+
+
+def resolve(decode: str, device, runner=None) -> tuple[str, str]:
+    """(path, why) for decode= on the device the non-expert weights live on; runner: the model's MoERunner."""
     check(decode)
+    if decode == "gemv" and _executor(runner) is None:
+        raise ValueError("decode='gemv' runs the linears on the experts' CPU executor: it needs strategy='cpu' with "
+                         f"the model on the CPU (this runner: strategy {getattr(runner, 'strategy', None)}, device "
+                         f"{getattr(runner, 'device', None)})")
     if decode != "auto":
         return decode, "asked for"
     if device.type != "cpu":
         return "eager", f"non-expert weights on {device.type} (transformers' own path)"
+    ex = _executor(runner)
+    if ex is not None:
+        return "gemv", f"CPU executor: its dense bf16 linear ({ex.linear_isa}) on its threads and the static cache"
     why_not = _probe()
     if why_not is not None:
         return "eager", why_not
@@ -108,6 +127,30 @@ def pack_linears(model) -> int:
     return len(todo)
 
 
+def dense_linears(model, runner) -> tuple[int, int]:
+    """Swap every bf16 nn.Linear on the CPU (the LM head too, tied or not: the same Parameter is kept) for a
+    DenseLinear on the runner's executor, and make the weight of every MoE router that holds its own (a module
+    whose class name ends in "Router", transformers' convention, with a 2-D bf16 CPU `weight`) a DenseWeight: its
+    F.linear runs there too. Returns (linears, routers)."""
+    from ...dense import DenseLinear, DenseWeight
+
+    ex = _executor(runner)
+    todo = [name for name, m in model.named_modules()
+            if type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu"]
+    for name in todo:
+        parent, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        setattr(owner, leaf, DenseLinear(getattr(owner, leaf), ex, runner.handle))
+    routers = 0
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if (type(m).__name__.endswith("Router") and type(w) is torch.nn.Parameter and w.dim() == 2
+                and w.dtype == torch.bfloat16 and w.device.type == "cpu"):
+            m.weight = DenseWeight(w.data, ex)
+            routers += 1
+    return len(todo), routers
+
+
 def compile_config():
     """transformers' CompileConfig for the compile path: inductor, fullgraph, static shapes, on any device."""
     from transformers import CompileConfig
@@ -117,15 +160,19 @@ def compile_config():
     return cc
 
 
-def apply(model, decode: str, device) -> tuple[str, str]:
-    """Set up the decode path on a loaded model (before its first generate()); returns (path, why) as logged."""
-    path, why = resolve(decode, device)
+def apply(model, decode: str, device, runner=None) -> tuple[str, str]:
+    """Set up the decode path on a loaded model (before its first generate()); returns (path, why) as logged.
+    runner: the model's MoERunner (decode gemv runs on its executor)."""
+    path, why = resolve(decode, device, runner)
     gc = model.generation_config
     detail = ""
     if path in ("packed", "static"):
         n = pack_linears(model)
         detail = f"; {n} linears packed"
-    if path in ("static", "compile"):
+    if path == "gemv":
+        n, r = dense_linears(model, runner)
+        detail = f"; {n} linears and {r} routers on the executor"
+    if path in ("static", "compile", "gemv"):
         gc.cache_implementation = "static"
     if path == "compile":
         gc.compile_config = compile_config()

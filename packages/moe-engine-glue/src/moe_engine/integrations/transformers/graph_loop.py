@@ -65,7 +65,7 @@ class GraphLoop:
         self.mask.index_fill_(1, self.pos, 1)
         logits = self.model(input_ids=self.cur, attention_mask=self.mask, cache_position=self.pos,
                             position_ids=self.pos.view(1, 1), use_cache=True, **{self._kv: self.cache}).logits
-        nxt = logits[:, -1].argmax(-1).view(1, 1)
+        nxt = logits[:, -1].float().argmax(-1).view(1, 1)  # CPU, 151936 logits: bf16 argmax 545 us, cast + fp32 140
         self.out.index_copy_(1, self.k, nxt)
         self.cur.copy_(nxt)
         self.pos.add_(1)
@@ -103,7 +103,7 @@ class GraphLoop:
             logits = self.model(input_ids=ids, attention_mask=self.mask[:, :P],
                                 cache_position=torch.arange(P, device=self.device), use_cache=True,
                                 **{self._kv: cache}).logits
-            self.out[:, :1] = logits[:, -1].argmax(-1).view(1, 1)
+            self.out[:, :1] = logits[:, -1].float().argmax(-1).view(1, 1)
             self.cur.copy_(self.out[:, :1])
             self.pos.fill_(P)
             self.k.fill_(1)

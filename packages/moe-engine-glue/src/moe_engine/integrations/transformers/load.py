@@ -58,9 +58,11 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         weights, a KV cache of kv_length tokens x kv_batch sequences, a reserve, then as many experts as fit.
     threads: the CPU executor's workers. dtype: the non-expert weights' dtype (default torch.bfloat16).
     allow_nonfinite: load NaN / Inf scales instead of refusing them (they then propagate as the reference says).
-    decode: the non-expert decode path (decode.py): auto (static on a CPU with oneDNN bf16, else eager), eager,
-        packed (oneDNN-packed bf16 linears), static (packed + transformers' static cache), compile (static cache +
-        torch.compile); one log line names the choice and why, model.moe_engine.decode keeps it.
+    decode: the non-expert decode path (decode.py): auto (gemv with strategy cpu on the CPU, else static on a CPU
+        with oneDNN bf16, else eager), eager, packed (oneDNN-packed bf16 linears), static (packed + transformers'
+        static cache), compile (static cache + torch.compile), gemv (the linears' few-token products on the
+        executor's threads + the static cache); one log line names the choice and why, model.moe_engine.decode
+        keeps it.
     kwargs: MoERunner's other keywords (graph_batch_sizes, max_tokens, mode, isa, handshake, qualify, prefill,
         pin_memory: on a GPU with experts on the CPU it defaults to True, the host banks page-locked up to half of
         MemAvailable, so a prompt's staged experts copy at link speed; False keeps them pageable).
@@ -165,7 +167,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
             edit.bind(m, Binding(runner, i, H, E, None, bool(getattr(m, "_is_expert_parallel", False))))
         edit.commit(NAME, {"moe_engine": out})
         model.eval()
-        out.decode = decode_path.apply(model, decode, dev)
+        out.decode = decode_path.apply(model, decode, dev, runner)
         out.load_seconds = time.perf_counter() - t0
         log.info("from_pretrained: ready in %.1f s; %s", out.load_seconds, runner.describe())
         return model
