@@ -65,7 +65,7 @@ Bank * build_bank(const Model & m, int64_t E, const Opts & o, ggml_backend_dev_t
         add("up_exps", 1, m.type, m.H, m.I, E, GGML_OP_MUL_MAT_ID, sh, true);
         add("gate_exps", 2, m.type, m.H, m.I, E, GGML_OP_MUL_MAT_ID, sh, true);
     }
-    add("down_exps", 3, m.type, m.I, m.H, E, GGML_OP_MUL_MAT_ID, si, true);
+    add("down_exps", 3, m.down_type(), m.I, m.H, E, GGML_OP_MUL_MAT_ID, si, true);
     if (m.biases) {
         add("up_exps_b", 4, GGML_TYPE_F32, m.I, E, 0, GGML_OP_ADD_ID, 0.1f, false);
         add("gate_exps_b", 5, GGML_TYPE_F32, m.I, E, 0, GGML_OP_ADD_ID, 0.1f, false);
@@ -98,6 +98,7 @@ Bank * build_bank(const Model & m, int64_t E, const Opts & o, ggml_backend_dev_t
 
     const unsigned nthr = std::max(1u, std::thread::hardware_concurrency());
     ggml_quantize_init(m.type);
+    ggml_quantize_init(m.down_type());
     auto t0 = std::chrono::steady_clock::now();
     for (auto & x : b->w) {
         ggml_backend_buffer_type_t chosen = bufts.back();

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Our executor's MoE decode step against llama.cpp's ggml CPU backend, same shapes, batches, routing, threads
-# and working-set rule, interleaved round by round so both see the same minutes of a noisy machine.
+# and working-set rule (DRAM and/or cache-resident), interleaved round by round so both see the same minutes of a
+# noisy machine.
 #
 #   OUT=dir THREADS=n ROUNDS=3 bench/llamacpp/compare.sh
 #
 # env (defaults):
-#   OUT        (required) results folder: ours-<fmt>[-w4a8]-r<R>.json, ggml-<fmt>-r<R>.json, logs/, env.txt,
-#              summary.md, summary.json
+#   OUT        (required) results folder: ours-<fmt>[-w4a8][-l3]-r<R>.json, ggml-<fmt>[-l3]-r<R>.json, logs/,
+#              env.txt, summary.md, summary.json
 #   THREADS    (nproc) worker threads for both sides
 #   ROUNDS     (3)     interleaved rounds (odd rounds run ours first, even rounds ggml first)
 #   REPEATS    (5)     timed repeats per (format, batch, routing), each of STEPS steps
 #   STEPS      (20)
 #   BATCH      (1,8)
-#   FORMATS    ("q4_0 mxfp4 bf16") at gemma4-26b, gpt-oss-120b, qwen3-30b; q8_0, q4_k, q5_k, q6_k (GGUF types) at qwen3-30b
+#   FORMATS    ("q4_0 mxfp4 bf16") at gemma4-26b, gpt-oss-120b, qwen3-30b; q8_0, q4_k, q5_k, q6_k (GGUF types) and
+#              q4_k_m (a Q4_K_M layer: gate/up q4_k, down q6_k; ours runs the executor's format pair) at qwen3-30b
+#   WSET       (dram)  comma list of working sets, each run on both sides: dram (--working-set dram: the bank
+#              >= 4 x LLC, windows rotated per step), l3 (--working-set cache: one window, the same experts every
+#              step, reloaded by an untimed step after each evicting read; bench/llamacpp/README.md)
+#   LOCK       ()      a file: every timed run (its quiet check included) holds flock on it, so benches of other
+#              sessions that take the same lock never overlap ours (e.g. LOCK=/work/bench.lock)
 #   BUDGET_S   (510)   a round starts only if the time so far plus the longest round so far stays within
 #                      this many seconds (the build and round 1 always run); the summary uses the rounds that ran
 #   GGML_BIND  (0)     1: OMP_PROC_BIND=close OMP_PLACES=cores for ggml (llama.cpp sets neither by default;
@@ -34,6 +41,8 @@ REPEATS=${REPEATS:-5}
 STEPS=${STEPS:-20}
 BATCH=${BATCH:-1,8}
 FORMATS=${FORMATS:-"q4_0 mxfp4 bf16"}
+WSET=${WSET:-dram}
+LOCK=${LOCK:-}
 BUDGET_S=${BUDGET_S:-510}
 GGML_BIND=${GGML_BIND:-0}
 GGML_ARGS=${GGML_ARGS:-}
@@ -50,10 +59,24 @@ model_of() {
     case $1 in
         q4_0) echo gemma4-26b ;;
         mxfp4) echo gpt-oss-120b ;;
-        bf16|q8_0|q4_k|q5_k|q6_k) echo qwen3-30b ;;
+        bf16|q8_0|q4_k|q5_k|q6_k|q4_k_m) echo qwen3-30b ;;
         *) echo "compare.sh: no model for format $1" >&2; exit 2 ;;
     esac
 }
+
+WSETS=${WSET//,/ }
+for w in $WSETS; do
+    [[ $w == dram || $w == l3 ]] || { echo "compare.sh: WSET entry $w: expected dram or l3" >&2; exit 2; }
+done
+wset_arg() { if [[ $1 == l3 ]]; then echo cache; else echo dram; fi; }  # both sides' --working-set
+wset_suffix() { if [[ $1 == l3 ]]; then echo -l3; fi; }                 # in the file names
+
+if [[ -n $LOCK ]]; then exec 9>> "$LOCK"; fi
+lock() {  # label: take LOCK (if set) before a run's quiet check and timed run
+    [[ -n $LOCK ]] || return 0
+    if ! flock -n 9; then say "$1: waiting for $LOCK"; flock 9; fi
+}
+unlock() { [[ -z $LOCK ]] || flock -u 9; }
 
 say "building ggml + bench (log: $OUT/logs/build.log)"
 bench/llamacpp/build.sh > "$OUT/logs/build.log" 2>&1 || { cat "$OUT/logs/build.log" >&2; exit 1; }
@@ -69,7 +92,8 @@ fi
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "repo: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- packages 2>/dev/null || echo ' (packages/ modified)')"
-    echo "threads: $THREADS rounds: $ROUNDS repeats: $REPEATS steps: $STEPS batch: $BATCH formats: $FORMATS"
+    echo "threads: $THREADS rounds: $ROUNDS repeats: $REPEATS steps: $STEPS batch: $BATCH formats: $FORMATS wset: $WSET"
+    echo "lock: ${LOCK:-none}"
     echo "ggml_bind: $GGML_BIND ggml_args: $GGML_ARGS"
     echo "nproc: $(nproc)"
     echo "llc: $(cat /sys/devices/system/cpu/cpu0/cache/index3/size 2>/dev/null || echo unknown)"
@@ -81,45 +105,50 @@ fi
     lscpu 2>/dev/null || true
 } > "$OUT/env.txt"
 
-run_ours() {  # fmt round [mode]
-    local fmt=$1 r=$2 mode=${3:-} tag=$1
+run_ours() {  # fmt round wset [mode]
+    local fmt=$1 r=$2 mode=${4:-} tag=$1
     local args=(--format "$fmt" --model "$(model_of "$fmt")" --batch "$BATCH" --routing both --threads "$THREADS"
-                --repeats "$REPEATS" --steps "$STEPS")
+                --repeats "$REPEATS" --steps "$STEPS" --working-set "$(wset_arg "$3")")
     if [[ -n $mode ]]; then args+=(--mode "$mode"); tag=$fmt-$mode; fi
+    tag=$tag$(wset_suffix "$3")
+    lock "ours-$tag-r$r"
     (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ours-$tag-r$r" "$OUT/logs/quiet.csv"
     say "round $r: ours $tag"
     "$PY" -m cpumoe_executor.bench "${args[@]}" --json "$OUT/ours-$tag-r$r.json" \
         > "$OUT/logs/ours-$tag-r$r.txt" 2> "$OUT/logs/ours-$tag-r$r.err" \
         || { tail -20 "$OUT/logs/ours-$tag-r$r.err" >&2; echo "compare.sh: ours $tag failed" >&2; exit 1; }
+    unlock
 }
 
-run_ours_all() {  # fmt round: the default mode, then w4a8 where the default is not w4a8 (ggml's q4_0 and mxfp4
-                  # multiply q8_0 activations: vec_dot_type Q8_0)
-    local fmt=$1 r=$2
-    run_ours "$fmt" "$r"
-    local isa
-    isa=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['formats'][sys.argv[2]]['isa'])" \
-          "$OUT/ours-$fmt-r$r.json" "$fmt")
-    if [[ $fmt != bf16 && $isa != *w4a8* ]]; then
-        run_ours "$fmt" "$r" w4a8
+run_ours_all() {  # fmt round wset: the default mode, then w4a8 where the default is not w4a8 (ggml's q4_0 and
+                  # mxfp4 multiply q8_0 activations: vec_dot_type Q8_0)
+    local fmt=$1 r=$2 mode
+    run_ours "$fmt" "$r" "$3"
+    mode=$("$PY" -c "import json,sys; e=json.load(open(sys.argv[1]))['formats'][sys.argv[2]]
+print(e.get('mode') or e['isa'].partition('+')[2])" "$OUT/ours-$fmt$(wset_suffix "$3")-r$r.json" "$fmt")
+    if [[ $fmt != bf16 && $mode != w4a8 ]]; then
+        run_ours "$fmt" "$r" "$3" w4a8
     fi
 }
 
-run_ggml() {  # fmt round
-    local fmt=$1 r=$2
-    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ggml-$fmt-r$r" "$OUT/logs/quiet.csv"
-    say "round $r: ggml $fmt"
+run_ggml() {  # fmt round wset
+    local fmt=$1 r=$2 tag
+    tag=$fmt$(wset_suffix "$3")
+    lock "ggml-$tag-r$r"
+    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ggml-$tag-r$r" "$OUT/logs/quiet.csv"
+    say "round $r: ggml $tag"
     local envs=()
     if [[ $GGML_BIND == 1 ]]; then envs=(OMP_PROC_BIND=close OMP_PLACES=cores); fi
     # shellcheck disable=SC2086
     env ${envs[@]+"${envs[@]}"} "$GGML_BENCH" --format "$fmt" --batch "$BATCH" --routing both --threads "$THREADS" \
-        --repeats "$REPEATS" --steps "$STEPS" $GGML_ARGS --json "$OUT/ggml-$fmt-r$r.json" \
-        > "$OUT/logs/ggml-$fmt-r$r.txt" 2> "$OUT/logs/ggml-$fmt-r$r.err" || {
+        --repeats "$REPEATS" --steps "$STEPS" --working-set "$(wset_arg "$3")" $GGML_ARGS --json "$OUT/ggml-$tag-r$r.json" \
+        > "$OUT/logs/ggml-$tag-r$r.txt" 2> "$OUT/logs/ggml-$tag-r$r.err" || {
         local rc=$?
-        tail -20 "$OUT/logs/ggml-$fmt-r$r.err" >&2
-        echo "compare.sh: ggml $fmt failed (rc $rc; 3 = output check failed)" >&2
+        tail -20 "$OUT/logs/ggml-$tag-r$r.err" >&2
+        echo "compare.sh: ggml $tag failed (rc $rc; 3 = output check failed)" >&2
         exit 1
     }
+    unlock
 }
 
 longest=0
@@ -129,9 +158,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
         break
     fi
     t_round=$(elapsed)
-    for fmt in $FORMATS; do
-        if (( r % 2 )); then run_ours_all "$fmt" "$r"; run_ggml "$fmt" "$r"
-        else run_ggml "$fmt" "$r"; run_ours_all "$fmt" "$r"; fi
+    for w in $WSETS; do
+        for fmt in $FORMATS; do
+            if (( r % 2 )); then run_ours_all "$fmt" "$r" "$w"; run_ggml "$fmt" "$r" "$w"
+            else run_ggml "$fmt" "$r" "$w"; run_ours_all "$fmt" "$r" "$w"; fi
+        done
     done
     t_round=$(( $(elapsed) - t_round ))
     (( t_round > longest )) && longest=$t_round

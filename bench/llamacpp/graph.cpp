@@ -128,7 +128,7 @@ double check_step(const Bank & b, const Graph & g, const Opts & o, double * max_
                 act[r] = xg / (1 + exp(-OAI_ALPHA * xg)) * (yu + 1);
             }
         }
-        dequant_expert(*b.down, m.type, o.seed, e, Wd);
+        dequant_expert(*b.down, m.down_type(), o.seed, e, Wd);  // a Q4_K_M layer: the Q6_K down bank
         double sc = 1.0;
         if (b.down_s) {
             dequant_expert(*b.down_s, GGML_TYPE_F32, o.seed, e, s);

@@ -44,6 +44,9 @@ struct Model {
     Act          act;
     bool         merged_gate_up;  // gemma4: ffn_gate_up_exps
     bool         biases;          // gpt-oss: ffn_{up,gate,down}_exps_b (f32)
+    ggml_type    down = GGML_TYPE_COUNT;  // down_exps' type where it differs from gate / up's (a Q4_K_M layer)
+
+    ggml_type down_type() const { return down == GGML_TYPE_COUNT ? type : down; }
 };
 
 inline const Model MODELS[] = {
@@ -57,6 +60,8 @@ inline const Model MODELS[] = {
     {"q6_k", "qwen3-30b", GGML_TYPE_Q6_K, 2048, 768, 128, 8, ACT_SILU, false, false},
     // Q5_K_M files: gate / up Q5_K (down Q5_K or Q6_K by layer), Q5_K alone on all three as above
     {"q5_k", "qwen3-30b", GGML_TYPE_Q5_K, 2048, 768, 128, 8, ACT_SILU, false, false},
+    // a Q4_K_M layer of the use_more_bits rule: gate / up Q4_K, down Q6_K (ours: the (q4_k, q6_k) format pair)
+    {"q4_k_m", "qwen3-30b", GGML_TYPE_Q4_K, 2048, 768, 128, 8, ACT_SILU, false, false, GGML_TYPE_Q6_K},
     // the end-to-end file's experts (docs/end-to-end.md: Qwen3-30B-A3B shape, experts Q4_0): ggml's share of a token
     {"q4_0-qwen3", "qwen3-30b", GGML_TYPE_Q4_0, 2048, 768, 128, 8, ACT_SILU, false, false},
 };
@@ -68,6 +73,7 @@ struct Opts {
     std::vector<std::string> routings{"random", "shared"};
     int                      threads = 0;
     int                      repeats = 5, steps = 20, warmup = 3;
+    std::string              working_set = "dram";  // dram | cache (ours: --working-set)
     uint64_t                 seed = 0;
     std::string              json;
     int64_t                  llc = 0;
@@ -136,6 +142,8 @@ void gen_normal(uint64_t seed, int tensor, int64_t expert, float scale, float * 
 Stats stats(std::vector<double> v);
 std::string json_stats(const Stats & s);
 void evict(std::vector<uint64_t> & buf);
+std::vector<std::vector<int32_t>> route_plans(uint64_t seed, int64_t n_plans, int64_t w, int T, int K, bool shared);
+std::string routes_digest(const std::vector<std::vector<int32_t>> & plans);
 // bank.cpp
 Bank * build_bank(const Model & m, int64_t E, const Opts & o, ggml_backend_dev_t dev);
 void dequant_expert(const Weight & x, ggml_type type, uint64_t seed, int64_t e, std::vector<double> & out);

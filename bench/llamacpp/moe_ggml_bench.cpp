@@ -3,8 +3,8 @@
 // packages/cpumoe-executor/src/cpumoe_executor/bench.py (bench_one, routes_for) times ours.
 //
 //   moe_ggml_bench [--format q4_0,mxfp4,bf16] [--batch 1,8] [--routing random|shared|both] [--threads N]
-//                  [--repeats 5] [--steps 20] [--warmup 3] [--seed 0] [--json FILE] [--llc BYTES]
-//                  [--no-extra-bufts] [--down-scale] [--no-check] [--tol 0.05]
+//                  [--working-set dram|cache] [--repeats 5] [--steps 20] [--warmup 3] [--seed 0] [--json FILE]
+//                  [--llc BYTES] [--no-extra-bufts] [--down-scale] [--no-check] [--tol 0.05]
 //
 // Graph per step (inputs: x [H, T] f32, ids [top_k, T] i32, router weights [1, top_k, T] f32; the router
 // itself, its softmax / top-k, is not part of the step, as in ours):
@@ -16,6 +16,7 @@
 //         ...), a = swiglu_split(gate, up)  (SiLU GLU)
 //   q8_0, q4_k, q5_k, q6_k (qwen3-30b, as bf16's graph): Qwen3-30B-A3B's Q8_0, Q4_K_M and Q5_K_M GGUF files; one type on all
 //         three matrices (a Q4_K_M file mixes Q4_K and Q6_K down projections by layer)
+//   q4_k_m (qwen3-30b, as bf16's graph): a Q4_K_M layer of llama.cpp's use_more_bits rule: gate / up Q4_K, down Q6_K
 //   then d = mul_mat_id(down_exps, a, ids) (+ add_id(down_b) for mxfp4), d = mul(d, weights),
 //   y = d[:, 0, :] + d[:, 1, :] + ... (ggml_add of the top_k views, in order), as build_moe_ffn does.
 // --down-scale adds gemma4's per-expert down scale (ffn_down_exps_s: get_rows + mul) for q4_0.
@@ -27,7 +28,11 @@
 // need = max(4 LLC, 2 window bytes); n_win = max(2, ceil(need / window bytes)); E_bank = window * n_win;
 // per (batch T, routing) the bank is cut into plans over windows of top_k * T experts (random: each token picks
 // top_k distinct experts of the window) or top_k (shared: all tokens the same top_k); step s runs plan
-// s % n_plans. Before every timed repeat a 4 x LLC buffer is read (untimed), as ours reads its ceiling window.
+// s % n_plans. The plans are ours' (route_plans in util.cpp repeats cpumoe_executor.bench.route_plans), and
+// each result records their digest (routes_digest) for the summary to compare. Before every timed repeat a 4 x LLC buffer is read (untimed), as ours reads its ceiling window.
+// --working-set cache (ours: the same flag): E_bank = window, one plan per (T, routing) drawn from the whole
+// window (random: top_k distinct per token; shared: one top_k), run by every step; after the evicting read one
+// untimed step loads the plan's experts back into the cache, as ours does.
 #include "moe_ggml.h"
 
 int main(int argc, char ** argv) {
@@ -42,6 +47,13 @@ int main(int argc, char ** argv) {
         else if (a == "--batch") { o.batch.clear(); for (auto & s : split(next(), ',')) o.batch.push_back(atoi(s.c_str())); }
         else if (a == "--routing") { std::string r = next(); o.routings = r == "both" ? std::vector<std::string>{"random", "shared"} : std::vector<std::string>{r}; }
         else if (a == "--threads") o.threads = atoi(next().c_str());
+        else if (a == "--working-set") {
+            o.working_set = next();
+            if (o.working_set != "dram" && o.working_set != "cache") {
+                fprintf(stderr, "--working-set %s: expected dram or cache\n", o.working_set.c_str());
+                return 2;
+            }
+        }
         else if (a == "--repeats") o.repeats = atoi(next().c_str());
         else if (a == "--steps") o.steps = atoi(next().c_str());
         else if (a == "--warmup") o.warmup = atoi(next().c_str());
@@ -54,8 +66,8 @@ int main(int argc, char ** argv) {
         else if (a == "--tol") o.tol = atof(next().c_str());
         else if (a == "-h" || a == "--help") {
             printf("usage: %s [--format q4_0,mxfp4,bf16] [--batch 1,8] [--routing random|shared|both] [--threads N]\n"
-                   "        [--repeats 5] [--steps 20] [--warmup 3] [--seed 0] [--json FILE] [--llc BYTES]\n"
-                   "        [--no-extra-bufts] [--down-scale] [--no-check] [--tol 0.05]\n", argv[0]);
+                   "        [--working-set dram|cache] [--repeats 5] [--steps 20] [--warmup 3] [--seed 0] [--json FILE]\n"
+                   "        [--llc BYTES] [--no-extra-bufts] [--down-scale] [--no-check] [--tol 0.05]\n", argv[0]);
             return 0;
         } else { fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
@@ -82,8 +94,9 @@ int main(int argc, char ** argv) {
     feat("AVX512_BF16", ggml_cpu_has_avx512_bf16()); feat("AMX_INT8", ggml_cpu_has_amx_int8());
     feat("LLAMAFILE", ggml_cpu_has_llamafile()); feat("OPENMP", BENCH_GGML_OPENMP);
     const std::string model_name = cpu_model();
-    logf_("%s; ggml %s (%s), %d threads, LLC %.0f MiB, features: %s; built %s", model_name.c_str(), ggml_version(),
-          ggml_commit(), o.threads, llc / 1048576.0, features.c_str(), BENCH_BUILD_FLAGS);
+    logf_("%s; ggml %s (%s), %d threads, LLC %.0f MiB, working set %s, features: %s; built %s", model_name.c_str(),
+          ggml_version(), ggml_commit(), o.threads, llc / 1048576.0, o.working_set.c_str(), features.c_str(),
+          BENCH_BUILD_FLAGS);
 
     std::vector<uint64_t> evict_buf(std::max<int64_t>(4 * llc, 64LL << 20) / 8, 1);
     std::ostringstream    fj;  // formats json
@@ -91,6 +104,7 @@ int main(int argc, char ** argv) {
     bool    all_ok = true;
     int     nfmt = 0;
     std::mt19937_64 rng(o.seed);
+    const bool cache = o.working_set == "cache";
     printf("%-6s %-13s %3s %5s %-7s %9s %9s %9s %7s %8s\n", "format", "model", "thr", "batch", "routing", "us/step",
            "min", "max", "GB/s", "experts");
     for (const auto & fname : o.formats) {
@@ -99,12 +113,12 @@ int main(int argc, char ** argv) {
         if (!mp) { logf_("unknown format %s", fname.c_str()); return 2; }
         const Model & m = *mp;
         // the bank, as bench_one sizes it (bytes per expert from ggml's own tensor sizes)
-        size_t bpe = 2 * ggml_row_size(m.type, m.H) * m.I + ggml_row_size(m.type, m.I) * m.H;  // gate+up, down
+        size_t bpe = 2 * ggml_row_size(m.type, m.H) * m.I + ggml_row_size(m.down_type(), m.I) * m.H;  // gate+up, down
         if (m.biases) bpe += (2 * m.I + m.H) * sizeof(float);
         if (o.down_scale && m.merged_gate_up) bpe += sizeof(float);
         const int64_t window = std::min<int64_t>(m.E, (int64_t) m.top_k * max_batch);
         const double  need   = std::max<double>(4.0 * llc, (double) window * bpe * 2);
-        const int64_t n_win  = std::max<int64_t>(2, (int64_t) ceil(need / ((double) window * bpe)));
+        const int64_t n_win  = cache ? 1 : std::max<int64_t>(2, (int64_t) ceil(need / ((double) window * bpe)));
         const int64_t E      = window * n_win;
         Bank *        b      = build_bank(m, E, o, dev);
         if (b->bytes_per_expert != bpe) { logf_("bytes per expert mismatch %zu vs %zu", b->bytes_per_expert, bpe); return 1; }
@@ -123,28 +137,12 @@ int main(int argc, char ** argv) {
                 ggml_backend_tensor_set(g->x, x.data(), 0, x.size() * sizeof(float));
                 ggml_backend_tensor_set(g->wts, w.data(), 0, w.size() * sizeof(float));
                 const bool    shared  = routing == "shared";
-                const int64_t wsize   = shared ? m.top_k : std::min<int64_t>(E, (int64_t) m.top_k * T);
+                const int64_t wsize   = cache ? window : shared ? m.top_k : std::min<int64_t>(E, (int64_t) m.top_k * T);
                 const int64_t n_plans = E / wsize;
-                std::vector<std::vector<int32_t>> plans(n_plans);
-                std::vector<double>               bytes_read(n_plans);
-                std::vector<int32_t>              pool(wsize);
-                double                            uniq_sum = 0;
+                const auto    plans   = route_plans(o.seed, n_plans, wsize, T, m.top_k, shared);  // ours' plans
+                std::vector<double> bytes_read(n_plans);
+                double              uniq_sum = 0;
                 for (int64_t j = 0; j < n_plans; j++) {
-                    auto pick = [&](int32_t * out) {  // top_k distinct experts of window j
-                        for (int64_t q = 0; q < wsize; q++) pool[q] = (int32_t) (j * wsize + q);
-                        for (int q = 0; q < m.top_k; q++) {
-                            std::uniform_int_distribution<int64_t> ud(q, wsize - 1);
-                            std::swap(pool[q], pool[ud(rng)]);
-                            out[q] = pool[q];
-                        }
-                    };
-                    plans[j].resize((size_t) m.top_k * T);
-                    if (shared) {
-                        pick(plans[j].data());
-                        for (int t = 1; t < T; t++) std::copy_n(plans[j].data(), m.top_k, plans[j].data() + t * m.top_k);
-                    } else {
-                        for (int t = 0; t < T; t++) pick(plans[j].data() + t * m.top_k);
-                    }
                     std::set<int32_t> u(plans[j].begin(), plans[j].end());
                     bytes_read[j] = (double) u.size() * bpe;
                     uniq_sum += u.size();
@@ -158,6 +156,10 @@ int main(int argc, char ** argv) {
                 int64_t last_plan = -1;
                 for (int r = 0; r < o.repeats; r++) {
                     evict(evict_buf);
+                    if (cache) {  // the plan's experts back into the cache (untimed)
+                        ggml_backend_tensor_set(g->ids, plans[0].data(), 0, ids_bytes);
+                        ggml_backend_graph_compute(backend, g->gf);
+                    }
                     double nbytes = 0;
                     auto   t0     = std::chrono::steady_clock::now();
                     for (int s = 0; s < o.steps; s++) {
@@ -198,7 +200,8 @@ int main(int argc, char ** argv) {
                    << json_str(routing) << ", \"batch\": " << T << ", \"step_us\": " << json_stats(st)
                    << ", \"gbps\": " << json_stats(sg) << ", \"bytes_per_step\": " << bytes_per_step
                    << ", \"unique_experts_per_step\": " << uniq_sum / n_plans << ", \"window\": " << wsize
-                   << ", \"n_plans\": " << n_plans << ", \"finite\": " << (finite ? "true" : "false") << "}";
+                   << ", \"n_plans\": " << n_plans << ", \"routes_digest\": " << json_str(routes_digest(plans))
+                   << ", \"finite\": " << (finite ? "true" : "false") << "}";
                 delete g;
             }
         }
@@ -208,6 +211,8 @@ int main(int argc, char ** argv) {
         for (auto & x : b->w) bufts += std::string(bufts.empty() ? "" : ", ") + json_str(x.name) + ": " + json_str(x.buft);
         fj << (nfmt++ ? ",\n" : "") << "  " << json_str(m.fmt) << ": {\"model\": " << json_str(m.model)
            << ", \"ggml_type\": " << json_str(ggml_type_name(m.type))
+           << ", \"ggml_type_down\": " << json_str(ggml_type_name(m.down_type()))
+           << ", \"working_set\": " << json_str(o.working_set)
            << ", \"shape\": {\"H\": " << m.H << ", \"I\": " << m.I << ", \"E\": " << m.E << ", \"top_k\": " << m.top_k
            << ", \"activation\": " << json_str(m.act == ACT_SILU ? "swiglu (silu)" : m.act == ACT_GELU ? "geglu (gelu tanh)" : "swiglu_oai")
            << "}, \"merged_gate_up\": " << (m.merged_gate_up ? "true" : "false")
@@ -228,7 +233,7 @@ int main(int argc, char ** argv) {
           << ", \"openmp\": " << (BENCH_GGML_OPENMP ? "true" : "false") << ", \"extra_bufts\": " << (o.extra_bufts ? "true" : "false")
           << ", \"down_scale\": " << (o.down_scale ? "true" : "false") << "},\n\"threads\": " << o.threads
           << ",\n\"settings\": {\"repeats\": " << o.repeats << ", \"steps\": " << o.steps << ", \"warmup\": " << o.warmup
-          << ", \"seed\": " << o.seed << "},\n\"formats\": {\n" << fj.str() << "\n},\n\"ok\": " << (all_ok ? "true" : "false") << "\n}\n";
+          << ", \"seed\": " << o.seed << ", \"working_set\": " << json_str(o.working_set) << "},\n\"formats\": {\n" << fj.str() << "\n},\n\"ok\": " << (all_ok ? "true" : "false") << "\n}\n";
         logf_("JSON written to %s", o.json.c_str());
     }
     ggml_backend_free(backend);

@@ -113,6 +113,43 @@ void gen_normal(uint64_t seed, int tensor, int64_t expert, float scale, float * 
     }
 }
 
+// ---- routes -------------------------------------------------------------------------------------------------
+// cpumoe_executor.bench.route_plans, step for step: plan j sends each token (random) or all tokens (shared) to
+// top_k distinct experts of window j, by a partial Fisher-Yates shuffle driven by one splitmix64 stream per
+// (seed, T, routing, w), so both sides read the same experts in every step
+std::vector<std::vector<int32_t>> route_plans(uint64_t seed, int64_t n_plans, int64_t w, int T, int K, bool shared) {
+    uint64_t s = seed * 0x100000001B3ULL + (uint64_t) T * 0x9E3779B97F4A7C15ULL + (shared ? 0xD1B54A32D192ED03ULL : 0) +
+                 (uint64_t) w;
+    std::vector<std::vector<int32_t>> plans(n_plans);
+    std::vector<int32_t>              pool(w);
+    for (int64_t j = 0; j < n_plans; j++) {
+        plans[j].resize((size_t) K * T);
+        for (int t = 0; t < (shared ? 1 : T); t++) {
+            for (int64_t q = 0; q < w; q++) pool[q] = (int32_t) (j * w + q);
+            for (int q = 0; q < K; q++) {
+                const int64_t k = q + (int64_t) (splitmix64(s) % (uint64_t) (w - q));
+                std::swap(pool[q], pool[k]);
+                plans[j][(size_t) t * K + q] = pool[q];
+            }
+        }
+        if (shared) {
+            for (int t = 1; t < T; t++) std::copy_n(plans[j].data(), K, plans[j].data() + (size_t) t * K);
+        }
+    }
+    return plans;
+}
+
+// cpumoe_executor.bench.routes_digest: FNV-1a 64 over the plans' ids in order
+std::string routes_digest(const std::vector<std::vector<int32_t>> & plans) {
+    uint64_t h = 0xCBF29CE484222325ULL;
+    for (auto & p : plans) {
+        for (int32_t v : p) h = (h ^ (uint32_t) v) * 0x100000001B3ULL;
+    }
+    char buf[20];
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long) h);
+    return buf;
+}
+
 // ---- timing -------------------------------------------------------------------------------------------------
 Stats stats(std::vector<double> v) {
     Stats s;

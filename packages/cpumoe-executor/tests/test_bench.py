@@ -156,3 +156,44 @@ def test_quick_bench_numa_modes_on_a_fake_two_node_host(tmp_path, monkeypatch, c
     assert "read ceilings GB/s: node 0" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench.parse_args(["--numa", "split,half"])
+
+
+def test_quick_bench_format_pair_in_cache(tmp_path):
+    """A (gate_up, down) pair (q4_k_m: q4_k gate_up, q6_k down) runs as the executor's one-layer pair; the cache
+    working set is one window of top_k x max batch experts."""
+    out = tmp_path / "pair.json"
+    assert bench.main(["--quick", "--format", "q4_k_m,q4_k/q8_0", "--batch", "1,2", "--working-set", "cache",
+                       "--json", str(out)]) == 0
+    formats = json.loads(out.read_text())["formats"]
+    import cpumoe_formats as cf
+
+    for name, (g, d) in (("q4_k_m", ("q4_k", "q6_k")), ("q4_k/q8_0", ("q4_k", "q8_0"))):
+        e = formats[name]
+        assert e["formats"] == [g, d] and e["layout"].split("/")[1].startswith(d) and e["mode"] == "w4a8"
+        H, I, k = e["shape"]["H"], e["shape"]["I"], e["shape"]["top_k"]  # noqa: E741
+        assert e["bytes_per_expert"] == (cf.get_format(g).role_bytes_per_expert("gate_up", H, I)
+                                         + cf.get_format(d).role_bytes_per_expert("down", H, I))
+        assert e["working_set"] == "cache" and e["bank_experts"] == k * 2
+        assert all(r["step_us"]["median"] > 0 for r in e["results"].values())
+    assert bench.format_pair("q8_0") == ("q8_0", "q8_0")
+
+
+def test_route_plans_rule():
+    """The route plans both sides of bench/llamacpp/compare.sh draw: K distinct experts of window j per token
+    (random) or for all tokens (shared), from one splitmix64 stream; the digests are the ggml harness's
+    (moe_ggml_bench's routes_digest for the same arguments), so a change on one side alone shows here."""
+    import numpy as np
+
+    p = bench.route_plans(0, 2, 16, 2, 4, False)
+    assert [x.tolist() for x in p] == [[[4, 2, 14, 12], [7, 1, 3, 6]], [[24, 30, 28, 16], [28, 25, 31, 16]]]
+    for j, x in enumerate(bench.route_plans(1, 3, 64, 8, 8, False)):
+        assert x.shape == (8, 8) and x.dtype == np.int32 and ((j * 64 <= x) & (x < (j + 1) * 64)).all()
+        assert all(len(set(row)) == 8 for row in x.tolist())
+    shared = bench.route_plans(0, 4, 8, 8, 8, True)
+    assert all((x == x[0]).all() and sorted(x[0].tolist()) == list(range(j * 8, j * 8 + 8))
+               for j, x in enumerate(shared))
+    # moe_ggml_bench --format q4_k_m --batch 1,8 --routing both (dram, 32 MiB LLC: E_bank 128)
+    assert bench.routes_digest(bench.route_plans(0, 16, 8, 1, 8, False)) == "e6ac514629fa6483"
+    assert bench.routes_digest(bench.route_plans(0, 2, 64, 8, 8, False)) == "c4e9145d99770512"
+    assert bench.routes_digest(bench.route_plans(0, 16, 8, 1, 8, True)) == "dc4ff511241378f3"
+    assert bench.routes_digest(bench.route_plans(0, 16, 8, 8, 8, True)) == "9d1b3d94357f0975"

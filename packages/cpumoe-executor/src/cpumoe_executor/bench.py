@@ -2,7 +2,7 @@
 expert weights read, next to this machine's multi-thread read bandwidth
 measured in the same run with the same threads.
 
-    python -m cpumoe_executor.bench [--format bf16,nvfp4] [--model qwen3-30b | --shape H,I,E,TOPK]
+    python -m cpumoe_executor.bench [--format bf16,nvfp4,q4_k_m,q4_k/q6_k] [--model qwen3-30b | --shape H,I,E,TOPK]
         [--batch 1,4,8] [--threads N] [--working-set dram|cache] [--routing random|shared|both]
         [--numa auto,off,split,replicate] [--repeats 5] [--steps 20] [--json FILE] [--plot PNG] [--quick]
     python -m cpumoe_executor.bench --doorbell [...]   (doorbell round trip: see doorbell_bench.py)
@@ -13,10 +13,18 @@ top_k for shared routing), and each step routes into the next window, so a step
 reads experts no step touched in the last 4 x LLC of the rotation: from DRAM.
 (Windows sized for the largest batch let batch 1 re-read 1/8 of the bank: on a
 300 MB L3 that fit in cache and read above the DRAM ceiling; fixed 2026-11-29.)
-cache: every step reuses the same window. random routing sends each
+cache: every step reuses the same window (one route plan per batch size and routing,
+the same experts every step), and one untimed step after each ceiling window
+loads them back into the cache before the timed steps. random routing sends each
 token to top_k distinct random experts of the window (the experts a step reads
 are counted once: grouped decode reads each expert once per step); shared sends
 every token to the same top_k experts (the batch costs no extra weight bytes).
+The draws are route_plans' (a splitmix64 stream per batch size and routing), which
+the ggml harness (bench/llamacpp) repeats: both read the same experts every step.
+
+formats: a name, a GGUF mix (PAIRS: q4_k_m = q4_k gate_up with a q6_k down, as
+the Q4_K_M files' use_more_bits layers hold) or an explicit 'gate_up/down' pair:
+the executor gets that (gate_up, down) pair as its one layer's formats.
 
 ceiling: before every timed repeat, one window of whole-buffer reads by the
 executor's own pool (all its threads), as long as the last repeat (1 to 16
@@ -94,6 +102,19 @@ FORMAT_MODEL = {"bf16": "qwen3-30b", "fp8_block": "qwen3.6", "nvfp4": "qwen3.6",
                 "q8_0_x16": "qwen3-30b", "q5_k": "qwen3-30b"}
 
 
+# GGUF mixes as a (gate_up, down) pair: the layers of a Q4_K_M (Q5_K_M) file whose down projections llama.cpp's
+# use_more_bits rule stores as Q6_K
+PAIRS = {"q4_k_m": ("q4_k", "q6_k"), "q5_k_m": ("q5_k", "q6_k")}
+
+
+def format_pair(fmt: str) -> tuple:
+    """A --format entry as (gate_up, down) format names: a format ("q8_0": both), a PAIRS name or 'gate_up/down'."""
+    if fmt in PAIRS:
+        return PAIRS[fmt]
+    gate_up, sep, down = fmt.partition("/")
+    return (gate_up, down) if sep else (fmt, fmt)
+
+
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -102,6 +123,7 @@ REPACK = {"auto": None, "on": True, "off": False}  # --repack -> CpuMoeExecutor(
 
 
 def model_for(fmt: str, opts) -> Model:
+    fmt = format_pair(fmt)[0]  # a pair: its gate_up format's preset
     if opts.shape:
         H, I, E, K = (int(v) for v in opts.shape.split(","))  # noqa: E741
         p = PRESETS.get(fmt)
@@ -132,10 +154,45 @@ def mode_for(fmt: str, modes: dict) -> str | None:
     return modes.get(cf.get_format(fmt).name)
 
 
-def routes_for(rng, window: np.ndarray, T: int, K: int, shared: bool) -> np.ndarray:
-    if shared:
-        return np.tile(rng.choice(window, K, replace=False).astype(np.int32), (T, 1))
-    return np.stack([rng.choice(window, K, replace=False) for _ in range(T)]).astype(np.int32)
+M64 = (1 << 64) - 1
+
+
+def _splitmix64(state: int) -> tuple:
+    """(next state, 64-bit value): splitmix64, as bench/llamacpp/util.cpp's."""
+    state = (state + 0x9E3779B97F4A7C15) & M64
+    z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return state, z ^ (z >> 31)
+
+
+def route_plans(seed: int, n_plans: int, w: int, T: int, K: int, shared: bool) -> list:
+    """The route plans of one (batch T, routing): plan j sends each token (random) or all tokens (shared) to K
+    distinct experts of window j (experts j*w .. (j+1)*w - 1), [T, K] int32 each. A partial Fisher-Yates shuffle of
+    the window driven by one splitmix64 stream per (seed, T, routing, w): the ggml harness (bench/llamacpp, util.cpp
+    route_plans) draws the same plans, so both sides read the same experts in every step."""
+    state = (seed * 0x100000001B3 + T * 0x9E3779B97F4A7C15 + shared * 0xD1B54A32D192ED03 + w) & M64
+    plans = []
+    for j in range(n_plans):
+        rows = []
+        for _ in range(1 if shared else T):
+            pool = list(range(j * w, (j + 1) * w))
+            for q in range(K):
+                state, r = _splitmix64(state)
+                k = q + r % (w - q)
+                pool[q], pool[k] = pool[k], pool[q]
+            rows.append(pool[:K])
+        plans.append(np.array(rows * T if shared else rows, dtype=np.int32))
+    return plans
+
+
+def routes_digest(plans) -> str:
+    """FNV-1a 64 over the plans' ids in order (hex): equal on both sides of bench/llamacpp/compare.sh when they
+    read the same experts in the same steps."""
+    h = 0xCBF29CE484222325
+    for p in plans:
+        for v in np.asarray(p, dtype=np.int32).ravel().tolist():
+            h = ((h ^ (v & 0xFFFFFFFF)) * 0x100000001B3) & M64
+    return f"{h:016x}"
 
 
 def read_window(ex, ws, passes: int) -> float:
@@ -217,8 +274,11 @@ def add_roofline(entry: dict, m: Model) -> None:
 def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numas=("auto",)) -> dict:
     """One format at its model shape: an executor per --numa mode on the same banks, their runs interleaved
     repeat by repeat; numa mode -> the format's entry."""
-    spec = cf.get_format(fmt)
-    bpe = spec.bytes_per_expert(m.H, m.I)
+    gname, dname = format_pair(fmt)
+    spec, down = cf.get_format(gname), cf.get_format(dname)
+    pair = spec is not down
+    bpe = (spec.role_bytes_per_expert("gate_up", m.H, m.I) + down.role_bytes_per_expert("down", m.H, m.I) if pair
+           else spec.bytes_per_expert(m.H, m.I))
     window = min(m.E, max(m.top_k * max(opts.batch), 1))  # experts one step can touch
     if opts.working_set == "dram":
         need = max(4 * llc, window * bpe * 2)
@@ -226,20 +286,28 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numas=("auto",))
     else:
         n_win = 1
     E = window * n_win
-    banks = build_banks(spec, E, m.H, m.I, rng, f"{fmt} ({E} experts, {E * bpe / MiB:.0f} MiB)")
-    mode = mode_for(fmt, opts.mode)
+    label = f"{fmt} ({E} experts, {E * bpe / MiB:.0f} MiB)"
+    if pair:  # the gate_up format's gate_up banks and the down format's down banks
+        banks = {k: v for k, v in build_banks(spec, E, m.H, m.I, rng, label).items() if k in spec.role_banks("gate_up")}
+        banks.update((k, v) for k, v in build_banks(down, E, m.H, m.I, rng, label).items()
+                     if k in down.role_banks("down"))
+    else:
+        banks = build_banks(spec, E, m.H, m.I, rng, label)
+    mode = mode_for(gname, opts.mode)
     # a layout without the mode (ds_fp4_x16 has only w4a8) is never forced: ds_fp4 native stays ds_fp4
-    has_layout = spec.cpu_layout and (mode or spec.default_mode) in cf.get_format(spec.cpu_layout).modes
+    has_layout = any(s.cpu_layout and (mode or s.default_mode) in cf.get_format(s.cpu_layout).modes
+                     for s in (spec, down))
     exs = {}
     for numa in numas:
-        exs[numa] = ex = CpuMoeExecutor(fmt, [banks], top_k=m.top_k, max_tokens=max(opts.batch), threads=threads,
+        exs[numa] = ex = CpuMoeExecutor([(gname, dname)] if pair else fmt, [banks], top_k=m.top_k,
+                                        max_tokens=max(opts.batch), threads=threads,
                                         activation=m.activation, alpha=m.alpha, limit=m.limit, mode=mode,
                                         repack=REPACK[opts.repack] if has_layout else None,
                                         numa=None if numa == "auto" else numa)
         log(f"{fmt}: numa {numa}: {ex._numa_line()}")
     ex = exs[numas[0]]
-    if ex.spec.name != spec.name:
-        log(f"{fmt}: running as {ex.spec.name} (the executor's repack; --repack off keeps {fmt}'s own layout)")
+    if run_name(ex) != (f"{gname}/{dname}" if pair else spec.name):
+        log(f"{fmt}: running as {run_name(ex)} (the executor's repack; --repack off keeps {fmt}'s own layout)")
     roof = compute_roof(ex)
     if roof:
         log(f"{fmt}: compute roof {roof['gmacs']:.0f} G multiply-adds/s ({roof['kind']} at {roof['tier']}, "
@@ -257,10 +325,9 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numas=("auto",))
         for T in opts.batch:
             # windows of what this step shape can touch, rotating through the whole bank (dram) or one window (cache)
             w = window if opts.working_set == "cache" else (m.top_k if routing == "shared" else min(E, m.top_k * T))
-            plans = [routes_for(rng, np.arange(j * w, (j + 1) * w), T, m.top_k, routing == "shared")
-                     for j in range(E // w)]
+            plans = route_plans(opts.seed, E // w, w, T, m.top_k, routing == "shared")
             for numa in numas:
-                runs.append({"numa": numa, "routing": routing, "T": T, "plans": plans,
+                runs.append({"numa": numa, "routing": routing, "T": T, "plans": plans, "window": w,
                              "bytes": [len(np.unique(p)) * bpe for p in plans], "gbps": [], "us": [], "ceiling": [],
                              "passes": 1})
 
@@ -283,6 +350,8 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numas=("auto",))
     for rep in range(opts.repeats):
         for r in runs if rep % 2 == 0 else runs[::-1]:
             r["ceiling"].append(read_window(exs[r["numa"]], ws, r["passes"]))  # as long as this run's last repeat
+            if opts.working_set == "cache":
+                steps(r, 1)  # the window back into the cache the ceiling window evicted (untimed)
             t0 = time.perf_counter()
             nbytes = steps(r, opts.steps)
             dt = time.perf_counter() - t0
@@ -300,7 +369,8 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numas=("auto",))
             routing, T = r["routing"], r["T"]
             results[f"{routing}/{T}"] = res = {
                 "routing": routing, "batch": T, "gbps": stats(r["gbps"]),
-                "bytes_per_step": sum(r["bytes"]) / len(r["bytes"]),
+                "bytes_per_step": sum(r["bytes"]) / len(r["bytes"]), "window": r["window"],
+                "n_plans": len(r["plans"]), "routes_digest": routes_digest(r["plans"]),
                 "step_us": stats(r["us"]), "steps_per_s": 1e6 / statistics.median(r["us"]),
                 "pct_of_ceiling_paired": stats([100 * g / c for g, c in zip(r["gbps"], r["ceiling"])])}
             if opts.trace:  # extra steps after the timed ones, so the clock reads do not touch the figures
@@ -319,13 +389,19 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numas=("auto",))
         entries[numa] = entry = {
             "gbps": base["gbps"]["median"], "ceiling_gbps": ceil["median"],
             "ratio": base["gbps"]["median"] / ceil["median"], "batch": base["batch"], "threads": e.threads,
-            "step_us": base["step_us"]["median"], "isa": e.isa, "layout": e.spec.name, "format": fmt,
+            "step_us": base["step_us"]["median"], "isa": e.isa, "layout": run_name(e), "format": fmt,
+            "formats": [gname, dname], "mode": e.mode, "working_set": opts.working_set,
             "numa": e.numa, "numa_groups": rep["groups"], "numa_bounds": rep["bounds"], "shape": asdict(m),
             "bytes_per_expert": bpe, "bank_experts": E, "ceiling": ceil, "compute_roof": roof, "results": results}
         add_roofline(entry, m)
     for e in exs.values():
         e.close()
     return entries
+
+
+def run_name(ex) -> str:
+    """The format the executor's (one) layer runs as: 'q4_k_x16', or 'q4_k_x16/q6_k' for a (gate_up, down) pair."""
+    return "/".join(ex.layer_formats[0]) if ex.mixed else ex.spec.name
 
 
 def add_numa(report: dict) -> None:
@@ -430,7 +506,9 @@ def plot(report: dict, path: str) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m cpumoe_executor.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--format", default=None, help="comma list (default: every format with kernels)")
+    p.add_argument("--format", default=None,
+                   help="comma list (default: every format with kernels); an entry may be a (gate_up, down) pair: "
+                        f"{', '.join(PAIRS)} or 'gate_up/down'")
     p.add_argument("--model", choices=sorted(MODELS), help="model preset (default: each format's own model)")
     p.add_argument("--shape", help="H,I,E,TOPK instead of a preset")
     p.add_argument("--batch", default="1,4,8", help="comma list of batch sizes")
