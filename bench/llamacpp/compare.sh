@@ -28,6 +28,8 @@
 #   QUIET_PCT  (15)    before each run wait until the machine's CPUs were at most this % busy over 1 s
 #   QUIET_MAX_WAIT (20) ... but no longer than this many seconds (0: do not wait); every run's busy % and wait
 #                      go to OUT/logs/quiet.csv (the machine's noise, for the record)
+#   RERUN_PCT  (0)     run again where processes other than the run kept more than this % of all CPUs busy during it
+#   RERUNS     (2)     ... at most this many times (every attempt's % goes to OUT/logs/during.csv; 0 % = off)
 #   PYTHON     (python3)
 # ggml is built (bench/llamacpp/build.sh) if needed, from the sources in .ggml/ (bench/llamacpp/fetch_ggml.sh);
 # ours must already be built in place (this script never rebuilds packages/).
@@ -43,6 +45,8 @@ BATCH=${BATCH:-1,8}
 FORMATS=${FORMATS:-"q4_0 mxfp4 bf16"}
 WSET=${WSET:-dram}
 LOCK=${LOCK:-}
+RERUN_PCT=${RERUN_PCT:-0}
+RERUNS=${RERUNS:-2}
 BUDGET_S=${BUDGET_S:-510}
 GGML_BIND=${GGML_BIND:-0}
 GGML_ARGS=${GGML_ARGS:-}
@@ -93,7 +97,7 @@ fi
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "repo: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- packages 2>/dev/null || echo ' (packages/ modified)')"
     echo "threads: $THREADS rounds: $ROUNDS repeats: $REPEATS steps: $STEPS batch: $BATCH formats: $FORMATS wset: $WSET"
-    echo "lock: ${LOCK:-none}"
+    echo "lock: ${LOCK:-none} rerun_pct: $RERUN_PCT reruns: $RERUNS"
     echo "ggml_bind: $GGML_BIND ggml_args: $GGML_ARGS"
     echo "nproc: $(nproc)"
     echo "llc: $(cat /sys/devices/system/cpu/cpu0/cache/index3/size 2>/dev/null || echo unknown)"
@@ -105,19 +109,45 @@ fi
     lscpu 2>/dev/null || true
 } > "$OUT/env.txt"
 
+timed() {  # label command...: the command under LOCK after the quiet check; while processes other than ours kept
+          # more than RERUN_PCT % of the CPUs busy during it (logs/during.csv), again, at most RERUNS times
+    local label=$1 a o mark t0 rc note
+    shift
+    for ((a = 1; ; a++)); do
+        lock "$label"
+        (( QUIET_MAX_WAIT > 0 )) && wait_quiet "$label" "$OUT/logs/quiet.csv"
+        note=
+        (( a > 1 )) && note=" (attempt $a)"
+        say "round ${label##*-r}: $label$note"
+        mark=$(cpu_mark)
+        t0=$(date +%s)
+        rc=0
+        "$@" || rc=$?
+        o=$(others_pct "$mark")
+        unlock
+        [[ -f $OUT/logs/during.csv ]] || echo "run,attempt,others_pct_during,seconds" > "$OUT/logs/during.csv"
+        echo "$label,$a,$o,$(( $(date +%s) - t0 ))" >> "$OUT/logs/during.csv"
+        (( rc == 0 )) || return $rc
+        if (( RERUN_PCT > 0 && o > RERUN_PCT && a <= RERUNS )); then
+            say "$label: other processes kept ${o}% of the CPUs busy during it: again ($a of $RERUNS)"
+            continue
+        fi
+        return 0
+    done
+}
+
 run_ours() {  # fmt round wset [mode]
     local fmt=$1 r=$2 mode=${4:-} tag=$1
     local args=(--format "$fmt" --model "$(model_of "$fmt")" --batch "$BATCH" --routing both --threads "$THREADS"
                 --repeats "$REPEATS" --steps "$STEPS" --working-set "$(wset_arg "$3")")
     if [[ -n $mode ]]; then args+=(--mode "$mode"); tag=$fmt-$mode; fi
     tag=$tag$(wset_suffix "$3")
-    lock "ours-$tag-r$r"
-    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ours-$tag-r$r" "$OUT/logs/quiet.csv"
-    say "round $r: ours $tag"
-    "$PY" -m cpumoe_executor.bench "${args[@]}" --json "$OUT/ours-$tag-r$r.json" \
-        > "$OUT/logs/ours-$tag-r$r.txt" 2> "$OUT/logs/ours-$tag-r$r.err" \
+    ours_cmd() {
+        "$PY" -m cpumoe_executor.bench "${args[@]}" --json "$OUT/ours-$tag-r$r.json" \
+            > "$OUT/logs/ours-$tag-r$r.txt" 2> "$OUT/logs/ours-$tag-r$r.err"
+    }
+    timed "ours-$tag-r$r" ours_cmd \
         || { tail -20 "$OUT/logs/ours-$tag-r$r.err" >&2; echo "compare.sh: ours $tag failed" >&2; exit 1; }
-    unlock
 }
 
 run_ours_all() {  # fmt round wset: the default mode, then w4a8 where the default is not w4a8 (ggml's q4_0 and
@@ -132,23 +162,23 @@ print(e.get('mode') or e['isa'].partition('+')[2])" "$OUT/ours-$fmt$(wset_suffix
 }
 
 run_ggml() {  # fmt round wset
-    local fmt=$1 r=$2 tag
+    local fmt=$1 r=$2 tag rc=0 ws
     tag=$fmt$(wset_suffix "$3")
-    lock "ggml-$tag-r$r"
-    (( QUIET_MAX_WAIT > 0 )) && wait_quiet "ggml-$tag-r$r" "$OUT/logs/quiet.csv"
-    say "round $r: ggml $tag"
+    ws=$(wset_arg "$3")
     local envs=()
     if [[ $GGML_BIND == 1 ]]; then envs=(OMP_PROC_BIND=close OMP_PLACES=cores); fi
-    # shellcheck disable=SC2086
-    env ${envs[@]+"${envs[@]}"} "$GGML_BENCH" --format "$fmt" --batch "$BATCH" --routing both --threads "$THREADS" \
-        --repeats "$REPEATS" --steps "$STEPS" --working-set "$(wset_arg "$3")" $GGML_ARGS --json "$OUT/ggml-$tag-r$r.json" \
-        > "$OUT/logs/ggml-$tag-r$r.txt" 2> "$OUT/logs/ggml-$tag-r$r.err" || {
-        local rc=$?
+    ggml_cmd() {
+        # shellcheck disable=SC2086
+        env ${envs[@]+"${envs[@]}"} "$GGML_BENCH" --format "$fmt" --batch "$BATCH" --routing both \
+            --threads "$THREADS" --repeats "$REPEATS" --steps "$STEPS" --working-set "$ws" $GGML_ARGS \
+            --json "$OUT/ggml-$tag-r$r.json" > "$OUT/logs/ggml-$tag-r$r.txt" 2> "$OUT/logs/ggml-$tag-r$r.err"
+    }
+    timed "ggml-$tag-r$r" ggml_cmd || rc=$?
+    if (( rc )); then
         tail -20 "$OUT/logs/ggml-$tag-r$r.err" >&2
         echo "compare.sh: ggml $tag failed (rc $rc; 3 = output check failed)" >&2
         exit 1
-    }
-    unlock
+    fi
 }
 
 longest=0

@@ -11,8 +11,10 @@ range of the per-round ratios (each round's pair ran minutes apart at most), the
 side read (unique experts a step touches x bytes per expert, over the step time), the experts a step touched
 on each side (the routes are drawn by each side's own RNG under the same rule), and the read ceiling our bench
 measured with the same threads (median over rounds). Where OUT/logs/quiet.csv is there (compare.sh's quiet
-checks), each row gives the machine's busy % before its runs (median and max over both sides' runs) and the
-summary's meta the same over every run. With both working sets, summary.md adds a table of the ratios side by side.
+checks), each row gives the machine's busy % before its runs (median and max over both sides' runs), and where
+OUT/logs/during.csv is, the % of the CPUs other processes kept busy during them (the kept attempt of each run;
+max); the summary's meta gives both over every run. With both working sets, summary.md adds a table of the
+ratios side by side.
 """
 from __future__ import annotations
 
@@ -38,13 +40,14 @@ def med(v):
 WSETS = ("dram", "l3")  # compare.sh's WSET names: --working-set dram / cache on both sides
 
 
-def busy_log(out: Path) -> dict:
-    """compare.sh's logs/quiet.csv: run label (ours-<tag>-r<R>, ggml-<tag>-r<R>) -> busy % before it."""
-    p = out / "logs" / "quiet.csv"
+def busy_log(out: Path, name: str = "quiet.csv", col: int = 1) -> dict:
+    """compare.sh's logs/quiet.csv (busy % before each run) or logs/during.csv (col 2: the % other processes kept
+    busy during it): run label (ours-<tag>-r<R>, ggml-<tag>-r<R>) -> %, the last attempt's where a run was repeated."""
+    p = out / "logs" / name
     if not p.exists():
         return {}
     lines = p.read_text().splitlines()[1:]
-    return {f[0]: float(f[1]) for f in (ln.split(",") for ln in lines) if len(f) >= 2}
+    return {f[0]: float(f[col]) for f in (ln.split(",") for ln in lines) if len(f) > col}
 
 
 def load(out: Path):
@@ -75,9 +78,9 @@ def load(out: Path):
     return ours, ggml, meta
 
 
-def rows(ours, ggml, busy=None):
+def rows(ours, ggml, busy=None, during=None):
     out = []
-    busy = busy or {}
+    busy, during = busy or {}, during or {}
     order = {f: i for i, f in enumerate(MATCHED)}
     for (fmt, tag, wset), by_round in sorted(ours.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1:])):
         g_rounds = ggml.get((fmt, wset), {})
@@ -88,6 +91,7 @@ def rows(ours, ggml, busy=None):
         labels = [f"ours-{fmt}{'' if tag == 'default' else '-' + tag}{suffix}-r{r}" for r in by_round]
         labels += [f"ggml-{fmt}{suffix}-r{r}" for r in g_rounds]
         b = [busy[x] for x in labels if x in busy]
+        d = [during[x] for x in labels if x in during]
         keys = list(any_entry["results"])
         for key in keys:
             o_us, g_us, o_gb, g_gb, ratios, ceil, o_exp, g_exp = [], [], [], [], [], [], [], []
@@ -128,6 +132,7 @@ def rows(ours, ggml, busy=None):
                 "step_mb": med(o_exp) * any_entry["bytes_per_expert"] / 1e6,
                 "same_routes": all(same) if same else None,
                 "busy_pct_median": med(b) if b else None, "busy_pct_max": max(b) if b else None,
+                "others_pct_during_max": max(d) if d else None,
             })
     out.sort(key=lambda x: (WSETS.index(x["working_set"]),
                             list(MATCHED).index(x["format"]) if x["format"] in MATCHED else 9,
@@ -141,13 +146,16 @@ def fmt_range(r, nd=0):
 
 def table(rs) -> str:
     head = ("| wset | format | ours (layout, isa) | batch | routing | MB/step | ours us (range) | ggml us (range) "
-            "| ggml/ours (per-round range) | ours GB/s | ggml GB/s | ceiling GB/s | experts/step ours, ggml | busy % |")
+            "| ggml/ours (per-round range) | ours GB/s | ggml GB/s | ceiling GB/s | experts/step ours, ggml "
+            "| busy % before (max); others during, max |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for x in rs:
         r = x["ratio_ggml_over_ours"]
         ratio = "-" if r is None else f"**{r:.2f}x** ({fmt_range(x['ratio_range'], 2)})"
         isa = f"{x['ours_layout']}, {x['ours_isa']}" + ("" if x["matched_precision"] else " (not ggml's scheme)")
-        busy = "-" if x.get("busy_pct_max") is None else f"{x['busy_pct_median']:.0f} (max {x['busy_pct_max']:.0f})"
+        busy = "-" if x.get("busy_pct_max") is None else f"{x['busy_pct_median']:.0f} ({x['busy_pct_max']:.0f})"
+        if x.get("others_pct_during_max") is not None:
+            busy += f"; {x['others_pct_during_max']:.0f}"
         lines.append(
             f"| {x['working_set']} | {x['format']} | {isa} | {x['batch']} | {x['routing']} | {x['step_mb']:.1f} "
             f"| {x['ours_us']:.0f} ({fmt_range(x['ours_us_range'])}) "
@@ -200,7 +208,13 @@ def main(argv=None) -> int:
         v = list(busy.values())
         meta["busy_pct"] = {"runs": len(v), "median": med(v), "max": max(v), "min": min(v),
                             "source": "logs/quiet.csv (busy % over 1 s before each run)"}
-    rs = rows(ours, ggml, busy)
+    during = busy_log(out, "during.csv", 2)
+    if during:
+        v = list(during.values())
+        meta["others_pct_during"] = {"runs": len(v), "median": med(v), "max": max(v), "min": min(v),
+                                     "source": "logs/during.csv (% of the CPUs processes other than the run kept "
+                                               "busy during it; the kept attempt)"}
+    rs = rows(ours, ggml, busy, during)
     om, gm, g = meta["ours_machine"] or {}, meta["ggml_machine"] or {}, meta["ggml"] or {}
     rounds = max(max(len(v) for v in ours.values()), max(len(v) for v in ggml.values()))
     hdr = [
@@ -223,6 +237,10 @@ def main(argv=None) -> int:
         b = meta["busy_pct"]
         hdr.append(f"- machine busy before each run (1 s, all CPUs): median {b['median']:.0f} %, max {b['max']:.0f} % "
                    f"over {b['runs']} runs")
+    if "others_pct_during" in meta:
+        b = meta["others_pct_during"]
+        hdr.append(f"- CPUs other processes kept busy during each run: median {b['median']:.0f} %, "
+                   f"max {b['max']:.0f} %")
     hdr.append("")
     text = "\n".join(hdr) + "\n" + table(rs) + "\n"
     if sbs := side_by_side(rs):
