@@ -18,6 +18,8 @@
 #   WSET       (dram)  comma list of working sets, each run on both sides: dram (--working-set dram: the bank
 #              >= 4 x LLC, windows rotated per step), l3 (--working-set cache: one window, the same experts every
 #              step, reloaded by an untimed step after each evicting read; bench/llamacpp/README.md)
+#   LLC        ()      the cache size both sides size the DRAM bank, the evicting reads and our ceiling buffer by
+#              (--llc, e.g. 96M; default: the L3 size sysfs reports, which a VM may understate: README)
 #   LOCK       ()      a file: every timed run (its quiet check included) holds flock on it, so benches of other
 #              sessions that take the same lock never overlap ours (e.g. LOCK=/work/bench.lock)
 #   BUDGET_S   (510)   a round starts only if the time so far plus the longest round so far stays within
@@ -45,6 +47,7 @@ BATCH=${BATCH:-1,8}
 FORMATS=${FORMATS:-"q4_0 mxfp4 bf16"}
 WSET=${WSET:-dram}
 LOCK=${LOCK:-}
+LLC=${LLC:-}
 RERUN_PCT=${RERUN_PCT:-0}
 RERUNS=${RERUNS:-2}
 BUDGET_S=${BUDGET_S:-510}
@@ -97,7 +100,7 @@ fi
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "repo: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- packages 2>/dev/null || echo ' (packages/ modified)')"
     echo "threads: $THREADS rounds: $ROUNDS repeats: $REPEATS steps: $STEPS batch: $BATCH formats: $FORMATS wset: $WSET"
-    echo "lock: ${LOCK:-none} rerun_pct: $RERUN_PCT reruns: $RERUNS"
+    echo "lock: ${LOCK:-none} rerun_pct: $RERUN_PCT reruns: $RERUNS llc: ${LLC:-sysfs}"
     echo "ggml_bind: $GGML_BIND ggml_args: $GGML_ARGS"
     echo "nproc: $(nproc)"
     echo "llc: $(cat /sys/devices/system/cpu/cpu0/cache/index3/size 2>/dev/null || echo unknown)"
@@ -140,6 +143,7 @@ run_ours() {  # fmt round wset [mode]
     local fmt=$1 r=$2 mode=${4:-} tag=$1
     local args=(--format "$fmt" --model "$(model_of "$fmt")" --batch "$BATCH" --routing both --threads "$THREADS"
                 --repeats "$REPEATS" --steps "$STEPS" --working-set "$(wset_arg "$3")")
+    if [[ -n $LLC ]]; then args+=(--llc "$LLC"); fi
     if [[ -n $mode ]]; then args+=(--mode "$mode"); tag=$fmt-$mode; fi
     tag=$tag$(wset_suffix "$3")
     ours_cmd() {
@@ -165,12 +169,13 @@ run_ggml() {  # fmt round wset
     local fmt=$1 r=$2 tag rc=0 ws
     tag=$fmt$(wset_suffix "$3")
     ws=$(wset_arg "$3")
-    local envs=()
+    local envs=() llc=()
     if [[ $GGML_BIND == 1 ]]; then envs=(OMP_PROC_BIND=close OMP_PLACES=cores); fi
+    if [[ -n $LLC ]]; then llc=(--llc "$LLC"); fi
     ggml_cmd() {
         # shellcheck disable=SC2086
         env ${envs[@]+"${envs[@]}"} "$GGML_BENCH" --format "$fmt" --batch "$BATCH" --routing both \
-            --threads "$THREADS" --repeats "$REPEATS" --steps "$STEPS" --working-set "$ws" $GGML_ARGS \
+            --threads "$THREADS" --repeats "$REPEATS" --steps "$STEPS" --working-set "$ws" ${llc[@]+"${llc[@]}"} $GGML_ARGS \
             --json "$OUT/ggml-$tag-r$r.json" > "$OUT/logs/ggml-$tag-r$r.txt" 2> "$OUT/logs/ggml-$tag-r$r.err"
     }
     timed "ggml-$tag-r$r" ggml_cmd || rc=$?

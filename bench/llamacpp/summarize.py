@@ -220,8 +220,9 @@ def main(argv=None) -> int:
     hdr = [
         "# ours vs llama.cpp ggml CPU backend: MoE decode step",
         "",
-        f"- machine: {gm.get('cpu') or om.get('cpu')}, {om.get('logical_cpus')} logical CPUs, LLC "
-        f"{(om.get('llc_bytes') or 0) / 2**20:.0f} MiB; threads {', '.join(map(str, meta['threads']))}",
+        f"- machine: {gm.get('cpu') or om.get('cpu')}, {om.get('logical_cpus')} logical CPUs, LLC as the benches "
+        f"sized by it {(om.get('llc_bytes') or 0) / 2**20:.0f} MiB (ggml "
+        f"{(gm.get('llc_bytes') or 0) / 2**20:.0f}); threads {', '.join(map(str, meta['threads']))}",
         f"- ggml {g.get('version')} (llama.cpp {g.get('commit')}), built {g.get('build')}, OpenMP {g.get('openmp')}, "
         f"extra buffer types (repack) {g.get('extra_bufts')}; features: {gm.get('ggml_features')}",
         f"- ours: cpumoe-formats {om.get('cpumoe_formats')}, usable tiers {om.get('usable_tiers')}",

@@ -197,3 +197,14 @@ def test_route_plans_rule():
     assert bench.routes_digest(bench.route_plans(0, 2, 64, 8, 8, False)) == "c4e9145d99770512"
     assert bench.routes_digest(bench.route_plans(0, 16, 8, 1, 8, True)) == "dc4ff511241378f3"
     assert bench.routes_digest(bench.route_plans(0, 16, 8, 8, 8, True)) == "9d1b3d94357f0975"
+
+
+def test_llc_size_argument():
+    """--llc sizes the dram bank, the evicting reads and the ceiling buffer (a VM may report a smaller L3)."""
+    import argparse
+
+    assert bench.size_arg("96M") == 96 << 20 and bench.size_arg("1024") == 1024 and bench.size_arg("2GiB") == 2 << 30
+    assert bench.parse_args(["--llc", "512K"]).llc == 512 << 10 and bench.parse_args([]).llc is None
+    for bad in ("x", "-1M", "0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.size_arg(bad)

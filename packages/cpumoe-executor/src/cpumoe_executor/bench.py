@@ -504,6 +504,19 @@ def plot(report: dict, path: str) -> None:
     log(f"plot written to {path}")
 
 
+def size_arg(text: str) -> int:
+    """--llc: bytes, or a number with K, M or G (powers of 1024)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes or a size like 96M") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive size")
+    return n
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m cpumoe_executor.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--format", default=None,
@@ -517,6 +530,9 @@ def parse_args(argv=None):
                    help="precision mode: 'w4a8' for every format that has it, or per format "
                         "'nvfp4=w4a8,mxfp4=native' (default: each format's default mode; the isa column shows it)")
     p.add_argument("--working-set", choices=("dram", "cache"), default="dram")
+    p.add_argument("--llc", type=size_arg, default=None,
+                   help="the cache size the dram bank, the evicting reads and the ceiling buffer are sized by (bytes, "
+                        "or with K/M/G: 96M; default: the level-3 cache sysfs reports, which a VM may understate)")
     p.add_argument("--repack", choices=tuple(REPACK), default="auto",
                    help="formats with a CPU layout (FormatSpec.cpu_layout: mxfp4, q4_0, fp8_block, bf16; nvfp4 and "
                         "ds_fp4 in w4a8; mxfp4 on to mxfp4_x16 in w4a8): auto repacks as the executor does by default "
@@ -557,7 +573,7 @@ def main(argv=None) -> int:
         return doorbell_bench.main([a for a in argv if a != "--doorbell"])
     opts = parse_args(argv)
     fmts = opts.format.split(",") if opts.format else [n for n, s in cf.FORMATS.items() if s.banks]
-    llc = llc_bytes() or 32 * MiB
+    llc = opts.llc or llc_bytes() or 32 * MiB
     if opts.quick:
         llc = 4 * MiB
     cores, why = resolve_cores(opts.threads)
