@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # docs/end-to-end.md's 2-core table in one command: the full-size Qwen3-30B-A3B-shaped GGUF (written if missing),
 # llama.cpp's llama-bench and ours on the same file and threads (pp64, tg32, peak RSS from /usr/bin/time -v),
-# ours on transformers' default decode path too (the ratio that decode=auto buys) and with torch's OpenMP threads
-# passive (the thread policy beside the executor's workers), and the token profile with
-# ggml's experts timed beside ours; all written to one JSON.
+# ours on the static path (oneDNN's packed linears) and transformers' default path too (what decode=auto buys),
+# and the token profile with ggml's experts timed beside ours; all written to one JSON.
 #
 #   bench/e2e_2core.sh [F.gguf]        # default /tmp/qwen3moe-q4_0.gguf; ~25 min on the 2-core VM, needs ~21 GB free
 #
@@ -38,15 +37,12 @@ fi
 say "llama-bench -t $THREADS -p 64 -n 32 -r $ROUNDS"
 BIN=$BIN OUT=$OUT NAME=llama-bench bench/llamacpp/run_llama_bench.sh "$F" -t "$THREADS" -p 64 -n 32 -r "$ROUNDS"
 
-# auto: the default; eager: transformers' defaults (the path before decode=); passive: auto with torch's OpenMP
-# threads sleeping at once after each parallel region (OMP_WAIT_POLICY=PASSIVE) instead of spinning on the cores the
-# executor's workers need next (libgomp's default spins ~300k iterations)
-for v in auto eager passive; do
-    decode=${v/passive/auto}
-    env=(); [[ $v == passive ]] && env=(OMP_WAIT_POLICY=PASSIVE)
-    say "moe-engine bench --decode $decode ${env[*]}"
-    env "${env[@]}" /usr/bin/time -v -o "$OUT/ours-$v.time" $PY -m moe_engine.tools.cli bench "$F" -t "$THREADS" \
-        -p 64 -n 32 -r "$ROUNDS" --json --quiet --decode "$decode" > "$OUT/ours-$v.json" 2> "$OUT/ours-$v.err"
+# auto: the default (gemv: the linears on the executor's kernel); static: the static cache with oneDNN's packed
+# linears (auto's choice before gemv); eager: transformers' defaults (the path before decode=)
+for v in auto static eager; do
+    say "moe-engine bench --decode $v"
+    /usr/bin/time -v -o "$OUT/ours-$v.time" $PY -m moe_engine.tools.cli bench "$F" -t "$THREADS" \
+        -p 64 -n 32 -r "$ROUNDS" --json --quiet --decode "$v" > "$OUT/ours-$v.json" 2> "$OUT/ours-$v.err"
 done
 
 say "generate 32 tokens (peak RSS of the documented path)"
@@ -76,7 +72,7 @@ llama = json.load(open(os.path.join(out, "llama-bench.json")))
 res = {"file": {"path": f, "bytes": os.path.getsize(f)}, "threads": threads,
        "env": open(os.path.join(out, "env.txt")).read().splitlines(),
        "llama_cpp": {"results": llama, "peak_rss_bytes": rss("llama-bench")}}
-for d in ("auto", "eager", "passive"):
+for d in ("auto", "static", "eager"):
     o = json.load(open(os.path.join(out, f"ours-{d}.json")))
     res[f"moe_engine_{d}"] = {**o, "peak_rss_bytes": rss(f"ours-{d}")}
 res["generate_32"] = {**json.load(open(os.path.join(out, "generate.json"))), "peak_rss_bytes": rss("generate")}
@@ -84,7 +80,7 @@ res["token_profile"] = json.load(open(os.path.join(out, "token_profile.json")))
 ratios = {}
 for t in ("pp64", "tg32"):
     ll = rate(llama, t)
-    ratios[t] = {d: rate(res[f"moe_engine_{d}"]["results"], t) / ll for d in ("auto", "eager", "passive")}
+    ratios[t] = {d: rate(res[f"moe_engine_{d}"]["results"], t) / ll for d in ("auto", "static", "eager")}
 res["ratios_vs_llama_cpp"] = ratios
 g = res["token_profile"].get("ggml_experts")
 if g:
