@@ -4,7 +4,7 @@
 # ours on the static path (oneDNN's packed linears) and transformers' default path too (what decode=auto buys),
 # and the token profile with ggml's experts timed beside ours; all written to one JSON.
 #
-#   bench/e2e_2core.sh [F.gguf]        # default /tmp/qwen3moe-q4_0.gguf; ~25 min on the 2-core VM, needs ~21 GB free
+#   bench/e2e_2core.sh [F.gguf]        # default /tmp/qwen3moe-q4_0.gguf; ~11 min on the quiet 2-core VM (+2 to write the file), needs ~21 GB free
 #
 # env: OUT (/tmp/e2e_2core: every step's raw output), JSON (docs/results/end_to_end_2core.json), THREADS (2), BIN (llama.cpp's tools: .ggml/llama-cpu/bin; see
 #      bench/llamacpp/build_llama_bench.sh), GGML (.ggml/build/moe_ggml_bench; bench/llamacpp/build.sh, 0 = skip
