@@ -160,3 +160,21 @@ def test_custom_op_is_the_same_and_compiles(ex):
         assert torch.equal(fn(x), y * 2)
     finally:
         r.close()
+
+
+def test_compiled_modules_trace_without_a_graph_break(ex):
+    """torch.compile(fullgraph=True) over a DenseWeight's F.linear and a DenseLinear without a runner handle: both
+    trace (torch's own product inside the graph) and agree with the eager kernel within a bf16 step."""
+    g = _g(7)
+    x = torch.randn(3, 128, generator=g).to(BF)
+    w = torch.randn(40, 128, generator=g).to(BF)
+    dw = dense.DenseWeight(w, ex)
+    lin = torch.nn.Linear(128, 24, bias=True).to(BF)
+    dl = dense.DenseLinear(lin, ex)
+    for eager, fn in ((lambda a: torch.nn.functional.linear(a, dw), lambda a: torch.nn.functional.linear(a, dw)),
+                      (dl, dl)):
+        with torch.no_grad():
+            y = eager(x)
+            yc = torch.compile(fn, fullgraph=True)(x)
+        assert yc.dtype == BF and yc.shape == y.shape
+        assert bool(((yc.float() - y.float()).abs() <= 2.0**-7 * y.float().abs() + 1e-3).all())
