@@ -15,7 +15,7 @@ from cpumoe_formats.kernels import TIERS
 from cpumoe_formats.numerics import BF16
 from cpumoe_formats.roles import check_role
 
-from . import _native, model_formats, numa_banks
+from . import _native, dense_linear, model_formats, numa_banks
 from . import numa as numa_mod
 from .cores import _resolve_cores
 from .cpu_layout import repack_target
@@ -470,80 +470,13 @@ class CpuMoeExecutor:
         is read once per call, rows shared by up to 4 tokens a pass). Runs under the step lock, so a linear and a
         decode step never interleave. Threads: decode's."""
         torch = sys.modules.get("torch")
-        if torch is not None and out is None:
-            plain = (torch.Tensor, torch.nn.Parameter)  # a module's weight is a Parameter
-            if type(x) in plain and type(weight) in plain and (bias is None or type(bias) in plain):
-                y = self._linear_torch(torch, x, weight, bias)
-            else:
-                y = None
+        plain = () if torch is None else (torch.Tensor, torch.nn.Parameter)  # a module's weight is a Parameter
+        if out is None and type(x) in plain and type(weight) in plain and (bias is None or type(bias) in plain):
+            y = dense_linear.run_torch(self._x, torch, x, weight, bias)
             if y is not None:
                 return y
-        return self._linear_general(x, weight, bias, out)
-
-    def _linear_torch(self, torch, x, w, bias):
-        """linear() of CPU bf16 tensors that need no conversion (a model's case): checked in place, y a new tensor
-        [..., M]; None for anything else (the general path then converts it or names what is wrong). In a model each
-        tensor attribute read or op here costs microseconds (cold caches between layers): a few of each."""
-        bf = torch.bfloat16
-        if x.dtype is not bf or w.dtype is not bf or w.dim() != 2 or not x.is_cpu or not w.is_cpu:
-            return None
-        M, K = w.shape
-        if x.dim() == 2:  # rows may be strided
-            n, xs = x.shape[0], x.stride(0)
-            if x.shape[1] != K or x.stride(1) != 1 or (n > 1 and xs < K):
-                return None
-        elif x.dim() > 2 and x.shape[-1] == K and x.is_contiguous():
-            n, xs = x.numel() // max(K, 1), K
-        else:
-            return None
-        if n < 1 or M < 1 or K < 1 or w.stride(1) != 1 or (M > 1 and w.stride(0) < K):
-            return None
-        bp = 0
-        if bias is not None:
-            if bias.dtype is not bf or bias.shape != (M,) or not bias.is_cpu or not bias.is_contiguous():
-                return None
-            bp = bias.data_ptr()
-        y = torch.empty((*x.shape[:-1], M), dtype=bf)
-        self._x.linear(w.data_ptr(), 2 * w.stride(0), M, K, n, x.data_ptr(), 2 * xs, bp, y.data_ptr(), 2 * M, False)
-        return y
-
-    def _linear_general(self, x, weight, bias, out):
-        from cpumoe_formats.linear import OUT_DTYPES, weight_rows
-
         self._check()
-        torch_in = str(getattr(x, "dtype", "")).startswith("torch.")
-        w, w_stride = weight_rows(weight)
-        M, K = w.shape
-        xa = as_array(x, "x")
-        lead = xa.shape[:-1]
-        if xa.ndim < 2 or xa.shape[-1] != K or xa.size == 0:
-            raise ValueError(f"x: {describe(xa)}; expected [n, {K}] (or [..., {K}]) with n >= 1 (K = weight's "
-                             "in_features)")
-        if xa.dtype != BF16:
-            raise ValueError(f"x: {describe(xa)}; expected bfloat16 (convert it first: the linear reads bf16)")
-        if xa.ndim > 2:
-            xa = np.ascontiguousarray(xa).reshape(-1, K)
-        if xa.strides[1] != 2 or (xa.shape[0] > 1 and xa.strides[0] < 2 * K) or xa.ctypes.data % 2:
-            xa = np.ascontiguousarray(xa)
-        n = xa.shape[0]
-        bp = 0
-        if bias is not None:
-            bp = check_array(bias, "bias", dtype=BF16, shape=(M,)).ctypes.data
-        if out is None:
-            out = np.empty((*lead, M), BF16)
-        else:
-            out = check_array(out, "out", dtype=tuple(OUT_DTYPES.values()), shape=(*lead, M), writable=True,
-                              contiguous=len(lead) > 1)
-            if out.strides[-1] != out.itemsize or (n > 1 and out.strides[0] < M * out.itemsize):
-                raise ValueError(f"out: strides {out.strides}; expected contiguous rows")
-        o2 = out.reshape(n, M)  # a view: out's rows are contiguous
-        self._x.linear(w.ctypes.data, w_stride, M, K, n, xa.ctypes.data, int(xa.strides[0]), bp, o2.ctypes.data,
-                       int(o2.strides[0]), out.dtype != BF16)
-        if torch_in and out.dtype == BF16:
-            import torch
-
-            return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
-        return out
+        return dense_linear.run_general(self._x, x, weight, bias, out)
 
     # ---- IO block and doorbell (protocol v1) ----------------------------------------------------
     def io_block(self) -> dict:

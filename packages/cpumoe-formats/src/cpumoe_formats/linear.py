@@ -40,6 +40,15 @@ def weight_rows(weight, name: str = "weight") -> tuple[np.ndarray, int]:
     return w, int(w.strides[0])
 
 
+def check_out_rows(out: np.ndarray) -> np.ndarray:
+    """out (already checked for dtype, shape and writability) with each row contiguous: the kernel writes a row of
+    M outputs at a time, rows at out.strides[0]. ValueError otherwise."""
+    n, M = (int(np.prod(out.shape[:-1])), out.shape[-1]) if out.ndim else (0, 0)
+    if n and (out.strides[-1] != out.itemsize or (n > 1 and out.strides[0] < M * out.itemsize)):
+        raise ValueError(f"out: strides {out.strides}; expected contiguous rows")
+    return out
+
+
 class Linear:
     """The dense bf16 linear at one tier. Threads: shareable (the native kernel is stateless; each call prepares x
     on its own); concurrent calls each need their own `out` (an out overlapping memory another call in flight reads
@@ -103,9 +112,7 @@ class Linear:
         if out is None:
             out = np.zeros((n, M), dt)
         else:
-            out = check_array(out, "out", dtype=dt, shape=(n, M), writable=True, contiguous=False)
-            if n and (out.strides[1] != dt.itemsize or out.strides[0] < M * dt.itemsize):
-                raise ValueError(f"out: strides {out.strides}; expected contiguous rows")
+            out = check_out_rows(check_array(out, "out", dtype=dt, shape=(n, M), writable=True, contiguous=False))
         r0, r1 = (0, M) if rows is None else rows
         if not (isinstance(r0, int) and isinstance(r1, int) and 0 <= r0 < r1 <= M):
             raise ValueError(f"rows={rows!r}; expected (r0, r1) with 0 <= r0 < r1 <= {M}")
