@@ -55,7 +55,35 @@ def _tier_cap(isa) -> int:
     return TIERS.index(isa)
 
 
-class Kernel:
+class NativeHandle:
+    """What Kernel and Linear share: a native object `_k` with its tier's name, closed / close() and a `with` block
+    that closes it. Subclasses set `_k`, `_name` and `_tier`."""
+
+    @property
+    def name(self) -> str:
+        """What runs: the tier, plus the precision mode for a Kernel (e.g. 'avx2+w4a8')."""
+        return self._name
+
+    @property
+    def tier(self) -> str:
+        return self._tier
+
+    @property
+    def closed(self) -> bool:
+        return self._k.closed
+
+    def close(self) -> None:
+        """Free the native object (idempotent). Later calls raise RuntimeError; calls in flight finish first."""
+        self._k.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Kernel(NativeHandle):
     """A format kernel at the best tier <= the cap (isa= or CPUMOE_ISA), and the single-threaded MoE step through it.
 
     Threads: shareable. forward() and the steps bind() returns may run on any number of threads at once with the
@@ -87,29 +115,6 @@ class Kernel:
         self._name, self._tier = self._k.name, TIERS[self._k.tier]
         log.debug("cpumoe_formats: %s kernel %s (E=%d H=%d I=%d %s)", self.spec.name, self.name, E, H, I,
                   self.act.name)
-
-    @property
-    def name(self) -> str:
-        """What runs: tier plus precision mode, e.g. 'avx2+w4a8'."""
-        return self._name
-
-    @property
-    def tier(self) -> str:
-        return self._tier
-
-    @property
-    def closed(self) -> bool:
-        return self._k.closed
-
-    def close(self) -> None:
-        """Free the native kernel (idempotent). Later calls raise RuntimeError; calls in flight finish first."""
-        self._k.close()
-
-    def __enter__(self) -> Kernel:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"cpumoe_formats.Kernel({self.spec.name!r}, E={self.E}, H={self.H}, I={self.I}, {self._name}"

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _native
 from ._arrays import as_array, check_array, describe
-from .kernels import TIERS, _tier_cap
+from .kernels import TIERS, NativeHandle, _tier_cap
 from .numerics import BF16
 
 OUT_DTYPES = {"bfloat16": BF16, "float32": np.dtype(np.float32)}
@@ -49,7 +49,7 @@ def check_out_rows(out: np.ndarray) -> np.ndarray:
     return out
 
 
-class Linear:
+class Linear(NativeHandle):
     """The dense bf16 linear at one tier. Threads: shareable (the native kernel is stateless; each call prepares x
     on its own); concurrent calls each need their own `out` (an out overlapping memory another call in flight reads
     or writes raises RuntimeError). Lifetime: close() (or leaving a `with` block) frees it; later calls raise."""
@@ -57,28 +57,6 @@ class Linear:
     def __init__(self, isa: str | None = None):
         self._k = _native.Linear(_tier_cap(isa))
         self._name, self._tier = self._k.name, TIERS[self._k.tier]
-
-    @property
-    def name(self) -> str:
-        """The tier that runs, e.g. 'avx512bf16'."""
-        return self._name
-
-    @property
-    def tier(self) -> str:
-        return self._tier
-
-    @property
-    def closed(self) -> bool:
-        return self._k.closed
-
-    def close(self) -> None:
-        self._k.close()
-
-    def __enter__(self) -> Linear:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"cpumoe_formats.Linear({self._name}{', closed' if self._k.closed else ''})"
