@@ -14,8 +14,10 @@
 # profile: token_profile on the GPU for each of STRATS (default "cpu"; gpu = every expert on the GPU: the floor of
 #        the non-expert part): the parts with a sync at each hook, GraphLoop's captured step and generate() apart,
 #        the experts alone; JSON per strategy (tp-STRATEGY.json).
-# ours:  moe-engine bench on the same file: strategy cpu, then hybrid with gpu_memory holding the non-expert weights,
-#        the KV cache and a quarter of the expert bytes (as --n-cpu-moe 36), decode under CUDA graphs.
+# ours:  moe-engine bench on the same file for each of OURS (default "cpu hybrid"): strategy cpu; hybrid with
+#        gpu_memory holding the non-expert weights, the KV cache and a quarter of the expert bytes (as --n-cpu-moe 36),
+#        its slots in every layer; hybrid-layers: the same budget as whole layers (--residency layers, the last 12
+#        layers' experts, as --n-cpu-moe 36 places). Decode under CUDA graphs.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$ROOT/gpu-out}" && cd "${OUT:-$ROOT/gpu-out}" && pwd)
@@ -113,11 +115,15 @@ experts = 48 * 128 * 3 * 2048 * 768 * 18 // 32
 print(int(ne + kv + 1.5 * 2**30 + experts / 4))
 EOF
 )
-  timeout 280 $PY -m moe_engine.tools.cli bench "$GGUF" --strategy cpu --device cuda -t "$THREADS" -p "$PP" -n "$NG" \
-    -r "$R" --quiet --json >"$OUT/ours-cpu.json" 2>"$OUT/ours-cpu.err"
-  stamp "ours cpu rc=$?"; grep -E "avg_ts|test" "$OUT/ours-cpu.json" | head; tail -2 "$OUT/ours-cpu.err"
-  timeout 280 $PY -m moe_engine.tools.cli bench "$GGUF" --strategy hybrid --gpu-memory "$budget" -t "$THREADS" \
-    -p "$PP" -n "$NG" -r "$R" --quiet --json >"$OUT/ours-hybrid.json" 2>"$OUT/ours-hybrid.err"
-  stamp "ours hybrid rc=$?"; grep -E "avg_ts|test|plan" "$OUT/ours-hybrid.json" | head; tail -2 "$OUT/ours-hybrid.err"
+  for run in ${OURS:-cpu hybrid}; do  # cpu | hybrid (the budget's slots in every layer) | hybrid-layers (whole layers)
+    case $run in
+      cpu) args=(--strategy cpu) ;;
+      hybrid) args=(--strategy hybrid --gpu-memory "$budget") ;;
+      hybrid-layers) args=(--strategy hybrid --gpu-memory "$budget" --residency layers) ;;
+    esac
+    timeout 280 $PY -m moe_engine.tools.cli bench "$GGUF" "${args[@]}" --device cuda -t "$THREADS" -p "$PP" -n "$NG" \
+      -r "$R" --quiet --json >"$OUT/ours-$run.json" 2>"$OUT/ours-$run.err"
+    stamp "ours $run rc=$?"; grep -E "avg_ts|test|plan" "$OUT/ours-$run.json" | head; tail -2 "$OUT/ours-$run.err"
+  done
   ;;
 esac

@@ -115,6 +115,12 @@ def test_gpu_budget_plan():
         budget.plan("auto", cuda, 2 * GiB, **kw)
     with pytest.raises(ValueError, match="strategy='gpu' keeps all 6144 experts"):
         budget.plan("gpu", cuda, 16 * GiB, **kw)
+    # whole layers (residency="layers"): as many layers' experts as fit, the last ones, as llama.cpp's --n-cpu-moe
+    w = budget.plan("auto", cuda, 16 * GiB, whole_layers=True, **kw)
+    n = (16 * GiB - (3 << 30) - (1 << 30) - budget.RESERVE) // ((9 << 20) * 128)
+    assert w.strategy == "hybrid" and w.gpu_layers == n == 9 and f"--n-cpu-moe {48 - n}" in w.why
+    assert budget.plan("auto", cuda, 200 * GiB, whole_layers=True, **kw).strategy == "gpu"
+    assert budget.plan("cpu", cuda, 16 * GiB, whole_layers=True, **kw).gpu_layers is None
     assert budget.parse_bytes("16GiB") == 16 * GiB and budget.parse_bytes("1.5 GB") == 1_500_000_000
     for bad in ("16 parsecs", "-3GiB", 0, True):
         with pytest.raises((ValueError, TypeError), match="gpu_memory="):

@@ -216,6 +216,19 @@ def consensus(eager_ok: bool, graphs_ok: bool, reason: str, group=None) -> tuple
     return not bad_eager, False, "; ".join(f"rank {rk}: {why}" for rk, why in bad)
 
 
+def graph_layers(r) -> list[int]:
+    """The layers whose captured steps qualification replays: the last, and the first of each other fixed path
+    (residency="layers": a GPU layer's step has no CPU side, a CPU layer's no GPU experts)."""
+    paths = getattr(r, "layer_path", None)
+    last = r.num_layers - 1
+    if paths is None:
+        return [last]
+    firsts = {}
+    for li, p in enumerate(paths):
+        firsts.setdefault(p, li)
+    return [last] + [li for p, li in firsts.items() if p != paths[last]]
+
+
 def qualify_runner(r, tp_group=None, *, allow_nonfinite: bool = False) -> None:
     """Sets r.graphs_ok / r.graphs_reason; raises RuntimeError when an eager step is wrong (on any rank).
     allow_nonfinite: NaN / Inf outputs pass where the float64 reference has them (module docstring)."""
@@ -232,8 +245,11 @@ def qualify_runner(r, tp_group=None, *, allow_nonfinite: bool = False) -> None:
         eager_ok, graphs_ok, why = False, False, f"{type(e).__name__}: {e}"
     if eager_ok and gpu:
         try:
-            check_graphs(r, layer, gen)
-            why = f"{why}; graph replays ok at batch sizes {list(r.graph_batch_sizes)}"
+            on = graph_layers(r)
+            for li in on:
+                check_graphs(r, li, gen)
+            where = "" if on == [layer] else f" on layers {on}"
+            why = f"{why}; graph replays ok at batch sizes {list(r.graph_batch_sizes)}{where}"
         except Exception as e:  # noqa: BLE001 - any failure refuses graphs; eager stays correct
             graphs_ok, why = False, f"graph replay failed: {type(e).__name__}: {e}"
     eager_ok, graphs_ok, why = consensus(eager_ok, graphs_ok, why, tp_group)

@@ -8,12 +8,18 @@ import numpy as np
 
 
 class Residency:
-    def __init__(self, num_layers: int, E: int, capacity: int, device):
+    """capacity: GPU slots per layer, or one count per layer (residency="layers": E or 0); `.capacity` is the most of
+    any layer, `.caps` each layer's."""
+
+    def __init__(self, num_layers: int, E: int, capacity, device):
         import torch
 
-        if not isinstance(capacity, int) or not 0 <= capacity <= E:
-            raise ValueError(f"capacity={capacity!r}: expected an int in [0, E={E}] (GPU slots per layer)")
-        self.num_layers, self.E, self.capacity = num_layers, E, capacity
+        caps = [capacity] * num_layers if isinstance(capacity, int) else list(capacity)
+        if len(caps) != num_layers or not all(isinstance(c, int) and 0 <= c <= E for c in caps):
+            raise ValueError(f"capacity={capacity!r}: expected an int in [0, E={E}] (GPU slots per layer) or one "
+                             f"per layer ({num_layers})")
+        self.num_layers, self.E, self.caps = num_layers, E, caps
+        self.capacity = max(caps)
         self.mask = torch.zeros((num_layers, E), dtype=torch.bool, device=device)  # True: the expert runs on the GPU
         self.slot_of = torch.full((num_layers, E), -1, dtype=torch.int32, device=device)  # its slot, -1 = CPU
         self._slot = np.full((num_layers, E), -1, np.int32)  # host mirror of slot_of
@@ -32,12 +38,13 @@ class Residency:
             raise ValueError(f"residency mask for layer {layer}: shape {m.shape} dtype {m.dtype}, expected a bool "
                              f"array of length E={self.E}")
         m = m.astype(bool)
-        if int(m.sum()) > self.capacity:
+        cap = self.caps[layer]
+        if int(m.sum()) > cap:
             raise ValueError(f"residency mask for layer {layer}: {int(m.sum())} resident experts, expected at most "
-                             f"capacity={self.capacity} (GPU slots per layer, set at construction)")
+                             f"capacity={cap} (the layer's GPU slots, set at construction)")
         row = self._slot[layer]
         row[~m] = -1
-        free = sorted(set(range(self.capacity)) - set(row[row >= 0].tolist()))
+        free = sorted(set(range(cap)) - set(row[row >= 0].tolist()))
         loads = []
         for e in np.flatnonzero(m & (row < 0)).tolist():
             row[e] = free.pop(0)

@@ -19,7 +19,7 @@ from .residency import Residency
 log = logging.getLogger("moe_engine")
 STRATEGIES = ("auto", "cpu", "hybrid", "gpu")
 DEFAULT_HYBRID_RESIDENCY = 0.25  # a quarter of each layer's experts on the GPU unless told otherwise
-NAMED_RESIDENCY = ("hot", "static", "random", "uniform")
+NAMED_RESIDENCY = ("hot", "static", "random", "uniform", "layers")
 SPIN_US_GPU, SPIN_US_CPU = 2000, 50  # how long idle workers spin before they sleep (cpumoe_executor's spin_us)
 
 
@@ -53,7 +53,9 @@ class MoERunner:
         "hot" (each layer's most-routed experts, from routing counts taken on the device, re-placed every
         `replace_every` steps; placement/hot.py; opt-in until its GPU checks have run), "static" (the
         most-routed experts of `routing_profile`, from `moe-engine profile`), "random" or "uniform" (capacity
-        experts per layer), or per-layer bool masks of length E. capacity: GPU slots per layer (default: the most
+        experts per layer), "layers" (every expert of the `gpu_layers` layers, none of the others: each layer then
+        runs on one side only, as llama.cpp's --n-cpu-moe places; placement/layerwise.py), or per-layer bool masks
+        of length E. capacity: GPU slots per layer (default: the most
         resident experts of any layer; a quarter of E for the named placements). Routes are counted when residency
         is "hot" or count_routes=True (runner.route_counts).
     split: hybrid's miss split (placement/split.py): a fraction q in [0, 1] of the expected miss bytes read by the GPU
@@ -88,7 +90,8 @@ class MoERunner:
                  mode: str | None = None, isa: str | None = None, handshake: str | None = None, qualify: bool = True,
                  prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True,
                  spin_us: int | None = None, replace_every: int = 50, routing_profile=None,
-                 count_routes: bool = False, split=None, pin_memory=None, profile=None, team: str | None = None):
+                 count_routes: bool = False, split=None, pin_memory=None, profile=None, team: str | None = None,
+                 gpu_layers=None):
         import torch
 
         self.closed = False
@@ -124,7 +127,8 @@ class MoERunner:
         self.act = cf.activations.resolve(activation, alpha, limit)
         self.apply_router_weight_on_input = bool(apply_router_weight_on_input)
         self.device = validate.device(torch, device)
-        self._placement_args = (replace_every, routing_profile, capacity)
+        self._placement_args = (replace_every, routing_profile, capacity, gpu_layers)
+        self.layer_path = None  # residency="layers": each layer's fixed path, "gpu" or "cpu" (step())
         self.strategy, why = self._pick_strategy(strategy)
         if self.strategy in ("hybrid", "gpu"):
             self._check_gpu_formats()
@@ -227,6 +231,7 @@ class MoERunner:
 
     def _open_gpu(self, residency, capacity, act_kw) -> None:
         from .gpu.by_pair import open_gpu_experts
+        from .placement import layerwise
 
         masks = self._masks(residency if self.strategy == "hybrid" else 1.0)
         need = max(int(m.sum()) for m in masks)
@@ -234,10 +239,14 @@ class MoERunner:
         if not isinstance(cap, int) or not need <= cap <= self.E:
             raise ValueError(f"capacity={capacity!r}: expected an int in [{need}, E={self.E}] (the residency needs "
                              f"{need} GPU slots in its fullest layer)")
-        self.gpu = open_gpu_experts(self.layer_formats, capacity=max(cap, 1), E=self.E, H=self.H, I=self.I,
-                                    top_k=self.top_k, max_tokens=self.max_tokens, device=self.device,
+        caps = None
+        if self.strategy == "hybrid" and residency == "layers":
+            self.layer_path = layerwise.paths(masks, self.E)
+            caps = layerwise.capacities(self.layer_path, self.E)
+        self.gpu = open_gpu_experts(self.layer_formats, capacity=max(cap, 1), layer_capacity=caps, E=self.E, H=self.H,
+                                    I=self.I, top_k=self.top_k, max_tokens=self.max_tokens, device=self.device,
                                     apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
-        self.residency = Residency(self.num_layers, self.E, cap, self.device)
+        self.residency = Residency(self.num_layers, self.E, cap if caps is None else caps, self.device)
         for layer, m in enumerate(masks):
             self.set_residency(layer, m)
 
@@ -275,6 +284,9 @@ class MoERunner:
         validate.layer(layer, self.num_layers)
         if self.strategy == "gpu" and not np.asarray(mask).all():
             raise ValueError("set_residency: strategy 'gpu' keeps every expert resident")
+        if self.layer_path is not None and self.layer_path[layer] == "gpu" and not np.asarray(mask).all():
+            raise ValueError(f"set_residency: residency='layers' keeps every expert of layer {layer} on the GPU (its "
+                             "captured step has no CPU side); expected a mask of all True")
         loads = self.residency.plan(layer, mask)
         for e, slot in loads:
             self.gpu.load(layer, slot, self.host_banks[layer], e)
@@ -291,7 +303,16 @@ class MoERunner:
         if name not in NAMED_RESIDENCY:
             raise ValueError(f"residency={name!r}: expected one of {list(NAMED_RESIDENCY)}, a fraction in [0, 1] or "
                              "per-layer masks")
-        replace_every, routing_profile, capacity = self._placement_args
+        replace_every, routing_profile, capacity, gpu_layers = self._placement_args
+        if name == "layers":
+            from .placement.layerwise import layer_masks
+
+            if capacity is not None:
+                raise ValueError(f"capacity={capacity!r}: residency='layers' places whole layers (E slots on each GPU "
+                                 "layer, none elsewhere); pass gpu_layers= instead")
+            return list(layer_masks(gpu_layers, self.num_layers, self.E))
+        if gpu_layers is not None:
+            raise ValueError(f"gpu_layers={gpu_layers!r} goes with residency='layers', not residency={name!r}")
         cap = round(DEFAULT_HYBRID_RESIDENCY * self.E) if capacity is None else capacity
         if not isinstance(cap, int) or not 0 <= cap <= self.E:
             raise ValueError(f"capacity={capacity!r}: expected an int in [0, E={self.E}] (GPU slots per layer)")
@@ -336,6 +357,9 @@ class MoERunner:
         hybrid = self.strategy == "hybrid" and self.residency is not None
         if split is not None and not hybrid:
             raise ValueError(f"split={split!r}: the miss split runs under strategy='hybrid', not {self.strategy!r}")
+        if split is not None and self.layer_path is not None:
+            raise ValueError(f"split={split!r}: residency='layers' gives each layer one side (its CPU layers read "
+                             "every expert on the CPU); the miss split goes with a residency of slots in every layer")
         if split is None and auto and hybrid and self.hot is not None and self.device.type == "cuda":
             from .placement.profile import resolve
 
@@ -404,18 +428,19 @@ class MoERunner:
 
         if self.route_counts is not None:
             self.route_counts.add(layer, ids)  # fixed-shape device ops: captured with the step
-        if self.strategy == "cpu":
+        path = self.strategy if self.layer_path is None else self.layer_path[layer]
+        if path == "cpu":  # strategy cpu, or a CPU layer of residency="layers" (no slot: no GPU experts' kernels)
             return self.sync.decode(layer, x, w, ids, check=False)
         wf = w if w.dtype == torch.float32 else w.float()
         if self.split is not None:
             return self.split.step(layer, x, wf, ids)
-        if self.strategy == "hybrid":
+        if path == "hybrid":
             # the CPU starts first: the slot lookup and the GPU experts run while it works (the lookup before the
             # doorbell put its kernels on the CPU's critical path)
             self.sync.submit(layer, x, wf, ids, self.residency.mask[layer], check=False)
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         y = self.gpu.forward(layer, xb, wf, self.residency.slots(layer, ids))  # the GPU-resident experts
-        return y if self.strategy == "gpu" else self.sync.finish(layer, partial=y)  # + the CPU's y: each route once
+        return y if path == "gpu" else self.sync.finish(layer, partial=y)  # + the CPU's y: each route once
 
     def op(self, layer: int, hidden_states, topk_weights, topk_ids):
         """forward() through the torch custom op torch.ops.moe_engine.experts (one opaque node for torch.compile)."""
@@ -434,8 +459,14 @@ class MoERunner:
                          f"threads={self.executor.threads} team={self.executor.team}")
             parts.append(f"handshake={self.sync.path} ({self.sync_why}; {self.sync.summary()})")
         if self.residency is not None:
-            parts.append(f"gpu_experts={given} slots={self.residency.capacity}/layer "
-                         f"resident={100 * self.residency.fraction():.0f}%")
+            if self.layer_path is not None:
+                from .placement.layerwise import describe as layers_text
+
+                parts.append(f"gpu_experts={given} {layers_text(self.layer_path)} "
+                             f"resident={100 * self.residency.fraction():.0f}%")
+            else:
+                parts.append(f"gpu_experts={given} slots={self.residency.capacity}/layer "
+                             f"resident={100 * self.residency.fraction():.0f}%")
             if self.hot is not None:
                 parts.append(f"placement=hot every {self.hot.placer.every} steps")
             if self.split is not None:

@@ -1,54 +1,66 @@
-"""The GPU experts of a model whose layers use different formats: one GpuExperts per distinct (gate_up, down) pair,
-each holding the layers of that pair, behind GpuExperts' own load / forward by the model's layer index.
+"""The GPU experts of a model whose layers differ, in format or in slots: one GpuExperts per distinct ((gate_up, down)
+pair, slots) group, each holding the layers of that group, behind GpuExperts' own load / forward by the model's layer
+index. A layer with no slots (residency="layers"' CPU layers) holds nothing on the GPU; its forward adds nothing.
 
-A uniform model gets its one GpuExperts as it is (no mapping in its path).
+A uniform model with one slot count gets its one GpuExperts as it is (no mapping in its path).
 
 Thread contract: as GpuExperts (not shareable; the runner's lock orders every call)."""
 from __future__ import annotations
 
 
-def open_gpu_experts(pairs: list[tuple[str, str]], **kw):
-    """GpuExperts for a model of these per-layer (gate_up, down) formats; `kw`: GpuExperts' keywords but format and
-    num_layers. ValueError naming the pair when GpuExperts cannot run it."""
+def open_gpu_experts(pairs: list[tuple[str, str]], *, capacity: int, layer_capacity=None, **kw):
+    """GpuExperts for a model of these per-layer (gate_up, down) formats, `capacity` slots per layer or
+    `layer_capacity` (one count per layer); `kw`: GpuExperts' keywords but format, num_layers and capacity.
+    ValueError naming the pair when GpuExperts cannot run it."""
     from .experts import GpuExperts
 
+    caps = [capacity] * len(pairs) if layer_capacity is None else [int(c) for c in layer_capacity]
     distinct = list(dict.fromkeys(pairs))
-    if len(distinct) == 1 and distinct[0][0] == distinct[0][1]:
-        return GpuExperts(distinct[0][0], num_layers=len(pairs), **kw)
-    return LayerMappedGpuExperts(pairs, **kw)
+    if len(distinct) == 1 and distinct[0][0] == distinct[0][1] and len(set(caps)) == 1:
+        return GpuExperts(distinct[0][0], num_layers=len(pairs), capacity=caps[0], **kw)
+    return LayerMappedGpuExperts(pairs, caps, **kw)
 
 
 class LayerMappedGpuExperts:
-    """load / forward of model layer `layer` go to its pair's GpuExperts at that pair's local layer index."""
+    """load / forward of model layer `layer` go to its group's GpuExperts at that group's local layer index; a layer
+    without slots has none (forward returns zeros: no route of it is resident)."""
 
-    def __init__(self, pairs: list[tuple[str, str]], **kw):
+    def __init__(self, pairs: list[tuple[str, str]], caps: list[int], **kw):
         from .experts import GpuExperts
 
-        self.pairs = list(pairs)
-        self.by_pair: dict[tuple[str, str], GpuExperts] = {}
-        self.where: list[tuple[GpuExperts, int]] = []
-        counts: dict[tuple[str, str], int] = {}
-        for p in self.pairs:
-            self.where.append((p, counts.get(p, 0)))
-            counts[p] = counts.get(p, 0) + 1
-        for p, n in counts.items():
+        self.pairs, self.caps = list(pairs), list(caps)
+        self.groups: dict[tuple, GpuExperts] = {}
+        where, counts = [], {}
+        for p, c in zip(self.pairs, self.caps):
+            key = (p, c)
+            where.append((key, counts.get(key, 0)) if c > 0 else (None, 0))
+            if c > 0:
+                counts[key] = counts.get(key, 0) + 1
+        for (p, c), n in counts.items():
             fmt = p[0] if p[0] == p[1] else p
             try:
-                self.by_pair[p] = GpuExperts(fmt, num_layers=n, **kw)
+                self.groups[(p, c)] = GpuExperts(fmt, num_layers=n, capacity=c, **kw)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"GpuExperts cannot run the (gate_up, down) pair {p} ({e}); use strategy='cpu' "
                                  "for this model") from e
-        self.where = [(self.by_pair[p], local) for p, local in self.where]
+        self.where = [(self.groups[k] if k is not None else None, local) for k, local in where]
 
     def load(self, layer: int, slot: int, banks: dict, expert: int, **kw) -> None:
         g, local = self.where[layer]
+        if g is None:
+            raise ValueError(f"layer {layer} keeps no experts on the GPU (no slots); expected a layer with slots")
         g.load(local, slot, banks, expert, **kw)
 
     def forward(self, layer: int, x, topk_weights, slots, out=None):
+        import torch
+
         g, local = self.where[layer]
+        if g is None:
+            y = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.bfloat16, device=x.device) if out is None else out
+            return y.zero_() if out is not None else y
         return g.forward(local, x, topk_weights, slots, out=out)
 
     @property
     def bytes_per_expert(self) -> int:
-        """The largest pair's (a slot of every layer holds at most this)."""
-        return max(g.bytes_per_expert for g in self.by_pair.values())
+        """The largest group's (a slot of every layer holds at most this)."""
+        return max((g.bytes_per_expert for g in self.groups.values()), default=0)

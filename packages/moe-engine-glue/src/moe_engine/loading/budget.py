@@ -3,8 +3,9 @@ the rest of `gpu_memory` holds.
 
 Rule: the same number of experts in every MoE layer, so every layer's CPU share is equal and the slowest layer is
 no slower than the others; which experts fill those slots is residency="hot"'s job (each layer's most-routed, from
-routing counts; docs/placement.md). A reserve for activations, the GPU experts' workspace and CUDA graphs is kept out
-of the budget (RESERVE).
+routing counts; docs/placement.md). With whole_layers (residency="layers"): as many whole layers' experts as fit, the
+last layers, as llama.cpp's --n-cpu-moe places (each layer then runs on one side only). A reserve for activations,
+the GPU experts' workspace and CUDA graphs is kept out of the budget (RESERVE).
 
 Thread contract: plain functions."""
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Plan:
     budget: int | None
     why: str
     formats: str = ""  # the experts' formats, compactly (layer_formats.describe): one name, or the pairs' layers
+    gpu_layers: int | None = None  # whole_layers: the layers whose every expert is on the GPU (the last ones)
 
     @property
     def residency(self) -> float:
@@ -61,7 +63,7 @@ class Plan:
 
 
 def plan(strategy: str, device, budget: int | None, *, non_expert_bytes: int, kv_bytes: int, expert_bytes: int,
-         E: int, layers: int, gpu_kernels: bool) -> Plan:
+         E: int, layers: int, gpu_kernels: bool, whole_layers: bool = False) -> Plan:
     """The strategy and the experts per layer on the GPU; ValueError when the budget cannot hold what must be there."""
     gib = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
     if device.type != "cuda":
@@ -76,6 +78,9 @@ def plan(strategy: str, device, budget: int | None, *, non_expert_bytes: int, kv
                          f"the KV cache {gib(kv_bytes)} and the reserve {gib(RESERVE)} ({gib(need)} in all); "
                          "give more, or device='cpu'")
     fit = min(E, (budget - need) // (expert_bytes * layers)) if gpu_kernels else 0
+    n_layers = min(layers, (budget - need) // (expert_bytes * E)) if gpu_kernels else 0
+    if whole_layers:
+        fit = E if n_layers == layers else 0
     head = (f"gpu_memory {gib(budget)}: non-expert weights {gib(non_expert_bytes)} + KV cache {gib(kv_bytes)} + "
             f"reserve {gib(RESERVE)}")
     if strategy == "auto":
@@ -87,8 +92,16 @@ def plan(strategy: str, device, budget: int | None, *, non_expert_bytes: int, kv
                          f"({gib(E * layers * expert_bytes)}), but {head} leaves room for {fit} per layer; use "
                          "strategy='hybrid' or 'auto'")
     if strategy == "cpu":
-        fit = 0
-    where = ("every expert on the GPU" if strategy == "gpu" else
-             f"{fit} of {E} experts per layer on the GPU ({100 * fit / E:.0f}%, "
-             f"{gib(fit * layers * expert_bytes)}), the rest on the CPU")
+        fit = n_layers = 0
+    if strategy == "gpu":
+        where = "every expert on the GPU"
+    elif whole_layers and strategy == "hybrid":
+        where = (f"the experts of {n_layers} of {layers} layers on the GPU (whole layers, the last {n_layers}, as "
+                 f"llama.cpp's --n-cpu-moe {layers - n_layers}; {gib(n_layers * E * expert_bytes)}), the rest on "
+                 "the CPU")
+        return Plan(strategy, int(n_layers * E // layers), E, non_expert_bytes, kv_bytes, expert_bytes, budget,
+                    f"{head}; {where}", gpu_layers=int(n_layers))
+    else:
+        where = (f"{fit} of {E} experts per layer on the GPU ({100 * fit / E:.0f}%, "
+                 f"{gib(fit * layers * expert_bytes)}), the rest on the CPU")
     return Plan(strategy, int(fit), E, non_expert_bytes, kv_bytes, expert_bytes, budget, f"{head}; {where}")

@@ -63,9 +63,11 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         static cache), compile (static cache + torch.compile), gemv (the linears' few-token products on the
         executor's threads + the static cache); one log line names the choice and why, model.moe_engine.decode
         keeps it.
-    kwargs: MoERunner's other keywords (graph_batch_sizes, max_tokens, mode, isa, handshake, qualify, prefill,
-        pin_memory: on a GPU with experts on the CPU it defaults to True, the host banks page-locked up to half of
-        MemAvailable, so a prompt's staged experts copy at link speed; False keeps them pageable).
+    kwargs: MoERunner's other keywords (residency, graph_batch_sizes, max_tokens, mode, isa, handshake, qualify,
+        prefill, pin_memory: on a GPU with experts on the CPU it defaults to True, the host banks page-locked up to
+        half of MemAvailable, so a prompt's staged experts copy at link speed; False keeps them pageable).
+        residency: which experts hybrid's GPU share holds: "random" (the default: the budget's slots in every layer,
+        a random subset), "hot", "uniform", or "layers" (whole layers, the last ones, as llama.cpp's --n-cpu-moe).
     """
     import torch
 
@@ -122,8 +124,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         kv = budget.kv_cache_bytes(src.config, kv_length, kv_batch, torch.finfo(dtype).bits // 8)
         # the mean over layers: the plan keeps the same number of experts in every layer
         per_expert = -(-sum(layer_formats.bytes_per_expert(p, H, I) for p in pairs) // len(pairs))
+        residency = kwargs.pop("residency", None)
         plan = budget.plan(strategy, dev, limit, non_expert_bytes=ne_bytes, kv_bytes=kv, expert_bytes=per_expert,
-                           E=E, layers=len(found), gpu_kernels=gpu_kernels)
+                           E=E, layers=len(found), gpu_kernels=gpu_kernels, whole_layers=residency == "layers")
         plan.formats = fmt_text
         log.info("from_pretrained: %s: %s, %d MoE layers x %d experts (%s); strategy=%s: %s", src.where,
                  type(model).__name__, len(found), E, fmt_text, plan.strategy, plan.why)
@@ -150,9 +153,13 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
             act.pop("alpha"), act.pop("limit")
         cfg = src.config.get_text_config()
         place = {}
-        if plan.strategy == "hybrid":  # the budget's slots per layer (a random subset; "hot" once run on a GPU)
+        if plan.strategy == "hybrid" and plan.gpu_layers is not None:
+            place = dict(residency="layers", gpu_layers=plan.gpu_layers)
+        elif plan.strategy == "hybrid":  # the budget's slots per layer (a random subset unless told)
             n = plan.experts_per_layer
-            place = dict(residency="random", capacity=n) if n else dict(residency=0.0)
+            named = residency is None or isinstance(residency, str)
+            place = (dict(residency=residency or "random", capacity=n) if n and named else
+                     dict(residency=residency) if not named else dict(residency=0.0))
         if dev.type == "cuda" and plan.strategy in ("cpu", "hybrid"):
             # page-locked host banks (up to half of MemAvailable): a prompt's staged experts copy at link speed
             # (pageable: 4-6 GB/s on the H200 host, docs/moe-engine.md), hot's re-placements too
