@@ -118,7 +118,8 @@ def test_placement_bad_input(rng, tmp_path):
         _runner(banks, replace_every=0)
     with pytest.raises(ValueError, match=r"residency='hot' needs at least one GPU slot .* budget smaller than one"):
         _runner(banks, capacity=0)
-    with pytest.raises(ValueError, match=r"residency='lfu': expected one of \['hot', 'static', 'random', 'uniform', 'layers'\]"):
+    with pytest.raises(ValueError, match=r"residency='lfu': expected one of \['hot', 'static', 'random', 'uniform', "
+                       r"'layers'\]"):
         _runner(banks, residency="lfu")
     with pytest.raises(ValueError, match="residency='static' places from a routing profile: pass routing_profile="):
         _runner(banks, residency="static")
