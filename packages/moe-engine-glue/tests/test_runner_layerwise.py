@@ -54,8 +54,8 @@ def test_layers_run_each_layer_on_one_side(rng):
                 y = hy.forward(li, x, w, ids)
                 if li in on:  # no CPU hand-over at all
                     assert _same(y, want_gpu[li]) and calls == ["gpu"]
-                else:  # no GPU experts' kernels
-                    assert _same(y, want_cpu[li]) and calls == ["cpu"]
+                else:  # no GPU experts' kernels (a GPU handshake's decode is its own submit + finish)
+                    assert _same(y, want_cpu[li]) and calls and set(calls) == {"cpu"}
             assert f"layers {len(on)}/3 on the GPU" in hy.describe()
 
 
