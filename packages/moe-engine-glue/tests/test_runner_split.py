@@ -163,6 +163,8 @@ class _FakeRuntime:
         return 0
 
     def cudaHostUnregister(self, ptr):
+        if ptr not in self.live:
+            return 1  # cudaErrorInvalidValue
         del self.live[ptr]
         return 0
 
@@ -210,6 +212,12 @@ def test_pinning_budget_and_failure(caplog):
     assert all(rt.copyable(a) for layer in banks for a in layer.values())
     p.close()
     assert not rt.live  # what did register is released
+    rt = _FakeRuntime(fail_after=10**6)
+    p = PinnedBanks(banks, "cuda", budget=1 << 40, runtime=rt)
+    rt.live.pop(next(iter(rt.live)))  # a range the runtime no longer holds: its unregister fails
+    cleared = rt.cleared
+    p.close()
+    assert rt.cleared == cleared + 1 and "cudaHostUnregister failed for 1 of" in caplog.text  # not left for torch
     assert PinnedBanks(banks, "cpu").why == "no GPU: nothing to pin for"
     with pytest.raises(ValueError, match=r"pin_memory=-1: expected bytes"):
         PinnedBanks(banks, "cuda", budget=-1, runtime=rt)

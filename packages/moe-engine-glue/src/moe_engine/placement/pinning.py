@@ -167,7 +167,16 @@ class PinnedBanks:
             (f"; {self.why}" if self.why else "")
 
     def close(self) -> None:
+        failed = []
         for s in self._done:
-            self._rt.cudaHostUnregister(s)
+            ret = self._rt.cudaHostUnregister(s)
+            if int(ret) != 0:
+                failed.append(_name(self._rt, ret))
+        if failed:
+            # else torch's next operation reports it as its own (suspected where the H100's split bench failed with
+            # "invalid argument" at the next format's first copy; a fresh process ran that format)
+            _clear_last_error(self._rt)
+            log.warning("host banks: cudaHostUnregister failed for %d of %d ranges (%s)", len(failed),
+                        len(self._done), failed[0])
         self._done = []
         self.pinned = [False] * len(self.pinned)
