@@ -202,9 +202,9 @@ def common_args(p, path_nargs=None) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--decode", default=None, choices=("auto", "eager", "packed", "static", "compile", "gemv"),
                    help="the non-expert decode path (from_pretrained's decode=; default auto)")
-    p.add_argument("--residency", default=None, choices=("random", "hot", "uniform", "layers"),
-                   help="which experts hybrid's GPU share holds: the budget's slots in every layer (random, hot, "
-                        "uniform; default random) or whole layers, the last ones (layers, as llama.cpp's --n-cpu-moe)")
+    p.add_argument("--residency", default=None, choices=("hot", "random", "uniform", "layers"),
+                   help="which experts hybrid's GPU share holds: the budget's slots in every layer (hot, random, "
+                        "uniform; default hot) or whole layers, the last ones (layers, as llama.cpp's --n-cpu-moe)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 

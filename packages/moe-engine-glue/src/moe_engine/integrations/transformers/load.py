@@ -66,8 +66,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     kwargs: MoERunner's other keywords (residency, graph_batch_sizes, max_tokens, mode, isa, handshake, qualify,
         prefill, pin_memory: on a GPU with experts on the CPU it defaults to True, the host banks page-locked up to
         half of MemAvailable, so a prompt's staged experts copy at link speed; False keeps them pageable).
-        residency: which experts hybrid's GPU share holds: "random" (the default: the budget's slots in every layer,
-        a random subset), "hot", "uniform", or "layers" (whole layers, the last ones, as llama.cpp's --n-cpu-moe).
+        residency: which experts hybrid's GPU share holds: the budget's slots in every layer, "hot" (the default:
+        each layer's most-routed, re-placed from routing counts) or "random" or "uniform"; or "layers" (whole
+        layers, the last ones, as llama.cpp's --n-cpu-moe).
     """
     import torch
 
@@ -155,10 +156,10 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         place = {}
         if plan.strategy == "hybrid" and plan.gpu_layers is not None:
             place = dict(residency="layers", gpu_layers=plan.gpu_layers)
-        elif plan.strategy == "hybrid":  # the budget's slots per layer (a random subset unless told)
+        elif plan.strategy == "hybrid":  # the budget's slots per layer (hot placement unless told)
             n = plan.experts_per_layer
             named = residency is None or isinstance(residency, str)
-            place = (dict(residency=residency or "random", capacity=n) if n and named else
+            place = (dict(residency=residency or "hot", capacity=n) if n and named else
                      dict(residency=residency) if not named else dict(residency=0.0))
         if dev.type == "cuda" and plan.strategy in ("cpu", "hybrid"):
             # page-locked host banks (up to half of MemAvailable): a prompt's staged experts copy at link speed
