@@ -14,12 +14,11 @@ import cpumoe_formats as cf
 
 from . import layer_formats, validate
 from .banks import quantize_layers
+from .placement.initial import fraction_masks, initial_masks
 from .residency import Residency
 
 log = logging.getLogger("moe_engine")
 STRATEGIES = ("auto", "cpu", "hybrid", "gpu")
-DEFAULT_HYBRID_RESIDENCY = 0.25  # a quarter of each layer's experts on the GPU unless told otherwise
-NAMED_RESIDENCY = ("hot", "static", "random", "uniform", "layers")
 SPIN_US_GPU, SPIN_US_CPU = 2000, 50  # how long idle workers spin before they sleep (cpumoe_executor's spin_us)
 
 
@@ -255,24 +254,9 @@ class MoERunner:
             self.set_residency(layer, m)
 
     def _masks(self, residency) -> list[np.ndarray]:
-        if residency is None:
-            # a seeded random quarter where the GPU experts run in Triton's interpreter (beside a GPU, __init__
-            # makes it "hot")
-            residency = DEFAULT_HYBRID_RESIDENCY
-        if isinstance(residency, str):
-            return self._named_masks(residency)
-        if isinstance(residency, (int, float)) and not isinstance(residency, bool):
-            f = float(residency)
-            if not 0.0 <= f <= 1.0:
-                raise ValueError(f"residency={residency!r}: expected a fraction in [0, 1] or per-layer masks")
-            return fraction_masks(self.E, self.num_layers, f)
-        masks = [np.asarray(m.detach().cpu() if hasattr(m, "detach") else m) for m in residency]
-        if len(masks) != self.num_layers:
-            raise ValueError(f"residency: {len(masks)} masks, expected one per layer ({self.num_layers})")
-        for li, m in enumerate(masks):
-            if m.shape != (self.E,):
-                raise ValueError(f"residency[{li}]: shape {m.shape}, expected a bool mask of length E={self.E}")
-        return [m.astype(bool) for m in masks]
+        replace_every, routing_profile, capacity, gpu_layers = self._placement_args
+        return initial_masks(residency, self.num_layers, self.E, replace_every=replace_every,
+                             routing_profile=routing_profile, capacity=capacity, gpu_layers=gpu_layers)
 
     # ---- residency -----------------------------------------------------------------------------------
     def set_residency(self, layer: int, mask) -> int:
@@ -300,42 +284,6 @@ class MoERunner:
         return len(loads)
 
     # ---- placement (placement/) -----------------------------------------------------------------------
-    def _named_masks(self, name: str) -> list[np.ndarray]:
-        from .placement.counts import load_routing_profile
-        from .placement.policies import static_masks
-
-        if name not in NAMED_RESIDENCY:
-            raise ValueError(f"residency={name!r}: expected one of {list(NAMED_RESIDENCY)}, a fraction in [0, 1] or "
-                             "per-layer masks")
-        replace_every, routing_profile, capacity, gpu_layers = self._placement_args
-        if name == "layers":
-            from .placement.layerwise import layer_masks
-
-            if capacity is not None:
-                raise ValueError(f"capacity={capacity!r}: residency='layers' places whole layers (E slots on each GPU "
-                                 "layer, none elsewhere); pass gpu_layers= instead")
-            return list(layer_masks(gpu_layers, self.num_layers, self.E))
-        if gpu_layers is not None:
-            raise ValueError(f"gpu_layers={gpu_layers!r} goes with residency='layers', not residency={name!r}")
-        cap = round(DEFAULT_HYBRID_RESIDENCY * self.E) if capacity is None else capacity
-        if not isinstance(cap, int) or not 0 <= cap <= self.E:
-            raise ValueError(f"capacity={capacity!r}: expected an int in [0, E={self.E}] (GPU slots per layer)")
-        if name == "hot":
-            from .placement.policies import _check_int
-
-            _check_int("replace_every", replace_every, 1)  # the re-placement period in steps
-            if cap < 1:
-                raise ValueError(f"residency='hot' needs at least one GPU slot per layer, but capacity={cap}: a "
-                                 "budget smaller than one expert; give more GPU memory, or residency=0")
-        counts = None
-        if name == "static":
-            if routing_profile is None:
-                raise ValueError("residency='static' places from a routing profile: pass routing_profile= (a file "
-                                 "from `moe-engine profile`)")
-            counts = load_routing_profile(routing_profile, layers=self.num_layers, E=self.E)
-        kind = "random" if name == "hot" else name  # hot starts from a random placement until counts arrive
-        return list(static_masks(kind, self.num_layers, self.E, cap, counts=counts))
-
     def _open_placement(self, residency, count_routes: bool) -> None:
         from .placement.calibrate import HOT
         from .placement.counts import RoutingCounts
@@ -536,18 +484,6 @@ def _torch_on_openmp() -> bool:
 def _short(v) -> str:
     r = repr(v)
     return r if len(r) <= 40 else r[:37] + "..."
-
-
-def fraction_masks(E: int, num_layers: int, fraction: float, seed: int = 0) -> list[np.ndarray]:
-    """Per-layer bool masks with round(fraction * E) resident experts, a seeded random subset per layer."""
-    n = round(fraction * E)
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(num_layers):
-        m = np.zeros(E, bool)
-        m[rng.permutation(E)[:n]] = True
-        out.append(m)
-    return out
 
 
 __all__ = ["CaptureRefusedError", "MoERunner", "STRATEGIES", "fraction_masks"]
