@@ -171,4 +171,5 @@ SPEC = Q6KFormat(
                 "w4a8 = ggml Q6_K x Q8_K (W6A8), native = W6A16",
     kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni"),
                   "native": ("scalar", "avx2", "avx512f")},
+    cpu_layout="q6_k_x16",  # 16 rows per vector: the scales and the fold once per 16 rows (docs/formats/q6_k.md)
 )

@@ -44,7 +44,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_Q4_K_X16 = 16,   /* q4_k with 16 rows interleaved per 256-block, w4a8 (ABI 1.7) */
   CPUMOE_FMT_Q8_0_X16 = 17,   /* q8_0 with 16 rows interleaved per 32-block, w4a8 (ABI 1.7) */
   CPUMOE_FMT_Q5_K = 18,       /* GGUF Q5_K blocks as the file holds them (ABI 1.8) */
-  CPUMOE_FMT_COUNT = 19
+  CPUMOE_FMT_Q6_K_X16 = 19,   /* q6_k with 16 rows interleaved per 256-block, w4a8 (ABI 1.9) */
+  CPUMOE_FMT_COUNT = 20
 };
 
 enum cpumoe_act_id {
