@@ -125,13 +125,13 @@ def test_layer_banks_and_the_ready_line(rng, caplog):
     with caplog.at_level("INFO", logger="cpumoe_executor"):
         ex = ce.CpuMoeExecutor(spec, banks, top_k=2, **workers(1))
     line = next(r.getMessage() for r in caplog.records if "ready" in r.getMessage())
-    assert ("format=q4_k_x16/q4_k_x16 x 2 layers, q4_k_x16/q6_k x 1 layer (given q4_k/q4_k x 2 layers, q4_k/q6_k x 1 "
-            "layer)") in line
-    lb = ex.layer_banks(1)
-    assert list(lb) == ["gate_up", "down"] and lb["down"] is banks[1]["down"]  # q6_k runs the given array
-    want = cf.get_format("q4_k").to_layout_role("gate_up", banks[1], "q4_k_x16")["gate_up"]
-    np.testing.assert_array_equal(lb["gate_up"], want)
-    assert ex.layer_spec(1, "down").name == "q6_k" and ex.layer_spec(1).name == "q4_k_x16"
+    assert ("format=q4_k_x16/q4_k_x16 x 2 layers, q4_k_x16/q6_k_x16 x 1 layer (given q4_k/q4_k x 2 layers, q4_k/q6_k "
+            "x 1 layer)") in line
+    lb = ex.layer_banks(1)  # each role repacked into its own format's layout
+    assert list(lb) == ["gate_up", "down"]
+    for role, fmt in (("gate_up", "q4_k"), ("down", "q6_k")):
+        np.testing.assert_array_equal(lb[role], cf.get_format(fmt).to_layout_role(role, banks[1], fmt + "_x16")[role])
+    assert ex.layer_spec(1, "down").name == "q6_k_x16" and ex.layer_spec(1).name == "q4_k_x16"
     with pytest.raises(ValueError, match=r"runs a format per layer and per matrix .*use layer_formats or layer_spec"):
         ex.spec  # noqa: B018
     with pytest.raises(ValueError, match=r"given a format per layer and per matrix .*use given_layer_formats"):
@@ -139,12 +139,15 @@ def test_layer_banks_and_the_ready_line(rng, caplog):
     with pytest.raises(ValueError, match=r"role='up': expected one of \['gate_up', 'down'\]"):
         ex.layer_spec(0, "up")
     isas = ex.kernel_isas
-    assert list(isas) == ["q4_k_x16", "q6_k"] and ex.isa == (isas["q4_k_x16"] if len(set(isas.values())) == 1 else
+    assert list(isas) == ["q4_k_x16", "q6_k_x16"] and ex.isa == (isas["q4_k_x16"] if len(set(isas.values())) == 1 else
                                                              ", ".join(f"{k}={v}" for k, v in isas.items()))
     ex.close()
-    assert ex.kernel_isas == isas and ex.layer_formats[1] == ("q4_k_x16", "q6_k")  # descriptions stay readable
+    assert ex.kernel_isas == isas and ex.layer_formats[1] == ("q4_k_x16", "q6_k_x16")  # descriptions stay readable
     with pytest.raises(RuntimeError, match="is closed"):
         ex.layer_banks(1)
+    q5 = pair_banks(("q5_k", "q6_k"), 4, H, I, rng)  # a format without a CPU layout runs the given array
+    with ce.CpuMoeExecutor([("q5_k", "q6_k")], [q5], top_k=2, **workers(1)) as ex:
+        assert ex.layer_banks(0)["gate_up"] is q5["gate_up"] and ex.layer_formats == [("q5_k", "q6_k_x16")]
 
 
 def test_numa_split_of_a_mixed_model(rng, tmp_path):
@@ -152,7 +155,7 @@ def test_numa_split_of_a_mixed_model(rng, tmp_path):
     spec = [("q4_k", "q6_k"), ("q8_0", "q4_k")]
     H, I = 512, 512  # noqa: E741 - two 256-row slices: q8_0's 32 and the K-quants' 256 -> 256
     pairs, banks = model(spec, H, I, rng)
-    assert numa_banks.model_cut_unit([cf.get_format(n) for n in ("q8_0", "q4_k_x16", "q6_k")], I) == 256
+    assert numa_banks.model_cut_unit([cf.get_format(n) for n in ("q8_0", "q4_k_x16", "q6_k_x16")], I) == 256
     kw = dict(top_k=4, max_tokens=8)
     with ce.CpuMoeExecutor(spec, banks, threads=2, numa="off", **kw) as off, \
             ce.CpuMoeExecutor(spec, banks, sysfs_root=root, **kw) as sp, \
@@ -198,6 +201,6 @@ def test_bad_input_names_the_layer_the_formats_and_the_role(rng):
     with pytest.raises(ValueError, match=r"layer 1: q6_k down banks have E=3, expected E=4"):
         c = q6k.random_banks(3, 512, 256, rng)
         ce.CpuMoeExecutor([("q4_k", "q6_k")] * 2, [good, {"gate_up": a["gate_up"], "down": c["down"]}], **kw)
-    with pytest.raises(ValueError, match=r"repack=True: none of the formats \['q6_k', 'q4_k_x16'\] has a CPU layout"):
-        ce.CpuMoeExecutor([("q6_k", "q4_k_x16")], [pair_banks(("q6_k", "q4_k_x16"), 4, 512, 256, rng)], repack=True,
+    with pytest.raises(ValueError, match=r"repack=True: none of the formats \['q5_k', 'q4_k_x16'\] has a CPU layout"):
+        ce.CpuMoeExecutor([("q5_k", "q4_k_x16")], [pair_banks(("q5_k", "q4_k_x16"), 4, 512, 256, rng)], repack=True,
                           **kw)

@@ -400,7 +400,7 @@ def bench_one(fmt: str, m: Model, opts, rng, threads, llc: int, numas=("auto",))
 
 
 def run_name(ex) -> str:
-    """The format the executor's (one) layer runs as: 'q4_k_x16', or 'q4_k_x16/q6_k' for a (gate_up, down) pair."""
+    """The format the executor's (one) layer runs as: 'q4_k_x16', or 'q4_k_x16/q6_k_x16' for a (gate_up, down) pair."""
     return "/".join(ex.layer_formats[0]) if ex.mixed else ex.spec.name
 
 
@@ -534,8 +534,9 @@ def parse_args(argv=None):
                    help="the cache size the dram bank, the evicting reads and the ceiling buffer are sized by (bytes, "
                         "or with K/M/G: 96M; default: the level-3 cache sysfs reports, which a VM may understate)")
     p.add_argument("--repack", choices=tuple(REPACK), default="auto",
-                   help="formats with a CPU layout (FormatSpec.cpu_layout: mxfp4, q4_0, fp8_block, bf16; nvfp4 and "
-                        "ds_fp4 in w4a8; mxfp4 on to mxfp4_x16 in w4a8): auto repacks as the executor does by default "
+                   help="formats with a CPU layout (FormatSpec.cpu_layout: mxfp4, q4_0, fp8_block, bf16; nvfp4, "
+                        "ds_fp4, q8_0, q4_k and q6_k in w4a8; mxfp4 on to mxfp4_x16 in w4a8): auto repacks as the "
+                        "executor does by default "
                         "(table: mxfp4>mxfp4_panel, or mxfp4>mxfp4_x16), "
                         "on forces it, off runs their own layout")
     p.add_argument("--routing", choices=("random", "shared", "both"), default="both")

@@ -59,7 +59,7 @@ class ModelFormats:
         return gu, dn
 
     def summary(self, which: str = "run") -> str:
-        """Per-layer formats compactly: "q4_k_x16/q6_k x 12 layers, q4_k_x16/q4_k_x16 x 36" (pairs in order of
+        """Per-layer formats compactly: "q4_k_x16/q6_k_x16 x 12 layers, q4_k_x16/q4_k_x16 x 36" (pairs in order of
         first use)."""
         pairs = [f"{g.name}/{d.name}" for g, d in getattr(self, which)]
         counts = Counter(pairs)
@@ -69,7 +69,8 @@ class ModelFormats:
 
 def resolve(pairs, H: int, I: int, mode: str, isa, repack, target_of) -> ModelFormats:  # noqa: E741
     """ModelFormats of the given (gate_up, down) name pairs; target_of(spec, H, I, mode, isa, repack) -> the layout
-    a format runs as, or None (the executor's repack rule, per format: q4_k -> q4_k_x16 while q6_k stays)."""
+    a format runs as, or None (the executor's repack rule, per format: q4_k -> q4_k_x16, q6_k -> q6_k_x16, q5_k
+    stays)."""
     given = [(cf.get_format(g), cf.get_format(d)) for g, d in pairs]
     run_of = {}
     for pair in given:

@@ -87,8 +87,8 @@ def bytes_per_expert(pair: Pair, H: int, I: int) -> int:  # noqa: E741
 
 def to_layout(banks, pair: Pair, run: Pair, threads=None) -> dict:
     """One layer's banks in formats `pair` -> `run` (CPU layouts: cpumoe_executor.cpu_layout of each). A layer in one
-    format moves as a whole (FormatSpec.to_layout); a pair layer moves role by role (to_layout_role), so a q4_k
-    gate_up becomes q4_k_x16 beside a q6_k down that stays as it is."""
+    format moves as a whole (FormatSpec.to_layout); a pair layer moves role by role (to_layout_role), so a q5_k
+    gate_up (no CPU layout) stays as it is beside a q6_k down that becomes q6_k_x16."""
     if run == pair:
         return banks
     if pair[0] == pair[1] and run[0] == run[1]:
