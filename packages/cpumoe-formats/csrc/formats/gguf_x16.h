@@ -1,5 +1,5 @@
-// The x16.h layout of the GGUF "_x16" formats (q4_k_x16, q8_0_x16): a group of 16 rows is one bank row (gate_up in
-// slot 0, down in slot 1), w4a8 only, its group dot in three forms that the kernels struct supplies:
+// The x16.h layout of the GGUF "_x16" formats (q4_k_x16, q6_k_x16, q8_0_x16): a group of 16 rows is one bank row
+// (gate_up in slot 0, down in slot 1), w4a8 only, its group dot in three forms that the kernels struct supplies:
 //
 //   struct Kern {
 //     static constexpr int QK, kMaxNT;   // elements per block; tokens per group call

@@ -153,7 +153,10 @@ struct Q6KX16 {
     const __m256i L = _mm256_loadu_si256((const __m256i*)(st + 64 * (r & 1) + 32 * h));
     const __m256i C = _mm256_loadu_si256((const __m256i*)(st + 128 + 32 * h));
     const __m256i lo = r < 2 ? _mm256_and_si256(L, m4) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
-    const __m256i hi = r == 0 ? _mm256_slli_epi16(C, 4) : r == 1 ? _mm256_slli_epi16(C, 2) : r == 2 ? C : _mm256_srli_epi16(C, 2);
+    const __m256i hi = r == 0   ? _mm256_slli_epi16(C, 4)
+                       : r == 1 ? _mm256_slli_epi16(C, 2)
+                       : r == 2 ? C
+                                : _mm256_srli_epi16(C, 2);
     return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
   }
 
@@ -196,8 +199,10 @@ struct Q6KX16 {
               for (int v = 0; v < 4; ++v) {
                 const __m256i q = run_codes(st + kStepB * v, r, h);
                 CPUMOE_UNROLL
-                for (int t = 0; t < NT; ++t)
-                  c[t] = _mm256_dpbusd_avx_epi32(c[t], q, x16::bcast4(rec_of(act[t], b) + 128 * eh + 32 * r + 16 * s + 4 * v));
+                for (int t = 0; t < NT; ++t) {
+                  const int8_t* qa = rec_of(act[t], b) + 128 * eh + 32 * r + 16 * s + 4 * v;
+                  c[t] = _mm256_dpbusd_avx_epi32(c[t], q, x16::bcast4(qa));
+                }
               }
 #else
               CPUMOE_UNROLL
@@ -219,9 +224,10 @@ struct Q6KX16 {
           }
           const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
           CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t)
-            acc[g][hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), _mm256_mul_ps(d, _mm256_set1_ps(*da_of(rec_of(act[t], b)))),
-                                            acc[g][hh][t]);
+          for (int t = 0; t < NT; ++t) {
+            const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(*da_of(rec_of(act[t], b))));
+            acc[g][hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), dd, acc[g][hh][t]);
+          }
         }
       }
     CPUMOE_UNROLL
@@ -229,7 +235,8 @@ struct Q6KX16 {
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t)
         CPUMOE_UNROLL
-        for (int hh = 0; hh < NH; ++hh) _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * (H0 + hh), acc[g][hh][t]);
+        for (int hh = 0; hh < NH; ++hh)
+          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * (H0 + hh), acc[g][hh][t]);
   }
 #endif
 
