@@ -131,7 +131,7 @@ const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"q4_k_x16", 2, 256, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
     {"q8_0_x16", 2, 32, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
     {"q5_k", 2, 256, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u, 0u},
-    {"q6_k_x16", 2, 256, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
+    {"q6_k_x16", 2, 256, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u, 0u},
 };
 
 static const char* const kModeNames[CPUMOE_MODE_COUNT] = {"native", "w4a8"};

@@ -1,14 +1,16 @@
-"""q6_k_x16 (q6_k with 16 rows interleaved per 256-block): the layout, the float64 reference, bit identity of the
-tiers (every tier forms the same exact integers and does the same fp32 fmas in K order), work items over ragged row
-ranges with everything outside them poisoned, the prepared record, edge codes and scales, non-finite d and the schema.
+"""q6_k_x16 (q6_k with 16 rows interleaved per 256-block), both modes: the layout, the float64 reference, bit
+identity of the tiers (every tier does the same integer and fp32 operations in the same order: w4a8 exact integers
+and one fma a block, native fmas in element order and one a sub-block), work items over ragged row ranges with
+everything outside them poisoned, the w4a8 prepared record, edge codes and scales, non-finite d and the schema.
 
 Ragged sizes: H and I are multiples of 256 (a Q6_K block), so whole banks always hold whole groups of 16 rows; the
 ragged cases are work items whose row ranges cut groups, and 1, 2 and 3 blocks per row.
 
 Tolerance (whole steps, rel = max|y - ref| / max|ref|): q6_k's 5e-3, which bf16 output rounding (up to 2^-8)
 dominates; the w4a8 activation codes are modelled exactly by the reference's act_in. Work items (fp32, before any
-bf16 rounding): |y - ref| <= 1e-5 * sum |w a| (q6_k's bound; its weights are exact in fp32): per block one exact
-integer, one rounding of it to fp32, one of d d_a and one fma, over K/256 <= 3 blocks.
+bf16 rounding): |y - ref| <= 1e-5 * sum |w a| (q6_k's bound; its weights are exact in fp32). w4a8: per block one exact
+integer, one rounding of it to fp32, one of d d_a and one fma, over K/256 <= 3 blocks; native: 16 fmas a sub-block
+and one per sub-block, K/16 + 16 <= 64 roundings at K = 768 (~4e-6).
 """
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from cpumoe_formats.formats import q6_k, q6_k_x16
 
 FMT = "q6_k_x16"
 SPEC = cf.get_format(FMT)
-SIMD = [t for t in SPEC.kernel_tiers["w4a8"] if t != "scalar"]
+SIMD = [(m, t) for m, ts in SPEC.kernel_tiers.items() for t in ts if t != "scalar"]
 TOL, DOT_TOL = 5e-3, 1e-5
 
 
@@ -61,25 +63,25 @@ def test_against_float64_reference(rng, mode, tier, H, I, T):  # noqa: E741
     y = run_forced(FMT, b, x, w, ids, mode, tier)
     ref = cf.reference.moe(FMT, b, x, w, ids, mode=mode)
     assert rel_err(y, ref) < TOL
-    # q6_k on the same bytes: the same integers, only the fp32 grouping differs
-    yq = cf.moe_forward("q6_k", cf.unpack_q6_k_x16(b), x, w, ids, mode="w4a8")
+    # q6_k on the same bytes: the same integers (w4a8) or products (native), only the fp32 grouping differs
+    yq = cf.moe_forward("q6_k", cf.unpack_q6_k_x16(b), x, w, ids, mode=mode)
     assert rel_err(y, yq.astype(np.float64)) < 1e-2
 
 
-@pytest.mark.parametrize("tier", SIMD)
+@pytest.mark.parametrize("mode,tier", SIMD)
 @pytest.mark.parametrize("T", [1, 3, 9])
-def test_tiers_bit_identical(rng, tier, T):
+def test_tiers_bit_identical(rng, mode, tier, T):
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
     E, H, I = 4, 768, 512  # noqa: E741
     b = SPEC.random_banks(E, H, I, rng)
     x = rng.standard_normal((T, H)).astype(np.float32)
     w, ids = routes(rng, T, 3, E)
-    ys, yt = (run_forced(FMT, b, x, w, ids, "w4a8", t) for t in ("scalar", tier))
+    ys, yt = (run_forced(FMT, b, x, w, ids, mode, t) for t in ("scalar", tier))
     np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
     # fp32 down accumulators of one work item (bf16 outputs would hide a reordered fp32 sum)
     gs = to_bf16_bits(rng.standard_normal((T, I)) * rng.uniform(0.01, 10.0, (T, 1)))
-    a0, a1 = down_accumulators(FMT, b, ("scalar", tier), gs, H)
+    a0, a1 = down_accumulators(FMT, b, ("scalar", tier), gs, H, mode=mode)
     np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
 
 
@@ -94,7 +96,7 @@ def test_ragged_work_items(rng, mode, tier, n):
 
     def check(full, gs, wts):
         for j in range(n):
-            a = SPEC.act_in(gs[j].view(cf.numerics.BF16).astype(np.float32), "w4a8")
+            a = SPEC.act_in(gs[j].view(cf.numerics.BF16).astype(np.float32), mode)
             assert (np.abs(full[j] - wts[j] * (wf @ a)) <= wts[j] * DOT_TOL * (np.abs(wf) @ np.abs(a)) + 1e-30).all()
 
     check_ragged_work_items(cf.Kernel(FMT, E, H, I, mode=mode, isa=tier), FMT, b, n, rng,
@@ -173,7 +175,7 @@ def test_nonfinite_d(rng, mode, tier, kind):
     np.testing.assert_array_equal(y[[1, 3]], clean[[1, 3]])
 
 
-@pytest.mark.parametrize("mode,tier", tier_cases(FMT))
+@pytest.mark.parametrize("mode,tier", tier_cases(FMT, ["w4a8"]))
 def test_prepared_record(rng, mode, tier):
     """Per 256-block 324 bytes: q6_k's w4a8 codes (numerics.int8_blocks) bit for bit, then c[j] = -32 * (the sum of
     each 16 codes) as int32, then d_a."""
@@ -197,7 +199,7 @@ def test_prepared_record(rng, mode, tier):
 def test_schema_and_errors(rng):
     b = SPEC.random_banks(3, 2048, 768, rng)
     assert cf.validate_banks(FMT, b) == (3, 2048, 768)
-    assert SPEC.id == 19 and cf.get_format("q6_k_cpu") is SPEC and SPEC.modes == ("w4a8",)
+    assert SPEC.id == 19 and cf.get_format("q6_k_cpu") is SPEC and SPEC.modes == ("w4a8", "native")
     assert FMT in cf.formats.CPU_LAYOUTS and FMT not in cf.formats.WEIGHT_FORMATS
     small = SPEC.random_banks(2, 256, 512, rng)
     with pytest.raises(ValueError, match="down.*expected shape"):
@@ -213,7 +215,7 @@ def test_schema_and_errors(rng):
     with pytest.raises(ValueError, match="q6_k: H and I must be positive multiples of 256"):  # repack validates
         cf.repack_q6_k_x16(dict(q6_k.SPEC.random_banks(2, 256, 512, rng), down=small["down"]))
     with pytest.raises(ValueError, match="mode"):
-        cf.Kernel(FMT, 2, 256, 256, mode="native")
+        cf.Kernel(FMT, 2, 256, 256, mode="w8a8")
     with pytest.raises(ValueError, match="multiples of 256"):
         cf.Kernel(FMT, 2, 128, 256)
     g = q6_k_x16.to_groups(q6_k.SPEC.random_banks(1, 256, 256, rng)["down"])

@@ -20,13 +20,14 @@ def split_record(buf, K, qb):  # noqa: N803
     return q, rec[:, qb:qb + 4].copy().view(np.float32).ravel(), rec[:, qb + 4:].copy().view(np.int32).ravel()
 
 
-def down_accumulators(fmt, banks, tiers, gs, H):  # noqa: N803
+def down_accumulators(fmt, banks, tiers, gs, H, mode=None):  # noqa: N803
     """The fp32 accumulators [T, H] of one down work item over all rows, per tier (routes of expert 1, weights
-    0.5 + j): bf16 outputs would hide a reordered fp32 sum. Asserts most elements are non-zero."""
+    0.5 + j; mode: the format's default if None): bf16 outputs would hide a reordered fp32 sum. Asserts most
+    elements are non-zero."""
     E, _, I = cf.validate_banks(fmt, banks)  # noqa: E741
     out = []
     for t in tiers:
-        k = cf.Kernel(fmt, E, H, I, isa=t)
+        k = cf.Kernel(fmt, E, H, I, isa=t, mode=mode)
         bufs = [prep(k, g) for g in gs]
         acc = cf.aligned_empty((len(gs), H), np.float32)
         acc[...] = 0

@@ -12,7 +12,8 @@
 //                The kernels read a block's bytes front to back, each step's 192 bytes once (a lone token's
 //                stream is sequential, as q4_k_x16's).
 //
-// Mode w4a8 only (q6_k's default): each activation 256-block quantized by the Q8_0 rule (q6_k's codes and d_a).
+// Mode w4a8 (q6_k's default; mode native: q6_k_x16_native.h): each activation 256-block quantized by the Q8_0
+// rule (q6_k's codes and d_a).
 // Record: per block 324 bytes, q[256], int32 c[16] at 256 with c[j] = -32 * (sum of sub-block j's 16 codes), float d_a
 // at 320. Per (row, token), from acc = 0, block by block in K order:
 //   S = sum_j sc[j] (c[j] + sum_{i in j} q_i a_i) = sum_j sc[j] sum((q_i - 32) a_i)     (exact int32)
@@ -274,11 +275,19 @@ struct Q6KX16 {
 #endif
 };
 
+#include "q6_k_x16_native.h"  // mode native (Q6KX16Native)
+
 }  // namespace
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
 
+// w4a8: scalar, avx2, avxvnni, avx512vnni; native: scalar, avx2, avx512f (q6_k's tiers). A tier without the mode's
+// kernel declines and the tier below runs.
 bool CPUMOE_INIT_FN(q6_k_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
+#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
+  if (k->params.mode == CPUMOE_MODE_NATIVE)
+    return x16::install<Q6KX16Native>(k, CPUMOE_MODE_NATIVE, &act_bytes_f32, &prep_act_f32);
+#endif
   return x16::install_row_groups<Q6KX16>(k, &act_bytes_x16, &prep_x16);
 }

@@ -1,4 +1,4 @@
-"""q6_k_x16: GGUF Q6_K experts with 16 rows interleaved per 256-block, for CPUs (mode w4a8).
+"""q6_k_x16: GGUF Q6_K experts with 16 rows interleaved per 256-block, for CPUs (modes w4a8 and native, q6_k's).
 
 The same 210 bytes per row and block as ``q6_k``, moved so that a CPU kernel holds 16 rows in the 16 lanes of one
 vector. Per group of 16 rows and per block, 3360 bytes:
@@ -18,9 +18,10 @@ The scales and the per-block fold are paid once per 16 rows and token instead of
 
 Banks (slot order; a bank row is a group of 16 weight rows): gate_up [E, 2I/16, (H/256) * 3360] (gate rows 0..I-1,
 up rows I..2I-1, as q6_k), down [E, H/16, (I/256) * 3360], uint8. ``repack(banks)`` turns q6_k banks into these,
-``unpack(banks)`` back. Math: q6_k's w4a8 integer S = sum_j sc[j] sum((q - 32) q_a), folded per (row, token) block
-by block in K order as acc = fma(S, d d_a, acc), the same in every tier; not bit for bit q6_k's (its kernels fold
-lanes of partial sums), within its tolerance.
+``unpack(banks)`` back. Math, the same in every tier: w4a8 q6_k's integer S = sum_j sc[j] sum((q - 32) q_a), folded
+per (row, token) block by block in K order as acc = fma(S, d d_a, acc); native per sub-block j s = sum((q - 32) x)
+by fmas in element order, acc = fma(s, d sc[j], acc) in K order. Not bit for bit q6_k's (its kernels fold lanes of
+partial sums), within its tolerance.
 """
 from __future__ import annotations
 
@@ -102,9 +103,10 @@ SPEC = Q6KX16Format(
     k_multiple=q6_k.QK,
     input_weight=True,
     aliases=("q6_k_cpu",),
-    modes=("w4a8",),
+    modes=("w4a8", "native"),
     default_mode="w4a8",
     description="GGUF Q6_K with 16 rows interleaved per 256-block for CPU lanes (q6_k's bytes, moved); "
-                "w4a8 = Q6_K x Q8_K",
-    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni")},
+                "w4a8 = Q6_K x Q8_K (W6A8), native = W6A16",
+    kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni"),
+                  "native": ("scalar", "avx2", "avx512f")},
 )

@@ -1,0 +1,181 @@
+// q6_k_x16's native mode (W6A16, q6_k's native): fp32 activations (the bf16 values), per (row, token), from acc = 0,
+// block by block in K order and within a block sub-block by sub-block (j = 0..15):
+//   s = 0; s = fma(float(q_e - 32), x_e, s) for the sub-block's 16 elements e in order;  acc = fma(s, d * sc[j], acc)
+// (d * sc[j] is exact in fp32: 11 and 8 significant bits). Every tier does these operations in this order
+// (std::fma in scalar): bit-identical, and a token's result does not depend on its batch. Lanes are rows: per element
+// one conversion serves 16 rows (zmm, avx512f) or 8 (ymm, avx2) and each token pays one fma; q6_k's native kernel
+// converts each row's codes alone. Included by q6_k_x16.cpp inside its anonymous namespace (QK, GR, GB, kCodes, kHalf,
+// kSub, kStepB, prefetch_lines).
+#pragma once
+
+struct Q6KX16Native {
+  // tokens per group call: per token a sub-block sum and its accumulators (zmm: 32 registers, ymm: 16)
+  static constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512F ? 4 : 2;
+  static constexpr int64_t kPf = CPUMOE_Q6KX16_PF;
+  static constexpr int kSlot[2] = {0, 1};
+  struct Ref {
+    const uint8_t* w;
+  };
+  static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
+    return {bank_row<uint8_t>(banks[mat], e, g)};
+  }
+
+#if CPUMOE_TIER == CPUMOE_T_AVX512F || CPUMOE_TIER == CPUMOE_T_AVX2
+  // V: the tier's vector (zmm: 16 rows; ymm: rows 8 hr .. 8 hr + 7 of the group, the lanes at +32 hr of a step)
+#if CPUMOE_TIER == CPUMOE_T_AVX512F
+  using VI = __m512i;
+  using VF = __m512;
+  static constexpr int kRows = 16;
+  static CPUMOE_INLINE VI ld(const uint8_t* p, int) { return _mm512_loadu_si512(p); }
+  static CPUMOE_INLINE VI b8(int v) { return _mm512_set1_epi8((char)v); }
+  static CPUMOE_INLINE VI and_(VI a, VI b) { return _mm512_and_si512(a, b); }
+  static CPUMOE_INLINE VI or_(VI a, VI b) { return _mm512_or_si512(a, b); }
+  template <int N> static CPUMOE_INLINE VI sll16(VI a) { return _mm512_slli_epi16(a, N); }
+  template <int N> static CPUMOE_INLINE VI srl16(VI a) { return _mm512_srli_epi16(a, N); }
+  template <int N> static CPUMOE_INLINE VI sll32(VI a) { return _mm512_slli_epi32(a, N); }
+  template <int N> static CPUMOE_INLINE VI sra32(VI a) { return _mm512_srai_epi32(a, N); }
+  static CPUMOE_INLINE VI sub8(VI a, VI b) { return _mm512_sub_epi8(a, b); }
+  static CPUMOE_INLINE VF cvt(VI a) { return _mm512_cvtepi32_ps(a); }
+  static CPUMOE_INLINE VF fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+  static CPUMOE_INLINE VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+  static CPUMOE_INLINE VF set1(float v) { return _mm512_set1_ps(v); }
+  static CPUMOE_INLINE VF zero() { return _mm512_setzero_ps(); }
+  static CPUMOE_INLINE VF d_of(const uint8_t* p, int) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+  static CPUMOE_INLINE VF sc_of(const uint8_t* plane, int) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)plane)));
+  }
+  static CPUMOE_INLINE void st(float* o, VF v) { _mm512_storeu_ps(o, v); }
+#else
+  using VI = __m256i;
+  using VF = __m256;
+  static constexpr int kRows = 8;
+  static CPUMOE_INLINE VI ld(const uint8_t* p, int hr) { return _mm256_loadu_si256((const __m256i*)(p + 32 * hr)); }
+  static CPUMOE_INLINE VI b8(int v) { return _mm256_set1_epi8((char)v); }
+  static CPUMOE_INLINE VI and_(VI a, VI b) { return _mm256_and_si256(a, b); }
+  static CPUMOE_INLINE VI or_(VI a, VI b) { return _mm256_or_si256(a, b); }
+  template <int N> static CPUMOE_INLINE VI sll16(VI a) { return _mm256_slli_epi16(a, N); }
+  template <int N> static CPUMOE_INLINE VI srl16(VI a) { return _mm256_srli_epi16(a, N); }
+  template <int N> static CPUMOE_INLINE VI sll32(VI a) { return _mm256_slli_epi32(a, N); }
+  template <int N> static CPUMOE_INLINE VI sra32(VI a) { return _mm256_srai_epi32(a, N); }
+  static CPUMOE_INLINE VI sub8(VI a, VI b) { return _mm256_sub_epi8(a, b); }
+  static CPUMOE_INLINE VF cvt(VI a) { return _mm256_cvtepi32_ps(a); }
+  static CPUMOE_INLINE VF fma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+  static CPUMOE_INLINE VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+  static CPUMOE_INLINE VF set1(float v) { return _mm256_set1_ps(v); }
+  static CPUMOE_INLINE VF zero() { return _mm256_setzero_ps(); }
+  static CPUMOE_INLINE VF d_of(const uint8_t* p, int hr) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * hr)));
+  }
+  static CPUMOE_INLINE VF sc_of(const uint8_t* plane, int hr) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(plane + 8 * hr))));
+  }
+  static CPUMOE_INLINE void st(float* o, VF v) { _mm256_storeu_ps(o, v); }
+#endif
+
+  // Run r's codes at the step at st minus 32, as signed bytes (4 per lane: elements 4v .. 4v + 3 of the run)
+  static CPUMOE_INLINE VI run_codes(const uint8_t* st, int r, int hr) {
+    const VI L = ld(st + 64 * (r & 1), hr), C = ld(st + 128, hr), m4 = b8(0x0F), m30 = b8(0x30);
+    const VI lo = r < 2 ? and_(L, m4) : and_(srl16<4>(L), m4);
+    const VI hi = r == 0 ? sll16<4>(C) : r == 1 ? sll16<2>(C) : r == 2 ? C : srl16<2>(C);
+    return sub8(or_(lo, and_(hi, m30)), b8(32));
+  }
+  // byte i of each lane (a signed code) as float
+  template <int I>
+  static CPUMOE_INLINE VF elem(VI q) {
+    return cvt(sra32<24>(I == 3 ? q : sll32<24 - 8 * I>(q)));
+  }
+
+  // G groups x NT tokens over rows 8 hr .. (all 16 on zmm), hr in [H0, H0 + NH): out[(g NT + t) 16 + row]
+  template <int G, int NT, int H0, int NH>
+  static CPUMOE_INLINE void vec(const uint8_t* const* w, int nb, const void* const* act, float* out) {
+    VF acc[G][NH][NT];
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g)
+      CPUMOE_UNROLL
+      for (int hh = 0; hh < NH; ++hh)
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) acc[g][hh][t] = zero();
+    for (int b = 0; b < nb; ++b)
+      CPUMOE_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* p = w[g] + (size_t)b * GB;
+        if (H0 == 0) prefetch_lines(p, 5);
+        CPUMOE_UNROLL
+        for (int hh = 0; hh < NH; ++hh) {
+          const int hr = H0 + hh;
+          const VF d = d_of(p, hr);
+          for (int j = 0; j < 16; ++j) {  // sub-block j: half j / 8, run j % 8 / 2, steps 4 (j % 2) ..
+            const int eh = j / 8, r = j % 8 / 2, s = j % 2;
+            const uint8_t* st = p + kCodes + kHalf * eh + kSub * s;
+            if (H0 == 0 && hh == 0 && r == 0) prefetch_lines(st, kSub / 64);
+            VF sum[NT];
+            CPUMOE_UNROLL
+            for (int t = 0; t < NT; ++t) sum[t] = zero();
+            CPUMOE_UNROLL
+            for (int v = 0; v < 4; ++v) {
+              const VI q = run_codes(st + kStepB * v, r, hr);
+              const VF e[4] = {elem<0>(q), elem<1>(q), elem<2>(q), elem<3>(q)};
+              CPUMOE_UNROLL
+              for (int t = 0; t < NT; ++t) {
+                const float* x = (const float*)act[t] + (size_t)b * QK + 16 * j + 4 * v;
+                CPUMOE_UNROLL
+                for (int i = 0; i < 4; ++i) sum[t] = fma(e[i], set1(x[i]), sum[t]);
+              }
+            }
+            const VF ds = mul(d, sc_of(p + 32 + 16 * j, hr));
+            CPUMOE_UNROLL
+            for (int t = 0; t < NT; ++t) acc[g][hh][t] = fma(sum[t], ds, acc[g][hh][t]);
+          }
+        }
+      }
+    CPUMOE_UNROLL
+    for (int g = 0; g < G; ++g)
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t)
+        CPUMOE_UNROLL
+        for (int hh = 0; hh < NH; ++hh) st(out + (size_t)(g * NT + t) * GR + kRows * (H0 + hh), acc[g][hh][t]);
+  }
+#endif
+
+  template <int G, int NT>
+  static void groups(const Ref* gp, int K, const void* const* act, float* out) {
+    const uint8_t* w[G];
+    for (int g = 0; g < G; ++g) w[g] = gp[g].w;
+    const int nb = K / QK;
+#if CPUMOE_TIER == CPUMOE_T_AVX512F
+    vec<G, NT, 0, 1>(w, nb, act, out);
+#elif CPUMOE_TIER == CPUMOE_T_AVX2
+    if constexpr (NT == 1) {
+      vec<G, 1, 0, 2>(w, nb, act, out);
+    } else {
+      vec<G, NT, 0, 1>(w, nb, act, out);
+      vec<G, NT, 1, 1>(w, nb, act, out);
+    }
+#else  // scalar: the same fp32 operations, row by row
+    for (int g = 0; g < G; ++g)
+      for (int t = 0; t < NT; ++t)
+        for (int row = 0; row < GR; ++row) {
+          float acc = 0.f;
+          for (int b = 0; b < nb; ++b) {
+            const uint8_t* p = w[g] + (size_t)b * GB;
+            const float* x = (const float*)act[t] + (size_t)b * QK;
+            uint16_t dh;
+            std::memcpy(&dh, p + 2 * row, 2);
+            const float d = fp16_to_f32(dh);
+            for (int j = 0; j < 16; ++j) {
+              const int eh = j / 8, r = j % 8 / 2, s = j % 2;
+              float sum = 0.f;
+              for (int i = 0; i < 16; ++i) {
+                const uint8_t* lane = p + kCodes + kHalf * eh + kSub * s + kStepB * (i / 4) + 4 * row + i % 4;
+                const uint8_t lo = lane[64 * (r & 1)], hb = lane[128];
+                const int q = (r < 2 ? lo & 15 : lo >> 4) | ((hb >> (2 * r)) & 3) << 4;
+                sum = std::fma((float)(q - 32), x[16 * j + i], sum);
+              }
+              acc = std::fma(sum, d * (float)(int8_t)p[32 + 16 * j + row], acc);
+            }
+          }
+          out[(size_t)(g * NT + t) * GR + row] = acc;
+        }
+#endif
+  }
+};
