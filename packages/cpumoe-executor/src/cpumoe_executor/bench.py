@@ -535,7 +535,7 @@ def parse_args(argv=None):
                         "or with K/M/G: 96M; default: the level-3 cache sysfs reports, which a VM may understate)")
     p.add_argument("--repack", choices=tuple(REPACK), default="auto",
                    help="formats with a CPU layout (FormatSpec.cpu_layout: mxfp4, q4_0, fp8_block, bf16; nvfp4, "
-                        "ds_fp4, q8_0, q4_k and q6_k in w4a8; mxfp4 on to mxfp4_x16 in w4a8): auto repacks as the "
+                        "ds_fp4, q8_0 and q4_k in w4a8; q6_k; mxfp4 on to mxfp4_x16 in w4a8): auto repacks as the "
                         "executor does by default "
                         "(table: mxfp4>mxfp4_panel, or mxfp4>mxfp4_x16), "
                         "on forces it, off runs their own layout")
