@@ -26,12 +26,17 @@ import numpy as np
 from .._arrays import aligned_empty
 from ..schema import BankSpec
 from . import q4_k
-from ._layout import GROUP, CpuLayout
+from ._layout import GROUP, CpuLayout, per_expert
 
 GB = GROUP * q4_k.BLOCK_BYTES  # bytes per group and block: 2304
 
 
 def to_groups(a: np.ndarray) -> np.ndarray:
+    """q4_k rows [E, R, nb*144] (R % 16 == 0) -> groups, 64-byte aligned, one expert at a time (per_expert)."""
+    return per_expert(_to_groups, a)
+
+
+def _to_groups(a: np.ndarray) -> np.ndarray:
     """q4_k rows [E, R, nb*144] (R % 16 == 0) -> groups [E, R/16, nb*2304], 64-byte aligned."""
     a = np.asarray(a)
     E, R, W = a.shape

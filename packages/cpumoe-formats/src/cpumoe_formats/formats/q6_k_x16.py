@@ -30,12 +30,17 @@ import numpy as np
 from .._arrays import aligned_empty
 from ..schema import BankSpec
 from . import q6_k
-from ._layout import GROUP, CpuLayout
+from ._layout import GROUP, CpuLayout, per_expert
 
 GB = GROUP * q6_k.BLOCK_BYTES  # bytes per group and block: 3360
 
 
 def to_groups(a: np.ndarray) -> np.ndarray:
+    """q6_k rows [E, R, nb*210] (R % 16 == 0) -> groups, 64-byte aligned, one expert at a time (per_expert)."""
+    return per_expert(_to_groups, a)
+
+
+def _to_groups(a: np.ndarray) -> np.ndarray:
     """q6_k rows [E, R, nb*210] (R % 16 == 0) -> groups [E, R/16, nb*3360], 64-byte aligned."""
     a = np.asarray(a)
     E, R, W = a.shape
