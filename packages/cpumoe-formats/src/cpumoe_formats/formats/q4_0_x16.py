@@ -23,9 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._arrays import aligned_empty
-from ..schema import BankSpec
 from . import q4_0
-from ._layout import GROUP, CpuLayout
+from ._layout import GROUP, BlockGroups, group_banks, regroup
 
 GB = GROUP * q4_0.BLOCK_BYTES  # bytes per group and block: 16 d + 16 x 16 qs = 288
 
@@ -58,36 +57,22 @@ def from_groups(a: np.ndarray) -> np.ndarray:
 
 def repack(banks) -> dict:
     """q4_0 banks (validated) -> q4_0_x16 banks (new arrays). Threads: any (reads the banks, returns new arrays)."""
-    arrs, _ = q4_0.SPEC.validate(banks)
-    return {n: to_groups(a) for n, a in zip(q4_0.SPEC.bank_names, arrs)}
+    return regroup(q4_0.SPEC, to_groups, banks)
 
 
 def unpack(banks) -> dict:
     """q4_0_x16 banks (validated) -> q4_0 banks. Threads: any (reads the banks, returns new arrays)."""
-    arrs, _ = SPEC.validate(banks)
-    return {n: from_groups(a) for n, a in zip(SPEC.bank_names, arrs)}
+    return regroup(SPEC, from_groups, banks)
 
 
-class Q40X16Format(CpuLayout, q4_0.Q40Format):
+class Q40X16Format(BlockGroups, q4_0.Q40Format):
     source = q4_0.SPEC
-
-    def dims(self, banks):
-        gu, dn = banks["gate_up"], banks["down"]
-        if gu.ndim != 3 or dn.ndim != 3:
-            raise ValueError(f"q4_0_x16 banks must be 3-D, got gate_up {gu.shape}, down {dn.shape}")
-        if gu.shape[2] % GB or dn.shape[2] % GB:
-            raise ValueError(f"q4_0_x16 bank rows hold 288-byte group blocks: gate_up row {gu.shape[2]} bytes, "
-                             f"down row {dn.shape[2]} bytes must be multiples of {GB}")
-        if gu.shape[1] % 2:
-            raise ValueError(f"q4_0_x16 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2I/16 (even)")
-        return gu.shape[0], dn.shape[1] * GROUP, gu.shape[1] * GROUP // 2
-
+    group_bytes = GB
 
 
 SPEC = Q40X16Format(
     name="q4_0_x16", id=7,
-    banks=(BankSpec("gate_up", (np.uint8,), lambda E, H, I: (E, 2 * I // GROUP, H // q4_0.QK * GB), align=1),
-           BankSpec("down", (np.uint8,), lambda E, H, I: (E, H // GROUP, I // q4_0.QK * GB), align=1)),
+    banks=group_banks(q4_0.QK, GB),
     k_multiple=q4_0.QK,
     input_weight=True,
     aliases=("q4_0_cpu",),

@@ -24,19 +24,13 @@ from __future__ import annotations
 import numpy as np
 
 from .._arrays import aligned_empty
-from ..schema import BankSpec
 from . import q4_k
-from ._layout import GROUP, CpuLayout, per_expert
+from ._layout import GROUP, BlockGroups, group_banks, regroup
 
 GB = GROUP * q4_k.BLOCK_BYTES  # bytes per group and block: 2304
 
 
 def to_groups(a: np.ndarray) -> np.ndarray:
-    """q4_k rows [E, R, nb*144] (R % 16 == 0) -> groups, 64-byte aligned, one expert at a time (per_expert)."""
-    return per_expert(_to_groups, a)
-
-
-def _to_groups(a: np.ndarray) -> np.ndarray:
     """q4_k rows [E, R, nb*144] (R % 16 == 0) -> groups [E, R/16, nb*2304], 64-byte aligned."""
     a = np.asarray(a)
     E, R, W = a.shape
@@ -70,35 +64,22 @@ def from_groups(a: np.ndarray) -> np.ndarray:
 
 def repack(banks) -> dict:
     """q4_k banks (validated) -> q4_k_x16 banks (new arrays). Threads: any (reads the banks, returns new arrays)."""
-    arrs, _ = q4_k.SPEC.validate(banks)
-    return {n: to_groups(a) for n, a in zip(q4_k.SPEC.bank_names, arrs)}
+    return regroup(q4_k.SPEC, to_groups, banks)
 
 
 def unpack(banks) -> dict:
     """q4_k_x16 banks (validated) -> q4_k banks. Threads: any (reads the banks, returns new arrays)."""
-    arrs, _ = SPEC.validate(banks)
-    return {n: from_groups(a) for n, a in zip(SPEC.bank_names, arrs)}
+    return regroup(SPEC, from_groups, banks)
 
 
-class Q4KX16Format(CpuLayout, q4_k.Q4KFormat):
+class Q4KX16Format(BlockGroups, q4_k.Q4KFormat):
     source = q4_k.SPEC
-
-    def dims(self, banks):
-        gu, dn = banks["gate_up"], banks["down"]
-        if gu.ndim != 3 or dn.ndim != 3:
-            raise ValueError(f"q4_k_x16 banks must be 3-D, got gate_up {gu.shape}, down {dn.shape}")
-        if gu.shape[2] % GB or dn.shape[2] % GB:
-            raise ValueError(f"q4_k_x16 bank rows hold {GB}-byte group blocks: gate_up row {gu.shape[2]} bytes, "
-                             f"down row {dn.shape[2]} bytes must be multiples of {GB}")
-        if gu.shape[1] % 2:
-            raise ValueError(f"q4_k_x16 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2I/16 (even)")
-        return gu.shape[0], dn.shape[1] * GROUP, gu.shape[1] * GROUP // 2
+    group_bytes = GB
 
 
 SPEC = Q4KX16Format(
     name="q4_k_x16", id=16,
-    banks=(BankSpec("gate_up", (np.uint8,), lambda E, H, I: (E, 2 * I // GROUP, H // q4_k.QK * GB), align=1),
-           BankSpec("down", (np.uint8,), lambda E, H, I: (E, H // GROUP, I // q4_k.QK * GB), align=1)),
+    banks=group_banks(q4_k.QK, GB),
     k_multiple=q4_k.QK,
     input_weight=True,
     aliases=("q4_k_cpu",),
