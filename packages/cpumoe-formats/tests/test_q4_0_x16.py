@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import dot_bound, prep, to_bf16_bits
-from x16_helpers import check_ragged_work_items, down_accumulators, split_record
+from x16_helpers import check_moved, check_ragged_work_items, down_accumulators, split_record
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q4_0, q4_0_x16
@@ -23,14 +23,9 @@ SIMD = [t for t in SPEC.kernel_tiers["w4a8"] if t != "scalar"]
 @pytest.mark.parametrize("H,I", [(96, 64), (32, 32), (2816, 64)])  # noqa: E741
 def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
     b = q4_0.SPEC.random_banks(3, H, I, rng)
-    r = cf.repack_q4_0_x16(b)
-    assert cf.validate_banks(FMT, r) == (3, H, I)
-    assert SPEC.bytes_per_expert(H, I) == q4_0.SPEC.bytes_per_expert(H, I)  # the same bytes, moved
+    r = check_moved(FMT, q4_0.SPEC, b, H, I)  # validated, the same bytes moved, and back
     # q4_0's CPU layout, from avx2 (its one-token avx2 pass beat q4_0's row-major kernel on Zen 3)
     assert q4_0.SPEC.cpu_layout == FMT and q4_0.SPEC.cpu_layout_min_tier == "avx2"
-    u = cf.unpack_q4_0_x16(r)
-    for n in b:
-        np.testing.assert_array_equal(u[n], b[n])
     # byte by byte: expert 1, row 16 g + rr, block bb
     src, dst = b["down"], r["down"]
     for g, rr, bb in [(0, 0, 0), (1, 15, I // 32 - 1), (H // 16 - 1, 7, 0)]:

@@ -12,7 +12,7 @@ import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import prep, to_bf16_bits
 from gguf_helpers import kquant_mag_terms
-from x16_helpers import check_ragged_work_items, down_accumulators
+from x16_helpers import check_moved, check_ragged_work_items, down_accumulators
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q4_k, q4_k_x16
@@ -25,13 +25,8 @@ SIMD = [t for t in SPEC.kernel_tiers["w4a8"] if t != "scalar"]
 @pytest.mark.parametrize("H,I", [(256, 256), (768, 512)])  # noqa: E741
 def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
     b = q4_k.SPEC.random_banks(3, H, I, rng)
-    r = cf.repack_q4_k_x16(b)
-    assert cf.validate_banks(FMT, r) == (3, H, I)
-    assert SPEC.bytes_per_expert(H, I) == q4_k.SPEC.bytes_per_expert(H, I)  # the same bytes, moved
+    r = check_moved(FMT, q4_k.SPEC, b, H, I)  # validated, the same bytes moved, and back
     assert q4_k.SPEC.cpu_layout == FMT
-    u = cf.unpack_q4_k_x16(r)
-    for n in b:
-        np.testing.assert_array_equal(u[n], b[n])
     # byte by byte: expert 1, row 16 g + rr, block bb
     src, dst = b["down"], r["down"]
     for g, rr, bb in [(0, 0, 0), (1, 15, I // 256 - 1), (H // 16 - 1, 7, 0)]:

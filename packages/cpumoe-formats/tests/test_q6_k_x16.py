@@ -17,7 +17,7 @@ import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import prep, to_bf16_bits
 from gguf_helpers import bf16, dot_ref, down_rows, kernel_for
-from x16_helpers import check_ragged_work_items, down_accumulators
+from x16_helpers import check_moved, check_ragged_work_items, down_accumulators
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q6_k, q6_k_x16
@@ -31,13 +31,8 @@ TOL, DOT_TOL = 5e-3, 1e-5
 @pytest.mark.parametrize("H,I", [(256, 256), (768, 512)])  # noqa: E741
 def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
     b = q6_k.SPEC.random_banks(3, H, I, rng)
-    r = cf.repack_q6_k_x16(b)
-    assert cf.validate_banks(FMT, r) == (3, H, I)
-    assert SPEC.bytes_per_expert(H, I) == q6_k.SPEC.bytes_per_expert(H, I)  # the same bytes, moved
+    r = check_moved(FMT, q6_k.SPEC, b, H, I)  # validated, the same bytes moved, and back
     assert q6_k.SPEC.cpu_layout == FMT
-    u = cf.unpack_q6_k_x16(r)
-    for n in b:
-        np.testing.assert_array_equal(u[n], b[n])
     # byte by byte: expert 1, row 16 g + rr, block bb
     src, dst = b["down"], r["down"]
     for g, rr, bb in [(0, 0, 0), (1, 15, I // 256 - 1), (H // 16 - 1, 7, 0)]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import dot_bound, prep, to_bf16_bits
-from x16_helpers import check_ragged_work_items, down_accumulators, split_record
+from x16_helpers import check_moved, check_ragged_work_items, down_accumulators, split_record
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q8_0, q8_0_x16
@@ -23,13 +23,8 @@ SIMD = [t for t in SPEC.kernel_tiers["w4a8"] if t != "scalar"]
 @pytest.mark.parametrize("H,I", [(96, 64), (32, 32), (2048, 64)])  # noqa: E741
 def test_repack_round_trip_and_layout(rng, H, I):  # noqa: E741
     b = q8_0.SPEC.random_banks(3, H, I, rng)
-    r = cf.repack_q8_0_x16(b)
-    assert cf.validate_banks(FMT, r) == (3, H, I)
-    assert SPEC.bytes_per_expert(H, I) == q8_0.SPEC.bytes_per_expert(H, I)
+    r = check_moved(FMT, q8_0.SPEC, b, H, I)  # validated, the same bytes moved, and back
     assert q8_0.SPEC.cpu_layout == FMT
-    u = cf.unpack_q8_0_x16(r)
-    for n in b:
-        np.testing.assert_array_equal(u[n], b[n])
     src, dst = b["down"], r["down"]
     for g, rr, bb in [(0, 0, 0), (1, 15, I // 32 - 1), (H // 16 - 1, 7, 0)]:
         blk = src[1, 16 * g + rr, 34 * bb:34 * bb + 34]

@@ -85,15 +85,22 @@ def _raw(a):
     return a.view(np.dtype(f"u{a.dtype.itemsize}"))
 
 
-def check_pair_round_trip(fmt, source, banks, H, I):  # noqa: E741
-    """A pair-group layout (fp8_block_x16, bf16_x16) from `source` banks: validates, has the source's bytes per
-    expert, unpacks to the same bits, and holds row 16 g + rr's K pair p at elements 32 p + 2 rr (expert 1, down)."""
+def check_moved(fmt, source, banks, H, I):  # noqa: E741
+    """A CPU layout from `source` banks: validates, has the source's bytes per expert, unpacks to the same bits.
+    Returns the layout's banks."""
     layout = cf.get_format(fmt)
-    r = layout.repack_from(banks)
+    r = getattr(cf, f"repack_{fmt}", layout.repack_from)(banks)  # the package's own repack_<fmt> where it has one
     assert cf.validate_banks(fmt, r) == (banks["down"].shape[0], H, I)
     assert layout.bytes_per_expert(H, I) == source.bytes_per_expert(H, I)  # the same bytes, moved
-    for n, a in layout._module().unpack(r).items():
+    for n, a in getattr(cf, f"unpack_{fmt}", layout._module().unpack)(r).items():
         np.testing.assert_array_equal(_raw(a), _raw(banks[n]))
+    return r
+
+
+def check_pair_round_trip(fmt, source, banks, H, I):  # noqa: E741
+    """A pair-group layout (fp8_block_x16, bf16_x16) from `source` banks: check_moved, and it holds row 16 g + rr's
+    K pair p at elements 32 p + 2 rr (expert 1, down)."""
+    r = check_moved(fmt, source, banks, H, I)
     src, dst = _raw(banks["down"]), _raw(r["down"])
     for g, rr, p in [(0, 0, 0), (min(1, H // 16 - 1), 15, I // 2 - 1), (H // 16 - 1, 7, 3)]:
         o = 32 * p + 2 * rr
