@@ -55,9 +55,9 @@ class LayerMappedGpuExperts:
         import torch
 
         g, local = self.where[layer]
-        if g is None:
-            y = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.bfloat16, device=x.device) if out is None else out
-            return y.zero_() if out is not None else y
+        if g is None:  # no slots: no resident route
+            return torch.zeros((x.shape[0], x.shape[1]), dtype=torch.bfloat16, device=x.device) if out is None \
+                else out.zero_()
         return g.forward(local, x, topk_weights, slots, out=out)
 
     @property

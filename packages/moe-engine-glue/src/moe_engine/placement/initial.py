@@ -11,15 +11,11 @@ NAMED_RESIDENCY = ("hot", "static", "random", "uniform", "layers")
 
 
 def fraction_masks(E: int, num_layers: int, fraction: float, seed: int = 0) -> list[np.ndarray]:
-    """Per-layer bool masks with round(fraction * E) resident experts, a seeded random subset per layer."""
-    n = round(fraction * E)
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(num_layers):
-        m = np.zeros(E, bool)
-        m[rng.permutation(E)[:n]] = True
-        out.append(m)
-    return out
+    """Per-layer bool masks with round(fraction * E) resident experts, a seeded random subset per layer (the
+    "random" placement's)."""
+    from .policies import static_masks
+
+    return list(static_masks("random", num_layers, E, round(fraction * E), seed=seed))
 
 
 def initial_masks(residency, num_layers: int, E: int, *, replace_every=50, routing_profile=None, capacity=None,

@@ -4,7 +4,7 @@ a spread of slots over every layer would, but a GPU layer skips the CPU hand-ove
 experts' kernels, so each layer runs one side only.
 
 The runner fixes each layer's path at construction (a captured step bakes it in): "gpu" (every expert resident, no
-CPU hand-over), "cpu" (no slot, no GPU experts' kernels) or "both" (hybrid's split by the residency tables).
+CPU hand-over) or "cpu" (no slot, no GPU experts' kernels); other residencies split every layer by the tables.
 
 Thread contract: pure functions."""
 from __future__ import annotations

@@ -156,11 +156,11 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         place = {}
         if plan.strategy == "hybrid" and plan.gpu_layers is not None:
             place = dict(residency="layers", gpu_layers=plan.gpu_layers)
-        elif plan.strategy == "hybrid":  # the budget's slots per layer (hot placement unless told)
+        elif plan.strategy == "hybrid" and residency is not None and not isinstance(residency, str):
+            place = dict(residency=residency)  # a fraction or per-layer masks, as given
+        elif plan.strategy == "hybrid":  # the budget's slots per layer, placed as named or by the runner (hot)
             n = plan.experts_per_layer
-            named = residency is None or isinstance(residency, str)
-            place = (dict(residency=residency or "hot", capacity=n) if n and named else
-                     dict(residency=residency) if not named else dict(residency=0.0))
+            place = dict(residency=residency, capacity=n) if n else dict(residency=0.0)
         if dev.type == "cuda" and plan.strategy in ("cpu", "hybrid"):
             # page-locked host banks (up to half of MemAvailable): a prompt's staged experts copy at link speed
             # (pageable: 4-6 GB/s on the H200 host, docs/moe-engine.md), hot's re-placements too
