@@ -135,6 +135,7 @@ class MoERunner:
             residency = "hot"
         if self.strategy in ("hybrid", "gpu"):
             self._check_gpu_formats()
+        masks = None
         if residency is not None:
             masks = self._masks(residency)  # malformed residency is refused whatever the strategy
             if self.strategy == "cpu" and any(m.any() for m in masks):
@@ -182,7 +183,7 @@ class MoERunner:
                 if handshake is not None and self.sync.path != handshake:
                     raise RuntimeError(f"handshake={handshake!r} is unavailable here: {self.sync.summary()}")
             if self.strategy in ("hybrid", "gpu"):
-                self._open_gpu(residency, capacity, act_kw)
+                self._open_gpu(residency, masks, capacity, act_kw)
             self._open_placement(residency, count_routes)
             self._open_split(split, pin_memory, profile, strategy == "auto")
             self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
@@ -232,11 +233,12 @@ class MoERunner:
                              f"{lacking} of this model ({layer_formats.describe(self.layer_formats)}) have no GPU "
                              f"experts kernel (GpuExperts runs {list(GpuExperts.FORMATS)}); use strategy='cpu'")
 
-    def _open_gpu(self, residency, capacity, act_kw) -> None:
+    def _open_gpu(self, residency, masks, capacity, act_kw) -> None:
         from .gpu.by_pair import open_gpu_experts
         from .placement import layerwise
 
-        masks = self._masks(residency if self.strategy == "hybrid" else 1.0)
+        if self.strategy != "hybrid" or masks is None:  # hybrid reuses the masks checked above (a profile read once)
+            masks = self._masks(residency if self.strategy == "hybrid" else 1.0)
         need = max(int(m.sum()) for m in masks)
         cap = need if capacity is None else capacity
         if not isinstance(cap, int) or not need <= cap <= self.E:
