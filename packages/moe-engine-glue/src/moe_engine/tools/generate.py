@@ -29,24 +29,20 @@ class _Clock:
         pass
 
 
-def load(a):
+def load_kwargs(a) -> dict:
+    """from_pretrained's keywords from common_args' options that were given (generate, bench and profile alike)."""
+    names = ("gpu_memory", "strategy", "device", "decode", "residency")
+    return {n: getattr(a, n) for n in names if getattr(a, n, None) is not None}
+
+
+def load(a, **extra):
     import torch
 
     from ..integrations.transformers import from_pretrained
 
-    kw = {}
-    if a.gpu_memory is not None:
-        kw["gpu_memory"] = a.gpu_memory
-    if getattr(a, "strategy", None):
-        kw["strategy"] = a.strategy
-    if getattr(a, "device", None):
-        kw["device"] = a.device
-    if getattr(a, "decode", None):
-        kw["decode"] = a.decode
-    if getattr(a, "residency", None):
-        kw["residency"] = a.residency
     t = time.perf_counter()
-    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=not a.quiet, dtype=torch.bfloat16, **kw)
+    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=not a.quiet, dtype=torch.bfloat16,
+                            **load_kwargs(a), **extra)
     return model, time.perf_counter() - t
 
 

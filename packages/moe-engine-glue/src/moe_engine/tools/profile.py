@@ -18,14 +18,10 @@ def default_out(path: str) -> str:
 def run_profile(a) -> int:
     import torch
 
-    from ..integrations.transformers import from_pretrained
     from ..placement.counts import save_routing_profile
-    from .generate import _prompt_ids
+    from .generate import _prompt_ids, load
 
-    kw = {k: v for k, v in (("gpu_memory", a.gpu_memory), ("strategy", a.strategy), ("device", a.device))
-          if v is not None}
-    model = from_pretrained(a.path, a.gguf_file, threads=a.threads, progress=not a.quiet, dtype=torch.bfloat16,
-                            count_routes=True, **kw)
+    model, _ = load(a, count_routes=True)
     runner = model.moe_engine.runner
     try:
         ids, _ = _prompt_ids(a, model)
