@@ -93,8 +93,9 @@ MEASURED = {
     ("mxfp4", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),  # 146.1 us
     ("nvfp4", 1): _c((8, 256, 4, 2, False), (32, 128, 4, 2, False), grouped=False),  # 31.4 us
     ("nvfp4", 8): _c((16, 64, 4, 2, False), (32, 32, 4, 2, False), grouped=False),  # 158.6 us
-    # The GGUF formats are not measured yet: mxfp4's shapes (another 4-bit format with a per-row scale plane) in
-    # elements, K-quants one 256-block per step.
+    # The GGUF formats: mxfp4's shapes (another 4-bit format with a per-row scale plane) in elements, K-quants one
+    # 256-block per step. The H100 sweep (docs/results/gpu_experts_gguf_h100.json) found configs 1.0-1.2x faster at
+    # batch 1 and 1.1-1.6x at batch 8; not adopted yet (docs/moe-engine.md).
     ("q4_0", 1): _c((16, 128, 4, 2, False), (16, 128, 4, 2, False), grouped=False),
     ("q4_0", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),
     ("q8_0", 1): _c((16, 128, 4, 2, False), (16, 128, 4, 2, False), grouped=False),
