@@ -18,7 +18,8 @@
 # ours:  moe-engine bench on the same file for each of OURS (default "cpu hybrid"): strategy cpu; hybrid with
 #        gpu_memory holding the non-expert weights, the KV cache and a quarter of the expert bytes (as --n-cpu-moe 36),
 #        its slots in every layer; hybrid-layers: the same budget as whole layers (--residency layers, the last 12
-#        layers' experts, as --n-cpu-moe 36 places). Decode under CUDA graphs.
+#        layers' experts, as --n-cpu-moe 36 places); RUN+compile: the same with the step compiled by inductor before
+#        its capture (--decode compile). Decode under CUDA graphs.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$ROOT/gpu-out}" && cd "${OUT:-$ROOT/gpu-out}" && pwd)
@@ -119,12 +120,13 @@ print(int(ne + kv + 1.5 * 2**30 + experts / 4))
 EOF
 )
   for run in ${OURS:-cpu hybrid}; do  # cpu | hybrid (the budget's slots in every layer) | hybrid-layers (whole layers)
-    case $run in
+    case ${run%+compile} in         # RUN+compile: the same with --decode compile (GraphLoop's step through inductor)
       cpu) args=(--strategy cpu) ;;
       hybrid) args=(--strategy hybrid --gpu-memory "$budget") ;;
       hybrid-layers) args=(--strategy hybrid --gpu-memory "$budget" --residency layers) ;;
     esac
-    timeout 280 $PY -m moe_engine.tools.cli bench "$GGUF" "${args[@]}" --device cuda -t "$THREADS" -p "$PP" -n "$NG" \
+    [ "$run" != "${run%+compile}" ] && args+=(--decode compile)
+    timeout ${OURS_TIMEOUT:-280} $PY -m moe_engine.tools.cli bench "$GGUF" "${args[@]}" --device cuda -t "$THREADS" -p "$PP" -n "$NG" \
       -r "$R" --quiet --json >"$OUT/ours-$run.json" 2>"$OUT/ours-$run.err"
     stamp "ours $run rc=$?"; grep -E "avg_ts|test|plan" "$OUT/ours-$run.json" | head; tail -2 "$OUT/ours-$run.err"
   done

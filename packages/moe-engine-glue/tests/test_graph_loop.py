@@ -34,6 +34,33 @@ def test_loop_gives_generates_tokens_on_the_cpu(small_gguf, decode):
     model.moe_engine.close()
 
 
+def _check_argmax(model, ids, new, n_off: int = 1):
+    """The loop's tokens against the eager model's logits on the same tokens (teacher forcing): each the eager argmax,
+    or within 3% of the largest |logit| of it (test_decode_path measured <= 3.2e-2 for the compile path, 0.12 at a
+    routing flip: at most n_off such positions)."""
+    with torch.no_grad():
+        logits = model(torch.cat([ids, new[:, :-1]], 1)).logits[0, ids.shape[1] - 1:].float()
+    gap = logits.max(-1).values - logits.gather(1, new.view(-1, 1)).view(-1)
+    rel = gap / logits.abs().max(-1).values
+    n = new.shape[1]
+    assert (rel <= 3e-2).sum() >= n - n_off and rel.max() <= 0.15, [f"{r:.1e}" for r in rel]
+    assert (gap == 0).sum() >= n - 3, gap  # mostly the very argmax: a wrong position or cache would not be
+
+
+@pytest.mark.slow  # inductor compiles the 2-layer step: ~30 s on a quiet 2-core VM
+def test_compiled_loop_picks_the_eager_models_argmax(small_gguf):
+    """decode='compile': the loop's step runs torch.compile'd (inductor), its fused norms and rotary in fp32."""
+    model = from_pretrained(small_gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode="compile")
+    loop = GraphLoop(model, max_len=64)
+    assert loop.compiled and not loop.capture
+    ids = torch.tensor([[3, 17, 101, 42]])
+    new = loop.generate(ids, 12)
+    assert loop.last["compiled"] and new.shape == (1, 12)
+    _check_argmax(model, ids, new)
+    loop.close()
+    model.moe_engine.close()
+
+
 def test_replays_end_the_runners_step(small_gguf):
     """A replay runs none of the runner's Python: the loop calls runner.end_step() after each one (hot placement's
     window), and not after an eager step (the runner's last layer ends those itself)."""
@@ -83,15 +110,21 @@ def test_loop_refuses_bad_arguments(small_gguf):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 @pytest.mark.parametrize("strategy", ["cpu", "hybrid"])
-def test_loop_captured_on_a_gpu(small_gguf, strategy):
+@pytest.mark.parametrize("decode", ["auto", "compile"])
+def test_loop_captured_on_a_gpu(small_gguf, strategy, decode):
+    """The step captured as one CUDA graph; under decode='compile' inductor's kernels are what is captured."""
     model = from_pretrained(small_gguf, strategy=strategy, device="cuda", threads=2, progress=False,
-                            gpu_memory="2GiB" if strategy == "hybrid" else None)
+                            gpu_memory="2GiB" if strategy == "hybrid" else None, decode=decode)
     ids = torch.tensor([[3, 17, 101, 42]], device="cuda")
     want = _greedy(model, ids, 12)
     loop = GraphLoop(model, max_len=64)
-    assert loop.capture
+    assert loop.capture and loop.compiled == (decode == "compile")
     for _ in range(2):  # the first call captures, the second replays the same graph
-        assert torch.equal(loop.generate(ids, 12), want)
+        new = loop.generate(ids, 12)
+        if decode == "compile":
+            _check_argmax(model, ids, new)
+        else:
+            assert torch.equal(new, want)
         assert loop.last["captured"]
     loop.close()
     model.moe_engine.close()

@@ -131,9 +131,9 @@ def _tg(model, n: int, vocab: int, dev, graphs: bool = False, loop=None) -> floa
 
 
 def _loop(a, model, length: int):
-    """bench's and generate's GraphLoop, or None for transformers' generate() (--loop generate; decode=compile)."""
-    decode = model.moe_engine.decode
-    if getattr(a, "loop", "generate") != "graph" or (decode and decode[0] == "compile"):
+    """bench's and generate's GraphLoop, or None for transformers' generate() (--loop generate). Under decode=compile
+    the loop compiles its step's forward (inductor) before capturing it."""
+    if getattr(a, "loop", "generate") != "graph":
         return None
     from ..integrations.transformers.graph_loop import GraphLoop
 

@@ -12,6 +12,12 @@ CPU tests check it against generate()'s greedy tokens.
     loop = GraphLoop(model, max_len=4096)
     new = loop.generate(ids, 32)             # [1, 32]; loop.last: the decode's seconds and tokens
 
+compile=True (the default where from_pretrained's decode path is `compile`): the step's forward is torch.compile'd
+(inductor, fullgraph, static shapes; our experts one opaque op inside) and then captured, so a replay runs
+inductor's fused kernels (norms, rotary, the cache update, the router's softmax and top-k) instead of transformers'
+one kernel per small op. The prompt's forward stays eager (its shape changes per call). The first step compiles
+(a minute or more for 48 layers), outside the capture.
+
 A replay runs none of the runner's Python, so the loop ends each replayed step itself (runner.end_step(): under
 residency="hot" the routing counts are folded and experts re-placed between replays, through the in-place tables);
 an eager step ends itself in the runner's last layer.
@@ -24,7 +30,7 @@ import time
 
 
 class GraphLoop:
-    def __init__(self, model, max_len: int = 4096, *, capture: bool | None = None):
+    def __init__(self, model, max_len: int = 4096, *, capture: bool | None = None, compile: bool | None = None):
         import torch
 
         if not isinstance(max_len, int) or max_len < 2:
@@ -38,6 +44,13 @@ class GraphLoop:
             capture = False  # the runner refused graphs at qualification (its reason is in runner.graphs_reason)
         self.capture = cuda if capture is None else bool(capture)
         self.model, self.max_len = model, max_len
+        if compile is None:
+            compile = getattr(model, "_moe_engine_decode", None) == "compile"
+        self.compiled = bool(compile)
+        self._forward = model
+        if self.compiled:
+            # decode.compile_config()'s settings, given directly: CompileConfig's fields vary across transformers
+            self._forward = torch.compile(model.__call__, fullgraph=True, dynamic=False, backend="inductor")
         # a replay runs no Python of the runner's: its end of step (hot placement's counts and moves) is called here
         self._end_step = off.runner.end_step if off is not None else (lambda: 0)
         # transformers >= 5.2x names the cache argument `cache` (past_key_values is deprecated there), 5.17 does not
@@ -63,8 +76,8 @@ class GraphLoop:
     def _step(self) -> None:
         """One token: set its mask position, transformers' forward on the static cache, argmax, the next inputs."""
         self.mask.index_fill_(1, self.pos, 1)
-        logits = self.model(input_ids=self.cur, attention_mask=self.mask, cache_position=self.pos,
-                            position_ids=self.pos.view(1, 1), use_cache=True, **{self._kv: self.cache}).logits
+        logits = self._forward(input_ids=self.cur, attention_mask=self.mask, cache_position=self.pos,
+                               position_ids=self.pos.view(1, 1), use_cache=True, **{self._kv: self.cache}).logits
         nxt = logits[:, -1].float().argmax(-1).view(1, 1)  # CPU, 151936 logits: bf16 argmax 545 us, cast + fp32 140
         self.out.index_copy_(1, self.k, nxt)
         self.cur.copy_(nxt)
@@ -111,8 +124,11 @@ class GraphLoop:
             t1 = time.perf_counter()
             steps = n - 1
             if steps and self.capture and self.graph is None:
-                self._step()  # the first step eagerly: kernels loaded, workspaces made outside the capture
+                self._step()  # the first step eagerly: kernels loaded (compiled), workspaces made outside the capture
                 steps -= 1
+                if self.compiled and steps:
+                    self._step()  # a second: inductor's first run records its autotuning and caches outside too
+                    steps -= 1
                 self._capture()
             for _ in range(steps):
                 if self.graph is not None:
@@ -123,8 +139,9 @@ class GraphLoop:
             sync()
             t2 = time.perf_counter()
         self.last = {"prompt_s": t1 - t0, "decode_s": t2 - t1, "decode_tokens": n - 1,
-                     "captured": self.graph is not None}
+                     "captured": self.graph is not None, "compiled": self.compiled}
         return self.out[:, :n].clone()
 
     def close(self) -> None:
         self.graph = self.cache = None
+        self._forward = self.model
