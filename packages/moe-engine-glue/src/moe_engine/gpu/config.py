@@ -93,21 +93,28 @@ MEASURED = {
     ("mxfp4", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),  # 146.1 us
     ("nvfp4", 1): _c((8, 256, 4, 2, False), (32, 128, 4, 2, False), grouped=False),  # 31.4 us
     ("nvfp4", 8): _c((16, 64, 4, 2, False), (32, 32, 4, 2, False), grouped=False),  # 158.6 us
-    # The GGUF formats: mxfp4's shapes (another 4-bit format with a per-row scale plane) in elements, K-quants one
-    # 256-block per step. The H100 sweep (docs/results/gpu_experts_gguf_h100.json) found configs 1.0-1.2x faster at
-    # batch 1 and 1.1-1.6x at batch 8; not adopted yet (docs/moe-engine.md).
-    ("q4_0", 1): _c((16, 128, 4, 2, False), (16, 128, 4, 2, False), grouped=False),
-    ("q4_0", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),
-    ("q8_0", 1): _c((16, 128, 4, 2, False), (16, 128, 4, 2, False), grouped=False),
-    ("q8_0", 8): _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),
-    ("q4_k", 1): _c((16, 256, 4, 2, False), (16, 256, 4, 2, False), grouped=False),
-    ("q4_k", 8): _c((32, 256, 4, 3, True), (32, 256, 4, 3, True), grouped=True),
-    ("q6_k", 1): _c((16, 256, 4, 2, False), (16, 256, 4, 2, False), grouped=False),
-    ("q6_k", 8): _c((32, 256, 4, 3, True), (32, 256, 4, 3, True), grouped=True),
+    # The GGUF formats: the H100 sweep's best (docs/results/gpu_experts_gguf_h100.json; the same shape and method),
+    # us against the mxfp4-shaped configs they replace. Batch 1: half-width gate_up tiles of whole 256-element
+    # steps (8 gate + 8 up rows: 768 programs, ~6 per SM) for q4_0 / q8_0. Batch 8: per-route FMAs beat grouped
+    # tensor-core tiles for q4_0 (the 18-byte blocks' decode, not the MACs, bound the tile), grouping without
+    # tensor cores for the K-quants. A Q4_K_M pair takes q4_k's gate_up and q6_k's down: 182.7 us at batch 8
+    # against the pair sweep's best 174.9 (ungrouped).
+    ("q4_0", 1): _c((8, 256, 4, 2, False), (16, 128, 4, 2, False), grouped=False),  # 23.7 us (was 29.0)
+    ("q4_0", 8): _c((16, 128, 4, 2, False), (32, 64, 4, 2, False), grouped=False),  # 123.4 us (was 179.4)
+    ("q8_0", 1): _c((8, 256, 4, 2, False), (32, 256, 4, 2, False), grouped=False),  # 25.3 us (was 30.4)
+    ("q8_0", 8): _c((32, 128, 4, 3, True), (16, 256, 4, 2, False), grouped=True),  # 138.1 us (was 154.3)
+    ("q4_k", 1): _c((16, 256, 4, 2, False), (32, 256, 4, 2, False), grouped=False),  # 25.7 us (was 26.7)
+    ("q4_k", 8): _c((16, 256, 4, 2, False), (32, 256, 4, 2, False), grouped=True),  # 156.3 us (was 246.4)
+    ("q6_k", 1): _c((16, 256, 4, 2, False), (16, 256, 4, 2, False), grouped=False),  # 45.4 us
+    ("q6_k", 8): _c((16, 256, 4, 3, True), (32, 256, 4, 3, True), grouped=True),  # 251.9 us (was 282.2)
 }
 # From 16 tokens on, groups hold several tokens: every format groups and uses tensor-core tiles (nvfp4: its
 # measured batch-8 runner-up, 176 us with gate_up 32x64, 175 with down 32x32).
-_LARGE = {"nvfp4": _c((32, 64, 4, 3, True), (32, 32, 4, 3, True), grouped=True)}
+# q4_0 and q4_k: their batch-8 configs have no tensor cores; from 16 tokens on they take the mxfp4-shaped tiles
+# they ran before the GGUF sweep (not swept at these batches).
+_LARGE = {"nvfp4": _c((32, 64, 4, 3, True), (32, 32, 4, 3, True), grouped=True),
+          "q4_0": _c((32, 64, 4, 3, True), (32, 64, 4, 3, True), grouped=True),
+          "q4_k": _c((32, 256, 4, 3, True), (32, 256, 4, 3, True), grouped=True)}
 
 
 def default(fmts, T: int, H: int, I: int) -> Config:  # noqa: E741
