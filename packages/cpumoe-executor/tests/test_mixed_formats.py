@@ -148,7 +148,8 @@ def test_layer_banks_and_the_ready_line(rng, caplog):
     q5 = pair_banks(("q5_k", "q6_k"), 4, H, I, rng)  # Q5_K_M: both roles repacked
     with ce.CpuMoeExecutor([("q5_k", "q6_k")], [q5], top_k=2, **workers(1)) as ex:
         assert ex.layer_formats == [("q5_k_x16", "q6_k_x16")]
-        np.testing.assert_array_equal(ex.layer_banks(0)["gate_up"], cf.repack_q5_k_x16(q5)["gate_up"])
+        np.testing.assert_array_equal(ex.layer_banks(0)["gate_up"],
+                                      cf.get_format("q5_k").to_layout_role("gate_up", q5, "q5_k_x16")["gate_up"])
     q5x = pair_banks(("q5_k_x16", "q6_k"), 4, H, I, rng)  # a format without a CPU layout runs the given array
     with ce.CpuMoeExecutor([("q5_k_x16", "q6_k")], [q5x], top_k=2, **workers(1)) as ex:
         assert ex.layer_banks(0)["gate_up"] is q5x["gate_up"] and ex.layer_formats == [("q5_k_x16", "q6_k_x16")]

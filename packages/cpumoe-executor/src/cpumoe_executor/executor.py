@@ -360,7 +360,7 @@ class CpuMoeExecutor:
     @property
     def isa(self) -> str:
         """The kernel that runs: tier plus precision mode (e.g. 'avx512bf16', 'avx2+w4a8'). A model of several
-        formats whose kernels differ: each format's, "q5_k=avx512vnni+w4a8, q6_k_x16=avx2+w4a8" (kernel_isas)."""
+        formats whose kernels differ: each format's, "q5_k_x16=avx512vnni+w4a8, q6_k_x16=avx2+w4a8" (kernel_isas)."""
         names = set(self._kernel_names)
         if len(names) == 1:
             return self._x.kernel_name
