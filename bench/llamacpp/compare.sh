@@ -14,7 +14,8 @@
 #   STEPS      (20)
 #   BATCH      (1,8)
 #   FORMATS    ("q4_0 mxfp4 bf16") at gemma4-26b, gpt-oss-120b, qwen3-30b; q8_0, q4_k, q5_k, q6_k (GGUF types) and
-#              q4_k_m (a Q4_K_M layer: gate/up q4_k, down q6_k; ours runs the executor's format pair) at qwen3-30b
+#              q4_k_m (a Q4_K_M layer: gate/up q4_k, down q6_k; ours runs the executor's format pair) and q5_k_m
+#              (a Q5_K_M layer: gate/up q5_k, down q6_k) at qwen3-30b
 #   WSET       (dram)  comma list of working sets, each run on both sides: dram (--working-set dram: the bank
 #              >= 4 x LLC, windows rotated per step), l3 (--working-set cache: one window, the same experts every
 #              step, reloaded by an untimed step after each evicting read; bench/llamacpp/README.md)
@@ -66,7 +67,7 @@ model_of() {
     case $1 in
         q4_0) echo gemma4-26b ;;
         mxfp4) echo gpt-oss-120b ;;
-        bf16|q8_0|q4_k|q5_k|q6_k|q4_k_m) echo qwen3-30b ;;
+        bf16|q8_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m) echo qwen3-30b ;;
         *) echo "compare.sh: no model for format $1" >&2; exit 2 ;;
     esac
 }
