@@ -14,7 +14,8 @@
 #   STEPS      (20)
 #   BATCH      (1,8)
 #   FORMATS    ("q4_0 mxfp4 bf16") at gemma4-26b, gpt-oss-120b, qwen3-30b; q8_0, q4_k, q5_k, q6_k (GGUF types) and
-#              q4_k_m (a Q4_K_M layer: gate/up q4_k, down q6_k; ours runs the executor's format pair) at qwen3-30b
+#              q4_k_m (a Q4_K_M layer: gate/up q4_k, down q6_k; ours runs the executor's format pair) and q5_k_m
+#              (a Q5_K_M layer: gate/up q5_k, down q6_k) at qwen3-30b
 #   WSET       (dram)  comma list of working sets, each run on both sides: dram (--working-set dram: the bank
 #              >= 4 x LLC, windows rotated per step), l3 (--working-set cache: one window, the same experts every
 #              step, reloaded by an untimed step after each evicting read; bench/llamacpp/README.md)
@@ -27,6 +28,7 @@
 #   GGML_BIND  (0)     1: OMP_PROC_BIND=close OMP_PLACES=cores for ggml (llama.cpp sets neither by default;
 #                      ours pins its workers to cores)
 #   GGML_ARGS  ()      extra moe_ggml_bench arguments (e.g. --no-extra-bufts = llama.cpp --no-repack)
+#   OURS_ARGS  ()      extra cpumoe_executor.bench arguments (e.g. --repack off: the given formats row-major)
 #   QUIET_PCT  (15)    before each run wait until the machine's CPUs were at most this % busy over 1 s
 #   QUIET_MAX_WAIT (20) ... but no longer than this many seconds (0: do not wait); every run's busy % and wait
 #                      go to OUT/logs/quiet.csv (the machine's noise, for the record)
@@ -53,6 +55,7 @@ RERUNS=${RERUNS:-2}
 BUDGET_S=${BUDGET_S:-510}
 GGML_BIND=${GGML_BIND:-0}
 GGML_ARGS=${GGML_ARGS:-}
+OURS_ARGS=${OURS_ARGS:-}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT/logs"
 T0=$(date +%s)
@@ -66,7 +69,7 @@ model_of() {
     case $1 in
         q4_0) echo gemma4-26b ;;
         mxfp4) echo gpt-oss-120b ;;
-        bf16|q8_0|q4_k|q5_k|q6_k|q4_k_m) echo qwen3-30b ;;
+        bf16|q8_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m) echo qwen3-30b ;;
         *) echo "compare.sh: no model for format $1" >&2; exit 2 ;;
     esac
 }
@@ -101,7 +104,7 @@ fi
     echo "repo: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- packages 2>/dev/null || echo ' (packages/ modified)')"
     echo "threads: $THREADS rounds: $ROUNDS repeats: $REPEATS steps: $STEPS batch: $BATCH formats: $FORMATS wset: $WSET"
     echo "lock: ${LOCK:-none} rerun_pct: $RERUN_PCT reruns: $RERUNS llc: ${LLC:-sysfs}"
-    echo "ggml_bind: $GGML_BIND ggml_args: $GGML_ARGS"
+    echo "ggml_bind: $GGML_BIND ggml_args: $GGML_ARGS ours_args: $OURS_ARGS"
     echo "nproc: $(nproc)"
     echo "llc: $(cat /sys/devices/system/cpu/cpu0/cache/index3/size 2>/dev/null || echo unknown)"
     echo "gcc: $(gcc --version | head -1)"
@@ -147,7 +150,7 @@ run_ours() {  # fmt round wset [mode]
     if [[ -n $mode ]]; then args+=(--mode "$mode"); tag=$fmt-$mode; fi
     tag=$tag$(wset_suffix "$3")
     ours_cmd() {
-        "$PY" -m cpumoe_executor.bench "${args[@]}" --json "$OUT/ours-$tag-r$r.json" \
+        "$PY" -m cpumoe_executor.bench "${args[@]}" $OURS_ARGS --json "$OUT/ours-$tag-r$r.json" \
             > "$OUT/logs/ours-$tag-r$r.txt" 2> "$OUT/logs/ours-$tag-r$r.err"
     }
     timed "ours-$tag-r$r" ours_cmd \

@@ -62,6 +62,8 @@ inline const Model MODELS[] = {
     {"q5_k", "qwen3-30b", GGML_TYPE_Q5_K, 2048, 768, 128, 8, ACT_SILU, false, false},
     // a Q4_K_M layer of the use_more_bits rule: gate / up Q4_K, down Q6_K (ours: the (q4_k, q6_k) format pair)
     {"q4_k_m", "qwen3-30b", GGML_TYPE_Q4_K, 2048, 768, 128, 8, ACT_SILU, false, false, GGML_TYPE_Q6_K},
+    // a Q5_K_M layer of the same rule: gate / up Q5_K, down Q6_K (ours: the (q5_k, q6_k) format pair)
+    {"q5_k_m", "qwen3-30b", GGML_TYPE_Q5_K, 2048, 768, 128, 8, ACT_SILU, false, false, GGML_TYPE_Q6_K},
     // the end-to-end file's experts (docs/end-to-end.md: Qwen3-30B-A3B shape, experts Q4_0): ggml's share of a token
     {"q4_0-qwen3", "qwen3-30b", GGML_TYPE_Q4_0, 2048, 768, 128, 8, ACT_SILU, false, false},
 };

@@ -17,6 +17,7 @@
 //   q8_0, q4_k, q5_k, q6_k (qwen3-30b, as bf16's graph): Qwen3-30B-A3B's Q8_0, Q4_K_M and Q5_K_M GGUF files; one type on all
 //         three matrices (a Q4_K_M file mixes Q4_K and Q6_K down projections by layer)
 //   q4_k_m (qwen3-30b, as bf16's graph): a Q4_K_M layer of llama.cpp's use_more_bits rule: gate / up Q4_K, down Q6_K
+//   q5_k_m (qwen3-30b, as bf16's graph): a Q5_K_M layer of the same rule: gate / up Q5_K, down Q6_K
 //   then d = mul_mat_id(down_exps, a, ids) (+ add_id(down_b) for mxfp4), d = mul(d, weights),
 //   y = d[:, 0, :] + d[:, 1, :] + ... (ggml_add of the top_k views, in order), as build_moe_ffn does.
 // --down-scale adds gemma4's per-expert down scale (ffn_down_exps_s: get_rows + mul) for q4_0.

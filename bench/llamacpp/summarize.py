@@ -25,12 +25,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-GGML_SCHEME = {"q4_k_m": "q4_K gate/up, q6_K down x q8_K", "q4_0": "q4_0 x q8_0", "mxfp4": "mxfp4 x q8_0",
-               "bf16": "bf16 x bf16", "q8_0": "q8_0 x q8_0", "q4_k": "q4_K x q8_K", "q5_k": "q5_K x q8_K",
-               "q6_k": "q6_K x q8_K"}
+GGML_SCHEME = {"q4_k_m": "q4_K gate/up, q6_K down x q8_K", "q5_k_m": "q5_K gate/up, q6_K down x q8_K",
+               "q4_0": "q4_0 x q8_0", "mxfp4": "mxfp4 x q8_0", "bf16": "bf16 x bf16", "q8_0": "q8_0 x q8_0",
+               "q4_k": "q4_K x q8_K", "q5_k": "q5_K x q8_K", "q6_k": "q6_K x q8_K"}
 # our mode with ggml's precision scheme
-MATCHED = {"q4_k_m": "w4a8", "q4_0": "w4a8", "mxfp4": "w4a8", "bf16": "native", "q8_0": "w4a8", "q4_k": "w4a8",
-           "q5_k": "w4a8", "q6_k": "w4a8"}
+MATCHED = {"q4_k_m": "w4a8", "q5_k_m": "w4a8", "q4_0": "w4a8", "mxfp4": "w4a8", "bf16": "native", "q8_0": "w4a8",
+           "q4_k": "w4a8", "q5_k": "w4a8", "q6_k": "w4a8"}
 
 
 def med(v):

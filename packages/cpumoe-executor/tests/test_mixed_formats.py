@@ -145,9 +145,14 @@ def test_layer_banks_and_the_ready_line(rng, caplog):
     assert ex.kernel_isas == isas and ex.layer_formats[1] == ("q4_k_x16", "q6_k_x16")  # descriptions stay readable
     with pytest.raises(RuntimeError, match="is closed"):
         ex.layer_banks(1)
-    q5 = pair_banks(("q5_k", "q6_k"), 4, H, I, rng)  # a format without a CPU layout runs the given array
+    q5 = pair_banks(("q5_k", "q6_k"), 4, H, I, rng)  # Q5_K_M: both roles repacked
     with ce.CpuMoeExecutor([("q5_k", "q6_k")], [q5], top_k=2, **workers(1)) as ex:
-        assert ex.layer_banks(0)["gate_up"] is q5["gate_up"] and ex.layer_formats == [("q5_k", "q6_k_x16")]
+        assert ex.layer_formats == [("q5_k_x16", "q6_k_x16")]
+        np.testing.assert_array_equal(ex.layer_banks(0)["gate_up"],
+                                      cf.get_format("q5_k").to_layout_role("gate_up", q5, "q5_k_x16")["gate_up"])
+    q5x = pair_banks(("q5_k_x16", "q6_k"), 4, H, I, rng)  # a format without a CPU layout runs the given array
+    with ce.CpuMoeExecutor([("q5_k_x16", "q6_k")], [q5x], top_k=2, **workers(1)) as ex:
+        assert ex.layer_banks(0)["gate_up"] is q5x["gate_up"] and ex.layer_formats == [("q5_k_x16", "q6_k_x16")]
 
 
 def test_numa_split_of_a_mixed_model(rng, tmp_path):
@@ -201,6 +206,7 @@ def test_bad_input_names_the_layer_the_formats_and_the_role(rng):
     with pytest.raises(ValueError, match=r"layer 1: q6_k down banks have E=3, expected E=4"):
         c = q6k.random_banks(3, 512, 256, rng)
         ce.CpuMoeExecutor([("q4_k", "q6_k")] * 2, [good, {"gate_up": a["gate_up"], "down": c["down"]}], **kw)
-    with pytest.raises(ValueError, match=r"repack=True: none of the formats \['q5_k', 'q4_k_x16'\] has a CPU layout"):
-        ce.CpuMoeExecutor([("q5_k", "q4_k_x16")], [pair_banks(("q5_k", "q4_k_x16"), 4, 512, 256, rng)], repack=True,
-                          **kw)
+    with pytest.raises(ValueError,
+                       match=r"repack=True: none of the formats \['q5_k_x16', 'q4_k_x16'\] has a CPU layout"):
+        ce.CpuMoeExecutor([("q5_k_x16", "q4_k_x16")], [pair_banks(("q5_k_x16", "q4_k_x16"), 4, 512, 256, rng)],
+                          repack=True, **kw)

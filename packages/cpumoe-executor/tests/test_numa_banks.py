@@ -69,5 +69,6 @@ def test_units_follow_the_layout_rules():
     unit = {f: numa_banks.cut_unit(cf.get_format(f), 768) for f in FORMATS}
     want = {"bf16": 1, "bf16_x16": 16, "q4_0": 32, "q4_0_x16": 32, "nvfp4": 16, "nvfp4_x16": 16, "mxfp4": 32,
             "mxfp4_panel": 32, "mxfp4_x16": 32, "fp8_block": 128, "fp8_block_x16": 128, "q8_0": 32, "q8_0_x16": 32,
-            "q4_k": 256, "q4_k_x16": 256, "q5_k": 256, "q6_k": 256, "q6_k_x16": 256}
+            "q4_k": 256, "q4_k_x16": 256, "q5_k": 256, "q5_k_x16": 256, "q6_k": 256,
+            "q6_k_x16": 256}
     assert {f: u for f, u in unit.items() if isinstance(u, int)} == {f: u for f, u in want.items() if f in unit}

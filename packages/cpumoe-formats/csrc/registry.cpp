@@ -15,7 +15,7 @@
   CPUMOE_DECL(q4_0_x16, tag) CPUMOE_DECL(fp8_block_x16, tag) CPUMOE_DECL(nvfp4_x16, tag) CPUMOE_DECL(ds_fp4_x16, tag) \
   CPUMOE_DECL(bf16_x16, tag) CPUMOE_DECL(mxfp4_x16, tag) CPUMOE_DECL(q8_0, tag) CPUMOE_DECL(q4_k, tag) \
   CPUMOE_DECL(q6_k, tag) CPUMOE_DECL(q4_k_x16, tag) CPUMOE_DECL(q8_0_x16, tag) CPUMOE_DECL(q5_k, tag) \
-  CPUMOE_DECL(q6_k_x16, tag)
+  CPUMOE_DECL(q6_k_x16, tag) CPUMOE_DECL(q5_k_x16, tag)
 CPUMOE_DECL_ALL(scalar)
 #ifdef CPUMOE_BUILT_avx2
 CPUMOE_DECL_ALL(avx2)
@@ -80,6 +80,7 @@ CPUMOE_DECL(fp8_block_x16, amx)
 #define V_amx_q8_0_x16 nullptr
 #define V_amx_q5_k nullptr
 #define V_amx_q6_k_x16 nullptr
+#define V_amx_q5_k_x16 nullptr
 
 namespace cpumoe {
 namespace {
@@ -91,7 +92,7 @@ const InitFn kVariants[CPUMOE_FMT_COUNT][CPUMOE_TIER_COUNT] = {ROW(bf16),   ROW(
                                                               ROW(nvfp4_x16), ROW(ds_fp4_x16), ROW(bf16_x16),
                                                               ROW(mxfp4_x16), ROW(q8_0), ROW(q4_k), ROW(q6_k),
                                                               ROW(q4_k_x16), ROW(q8_0_x16), ROW(q5_k),
-                                                              ROW(q6_k_x16)};
+                                                              ROW(q6_k_x16), ROW(q5_k_x16)};
 #undef ROW
 }  // namespace
 
@@ -132,6 +133,7 @@ const FormatInfo kFormats[CPUMOE_FMT_COUNT] = {
     {"q8_0_x16", 2, 32, true, 1u << CPUMOE_MODE_W4A8, 0u, 0u},
     {"q5_k", 2, 256, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u, 0u},
     {"q6_k_x16", 2, 256, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u, 0u},
+    {"q5_k_x16", 2, 256, true, (1u << CPUMOE_MODE_NATIVE) | (1u << CPUMOE_MODE_W4A8), 0u, 0u},
 };
 
 static const char* const kModeNames[CPUMOE_MODE_COUNT] = {"native", "w4a8"};

@@ -36,6 +36,7 @@ SHAPES = {
     "q5_k": (6, 768, 512),
     "q4_k_x16": (6, 768, 512),  # 48 / 64 groups of 16 rows, 3 / 2 blocks
     "q6_k_x16": (6, 768, 512),  # 48 / 64 groups of 16 rows, 3 / 2 blocks
+    "q5_k_x16": (6, 768, 512),  # 48 / 64 groups of 16 rows, 3 / 2 blocks
     "q8_0_x16": (6, 736, 416),  # 46 / 52 groups of 16 rows, 23 / 13 blocks
 }
 PARAMS = [pytest.param(f, *p.values, id=f"{f}-{p.id}", marks=p.marks) for f in SHAPES for p in tier_cases(f)]

@@ -50,8 +50,8 @@ def test_uniform_type_matches_transformers_loading(files, kind):
     model = from_pretrained(files[kind], **KW)
     off = model.moe_engine
     assert off.plan.formats == fmt
-    run = off.runner.format  # the file's format, or its CPU layout (q8_0_x16, q4_k_x16, q6_k_x16) where the executor
-    # runs one
+    run = off.runner.format  # the file's format, or its CPU layout (q8_0_x16, q4_k_x16, q5_k_x16, q6_k_x16) where
+    # the executor runs one
     assert run in (fmt, f"{fmt}_x16") and off.runner.layer_formats == [(run, run)] * 4
     compare(model, ref, TOL, SHARE, continue_with="model")
     off.close()
@@ -62,8 +62,9 @@ def test_q5_k_m_matches_transformers_loading(files):
     off = model.moe_engine
     # use_more_bits at 4 layers: layer 2 ((2 - 0) % 3 == 2) and layer 3 (the last eighth) take Q6_K down experts
     assert off.plan.formats == "q5_k: layers 0-1; q5_k/q6_k: layers 2-3"
-    dn = off.runner.layer_formats[2][1]  # q6_k's CPU layout from avx2; q5_k has none
-    assert dn in ("q6_k", "q6_k_x16") and off.runner.layer_formats == [("q5_k", "q5_k")] * 2 + [("q5_k", dn)] * 2
+    gu, dn = off.runner.layer_formats[2]  # q5_k's and q6_k's CPU layouts from avx2
+    assert gu in ("q5_k", "q5_k_x16") and dn in ("q6_k", "q6_k_x16")
+    assert off.runner.layer_formats == [(gu, gu)] * 2 + [(gu, dn)] * 2
     compare(model, gguf_reference(files["gguf-q5_k_m"]), TOL, SHARE, continue_with="model")
     off.close()
 

@@ -84,7 +84,7 @@ class Model:
 # Model shapes (spec §7): name -> (shape, formats it ships in)
 MODELS = {
     "qwen3-30b": (Model(2048, 768, 128, 8), ("bf16", "bf16_x16", "q8_0", "q4_k", "q5_k", "q6_k", "q4_k_x16",
-                                                 "q8_0_x16", "q6_k_x16")),
+                                                 "q8_0_x16", "q6_k_x16", "q5_k_x16")),
     "qwen3.6": (Model(2048, 512, 256, 8), ("bf16", "fp8_block", "nvfp4", "fp8_block_x16", "nvfp4_x16")),
     "gemma4-26b": (Model(2816, 704, 128, 8, "gelu_tanh"), ("q4_0", "bf16", "nvfp4", "q4_0_x16")),
     "gpt-oss-120b": (Model(2880, 2880, 128, 4, "swigluoai", 1.702, 7.0), ("mxfp4", "mxfp4_panel", "mxfp4_x16")),
@@ -99,7 +99,8 @@ FORMAT_MODEL = {"bf16": "qwen3-30b", "fp8_block": "qwen3.6", "nvfp4": "qwen3.6",
                 "q4_0_x16": "gemma4-26b", "fp8_block_x16": "qwen3.6", "nvfp4_x16": "qwen3.6",
                 "ds_fp4_x16": "dsv4-flash", "bf16_x16": "qwen3-30b", "mxfp4_x16": "gpt-oss-120b",
                 "q8_0": "qwen3-30b", "q4_k": "qwen3-30b", "q6_k": "qwen3-30b", "q4_k_x16": "qwen3-30b",
-                "q8_0_x16": "qwen3-30b", "q5_k": "qwen3-30b", "q6_k_x16": "qwen3-30b"}
+                "q8_0_x16": "qwen3-30b", "q5_k": "qwen3-30b", "q6_k_x16": "qwen3-30b",
+                "q5_k_x16": "qwen3-30b"}
 
 
 # GGUF mixes as a (gate_up, down) pair: the layers of a Q4_K_M (Q5_K_M) file whose down projections llama.cpp's

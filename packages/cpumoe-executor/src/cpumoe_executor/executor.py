@@ -63,12 +63,13 @@ class CpuMoeExecutor:
     repack: None (default) repacks each layer into the format's CPU layout where it pays off (FormatSpec.cpu_layout:
     mxfp4 -> mxfp4_panel, and on to mxfp4_x16 in mode w4a8, both bit-identical; q4_0 -> q4_0_x16, nvfp4 ->
     nvfp4_x16 and ds_fp4 -> ds_fp4_x16 in mode w4a8 and fp8_block -> fp8_block_x16, each from avx2; bf16 -> bf16_x16
-    from avx512f below AMX; q8_0 -> q8_0_x16 and q4_k -> q4_k_x16 in mode w4a8, q6_k -> q6_k_x16, from avx2; each
-    the format's math in the layout's own fp32 order; only for shapes the layout takes); the layers are repacked on
-    the executor's threads, and the executor then holds that new copy and not the given arrays. False keeps the
-    given arrays, zero-copy; True forces the (first) layout. With several formats the rule runs per format and each
-    role is repacked alone (a Q4_K_M layer's q4_k gate_up -> q4_k_x16, its q6_k down -> q6_k_x16; a q5_k gate_up,
-    which has no layout, stays q5_k); True forces the formats that have a layout (it raises where none has).
+    from avx512f below AMX; q8_0 -> q8_0_x16 and q4_k -> q4_k_x16 in mode w4a8, q5_k -> q5_k_x16 and q6_k ->
+    q6_k_x16, from avx2; each the format's math in the layout's own fp32 order; only for shapes the layout takes);
+    the layers are repacked on the executor's threads, and the executor then holds that new copy and not the given
+    arrays. False keeps the given arrays, zero-copy; True forces the (first) layout. With several formats the rule
+    runs per format and each role is repacked alone (a Q4_K_M layer's q4_k gate_up -> q4_k_x16, its q6_k down ->
+    q6_k_x16; a Q5_K_M layer's q5_k gate_up -> q5_k_x16; a format given as a layout, which has none of its own,
+    stays as given); True forces the formats that have a layout (it raises where none has).
     numa: None (auto: "split" where two or more NUMA nodes get workers and the format can be cut by I, else "off"),
     "split" (one worker group per node, each layer's experts cut by I into one slice per node, each slice copied
     onto its node), "replicate" (a full copy on every node, each worker reading its node's), "off" (one pool on the
@@ -360,7 +361,7 @@ class CpuMoeExecutor:
     @property
     def isa(self) -> str:
         """The kernel that runs: tier plus precision mode (e.g. 'avx512bf16', 'avx2+w4a8'). A model of several
-        formats whose kernels differ: each format's, "q5_k=avx512vnni+w4a8, q6_k_x16=avx2+w4a8" (kernel_isas)."""
+        formats whose kernels differ: each format's, "q5_k_x16=avx512vnni+w4a8, q6_k_x16=avx2+w4a8" (kernel_isas)."""
         names = set(self._kernel_names)
         if len(names) == 1:
             return self._x.kernel_name

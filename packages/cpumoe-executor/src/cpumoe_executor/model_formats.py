@@ -69,8 +69,8 @@ class ModelFormats:
 
 def resolve(pairs, H: int, I: int, mode: str, isa, repack, target_of) -> ModelFormats:  # noqa: E741
     """ModelFormats of the given (gate_up, down) name pairs; target_of(spec, H, I, mode, isa, repack) -> the layout
-    a format runs as, or None (the executor's repack rule, per format: q4_k -> q4_k_x16, q6_k -> q6_k_x16, q5_k
-    stays)."""
+    a format runs as, or None (the executor's repack rule, per format: q4_k -> q4_k_x16, q5_k -> q5_k_x16,
+    q6_k -> q6_k_x16)."""
     given = [(cf.get_format(g), cf.get_format(d)) for g, d in pairs]
     run_of = {}
     for pair in given:

@@ -41,12 +41,21 @@ CPUMOE_INLINE __m128i scales_mins_x(const uint8_t* s) {
   return _mm_unpacklo_epi32(lo, hi);  // sc[0..3] sc[4..7] m[0..3] m[4..7]
 }
 // Bit j of every byte of qh moved to bit 4, the other bits 0 (16-bit shifts by |4 - j| < 8: bit 4 of each byte
-// comes from bit j of the same byte).
-template <int J>
-CPUMOE_INLINE __m256i fifth_bits(__m256i qh) {
-  const __m256i sh = J <= 4 ? _mm256_slli_epi16(qh, 4 - J) : _mm256_srli_epi16(qh, J - 4);
+// comes from bit j of the same byte). j is a constant once inlined (an unrolled loop's index).
+CPUMOE_INLINE __m256i fifth_bits(__m256i qh, int j) {
+  const __m256i sh = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
   return _mm256_and_si256(sh, _mm256_set1_epi8(0x10));
 }
+template <int J>
+CPUMOE_INLINE __m256i fifth_bits(__m256i qh) {
+  return fifth_bits(qh, J);
+}
+#if defined(__AVX512BW__)
+CPUMOE_INLINE __m512i fifth_bits(__m512i qh, int j) {  // the same on a zmm (q5_k_x16)
+  const __m512i sh = j <= 4 ? _mm512_slli_epi16(qh, 4 - j) : _mm512_srli_epi16(qh, j - 4);
+  return _mm512_and_si512(sh, _mm512_set1_epi8(0x10));
+}
+#endif
 // int16 lanes 2j, 2j+1 (bytes 4j .. 4j+3) of every 128-bit lane: shuffle indices that broadcast int16 element j
 CPUMOE_INLINE __m256i bcast16(__m256i v, int j) {
   return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));

@@ -29,6 +29,7 @@
 
 #include "gguf_x16.h"
 #include "gguf_rows.h"
+#include "x16_vec.h"
 
 namespace cpumoe {
 namespace CPUMOE_NS {

@@ -5,10 +5,10 @@
 // (std::fma in scalar): bit-identical, and a token's result does not depend on its batch. Lanes are rows: per element
 // one conversion serves 16 rows (zmm, avx512f) or 8 (ymm, avx2) and each token pays one fma; q6_k's native kernel
 // converts each row's codes alone. Included by q6_k_x16.cpp inside its anonymous namespace (QK, GR, GB, kCodes, kHalf,
-// kSub, kStepB, prefetch_lines).
+// kSub, kStepB, prefetch_lines) after x16_vec.h.
 #pragma once
 
-struct Q6KX16Native {
+struct Q6KX16Native : x16::NativeVec {
   // tokens per group call: per token a sub-block sum and its accumulators (zmm: 32 registers, ymm: 16)
   static constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512F ? 4 : 2;
   static constexpr int64_t kPf = CPUMOE_Q6KX16_PF;
@@ -21,57 +21,7 @@ struct Q6KX16Native {
   }
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512F || CPUMOE_TIER == CPUMOE_T_AVX2
-  // V: the tier's vector (zmm: 16 rows; ymm: rows 8 hr .. 8 hr + 7 of the group, the lanes at +32 hr of a step)
-#if CPUMOE_TIER == CPUMOE_T_AVX512F
-  using VI = __m512i;
-  using VF = __m512;
-  static constexpr int kRows = 16;
-  static CPUMOE_INLINE VI ld(const uint8_t* p, int) { return _mm512_loadu_si512(p); }
-  static CPUMOE_INLINE VI b8(int v) { return _mm512_set1_epi8((char)v); }
-  static CPUMOE_INLINE VI and_(VI a, VI b) { return _mm512_and_si512(a, b); }
-  static CPUMOE_INLINE VI or_(VI a, VI b) { return _mm512_or_si512(a, b); }
-  template <int N> static CPUMOE_INLINE VI sll16(VI a) { return _mm512_slli_epi16(a, N); }
-  template <int N> static CPUMOE_INLINE VI srl16(VI a) { return _mm512_srli_epi16(a, N); }
-  template <int N> static CPUMOE_INLINE VI sll32(VI a) { return _mm512_slli_epi32(a, N); }
-  template <int N> static CPUMOE_INLINE VI sra32(VI a) { return _mm512_srai_epi32(a, N); }
-  static CPUMOE_INLINE VI sub8(VI a, VI b) { return _mm512_sub_epi8(a, b); }
-  static CPUMOE_INLINE VF cvt(VI a) { return _mm512_cvtepi32_ps(a); }
-  static CPUMOE_INLINE VF fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
-  static CPUMOE_INLINE VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
-  static CPUMOE_INLINE VF set1(float v) { return _mm512_set1_ps(v); }
-  static CPUMOE_INLINE VF zero() { return _mm512_setzero_ps(); }
-  static CPUMOE_INLINE VF d_of(const uint8_t* p, int) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
-  static CPUMOE_INLINE VF sc_of(const uint8_t* plane, int) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)plane)));
-  }
-  static CPUMOE_INLINE void st(float* o, VF v) { _mm512_storeu_ps(o, v); }
-#else
-  using VI = __m256i;
-  using VF = __m256;
-  static constexpr int kRows = 8;
-  static CPUMOE_INLINE VI ld(const uint8_t* p, int hr) { return _mm256_loadu_si256((const __m256i*)(p + 32 * hr)); }
-  static CPUMOE_INLINE VI b8(int v) { return _mm256_set1_epi8((char)v); }
-  static CPUMOE_INLINE VI and_(VI a, VI b) { return _mm256_and_si256(a, b); }
-  static CPUMOE_INLINE VI or_(VI a, VI b) { return _mm256_or_si256(a, b); }
-  template <int N> static CPUMOE_INLINE VI sll16(VI a) { return _mm256_slli_epi16(a, N); }
-  template <int N> static CPUMOE_INLINE VI srl16(VI a) { return _mm256_srli_epi16(a, N); }
-  template <int N> static CPUMOE_INLINE VI sll32(VI a) { return _mm256_slli_epi32(a, N); }
-  template <int N> static CPUMOE_INLINE VI sra32(VI a) { return _mm256_srai_epi32(a, N); }
-  static CPUMOE_INLINE VI sub8(VI a, VI b) { return _mm256_sub_epi8(a, b); }
-  static CPUMOE_INLINE VF cvt(VI a) { return _mm256_cvtepi32_ps(a); }
-  static CPUMOE_INLINE VF fma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
-  static CPUMOE_INLINE VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
-  static CPUMOE_INLINE VF set1(float v) { return _mm256_set1_ps(v); }
-  static CPUMOE_INLINE VF zero() { return _mm256_setzero_ps(); }
-  static CPUMOE_INLINE VF d_of(const uint8_t* p, int hr) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * hr)));
-  }
-  static CPUMOE_INLINE VF sc_of(const uint8_t* plane, int hr) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(plane + 8 * hr))));
-  }
-  static CPUMOE_INLINE void st(float* o, VF v) { _mm256_storeu_ps(o, v); }
-#endif
-
+  // (the tier's vector: x16::NativeVec, zmm 16 rows, ymm rows 8 hr .. 8 hr + 7 of the group)
   // Run r's codes at the step at st minus 32, as signed bytes (4 per lane: elements 4v .. 4v + 3 of the run)
   static CPUMOE_INLINE VI run_codes(const uint8_t* st, int r, int hr) {
     const VI L = ld(st + 64 * (r & 1), hr), C = ld(st + 128, hr), m4 = b8(0x0F), m30 = b8(0x30);

@@ -1,6 +1,7 @@
 """cpumoe-formats: the expert weight formats of CPU MoE decode (bf16, fp8_block, nvfp4, mxfp4, ds_fp4, q4_0, and the
 GGUF block types q8_0, q4_k, q5_k, q6_k), plus the CPU layouts they are repacked into (bf16_x16, fp8_block_x16,
-nvfp4_x16, mxfp4_panel, mxfp4_x16, ds_fp4_x16, q4_0_x16, q4_k_x16, q6_k_x16, q8_0_x16; formats.CPU_LAYOUTS).
+nvfp4_x16, mxfp4_panel, mxfp4_x16, ds_fp4_x16, q4_0_x16, q4_k_x16, q5_k_x16, q6_k_x16, q8_0_x16;
+formats.CPU_LAYOUTS).
 
 Bank schemas and validation, quantizers from float weights, float64
 references, and CPU kernels for every ISA tier behind a versioned C ABI.
@@ -35,6 +36,8 @@ from .formats.q4_0_x16 import repack as repack_q4_0_x16
 from .formats.q4_0_x16 import unpack as unpack_q4_0_x16
 from .formats.q4_k_x16 import repack as repack_q4_k_x16
 from .formats.q4_k_x16 import unpack as unpack_q4_k_x16
+from .formats.q5_k_x16 import repack as repack_q5_k_x16
+from .formats.q5_k_x16 import unpack as unpack_q5_k_x16
 from .formats.q6_k_x16 import repack as repack_q6_k_x16
 from .formats.q6_k_x16 import unpack as unpack_q6_k_x16
 from .formats.q8_0_x16 import repack as repack_q8_0_x16
@@ -98,7 +101,7 @@ __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS
            "model_mode", "moe_forward", "quantize", "reference",
            "repack_bf16_x16", "repack_ds_fp4_x16", "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_mxfp4_x16",
            "repack_nvfp4_x16", "repack_q4_0_x16", "repack_q4_k_x16",
-           "repack_q6_k_x16", "repack_q8_0_x16", "require_abi", "selected_tier", "unpack_bf16_x16",
+           "repack_q5_k_x16", "repack_q6_k_x16", "repack_q8_0_x16", "require_abi", "selected_tier", "unpack_bf16_x16",
            "unpack_ds_fp4_x16", "unpack_fp8_block_x16", "unpack_mxfp4_panels", "unpack_mxfp4_x16", "unpack_nvfp4_x16",
-           "unpack_q4_0_x16", "unpack_q4_k_x16", "unpack_q6_k_x16", "unpack_q8_0_x16",
+           "unpack_q4_0_x16", "unpack_q4_k_x16", "unpack_q5_k_x16", "unpack_q6_k_x16", "unpack_q8_0_x16",
            "usable_tiers", "validate_banks", "validate_layer"]

@@ -67,6 +67,7 @@ PRESETS = {
     "q6_k": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # GGUF Q4_K_M files: some layers' down; Q6_K files
     "q5_k": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # GGUF Q5_K_M files: gate/up, most down
     "q4_k_x16": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # q4_k with rows interleaved for CPUs
+    "q5_k_x16": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # q5_k with rows interleaved for CPUs
     "q6_k_x16": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # q6_k with rows interleaved for CPUs
     "q8_0_x16": Preset("Qwen3-30B-A3B", 2048, 768, 8, "silu"),  # q8_0 with rows interleaved for CPUs
 }

@@ -87,8 +87,8 @@ def bytes_per_expert(pair: Pair, H: int, I: int) -> int:  # noqa: E741
 
 def to_layout(banks, pair: Pair, run: Pair, threads=None) -> dict:
     """One layer's banks in formats `pair` -> `run` (CPU layouts: cpumoe_executor.cpu_layout of each). A layer in one
-    format moves as a whole (FormatSpec.to_layout); a pair layer moves role by role (to_layout_role), so a q5_k
-    gate_up (no CPU layout) stays as it is beside a q6_k down that becomes q6_k_x16."""
+    format moves as a whole (FormatSpec.to_layout); a pair layer moves role by role (to_layout_role), so a Q5_K_M
+    layer's q5_k gate_up becomes q5_k_x16 and its q6_k down q6_k_x16, each from its own format."""
     if run == pair:
         return banks
     if pair[0] == pair[1] and run[0] == run[1]:

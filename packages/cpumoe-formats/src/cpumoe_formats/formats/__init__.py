@@ -20,6 +20,7 @@ from . import (
     q4_k,
     q4_k_x16,
     q5_k,
+    q5_k_x16,
     q6_k,
     q6_k_x16,
     q8_0,
@@ -30,7 +31,7 @@ FORMATS: dict[str, FormatSpec] = {
     m.SPEC.name: m.SPEC
     for m in (bf16, nvfp4, mxfp4, ds_fp4, q4_0, fp8_block, mxfp4_panel, q4_0_x16, fp8_block_x16, nvfp4_x16, ds_fp4_x16,
               bf16_x16, mxfp4_x16, q8_0, q4_k, q6_k, q4_k_x16, q8_0_x16, q5_k,
-              q6_k_x16)
+              q6_k_x16, q5_k_x16)
 }
 _ALIASES = {a: s.name for s in FORMATS.values() for a in s.aliases}
 # repacked CPU layouts of a weight format (reached by its cpu_layout links): accepted by name, not listed as formats

@@ -88,9 +88,9 @@ def group_banks(qk: int, gb: int) -> tuple:
 
 
 class BlockGroups(CpuLayout):
-    """A GGUF block format's bytes with 16 rows interleaved per block (q4_0_x16, q8_0_x16, q4_k_x16, q6_k_x16): a
-    bank row is a group of 16 weight rows, `group_bytes` per group and block (group_banks); the module's repack /
-    unpack regroup every bank (regroup)."""
+    """A GGUF block format's bytes with 16 rows interleaved per block (q4_0_x16, q8_0_x16, q4_k_x16, q5_k_x16,
+    q6_k_x16): a bank row is a group of 16 weight rows, `group_bytes` per group and block (group_banks); the
+    module's repack / unpack regroup every bank (regroup)."""
 
     group_bytes = 0
 

@@ -148,4 +148,5 @@ SPEC = Q5KFormat(
                 "176 bytes); w4a8 = ggml Q5_K x Q8_K (W5A8), native = W5A16",
     kernel_tiers={"w4a8": ("scalar", "avx2", "avxvnni", "avx512vnni"),
                   "native": ("scalar", "avx2", "avx512f")},
+    cpu_layout="q5_k_x16",  # 16 rows per vector: the scales and the fold once per 16 rows (docs/formats/q5_k.md)
 )

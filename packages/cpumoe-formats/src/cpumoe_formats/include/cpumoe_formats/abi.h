@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 9
+#define CPUMOE_FORMATS_ABI_MINOR 10
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -45,7 +45,8 @@ enum cpumoe_format_id {
   CPUMOE_FMT_Q8_0_X16 = 17,   /* q8_0 with 16 rows interleaved per 32-block, w4a8 (ABI 1.7) */
   CPUMOE_FMT_Q5_K = 18,       /* GGUF Q5_K blocks as the file holds them (ABI 1.8) */
   CPUMOE_FMT_Q6_K_X16 = 19,   /* q6_k with 16 rows interleaved per 256-block, w4a8 (ABI 1.9) */
-  CPUMOE_FMT_COUNT = 20
+  CPUMOE_FMT_Q5_K_X16 = 20,   /* q5_k with 16 rows interleaved per 256-block, w4a8 and native (ABI 1.10) */
+  CPUMOE_FMT_COUNT = 21
 };
 
 enum cpumoe_act_id {

@@ -9,9 +9,9 @@ Banks and the file's bytes. GGUF experts in Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (Q5_K w
 format's banks block for block; each layer's (gate_up, down) formats come from its tensors' types, so a Q4_K_M or Q5_K_M
 file (down Q6_K in some layers) runs as shipped. GGUF keeps a layer's gate and up experts as two tensors and the bank
 fuses them per expert (gate rows, then up rows), so the bytes are copied, never mapped; where the executor runs another
-CPU layout (q4_0_x16, q8_0_x16, q4_k_x16, q6_k_x16 from avx2), a CPU-only model converts each layer, matrix by matrix,
-right after reading it, so the process holds one copy of the experts. With a GPU the host keeps the banks in the
-file's formats (the GPU experts load from them) and the executor its own layout beside them.
+CPU layout (q4_0_x16, q8_0_x16, q4_k_x16, q5_k_x16, q6_k_x16 from avx2), a CPU-only model converts each layer,
+matrix by matrix, right after reading it, so the process holds one copy of the experts. With a GPU the host keeps
+the banks in the file's formats (the GPU experts load from them) and the executor its own layout beside them.
 
 Thread contract: from_pretrained is a plain function; the model it returns follows transformers' (one generate()
 at a time) and its runner MoERunner's (shareable)."""
