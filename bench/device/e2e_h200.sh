@@ -127,8 +127,8 @@ EOF
     esac
     [ "$run" != "${run%+compile}" ] && args+=(--decode compile)
     timeout ${OURS_TIMEOUT:-280} $PY -m moe_engine.tools.cli bench "$GGUF" "${args[@]}" --device cuda -t "$THREADS" -p "$PP" -n "$NG" \
-      -r "$R" --quiet --json >"$OUT/ours-$run.json" 2>"$OUT/ours-$run.err"
-    stamp "ours $run rc=$?"; grep -E "avg_ts|test|plan" "$OUT/ours-$run.json" | head; tail -2 "$OUT/ours-$run.err"
+      -r "$R" --quiet --json >"$OUT/ours-${run/+/-}.json" 2>"$OUT/ours-${run/+/-}.err"  # no '+' in names: not fetched
+    stamp "ours $run rc=$?"; grep -E "avg_ts|test|plan" "$OUT/ours-${run/+/-}.json" | head; tail -2 "$OUT/ours-${run/+/-}.err"
   done
   ;;
 esac

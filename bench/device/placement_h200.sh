@@ -37,7 +37,7 @@ case "${STAGE:-test}" in
   hot) timeout 540 $B hot --formats "$F" --residencies 0.1,0.25,0.5 --json "$OUT/placement_hot_${F}_h200.json" ;;
   split) timeout 540 $B split --formats bf16,fp8_block --qs 0.2,0.3,0.4,0.5 --json "$OUT/placement_split_h200.json" ;;
   auto) timeout 570 $B auto --formats "$F" --batch "${BATCH:-1}" --qs 0.2,0.35,0.5 --warmup 150 --steps 100 \
-          --profile "$OUT/profile_h200.json" --json "$OUT/placement_auto_${F}_b${BATCH:-1}_h200.json" ;;
+          --profile "$OUT/profile_h200.json" --json "$OUT/placement_auto_${F}_b$(echo "${BATCH:-1}" | tr , -)_h200.json" ;;
   replay) timeout 540 $B replay --formats bf16 --json "$OUT/placement_replay_h200.json" ;;
   prefill) timeout 540 $PY -m moe_engine.tools.bench prefill --pin-memory --repeats 3 \
           --json "$OUT/moe_engine_prefill_pinned_h200.json" ;;

@@ -13,6 +13,10 @@ which one runs, chosen once at load (`decode=`), with one log line naming it and
            one opaque node, torch.ops.moe_engine.experts) on plain bf16 weights. Measured on the CPU it takes the
            same CPU time as static (76.6 vs 76.4 ms a token on the 2-layer full-width file: the token is bf16
            matrix-vector products, which inductor leaves to aten) and compiles for a minute, so auto never picks it.
+           On a GPU, GraphLoop (moe-engine bench / generate) compiles its step and captures inductor's kernels: the
+           full-size Q4_0 file with a quarter of the expert bytes on an H200 decoded 110.9 tok/s against eager's
+           70.7 (docs/end-to-end.md). auto leaves it to be asked for: strategy cpu's run was unsteady (29.6 and
+           94.4 tok/s in its two repeats, eager 61.0 and 65.8) and the compile adds ~45 s before the first token.
   gemv     static cache, and every bf16 nn.Linear on the CPU (the LM head included, tied or not) a
            moe_engine.dense.DenseLinear: products of up to 8 tokens run on the experts' executor's threads through
            cpumoe_formats' dense bf16 linear (its weight read at the DRAM read ceiling), more tokens through F.linear
