@@ -112,80 +112,69 @@ struct KMinsX16 {
   // scaled by the runs' sc (vpmulld) into the token's block sum.
   template <int G, int NT>
   static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
-    __m512 acc[G][NT];
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int b = 0; b < nb; ++b)
+    auto block = [&](int b, const uint8_t* p, __m512 (&acc)[1][NT]) CPUMOE_LAMBDA_INLINE {
+      for (int l = 0; l < QS / 64; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
+      alignas(64) uint8_t sm[256];
+      unpack_scales(p + 64, sm);
+      __m512i S[NT];
       CPUMOE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* p = w[g] + (size_t)b * GB;
-        for (int l = 0; l < QS / 64; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
-        alignas(64) uint8_t sm[256];
-        unpack_scales(p + 64, sm);
-        __m512i S[NT];
+      for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
+      CPUMOE_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t* v = p + QS + 512 * c;
+        for (int l = 0; l < 8; ++l) __builtin_prefetch(v + kPf + 64 * l, 0, 3);
+        __m512i lo[8], hi[8];
         CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
-        CPUMOE_UNROLL
-        for (int c = 0; c < 4; ++c) {
-          const uint8_t* v = p + QS + 512 * c;
-          for (int l = 0; l < 8; ++l) __builtin_prefetch(v + kPf + 64 * l, 0, 3);
-          __m512i lo[8], hi[8];
-          CPUMOE_UNROLL
-          for (int j = 0; j < 8; ++j) {
-            const __m512i x = _mm512_loadu_si512(v + 64 * j);
-            if constexpr (kFifth) {  // m4 ? nibble : fifth bit (bit 4 alone)
-              const __m512i qh = _mm512_loadu_si512(p + QH + 64 * j);
-              lo[j] = _mm512_ternarylogic_epi32(x, gguf::fifth_bits(qh, 2 * c), m4, 0xE4);
-              hi[j] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(x, 4),
-                                                gguf::fifth_bits(qh, 2 * c + 1), m4, 0xE4);
-            } else {
-              lo[j] = _mm512_and_si512(x, m4), hi[j] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-            }
-          }
-          const __m512i sa = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)(sm + 32 * c)));
-          const __m512i sb = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)(sm + 32 * c + 16)));
-          CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            const int32_t* qa = (const int32_t*)((const int8_t*)act[t] + (size_t)b * REC + 64 * c);
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            CPUMOE_UNROLL
-            for (int j = 0; j < 8; ++j)
-              s0 = x16::dpbusd_bcast(s0, lo[j], qa + j), s1 = x16::dpbusd_bcast(s1, hi[j], qa + 8 + j);
-            S[t] = _mm512_add_epi32(S[t], _mm512_add_epi32(_mm512_mullo_epi32(s0, sa), _mm512_mullo_epi32(s1, sb)));
+        for (int j = 0; j < 8; ++j) {
+          const __m512i x = _mm512_loadu_si512(v + 64 * j);
+          if constexpr (kFifth) {  // m4 ? nibble : fifth bit (bit 4 alone)
+            const __m512i qh = _mm512_loadu_si512(p + QH + 64 * j);
+            lo[j] = _mm512_ternarylogic_epi32(x, gguf::fifth_bits(qh, 2 * c), m4, 0xE4);
+            hi[j] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(x, 4),
+                                              gguf::fifth_bits(qh, 2 * c + 1), m4, 0xE4);
+          } else {
+            lo[j] = _mm512_and_si512(x, m4), hi[j] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
           }
         }
-        // mins: int16 pairs (m[2k], m[2k+1]) per row against the token's (bs32[2k], bs32[2k+1])
-        __m512i mp[4];
-        CPUMOE_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          const __m128i a = _mm_load_si128((const __m128i*)(sm + 128 + 32 * k));
-          const __m128i bq = _mm_load_si128((const __m128i*)(sm + 128 + 32 * k + 16));
-          mp[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, bq))),
-                                     _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, bq)), 1);
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
+        const __m512i sa = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)(sm + 32 * c)));
+        const __m512i sb = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)(sm + 32 * c + 16)));
         CPUMOE_UNROLL
         for (int t = 0; t < NT; ++t) {
-          const int8_t* rec = (const int8_t*)act[t] + (size_t)b * REC;
-          const int32_t* bs = (const int32_t*)(rec + QK + 4);
-          __m512i M = _mm512_setzero_si512();
+          const int32_t* qa = (const int32_t*)((const int8_t*)act[t] + (size_t)b * REC + 64 * c);
+          __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
           CPUMOE_UNROLL
-          for (int k = 0; k < 4; ++k) M = _mm512_dpwssd_epi32(M, mp[k], _mm512_set1_epi32(bs[k]));
-          const __m512 da = _mm512_set1_ps(*(const float*)(rec + QK));
-          acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[t]), _mm512_mul_ps(d, da), acc[g][t]);
-          const __m512 nm = _mm512_castsi512_ps(
-              _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, da)), _mm512_set1_epi32((int)0x80000000u)));
-          acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), nm, acc[g][t]);  // -(dmin d_a), as the scalar tier
+          for (int j = 0; j < 8; ++j)
+            s0 = x16::dpbusd_bcast(s0, lo[j], qa + j), s1 = x16::dpbusd_bcast(s1, hi[j], qa + 8 + j);
+          S[t] = _mm512_add_epi32(S[t], _mm512_add_epi32(_mm512_mullo_epi32(s0, sa), _mm512_mullo_epi32(s1, sb)));
         }
       }
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
+      // mins: int16 pairs (m[2k], m[2k+1]) per row against the token's (bs32[2k], bs32[2k+1])
+      __m512i mp[4];
       CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
+      for (int k = 0; k < 4; ++k) {
+        const __m128i a = _mm_load_si128((const __m128i*)(sm + 128 + 32 * k));
+        const __m128i bq = _mm_load_si128((const __m128i*)(sm + 128 + 32 * k + 16));
+        mp[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, bq))),
+                                   _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, bq)), 1);
+      }
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
+      CPUMOE_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* rec = (const int8_t*)act[t] + (size_t)b * REC;
+        const int32_t* bs = (const int32_t*)(rec + QK + 4);
+        __m512i M = _mm512_setzero_si512();
+        CPUMOE_UNROLL
+        for (int k = 0; k < 4; ++k) M = _mm512_dpwssd_epi32(M, mp[k], _mm512_set1_epi32(bs[k]));
+        const __m512 da = _mm512_set1_ps(*(const float*)(rec + QK));
+        acc[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[t]), _mm512_mul_ps(d, da), acc[0][t]);
+        const __m512 nm = _mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, da)), _mm512_set1_epi32((int)0x80000000u)));
+        acc[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), nm, acc[0][t]);  // -(dmin d_a), as the scalar tier
+      }
+    };
+    x16::group_blocks<x16::Zmm, G, NT, 0, 1>(w, nb, GB, out, block);
   }
 #endif
 
@@ -198,96 +187,80 @@ struct KMinsX16 {
   static constexpr int kRun = kFifth ? 4 : 8;
   template <int G, int NT, int H0, int NH>
   static CPUMOE_INLINE void ymm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
-    __m256 acc[G][NH][NT];
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int h = 0; h < NH; ++h)
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) acc[g][h][t] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int b = 0; b < nb; ++b)
+    auto block = [&](int b, const uint8_t* p, __m256 (&acc)[NH][NT]) CPUMOE_LAMBDA_INLINE {
+      if (H0 == 0)
+        for (int l = 0; l < QS / 64; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
+      alignas(64) uint8_t sm[256];
+      unpack_scales(p + 64, sm);
       CPUMOE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* p = w[g] + (size_t)b * GB;
-        if (H0 == 0)
-          for (int l = 0; l < QS / 64; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
-        alignas(64) uint8_t sm[256];
-        unpack_scales(p + 64, sm);
+      for (int hh = 0; hh < NH; ++hh) {
+        const int h = H0 + hh;
+        __m256i S[NT];
         CPUMOE_UNROLL
-        for (int hh = 0; hh < NH; ++hh) {
-          const int h = H0 + hh;
-          __m256i S[NT];
+        for (int t = 0; t < NT; ++t) S[t] = _mm256_setzero_si256();
+        CPUMOE_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          const uint8_t* v = p + QS + 512 * c + 32 * h;
+          if (h == 0)
+            for (int l = 0; l < 8; ++l) __builtin_prefetch(v + kPf + 64 * l, 0, 3);
+          auto pairs = [&](const uint8_t* s) CPUMOE_LAMBDA_INLINE {  // (sc, sc) int16 per row (dword lane)
+            const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(s + 8 * h)));
+            return _mm256_or_si256(x, _mm256_slli_epi32(x, 16));
+          };
+          const __m256i sa = pairs(sm + 32 * c), sb = pairs(sm + 32 * c + 16);
+          __m256i P0[NT], P1[NT];
           CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t) S[t] = _mm256_setzero_si256();
-          CPUMOE_UNROLL
-          for (int c = 0; c < 4; ++c) {
-            const uint8_t* v = p + QS + 512 * c + 32 * h;
-            if (h == 0)
-              for (int l = 0; l < 8; ++l) __builtin_prefetch(v + kPf + 64 * l, 0, 3);
-            auto pairs = [&](const uint8_t* s) CPUMOE_LAMBDA_INLINE {  // (sc, sc) int16 per row (dword lane)
-              const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(s + 8 * h)));
-              return _mm256_or_si256(x, _mm256_slli_epi32(x, 16));
-            };
-            const __m256i sa = pairs(sm + 32 * c), sb = pairs(sm + 32 * c + 16);
-            __m256i P0[NT], P1[NT];
+          for (int j = 0; j < 8; ++j) {
+            const __m256i x = _mm256_loadu_si256((const __m256i*)(v + 64 * j));
+            __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+            if constexpr (kFifth) {
+              const __m256i qh = _mm256_loadu_si256((const __m256i*)(p + QH + 64 * j + 32 * h));
+              lo = _mm256_or_si256(lo, gguf::fifth_bits(qh, 2 * c));
+              hi = _mm256_or_si256(hi, gguf::fifth_bits(qh, 2 * c + 1));
+            }
             CPUMOE_UNROLL
-            for (int j = 0; j < 8; ++j) {
-              const __m256i x = _mm256_loadu_si256((const __m256i*)(v + 64 * j));
-              __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-              if constexpr (kFifth) {
-                const __m256i qh = _mm256_loadu_si256((const __m256i*)(p + QH + 64 * j + 32 * h));
-                lo = _mm256_or_si256(lo, gguf::fifth_bits(qh, 2 * c));
-                hi = _mm256_or_si256(hi, gguf::fifth_bits(qh, 2 * c + 1));
-              }
+            for (int t = 0; t < NT; ++t) {
+              const int8_t* qa = (const int8_t*)act[t] + (size_t)b * REC + 64 * c;
+              const __m256i a0 = _mm256_maddubs_epi16(lo, x16::bcast4(qa + 4 * j));
+              const __m256i a1 = _mm256_maddubs_epi16(hi, x16::bcast4(qa + 32 + 4 * j));
+              P0[t] = j % kRun ? _mm256_add_epi16(P0[t], a0) : a0;
+              P1[t] = j % kRun ? _mm256_add_epi16(P1[t], a1) : a1;
+            }
+            if (j % kRun == kRun - 1)
               CPUMOE_UNROLL
               for (int t = 0; t < NT; ++t) {
-                const int8_t* qa = (const int8_t*)act[t] + (size_t)b * REC + 64 * c;
-                const __m256i a0 = _mm256_maddubs_epi16(lo, x16::bcast4(qa + 4 * j));
-                const __m256i a1 = _mm256_maddubs_epi16(hi, x16::bcast4(qa + 32 + 4 * j));
-                P0[t] = j % kRun ? _mm256_add_epi16(P0[t], a0) : a0;
-                P1[t] = j % kRun ? _mm256_add_epi16(P1[t], a1) : a1;
-              }
-              if (j % kRun == kRun - 1)
-                CPUMOE_UNROLL
-                for (int t = 0; t < NT; ++t) {
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
-                  S[t] = _mm256_dpwssd_avx_epi32(_mm256_dpwssd_avx_epi32(S[t], P0[t], sa), P1[t], sb);
+                S[t] = _mm256_dpwssd_avx_epi32(_mm256_dpwssd_avx_epi32(S[t], P0[t], sa), P1[t], sb);
 #else
-                  S[t] = _mm256_add_epi32(S[t],
-                                          _mm256_add_epi32(_mm256_madd_epi16(P0[t], sa), _mm256_madd_epi16(P1[t], sb)));
+                S[t] = _mm256_add_epi32(S[t],
+                                        _mm256_add_epi32(_mm256_madd_epi16(P0[t], sa), _mm256_madd_epi16(P1[t], sb)));
 #endif
-                }
-            }
-          }
-          __m256i mp[4];
-          CPUMOE_UNROLL
-          for (int k = 0; k < 4; ++k)
-            mp[k] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i*)(sm + 128 + 32 * k + 8 * h)),
-                                                           _mm_loadl_epi64((const __m128i*)(sm + 144 + 32 * k + 8 * h))));
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
-          const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
-          CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            const int8_t* rec = (const int8_t*)act[t] + (size_t)b * REC;
-            const int32_t* bs = (const int32_t*)(rec + QK + 4);
-            __m256i M = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(bs[0]));
-            CPUMOE_UNROLL
-            for (int k = 1; k < 4; ++k) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[k])));
-            const __m256 da = _mm256_set1_ps(*(const float*)(rec + QK));
-            __m256& A = acc[g][hh][t];
-            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), _mm256_mul_ps(d, da), A);
-            A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_xor_ps(_mm256_mul_ps(dmin, da), _mm256_set1_ps(-0.0f)), A);
+              }
           }
         }
-      }
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t)
+        __m256i mp[4];
         CPUMOE_UNROLL
-        for (int hh = 0; hh < NH; ++hh)
-          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * (H0 + hh), acc[g][hh][t]);
+        for (int k = 0; k < 4; ++k)
+          mp[k] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i*)(sm + 128 + 32 * k + 8 * h)),
+                                                         _mm_loadl_epi64((const __m128i*)(sm + 144 + 32 * k + 8 * h))));
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* rec = (const int8_t*)act[t] + (size_t)b * REC;
+          const int32_t* bs = (const int32_t*)(rec + QK + 4);
+          __m256i M = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(bs[0]));
+          CPUMOE_UNROLL
+          for (int k = 1; k < 4; ++k) M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(bs[k])));
+          const __m256 da = _mm256_set1_ps(*(const float*)(rec + QK));
+          __m256& A = acc[hh][t];
+          A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), _mm256_mul_ps(d, da), A);
+          A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_xor_ps(_mm256_mul_ps(dmin, da), _mm256_set1_ps(-0.0f)), A);
+        }
+      }
+    };
+    x16::group_blocks<x16::Ymm, G, NT, H0, NH>(w, nb, GB, out, block);
   }
 #endif
 
@@ -295,40 +268,35 @@ struct KMinsX16 {
   // scalar: the same integers and fp32 operations, row by row
   template <int G, int NT>
   static void scalar(const uint8_t* const* w, int nb, const void* const* act, float* out) {
-    for (int g = 0; g < G; ++g)
-      for (int t = 0; t < NT; ++t)
-        for (int r = 0; r < GR; ++r) {
-          float acc = 0.f;
-          for (int b = 0; b < nb; ++b) {
-            const uint8_t* p = w[g] + (size_t)b * GB;
-            const int8_t* rec = (const int8_t*)act[t] + (size_t)b * REC;
-            uint8_t sm[256];
-            unpack_scales(p + 64, sm);
-            int32_t S = 0, M = 0;
-            for (int c = 0; c < 4; ++c) {
-              int32_t s0 = 0, s1 = 0;
-              for (int v = 0; v < 8; ++v)
-                for (int i = 0; i < 4; ++i) {
-                  s0 += code(p, c, v, r, i, false) * rec[64 * c + 4 * v + i];
-                  s1 += code(p, c, v, r, i, true) * rec[64 * c + 32 + 4 * v + i];
-                }
-              S += s0 * sm[32 * c + r] + s1 * sm[32 * c + 16 + r];
-            }
-            for (int j = 0; j < 8; ++j) {
-              int16_t bs;
-              std::memcpy(&bs, rec + QK + 4 + 2 * j, 2);
-              M += sm[128 + 16 * j + r] * bs;
-            }
-            uint16_t dh, mh;
-            std::memcpy(&dh, p + 2 * r, 2);
-            std::memcpy(&mh, p + 32 + 2 * r, 2);
-            float da;
-            std::memcpy(&da, rec + QK, 4);
-            acc = std::fma((float)S, fp16_to_f32(dh) * da, acc);
-            acc = std::fma((float)M, -(fp16_to_f32(mh) * da), acc);
+    auto block = [&](const uint8_t* p, int t, int b, int r, float acc) CPUMOE_LAMBDA_INLINE {
+      const int8_t* rec = (const int8_t*)act[t] + (size_t)b * REC;
+      uint8_t sm[256];
+      unpack_scales(p + 64, sm);
+      int32_t S = 0, M = 0;
+      for (int c = 0; c < 4; ++c) {
+        int32_t s0 = 0, s1 = 0;
+        for (int v = 0; v < 8; ++v)
+          for (int i = 0; i < 4; ++i) {
+            s0 += code(p, c, v, r, i, false) * rec[64 * c + 4 * v + i];
+            s1 += code(p, c, v, r, i, true) * rec[64 * c + 32 + 4 * v + i];
           }
-          out[(size_t)(g * NT + t) * GR + r] = acc;
-        }
+        S += s0 * sm[32 * c + r] + s1 * sm[32 * c + 16 + r];
+      }
+      for (int j = 0; j < 8; ++j) {
+        int16_t bs;
+        std::memcpy(&bs, rec + QK + 4 + 2 * j, 2);
+        M += sm[128 + 16 * j + r] * bs;
+      }
+      uint16_t dh, mh;
+      std::memcpy(&dh, p + 2 * r, 2);
+      std::memcpy(&mh, p + 32 + 2 * r, 2);
+      float da;
+      std::memcpy(&da, rec + QK, 4);
+      acc = std::fma((float)S, fp16_to_f32(dh) * da, acc);
+      acc = std::fma((float)M, -(fp16_to_f32(mh) * da), acc);
+      return acc;
+    };
+    x16::scalar_rows<G, NT>(w, nb, GB, out, block);
   }
 #endif
 };

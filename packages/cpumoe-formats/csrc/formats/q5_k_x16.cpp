@@ -24,19 +24,14 @@ namespace cpumoe {
 namespace CPUMOE_NS {
 namespace {
 
-#include "q5_k_x16_native.h"  // mode native (Q5KX16Native)
+#include "q5_k_x16_native.h"  // mode native (Q5KNativeBlock)
 
 }  // namespace
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
 
-// w4a8: scalar, avx2, avxvnni, avx512vnni; native: scalar, avx2, avx512f (q5_k's tiers). A tier without the mode's
-// kernel declines and the tier below runs.
+// w4a8: scalar, avx2, avxvnni, avx512vnni; native: scalar, avx2, avx512f (q5_k's tiers).
 bool CPUMOE_INIT_FN(q5_k_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
-  if (k->params.mode == CPUMOE_MODE_NATIVE)
-    return x16::install<Q5KX16Native>(k, CPUMOE_MODE_NATIVE, &act_bytes_f32, &prep_act_f32);
-#endif
-  return x16::install_row_groups<KMinsX16<true>>(k, &act_bytes_x16, &prep_x16);
+  return x16::install_native_or_w4a8<Q5KNativeBlock, KMinsX16<true>>(k, &act_bytes_x16, &prep_x16);
 }

@@ -85,66 +85,55 @@ struct Q6KX16 {
   // scale vectors widened once; per token and run one vpdpbusd chain of 4 from c[j], scaled by sc[j] (vpmulld).
   template <int G, int NT>
   static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
-    __m512 acc[G][NT];
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) acc[g][t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F), m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char)0xCC);
-    for (int b = 0; b < nb; ++b)
+    auto block = [&](int b, const uint8_t* p, __m512 (&acc)[1][NT]) CPUMOE_LAMBDA_INLINE {
+      prefetch_lines(p, 5);  // d and the scales (and the first codes' half line)
+      __m512i S[NT];
       CPUMOE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* p = w[g] + (size_t)b * GB;
-        prefetch_lines(p, 5);  // d and the scales (and the first codes' half line)
-        __m512i S[NT];
+      for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
+      CPUMOE_UNROLL
+      for (int hs = 0; hs < 4; ++hs) {  // half h = hs / 2, sub-half s = hs % 2: steps 4s .. 4s + 3
+        const int h = hs / 2, s = hs % 2;
+        const uint8_t* st = p + kCodes + kHalf * h + kSub * s;
+        prefetch_lines(st, kSub / 64);
+        __m512i q[4][4];  // [run][step]
         CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
+        for (int v = 0; v < 4; ++v) {
+          const __m512i A = _mm512_loadu_si512(st + kStepB * v), B = _mm512_loadu_si512(st + kStepB * v + 64);
+          const __m512i C = _mm512_loadu_si512(st + kStepB * v + 128);
+          // C & 0x33 (bits 0-1, 4-5) and C & 0xCC (2-3, 6-7), shifted so that the run's two bits land on 4-5
+          // and bits 6-7 stay 0 (16-bit shifts: what crosses into the next byte lands on its bits 0-3, which
+          // the select takes from the low nibbles); then one vpternlogd (0xE4: m4 ? low nibbles : high bits)
+          // a run: 11 ops a step where an & 0x3F after each select took 13
+          const __m512i C33 = _mm512_and_si512(C, m33), Ccc = _mm512_and_si512(C, mcc);
+          q[0][v] = _mm512_ternarylogic_epi32(A, _mm512_slli_epi16(C33, 4), m4, 0xE4);
+          q[1][v] = _mm512_ternarylogic_epi32(B, _mm512_slli_epi16(Ccc, 2), m4, 0xE4);
+          q[2][v] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(A, 4), C33, m4, 0xE4);
+          q[3][v] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(Ccc, 2), m4, 0xE4);
+        }
+        __m512i sc[4];  // run g's sub-block j = 8h + 2g + s
         CPUMOE_UNROLL
-        for (int hs = 0; hs < 4; ++hs) {  // half h = hs / 2, sub-half s = hs % 2: steps 4s .. 4s + 3
-          const int h = hs / 2, s = hs % 2;
-          const uint8_t* st = p + kCodes + kHalf * h + kSub * s;
-          prefetch_lines(st, kSub / 64);
-          __m512i q[4][4];  // [run][step]
+        for (int r = 0; r < 4; ++r)
+          sc[r] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * (8 * h + 2 * r + s))));
+        CPUMOE_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* rec = rec_of(act[t], b);
           CPUMOE_UNROLL
-          for (int v = 0; v < 4; ++v) {
-            const __m512i A = _mm512_loadu_si512(st + kStepB * v), B = _mm512_loadu_si512(st + kStepB * v + 64);
-            const __m512i C = _mm512_loadu_si512(st + kStepB * v + 128);
-            // C & 0x33 (bits 0-1, 4-5) and C & 0xCC (2-3, 6-7), shifted so that the run's two bits land on 4-5
-            // and bits 6-7 stay 0 (16-bit shifts: what crosses into the next byte lands on its bits 0-3, which
-            // the select takes from the low nibbles); then one vpternlogd (0xE4: m4 ? low nibbles : high bits)
-            // a run: 11 ops a step where an & 0x3F after each select took 13
-            const __m512i C33 = _mm512_and_si512(C, m33), Ccc = _mm512_and_si512(C, mcc);
-            q[0][v] = _mm512_ternarylogic_epi32(A, _mm512_slli_epi16(C33, 4), m4, 0xE4);
-            q[1][v] = _mm512_ternarylogic_epi32(B, _mm512_slli_epi16(Ccc, 2), m4, 0xE4);
-            q[2][v] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(A, 4), C33, m4, 0xE4);
-            q[3][v] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(Ccc, 2), m4, 0xE4);
-          }
-          __m512i sc[4];  // run g's sub-block j = 8h + 2g + s
-          CPUMOE_UNROLL
-          for (int r = 0; r < 4; ++r)
-            sc[r] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * (8 * h + 2 * r + s))));
-          CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            const int8_t* rec = rec_of(act[t], b);
+          for (int r = 0; r < 4; ++r) {
+            const int32_t* qa = (const int32_t*)(rec + 128 * h + 32 * r + 16 * s);
+            __m512i c = _mm512_set1_epi32(corr_of(rec)[8 * h + 2 * r + s]);
             CPUMOE_UNROLL
-            for (int r = 0; r < 4; ++r) {
-              const int32_t* qa = (const int32_t*)(rec + 128 * h + 32 * r + 16 * s);
-              __m512i c = _mm512_set1_epi32(corr_of(rec)[8 * h + 2 * r + s]);
-              CPUMOE_UNROLL
-              for (int v = 0; v < 4; ++v) c = x16::dpbusd_bcast(c, q[r][v], qa + v);
-              S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(c, sc[r]));
-            }
+            for (int v = 0; v < 4; ++v) c = x16::dpbusd_bcast(c, q[r][v], qa + v);
+            S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(c, sc[r]));
           }
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-        CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t)
-          acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[t]), x16::mul_bcast(d, da_of(rec_of(act[t], b))), acc[g][t]);
       }
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + (size_t)(g * NT + t) * GR, acc[g][t]);
+      for (int t = 0; t < NT; ++t)
+        acc[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[t]), x16::mul_bcast(d, da_of(rec_of(act[t], b))), acc[0][t]);
+    };
+    x16::group_blocks<x16::Zmm, G, NT, 0, 1>(w, nb, GB, out, block);
   }
 #endif
 
@@ -168,77 +157,61 @@ struct Q6KX16 {
   // sum. A lone token takes both row halves per block (G x 2 streams); several one half per pass (q4_k_x16's scheme).
   template <int G, int NT, int H0, int NH>
   static CPUMOE_INLINE void ymm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
-    __m256 acc[G][NH][NT];
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
+    auto block = [&](int b, const uint8_t* p, __m256 (&acc)[NH][NT]) CPUMOE_LAMBDA_INLINE {
+      if (H0 == 0) prefetch_lines(p, 5);
       CPUMOE_UNROLL
-      for (int hh = 0; hh < NH; ++hh)
+      for (int hh = 0; hh < NH; ++hh) {
+        const int h = H0 + hh;  // the row half
+        __m256i S[NT];
         CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) acc[g][hh][t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; ++b)
-      CPUMOE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* p = w[g] + (size_t)b * GB;
-        if (H0 == 0) prefetch_lines(p, 5);
-        CPUMOE_UNROLL
-        for (int hh = 0; hh < NH; ++hh) {
-          const int h = H0 + hh;  // the row half
-          __m256i S[NT];
+        for (int t = 0; t < NT; ++t) S[t] = _mm256_setzero_si256();
+        for (int hs = 0; hs < 4; ++hs) {  // element half hs / 2, sub-half hs % 2
+          const int eh = hs / 2, s = hs % 2;
+          const uint8_t* st = p + kCodes + kHalf * eh + kSub * s;
+          if (H0 == 0 && hh == 0) prefetch_lines(st, kSub / 64);
           CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t) S[t] = _mm256_setzero_si256();
-          for (int hs = 0; hs < 4; ++hs) {  // element half hs / 2, sub-half hs % 2
-            const int eh = hs / 2, s = hs % 2;
-            const uint8_t* st = p + kCodes + kHalf * eh + kSub * s;
-            if (H0 == 0 && hh == 0) prefetch_lines(st, kSub / 64);
+          for (int r = 0; r < 4; ++r) {
+            const int j = 8 * eh + 2 * r + s;
+            __m256i c[NT];
             CPUMOE_UNROLL
-            for (int r = 0; r < 4; ++r) {
-              const int j = 8 * eh + 2 * r + s;
-              __m256i c[NT];
-              CPUMOE_UNROLL
-              for (int t = 0; t < NT; ++t) c[t] = _mm256_set1_epi32(corr_of(rec_of(act[t], b))[j]);
+            for (int t = 0; t < NT; ++t) c[t] = _mm256_set1_epi32(corr_of(rec_of(act[t], b))[j]);
 #if CPUMOE_TIER == CPUMOE_T_AVXVNNI
+            CPUMOE_UNROLL
+            for (int v = 0; v < 4; ++v) {
+              const __m256i q = run_codes(st + kStepB * v, r, h);
               CPUMOE_UNROLL
-              for (int v = 0; v < 4; ++v) {
-                const __m256i q = run_codes(st + kStepB * v, r, h);
-                CPUMOE_UNROLL
-                for (int t = 0; t < NT; ++t) {
-                  const int8_t* qa = rec_of(act[t], b) + 128 * eh + 32 * r + 16 * s + 4 * v;
-                  c[t] = _mm256_dpbusd_avx_epi32(c[t], q, x16::bcast4(qa));
-                }
+              for (int t = 0; t < NT; ++t) {
+                const int8_t* qa = rec_of(act[t], b) + 128 * eh + 32 * r + 16 * s + 4 * v;
+                c[t] = _mm256_dpbusd_avx_epi32(c[t], q, x16::bcast4(qa));
               }
-#else
-              CPUMOE_UNROLL
-              for (int v = 0; v < 4; v += 2) {
-                const __m256i q0 = run_codes(st + kStepB * v, r, h), q1 = run_codes(st + kStepB * (v + 1), r, h);
-                CPUMOE_UNROLL
-                for (int t = 0; t < NT; ++t) {
-                  const int8_t* qa = rec_of(act[t], b) + 128 * eh + 32 * r + 16 * s + 4 * v;
-                  const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(q0, x16::bcast4(qa)),
-                                                     _mm256_maddubs_epi16(q1, x16::bcast4(qa + 4)));
-                  c[t] = _mm256_add_epi32(c[t], _mm256_madd_epi16(P, _mm256_set1_epi16(1)));
-                }
-              }
-#endif
-              const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 32 + 16 * j + 8 * h)));
-              CPUMOE_UNROLL
-              for (int t = 0; t < NT; ++t) S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(c[t], sc));
             }
-          }
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
-          CPUMOE_UNROLL
-          for (int t = 0; t < NT; ++t) {
-            const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(*da_of(rec_of(act[t], b))));
-            acc[g][hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), dd, acc[g][hh][t]);
+#else
+            CPUMOE_UNROLL
+            for (int v = 0; v < 4; v += 2) {
+              const __m256i q0 = run_codes(st + kStepB * v, r, h), q1 = run_codes(st + kStepB * (v + 1), r, h);
+              CPUMOE_UNROLL
+              for (int t = 0; t < NT; ++t) {
+                const int8_t* qa = rec_of(act[t], b) + 128 * eh + 32 * r + 16 * s + 4 * v;
+                const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(q0, x16::bcast4(qa)),
+                                                   _mm256_maddubs_epi16(q1, x16::bcast4(qa + 4)));
+                c[t] = _mm256_add_epi32(c[t], _mm256_madd_epi16(P, _mm256_set1_epi16(1)));
+              }
+            }
+#endif
+            const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 32 + 16 * j + 8 * h)));
+            CPUMOE_UNROLL
+            for (int t = 0; t < NT; ++t) S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(c[t], sc));
           }
         }
-      }
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t)
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
         CPUMOE_UNROLL
-        for (int hh = 0; hh < NH; ++hh)
-          _mm256_storeu_ps(out + (size_t)(g * NT + t) * GR + 8 * (H0 + hh), acc[g][hh][t]);
+        for (int t = 0; t < NT; ++t) {
+          const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(*da_of(rec_of(act[t], b))));
+          acc[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), dd, acc[hh][t]);
+        }
+      }
+    };
+    x16::group_blocks<x16::Ymm, G, NT, H0, NH>(w, nb, GB, out, block);
   }
 #endif
 
@@ -246,49 +219,39 @@ struct Q6KX16 {
   // scalar: the same integers and fp32 operations, row by row
   template <int G, int NT>
   static void scalar(const uint8_t* const* w, int nb, const void* const* act, float* out) {
-    for (int g = 0; g < G; ++g)
-      for (int t = 0; t < NT; ++t)
-        for (int r = 0; r < GR; ++r) {
-          float acc = 0.f;
-          for (int b = 0; b < nb; ++b) {
-            const uint8_t* p = w[g] + (size_t)b * GB;
-            const int8_t* rec = rec_of(act[t], b);
-            int32_t S = 0;
-            for (int j = 0; j < 16; ++j) {
-              const int h = j / 8, run = j % 8 / 2, s = j % 2;
-              int32_t c = corr_of(rec)[j];
-              for (int v = 4 * s; v < 4 * s + 4; ++v)
-                for (int i = 0; i < 4; ++i) {
-                  const uint8_t* lane = p + kCodes + kHalf * h + kStepB * v + 4 * r + i;
-                  const uint8_t lo = lane[64 * (run & 1)], hb = lane[128];
-                  const int q = (run < 2 ? lo & 15 : lo >> 4) | ((hb >> (2 * run)) & 3) << 4;
-                  c += q * rec[128 * h + 32 * run + 4 * v + i];
-                }
-              S += (int8_t)p[32 + 16 * j + r] * c;
-            }
-            uint16_t dh;
-            std::memcpy(&dh, p + 2 * r, 2);
-            acc = std::fma((float)S, fp16_to_f32(dh) * *da_of(rec), acc);
+    auto block = [&](const uint8_t* p, int t, int b, int r, float acc) CPUMOE_LAMBDA_INLINE {
+      const int8_t* rec = rec_of(act[t], b);
+      int32_t S = 0;
+      for (int j = 0; j < 16; ++j) {
+        const int h = j / 8, run = j % 8 / 2, s = j % 2;
+        int32_t c = corr_of(rec)[j];
+        for (int v = 4 * s; v < 4 * s + 4; ++v)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t* lane = p + kCodes + kHalf * h + kStepB * v + 4 * r + i;
+            const uint8_t lo = lane[64 * (run & 1)], hb = lane[128];
+            const int q = (run < 2 ? lo & 15 : lo >> 4) | ((hb >> (2 * run)) & 3) << 4;
+            c += q * rec[128 * h + 32 * run + 4 * v + i];
           }
-          out[(size_t)(g * NT + t) * GR + r] = acc;
-        }
+        S += (int8_t)p[32 + 16 * j + r] * c;
+      }
+      uint16_t dh;
+      std::memcpy(&dh, p + 2 * r, 2);
+      acc = std::fma((float)S, fp16_to_f32(dh) * *da_of(rec), acc);
+      return acc;
+    };
+    x16::scalar_rows<G, NT>(w, nb, GB, out, block);
   }
 #endif
 };
 
-#include "q6_k_x16_native.h"  // mode native (Q6KX16Native)
+#include "q6_k_x16_native.h"  // mode native (Q6KNativeBlock)
 
 }  // namespace
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe
 
-// w4a8: scalar, avx2, avxvnni, avx512vnni; native: scalar, avx2, avx512f (q6_k's tiers). A tier without the mode's
-// kernel declines and the tier below runs.
+// w4a8: scalar, avx2, avxvnni, avx512vnni; native: scalar, avx2, avx512f (q6_k's tiers).
 bool CPUMOE_INIT_FN(q6_k_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-#if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
-  if (k->params.mode == CPUMOE_MODE_NATIVE)
-    return x16::install<Q6KX16Native>(k, CPUMOE_MODE_NATIVE, &act_bytes_f32, &prep_act_f32);
-#endif
-  return x16::install_row_groups<Q6KX16>(k, &act_bytes_x16, &prep_x16);
+  return x16::install_native_or_w4a8<Q6KNativeBlock, Q6KX16>(k, &act_bytes_x16, &prep_x16);
 }

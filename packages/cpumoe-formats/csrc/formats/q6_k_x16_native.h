@@ -4,21 +4,14 @@
 // (d * sc[j] is exact in fp32: 11 and 8 significant bits). Every tier does these operations in this order
 // (std::fma in scalar): bit-identical, and a token's result does not depend on its batch. Lanes are rows: per element
 // one conversion serves 16 rows (zmm, avx512f) or 8 (ymm, avx2) and each token pays one fma; q6_k's native kernel
-// converts each row's codes alone. Included by q6_k_x16.cpp inside its anonymous namespace (QK, GR, GB, kCodes, kHalf,
-// kSub, kStepB, prefetch_lines) after x16_vec.h.
+// converts each row's codes alone. Q6KNativeBlock is the block decode of x16_vec.h's NativeX16 (the frames over
+// groups, tokens and blocks). Included by q6_k_x16.cpp inside its anonymous namespace (QK, GB, kCodes, kHalf, kSub,
+// kStepB, prefetch_lines) after x16_vec.h.
 #pragma once
 
-struct Q6KX16Native : x16::NativeVec {
-  // tokens per group call: per token a sub-block sum and its accumulators (zmm: 32 registers, ymm: 16)
-  static constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512F ? 4 : 2;
+struct Q6KNativeBlock : x16::NativeVec {
+  static constexpr int QK = cpumoe::CPUMOE_NS::QK, GB = cpumoe::CPUMOE_NS::GB;
   static constexpr int64_t kPf = CPUMOE_Q6KX16_PF;
-  static constexpr int kSlot[2] = {0, 1};
-  struct Ref {
-    const uint8_t* w;
-  };
-  static CPUMOE_INLINE Ref ref(const cpumoe_kernel*, const cpumoe_bank* banks, int mat, int32_t e, int32_t g) {
-    return {bank_row<uint8_t>(banks[mat], e, g)};
-  }
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512F || CPUMOE_TIER == CPUMOE_T_AVX2
   // (the tier's vector: x16::NativeVec, zmm 16 rows, ymm rows 8 hr .. 8 hr + 7 of the group)
@@ -35,97 +28,56 @@ struct Q6KX16Native : x16::NativeVec {
     return cvt(sra32<24>(I == 3 ? q : sll32<24 - 8 * I>(q)));
   }
 
-  // G groups x NT tokens over rows 8 hr .. (all 16 on zmm), hr in [H0, H0 + NH): out[(g NT + t) 16 + row]
-  template <int G, int NT, int H0, int NH>
-  static CPUMOE_INLINE void vec(const uint8_t* const* w, int nb, const void* const* act, float* out) {
-    VF acc[G][NH][NT];
+  // block b (at p) of a group into acc[hh][t]: rows 8 hr .. (all 16 on zmm), hr = H0 + hh
+  template <int NT, int H0, int NH>
+  static CPUMOE_INLINE void block(const uint8_t* p, int b, const void* const* act, VF (&acc)[NH][NT]) {
+    if (H0 == 0) prefetch_lines(p, 5);
     CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int hh = 0; hh < NH; ++hh)
+    for (int hh = 0; hh < NH; ++hh) {
+      const int hr = H0 + hh;
+      const VF d = d_of(p, hr);
+      for (int j = 0; j < 16; ++j) {  // sub-block j: half j / 8, run j % 8 / 2, steps 4 (j % 2) ..
+        const int eh = j / 8, r = j % 8 / 2, s = j % 2;
+        const uint8_t* st = p + kCodes + kHalf * eh + kSub * s;
+        if (H0 == 0 && hh == 0 && r == 0) prefetch_lines(st, kSub / 64);
+        VF sum[NT];
         CPUMOE_UNROLL
-        for (int t = 0; t < NT; ++t) acc[g][hh][t] = zero();
-    for (int b = 0; b < nb; ++b)
-      CPUMOE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* p = w[g] + (size_t)b * GB;
-        if (H0 == 0) prefetch_lines(p, 5);
+        for (int t = 0; t < NT; ++t) sum[t] = zero();
         CPUMOE_UNROLL
-        for (int hh = 0; hh < NH; ++hh) {
-          const int hr = H0 + hh;
-          const VF d = d_of(p, hr);
-          for (int j = 0; j < 16; ++j) {  // sub-block j: half j / 8, run j % 8 / 2, steps 4 (j % 2) ..
-            const int eh = j / 8, r = j % 8 / 2, s = j % 2;
-            const uint8_t* st = p + kCodes + kHalf * eh + kSub * s;
-            if (H0 == 0 && hh == 0 && r == 0) prefetch_lines(st, kSub / 64);
-            VF sum[NT];
+        for (int v = 0; v < 4; ++v) {
+          const VI q = run_codes(st + kStepB * v, r, hr);
+          const VF e[4] = {elem<0>(q), elem<1>(q), elem<2>(q), elem<3>(q)};
+          CPUMOE_UNROLL
+          for (int t = 0; t < NT; ++t) {
+            const float* x = (const float*)act[t] + (size_t)b * QK + 16 * j + 4 * v;
             CPUMOE_UNROLL
-            for (int t = 0; t < NT; ++t) sum[t] = zero();
-            CPUMOE_UNROLL
-            for (int v = 0; v < 4; ++v) {
-              const VI q = run_codes(st + kStepB * v, r, hr);
-              const VF e[4] = {elem<0>(q), elem<1>(q), elem<2>(q), elem<3>(q)};
-              CPUMOE_UNROLL
-              for (int t = 0; t < NT; ++t) {
-                const float* x = (const float*)act[t] + (size_t)b * QK + 16 * j + 4 * v;
-                CPUMOE_UNROLL
-                for (int i = 0; i < 4; ++i) sum[t] = fma(e[i], set1(x[i]), sum[t]);
-              }
-            }
-            const VF ds = mul(d, sc_of(p + 32 + 16 * j, hr));
-            CPUMOE_UNROLL
-            for (int t = 0; t < NT; ++t) acc[g][hh][t] = fma(sum[t], ds, acc[g][hh][t]);
+            for (int i = 0; i < 4; ++i) sum[t] = fma(e[i], set1(x[i]), sum[t]);
           }
         }
-      }
-    CPUMOE_UNROLL
-    for (int g = 0; g < G; ++g)
-      CPUMOE_UNROLL
-      for (int t = 0; t < NT; ++t)
+        const VF ds = mul(d, sc_of(p + 32 + 16 * j, hr));
         CPUMOE_UNROLL
-        for (int hh = 0; hh < NH; ++hh) st(out + (size_t)(g * NT + t) * GR + kRows * (H0 + hh), acc[g][hh][t]);
+        for (int t = 0; t < NT; ++t) acc[hh][t] = fma(sum[t], ds, acc[hh][t]);
+      }
+    }
   }
 #endif
 
-  template <int G, int NT>
-  static void groups(const Ref* gp, int K, const void* const* act, float* out) {
-    const uint8_t* w[G];
-    for (int g = 0; g < G; ++g) w[g] = gp[g].w;
-    const int nb = K / QK;
-#if CPUMOE_TIER == CPUMOE_T_AVX512F
-    vec<G, NT, 0, 1>(w, nb, act, out);
-#elif CPUMOE_TIER == CPUMOE_T_AVX2
-    if constexpr (NT == 1) {
-      vec<G, 1, 0, 2>(w, nb, act, out);
-    } else {
-      vec<G, NT, 0, 1>(w, nb, act, out);
-      vec<G, NT, 1, 1>(w, nb, act, out);
+  // scalar: the same fp32 operations, row by row
+  static CPUMOE_INLINE float scalar(const uint8_t* p, const float* x, int row, float acc) {
+    uint16_t dh;
+    std::memcpy(&dh, p + 2 * row, 2);
+    const float d = fp16_to_f32(dh);
+    for (int j = 0; j < 16; ++j) {
+      const int eh = j / 8, r = j % 8 / 2, s = j % 2;
+      float sum = 0.f;
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t* lane = p + kCodes + kHalf * eh + kSub * s + kStepB * (i / 4) + 4 * row + i % 4;
+        const uint8_t lo = lane[64 * (r & 1)], hb = lane[128];
+        const int q = (r < 2 ? lo & 15 : lo >> 4) | ((hb >> (2 * r)) & 3) << 4;
+        sum = std::fma((float)(q - 32), x[16 * j + i], sum);
+      }
+      acc = std::fma(sum, d * (float)(int8_t)p[32 + 16 * j + row], acc);
     }
-#else  // scalar: the same fp32 operations, row by row
-    for (int g = 0; g < G; ++g)
-      for (int t = 0; t < NT; ++t)
-        for (int row = 0; row < GR; ++row) {
-          float acc = 0.f;
-          for (int b = 0; b < nb; ++b) {
-            const uint8_t* p = w[g] + (size_t)b * GB;
-            const float* x = (const float*)act[t] + (size_t)b * QK;
-            uint16_t dh;
-            std::memcpy(&dh, p + 2 * row, 2);
-            const float d = fp16_to_f32(dh);
-            for (int j = 0; j < 16; ++j) {
-              const int eh = j / 8, r = j % 8 / 2, s = j % 2;
-              float sum = 0.f;
-              for (int i = 0; i < 16; ++i) {
-                const uint8_t* lane = p + kCodes + kHalf * eh + kSub * s + kStepB * (i / 4) + 4 * row + i % 4;
-                const uint8_t lo = lane[64 * (r & 1)], hb = lane[128];
-                const int q = (r < 2 ? lo & 15 : lo >> 4) | ((hb >> (2 * r)) & 3) << 4;
-                sum = std::fma((float)(q - 32), x[16 * j + i], sum);
-              }
-              acc = std::fma(sum, d * (float)(int8_t)p[32 + 16 * j + row], acc);
-            }
-          }
-          out[(size_t)(g * NT + t) * GR + row] = acc;
-        }
-#endif
+    return acc;
   }
 };
