@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import dot_bound, prep, to_bf16_bits
-from x16_helpers import check_moved, check_ragged_work_items, down_accumulators, split_record
+from x16_helpers import check_moved, check_ragged_work_items, check_tiers_bit_identical, split_record
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q4_0, q4_0_x16
@@ -54,18 +54,7 @@ def test_against_float64_reference(rng, mode, tier, H, I, T):  # noqa: E741
 @pytest.mark.parametrize("tier", SIMD)
 @pytest.mark.parametrize("T", [1, 3, 9])
 def test_tiers_bit_identical(rng, tier, T):
-    if tier not in USABLE:
-        pytest.skip(f"this CPU/OS lacks the {tier} tier")
-    E, H, I = 4, 736, 416  # noqa: E741
-    b = SPEC.random_banks(E, H, I, rng)
-    x = rng.standard_normal((T, H)).astype(np.float32)
-    w, ids = routes(rng, T, 3, E)
-    ys, yt = (run_forced(FMT, b, x, w, ids, "w4a8", t) for t in ("scalar", tier))
-    np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
-    # fp32 down accumulators of one work item (bf16 outputs would hide a reordered fp32 sum)
-    gs = to_bf16_bits(rng.standard_normal((T, I)) * rng.uniform(0.01, 10.0, (T, 1)))
-    a0, a1 = down_accumulators(FMT, b, ("scalar", tier), gs, H)
-    np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
+    check_tiers_bit_identical(FMT, rng, tier, T, shape=(4, 736, 416))
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))

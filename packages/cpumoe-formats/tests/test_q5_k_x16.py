@@ -16,9 +16,13 @@ exact, and one fma an element).
 import numpy as np
 import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
-from fp4_helpers import prep, to_bf16_bits
 from gguf_helpers import bf16, down_rows, kernel_for, kquant_mag_terms
-from x16_helpers import check_moved, check_ragged_work_items, down_accumulators
+from x16_helpers import (
+    check_kquant_record,
+    check_moved,
+    check_ragged_work_items,
+    check_tiers_bit_identical,
+)
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q4_k, q5_k, q5_k_x16
@@ -84,18 +88,7 @@ def test_native_is_q5_k_scalar_bit_for_bit(rng, tier, T):
 @pytest.mark.parametrize("mode,tier", SIMD)
 @pytest.mark.parametrize("T", [1, 3, 9])
 def test_tiers_bit_identical(rng, mode, tier, T):
-    if tier not in USABLE:
-        pytest.skip(f"this CPU/OS lacks the {tier} tier")
-    E, H, I = 4, 768, 512  # noqa: E741
-    b = SPEC.random_banks(E, H, I, rng)
-    x = rng.standard_normal((T, H)).astype(np.float32)
-    w, ids = routes(rng, T, 3, E)
-    ys, yt = (run_forced(FMT, b, x, w, ids, mode, t) for t in ("scalar", tier))
-    np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
-    # fp32 down accumulators of one work item (bf16 outputs would hide a reordered fp32 sum)
-    gs = to_bf16_bits(rng.standard_normal((T, I)) * rng.uniform(0.01, 10.0, (T, 1)))
-    a0, a1 = down_accumulators(FMT, b, ("scalar", tier), gs, H, mode=mode)
-    np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
+    check_tiers_bit_identical(FMT, rng, tier, T, mode)
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))
@@ -208,24 +201,7 @@ def test_nonfinite_d(rng, mode, tier, field, kind):
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT, ["w4a8"]))
 def test_prepared_record(rng, mode, tier):
-    """Per 256-block 288 bytes (q4_k_x16's record): q5_k's w4a8 codes and d_a (numerics.int8_blocks) bit for bit,
-    then the int16 sum of each 32 codes, then zeros."""
-    if tier not in USABLE:
-        pytest.skip(f"this CPU/OS lacks the {tier} tier")
-    K = 1024
-    k = cf.Kernel(FMT, 1, K, K, mode=mode, isa=tier)
-    assert k._k.act_bytes(K) == 288 * (K // 256)
-    v = rng.standard_normal(K) * np.repeat(10.0 ** rng.uniform(-6, 6, K // 256), 256)
-    v[256:512] = 0  # an all-zero block: d = 0, codes 0
-    v[700] = np.nan  # a NaN block: d = NaN, codes 0
-    bits = to_bf16_bits(v)
-    rec = np.asarray(prep(k, bits)[:288 * (K // 256)]).reshape(-1, 288)
-    q_ref, d_ref = cf.numerics.int8_blocks((bits.astype(np.uint32) << 16).view(np.float32), 256)
-    np.testing.assert_array_equal(rec[:, :256].view(np.int8), q_ref)
-    np.testing.assert_array_equal(rec[:, 256:260].copy().view(np.uint32).ravel(), d_ref.view(np.uint32))
-    np.testing.assert_array_equal(rec[:, 260:276].copy().view(np.int16),
-                                  q_ref.reshape(-1, 8, 32).astype(np.int32).sum(-1))
-    assert (rec[:, 276:] == 0).all()
+    check_kquant_record(FMT, rng, mode, tier)
 
 
 def test_schema_and_errors(rng):

@@ -17,7 +17,7 @@ import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import prep, to_bf16_bits
 from gguf_helpers import bf16, dot_ref, down_rows, kernel_for
-from x16_helpers import check_moved, check_ragged_work_items, down_accumulators
+from x16_helpers import check_moved, check_ragged_work_items, check_tiers_bit_identical
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q6_k, q6_k_x16
@@ -66,18 +66,7 @@ def test_against_float64_reference(rng, mode, tier, H, I, T):  # noqa: E741
 @pytest.mark.parametrize("mode,tier", SIMD)
 @pytest.mark.parametrize("T", [1, 3, 9])
 def test_tiers_bit_identical(rng, mode, tier, T):
-    if tier not in USABLE:
-        pytest.skip(f"this CPU/OS lacks the {tier} tier")
-    E, H, I = 4, 768, 512  # noqa: E741
-    b = SPEC.random_banks(E, H, I, rng)
-    x = rng.standard_normal((T, H)).astype(np.float32)
-    w, ids = routes(rng, T, 3, E)
-    ys, yt = (run_forced(FMT, b, x, w, ids, mode, t) for t in ("scalar", tier))
-    np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
-    # fp32 down accumulators of one work item (bf16 outputs would hide a reordered fp32 sum)
-    gs = to_bf16_bits(rng.standard_normal((T, I)) * rng.uniform(0.01, 10.0, (T, 1)))
-    a0, a1 = down_accumulators(FMT, b, ("scalar", tier), gs, H, mode=mode)
-    np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
+    check_tiers_bit_identical(FMT, rng, tier, T, mode)
 
 
 @pytest.mark.parametrize("mode,tier", tier_cases(FMT))

@@ -163,3 +163,43 @@ def check_like_scalar(fmt, banks, g, H, rng, expect=None):  # noqa: N803
             assert ref[0, r] == np.float32(v).view(np.uint32), (r, ref[0, r].view(np.float32), v)
         for t in tiers:
             np.testing.assert_array_equal(down_bits(fmt, banks, t, gs, H), ref, err_msg=f"{t}, {n} routes")
+
+
+def check_tiers_bit_identical(fmt, rng, tier, T, mode="w4a8", shape=(4, 768, 512)):  # noqa: N803
+    """A layer's output and one work item's fp32 down accumulators (bf16 outputs would hide a reordered fp32 sum) of
+    the forced tier, bit for bit the scalar tier's."""
+    from conftest import routes, run_forced
+
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    E, H, I = shape  # noqa: E741
+    b = cf.get_format(fmt).random_banks(E, H, I, rng)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    w, ids = routes(rng, T, 3, E)
+    ys, yt = (run_forced(fmt, b, x, w, ids, mode, t) for t in ("scalar", tier))
+    np.testing.assert_array_equal(yt.view(np.uint64), ys.view(np.uint64))
+    gs = to_bf16_bits(rng.standard_normal((T, I)) * rng.uniform(0.01, 10.0, (T, 1)))
+    a0, a1 = down_accumulators(fmt, b, ("scalar", tier), gs, H, mode=mode)
+    np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
+
+
+def check_kquant_record(fmt, rng, mode, tier):
+    """q4_k_x16's / q5_k_x16's w4a8 record, per 256-block 288 bytes: the codes and d_a (numerics.int8_blocks) bit
+    for bit, then the int16 sum of each 32 codes, then zeros; an all-zero block (d = 0) and a NaN block (d = NaN,
+    codes 0) among them."""
+    if tier not in USABLE:
+        pytest.skip(f"this CPU/OS lacks the {tier} tier")
+    K = 1024
+    k = cf.Kernel(fmt, 1, K, K, mode=mode, isa=tier)
+    assert k._k.act_bytes(K) == 288 * (K // 256)
+    v = rng.standard_normal(K) * np.repeat(10.0 ** rng.uniform(-6, 6, K // 256), 256)
+    v[256:512] = 0
+    v[700] = np.nan
+    bits = to_bf16_bits(v)
+    rec = np.asarray(prep(k, bits)[:288 * (K // 256)]).reshape(-1, 288)
+    q_ref, d_ref = cf.numerics.int8_blocks((bits.astype(np.uint32) << 16).view(np.float32), 256)
+    np.testing.assert_array_equal(rec[:, :256].view(np.int8), q_ref)
+    np.testing.assert_array_equal(rec[:, 256:260].copy().view(np.uint32).ravel(), d_ref.view(np.uint32))
+    np.testing.assert_array_equal(rec[:, 260:276].copy().view(np.int16),
+                                  q_ref.reshape(-1, 8, 32).astype(np.int32).sum(-1))
+    assert (rec[:, 276:] == 0).all()
