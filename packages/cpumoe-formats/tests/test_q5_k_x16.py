@@ -19,6 +19,7 @@ from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from gguf_helpers import bf16, down_rows, kernel_for, kquant_mag_terms
 from x16_helpers import (
     check_kquant_record,
+    check_kquant_x16_schema,
     check_moved,
     check_ragged_work_items,
     check_tiers_bit_identical,
@@ -205,26 +206,4 @@ def test_prepared_record(rng, mode, tier):
 
 
 def test_schema_and_errors(rng):
-    b = SPEC.random_banks(3, 2048, 768, rng)
-    assert cf.validate_banks(FMT, b) == (3, 2048, 768)
-    assert SPEC.id == 20 and cf.get_format("q5_k_cpu") is SPEC and SPEC.modes == ("w4a8", "native")
-    assert FMT in cf.formats.CPU_LAYOUTS and FMT not in cf.formats.WEIGHT_FORMATS
-    small = SPEC.random_banks(2, 256, 512, rng)
-    with pytest.raises(ValueError, match="down.*expected shape"):
-        cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :2816]))
-    with pytest.raises(ValueError, match="2816"):
-        cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :100]))
-    with pytest.raises(ValueError, match="gate_up"):
-        cf.validate_banks(FMT, dict(small, gate_up=small["gate_up"][:, :-1]))
-    with pytest.raises(TypeError, match="down.*uint8"):
-        cf.validate_banks(FMT, dict(small, down=small["down"].view(np.int8)))
-    with pytest.raises(ValueError):  # q5_k's row-major banks under this name
-        cf.validate_banks(FMT, q5_k.SPEC.random_banks(2, 256, 512, rng))
-    with pytest.raises(ValueError, match="q5_k: H and I must be positive multiples of 256"):  # repack validates
-        cf.repack_q5_k_x16(dict(q5_k.SPEC.random_banks(2, 256, 512, rng), down=small["down"]))
-    with pytest.raises(ValueError, match="mode"):
-        cf.Kernel(FMT, 2, 256, 256, mode="w8a8")
-    with pytest.raises(ValueError, match="multiples of 256"):
-        cf.Kernel(FMT, 2, 128, 256)
-    g = q5_k_x16.to_groups(q5_k.SPEC.random_banks(1, 256, 256, rng)["down"])
-    np.testing.assert_array_equal(q5_k_x16.to_groups(q5_k_x16.from_groups(g)), g)
+    check_kquant_x16_schema(q5_k_x16, q5_k, 20, rng)

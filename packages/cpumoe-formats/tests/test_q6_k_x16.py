@@ -17,7 +17,7 @@ import pytest
 from conftest import USABLE, rel_err, routes, run_forced, tier_cases
 from fp4_helpers import prep, to_bf16_bits
 from gguf_helpers import bf16, dot_ref, down_rows, kernel_for
-from x16_helpers import check_moved, check_ragged_work_items, check_tiers_bit_identical
+from x16_helpers import check_kquant_x16_schema, check_moved, check_ragged_work_items, check_tiers_bit_identical
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q6_k, q6_k_x16
@@ -181,26 +181,4 @@ def test_prepared_record(rng, mode, tier):
 
 
 def test_schema_and_errors(rng):
-    b = SPEC.random_banks(3, 2048, 768, rng)
-    assert cf.validate_banks(FMT, b) == (3, 2048, 768)
-    assert SPEC.id == 19 and cf.get_format("q6_k_cpu") is SPEC and SPEC.modes == ("w4a8", "native")
-    assert FMT in cf.formats.CPU_LAYOUTS and FMT not in cf.formats.WEIGHT_FORMATS
-    small = SPEC.random_banks(2, 256, 512, rng)
-    with pytest.raises(ValueError, match="down.*expected shape"):
-        cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :3360]))
-    with pytest.raises(ValueError, match="3360"):
-        cf.validate_banks(FMT, dict(small, down=small["down"][:, :, :100]))
-    with pytest.raises(ValueError, match="gate_up"):
-        cf.validate_banks(FMT, dict(small, gate_up=small["gate_up"][:, :-1]))
-    with pytest.raises(TypeError, match="down.*uint8"):
-        cf.validate_banks(FMT, dict(small, down=small["down"].view(np.int8)))
-    with pytest.raises(ValueError):  # q6_k's row-major banks under this name
-        cf.validate_banks(FMT, q6_k.SPEC.random_banks(2, 256, 512, rng))
-    with pytest.raises(ValueError, match="q6_k: H and I must be positive multiples of 256"):  # repack validates
-        cf.repack_q6_k_x16(dict(q6_k.SPEC.random_banks(2, 256, 512, rng), down=small["down"]))
-    with pytest.raises(ValueError, match="mode"):
-        cf.Kernel(FMT, 2, 256, 256, mode="w8a8")
-    with pytest.raises(ValueError, match="multiples of 256"):
-        cf.Kernel(FMT, 2, 128, 256)
-    g = q6_k_x16.to_groups(q6_k.SPEC.random_banks(1, 256, 256, rng)["down"])
-    np.testing.assert_array_equal(q6_k_x16.to_groups(q6_k_x16.from_groups(g)), g)
+    check_kquant_x16_schema(q6_k_x16, q6_k, 19, rng)

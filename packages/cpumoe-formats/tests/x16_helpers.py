@@ -3,7 +3,7 @@ over ragged row ranges with poisoned outputs and sentinels, the fp32 down accumu
 the pair layouts' fp32-FMA tiers (x16_fma.h) against scalar on constructed flush-to-zero cases."""
 import numpy as np
 import pytest
-from conftest import USABLE
+from conftest import USABLE, routes, run_forced
 from fp4_helpers import prep, to_bf16_bits, views
 
 import cpumoe_formats as cf
@@ -168,8 +168,6 @@ def check_like_scalar(fmt, banks, g, H, rng, expect=None):  # noqa: N803
 def check_tiers_bit_identical(fmt, rng, tier, T, mode="w4a8", shape=(4, 768, 512)):  # noqa: N803
     """A layer's output and one work item's fp32 down accumulators (bf16 outputs would hide a reordered fp32 sum) of
     the forced tier, bit for bit the scalar tier's."""
-    from conftest import routes, run_forced
-
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
     E, H, I = shape  # noqa: E741
@@ -203,3 +201,33 @@ def check_kquant_record(fmt, rng, mode, tier):
     np.testing.assert_array_equal(rec[:, 260:276].copy().view(np.int16),
                                   q_ref.reshape(-1, 8, 32).astype(np.int32).sum(-1))
     assert (rec[:, 276:] == 0).all()
+
+
+def check_kquant_x16_schema(layout, source, fmt_id, rng):
+    """q5_k_x16's / q6_k_x16's schema (modes w4a8 and native, alias SOURCE_cpu) and the errors of its banks, its
+    repack and its kernels; layout / source: the formats' modules."""
+    fmt, src, gb = layout.SPEC.name, source.SPEC.name, layout.GB
+    b = layout.SPEC.random_banks(3, 2048, 768, rng)
+    assert cf.validate_banks(fmt, b) == (3, 2048, 768)
+    assert layout.SPEC.id == fmt_id and cf.get_format(f"{src}_cpu") is layout.SPEC
+    assert layout.SPEC.modes == ("w4a8", "native")
+    assert fmt in cf.formats.CPU_LAYOUTS and fmt not in cf.formats.WEIGHT_FORMATS
+    small = layout.SPEC.random_banks(2, 256, 512, rng)
+    with pytest.raises(ValueError, match="down.*expected shape"):
+        cf.validate_banks(fmt, dict(small, down=small["down"][:, :, :gb]))
+    with pytest.raises(ValueError, match=str(gb)):
+        cf.validate_banks(fmt, dict(small, down=small["down"][:, :, :100]))
+    with pytest.raises(ValueError, match="gate_up"):
+        cf.validate_banks(fmt, dict(small, gate_up=small["gate_up"][:, :-1]))
+    with pytest.raises(TypeError, match="down.*uint8"):
+        cf.validate_banks(fmt, dict(small, down=small["down"].view(np.int8)))
+    with pytest.raises(ValueError):  # the source's row-major banks under this name
+        cf.validate_banks(fmt, source.SPEC.random_banks(2, 256, 512, rng))
+    with pytest.raises(ValueError, match=f"{src}: H and I must be positive multiples of 256"):  # repack validates
+        getattr(cf, f"repack_{fmt}")(dict(source.SPEC.random_banks(2, 256, 512, rng), down=small["down"]))
+    with pytest.raises(ValueError, match="mode"):
+        cf.Kernel(fmt, 2, 256, 256, mode="w8a8")
+    with pytest.raises(ValueError, match="multiples of 256"):
+        cf.Kernel(fmt, 2, 128, 256)
+    g = layout.to_groups(source.SPEC.random_banks(1, 256, 256, rng)["down"])
+    np.testing.assert_array_equal(layout.to_groups(layout.from_groups(g)), g)

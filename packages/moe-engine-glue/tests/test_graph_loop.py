@@ -58,6 +58,7 @@ def test_compiled_loop_picks_the_eager_models_argmax(small_gguf):
     assert loop.last["compiled"] and new.shape == (1, 12)
     _check_argmax(model, ids, new)
     loop.close()
+    assert not loop.compiled  # close() dropped the compiled step
     model.moe_engine.close()
 
 

@@ -155,11 +155,15 @@ def dense_linears(model, runner) -> tuple[int, int]:
     return len(todo), routers
 
 
+# the compile path's torch.compile settings: generate()'s CompileConfig and GraphLoop's step both take them
+COMPILE = dict(fullgraph=True, dynamic=False, backend="inductor")
+
+
 def compile_config():
     """transformers' CompileConfig for the compile path: inductor, fullgraph, static shapes, on any device."""
     from transformers import CompileConfig
 
-    cc = CompileConfig(fullgraph=True, dynamic=False, backend="inductor", mode="default")
+    cc = CompileConfig(**COMPILE, mode="default")
     cc._compile_all_devices = True  # generate() compiles only on GPUs unless told
     return cc
 

@@ -49,8 +49,9 @@ class GraphLoop:
         self.compiled = bool(compile)
         self._forward = model
         if self.compiled:
-            # decode.compile_config()'s settings, given directly: CompileConfig's fields vary across transformers
-            self._forward = torch.compile(model.__call__, fullgraph=True, dynamic=False, backend="inductor")
+            from .decode import COMPILE
+
+            self._forward = torch.compile(model.__call__, **COMPILE)
         # a replay runs no Python of the runner's: its end of step (hot placement's counts and moves) is called here
         self._end_step = off.runner.end_step if off is not None else (lambda: 0)
         # transformers >= 5.2x names the cache argument `cache` (past_key_values is deprecated there), 5.17 does not
@@ -127,7 +128,7 @@ class GraphLoop:
                 self._step()  # the first step eagerly: kernels loaded (compiled), workspaces made outside the capture
                 steps -= 1
                 if self.compiled and steps:
-                    self._step()  # a second: inductor's first run records its autotuning and caches outside too
+                    self._step()  # a second eagerly: the first call traced and compiled, this one runs the code alone
                     steps -= 1
                 self._capture()
             for _ in range(steps):
@@ -143,5 +144,6 @@ class GraphLoop:
         return self.out[:, :n].clone()
 
     def close(self) -> None:
+        """Drops the graph, the cache and the compiled step; a later generate() runs the step uncompiled."""
         self.graph = self.cache = None
-        self._forward = self.model
+        self._forward, self.compiled = self.model, False
