@@ -20,6 +20,9 @@
 #        its slots in every layer; hybrid-layers: the same budget as whole layers (--residency layers, the last 12
 #        layers' experts, as --n-cpu-moe 36 places); RUN+compile: the same with the step compiled by inductor before
 #        its capture (--decode compile). Decode under CUDA graphs.
+# fp8:   the FP8-block 30B checkpoint (Qwen3-30B-A3B shape, ~31 GB of safetensors) written to /tmp/e2e/fp8 by synth
+#        --kind fp8 --random-codes, then `moe-engine generate` with --gpu-memory 16GiB through GraphLoop (FP8_LOOP,
+#        default graph), FP8_TOKENS tokens (32), peak RSS from getrusage; JSON fp8-generate.json.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$ROOT/gpu-out}" && cd "${OUT:-$ROOT/gpu-out}" && pwd)
@@ -109,6 +112,26 @@ profile)
       -t "$THREADS" -n "${PROFILE_N:-16}" --rounds "${ROUNDS_P:-2}" --json "$OUT/tp-$st.json" >"$OUT/tp-$st.log" 2>&1
     stamp "profile $st rc=$?"; grep -v "^moe_engine:" "$OUT/tp-$st.log" | tail -14
   done
+  ;;
+fp8)
+  [ -f $W/fp8/config.json ] || { t=$(date +%s); $PY -m moe_engine.tools.synth --kind fp8 --random-codes --quiet --out $W/fp8 \
+    >/tmp/synth-fp8.log 2>&1; stamp "fp8 written rc=$? in $(( $(date +%s) - t )) s: $(du -sb $W/fp8 | cut -f1) bytes"; }
+  timeout ${FP8_TIMEOUT:-300} $PY - "$W/fp8" "${FP8_LOOP:-graph}" "${FP8_TOKENS:-32}" "$THREADS" >"$OUT/fp8-generate.json" \
+    2>"$OUT/fp8-generate.err" <<'EOF'
+import contextlib, io, json, resource, sys
+from moe_engine.tools.cli import main
+path, loop, n, t = sys.argv[1:5]
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    rc = main(["generate", path, "--ids", "1,2,3", "--max-new-tokens", n, "--gpu-memory", "16GiB", "-t", t,
+               "--loop", loop, "--json", "--quiet"])
+res = json.loads(out.getvalue())
+res["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+print(json.dumps(res, indent=1))
+sys.exit(rc)
+EOF
+  stamp "fp8 generate rc=$?"; grep -E "tok_s|load_s|peak|loop" "$OUT/fp8-generate.json"
+  grep -E "plan|graph|moe_engine" "$OUT/fp8-generate.err" | tail -6
   ;;
 ours)
   budget=$($PY - <<'EOF'

@@ -66,9 +66,11 @@ def run_generate(a) -> int:
     ids, tok = _prompt_ids(a, model)
     ids = ids.to(dev)
     loop = _loop(a, model, ids.shape[1] + a.max_new_tokens)
+    graphs = None
     if loop is not None:
         new = loop.generate(ids, a.max_new_tokens)[0].tolist()
         prefill_s, decode_s = loop.last["prompt_s"], loop.last["decode_s"]
+        graphs = loop.capture
         loop.close()
     else:
         clock = _Clock()
@@ -83,7 +85,8 @@ def run_generate(a) -> int:
            "prefill_tok_s": ids.shape[1] / prefill_s if prefill_s > 0 else None,
            "decode_tok_s": (len(new) - 1) / decode_s if decode_s > 0 else None, "ids": new,
            "text": tok.decode(new) if tok is not None and not a.ids else None,
-           "loop": "graph" if loop is not None else "generate", "runner": model.moe_engine.runner.describe()}
+           "loop": "graph" if loop is not None else "generate", "graphs": graphs,
+           "runner": model.moe_engine.runner.describe()}
     if a.json:
         print(json.dumps(res, indent=1))
     else:
