@@ -3,7 +3,7 @@
 # bench/llamacpp/compare.sh there: ggml's CPU backend built from the carried .ggml/ggml and .ggml/VERSION
 # (bench/llamacpp/build.sh, -march=native on that Xeon), ours built in place first when missing; 15 threads, the GGUF
 # formats (FORMATS, default "q8_0 q4_k_m q5_k_m q4_k q6_k"), batch 1 and 8, DRAM and L3 working sets (sysfs LLC),
-# ROUNDS (2) interleaved rounds within BUDGET_S (420). $OUT gets summary.md, summary.json and the logs as one
+# ROUNDS (2) interleaved rounds within BUDGET_S (420). $OUT gets summary.md, summary.json, and the logs with env.txt as one
 # tarball (a call brings back 8 files).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,6 +22,6 @@ rm -rf "$C"
 OUT=$C THREADS=${THREADS:-15} ROUNDS=${ROUNDS:-2} WSET=dram,l3 BATCH=1,8 BUDGET_S=${BUDGET_S:-420} QUIET_MAX_WAIT=5 \
   FORMATS=${FORMATS:-"q8_0 q4_k_m q5_k_m q4_k q6_k"} bash bench/llamacpp/compare.sh >"$OUT/compare.log" 2>&1
 echo "compare rc=$?"
-cp "$C"/summary.md "$C"/summary.json "$C"/env.txt "$OUT"/ 2>/dev/null
-tar czf "$OUT/compare-logs.tgz" -C "$C" logs
+cp "$C"/summary.md "$C"/summary.json "$OUT"/ 2>/dev/null
+tar czf "$OUT/compare-logs.tgz" -C "$C" logs env.txt
 tail -5 "$OUT/compare.log"; cat "$OUT/summary.md" 2>/dev/null | head -40
