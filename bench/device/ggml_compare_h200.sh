@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 39 on the lent GPU host's CPU, by hand: OUT=DIR bench/device/ggml_compare_h200.sh (one call of < 10 min).
 # bench/llamacpp/compare.sh there: ggml's CPU backend built from the carried .ggml/ggml and .ggml/VERSION
-# (bench/llamacpp/build.sh, -march=native on that Xeon), ours built in place first when missing; 15 threads, the GGUF
+# (bench/llamacpp/build.sh, -march=native on that Xeon), ours built in place first (incremental); 15 threads, the GGUF
 # formats (FORMATS, default "q8_0 q4_k_m q5_k_m q4_k q6_k"), batch 1 and 8, DRAM and L3 working sets (sysfs LLC),
 # ROUNDS (2) interleaved rounds within BUDGET_S (420). $OUT gets summary.md, summary.json, and the logs with env.txt as one
 # tarball (a call brings back 8 files).
@@ -12,11 +12,9 @@ P=$ROOT/packages
 export PYTHONUNBUFFERED=1 CPUMOE_BUILD_JOBS=${CPUMOE_BUILD_JOBS:-$(nproc)}
 export PYTHONPATH=$P/cpumoe-formats/src:$P/cpumoe-executor/src
 cd "$ROOT" || exit 1
-if ! ls "$P"/cpumoe-executor/src/cpumoe_executor/_native*.so >/dev/null 2>&1; then
-  for p in cpumoe-formats cpumoe-executor; do
-    (cd "$P/$p" && python3 hatch_build.py) >"$OUT/build-$p.log" 2>&1 || { tail -40 "$OUT/build-$p.log"; exit 1; }
-  done
-fi
+for p in cpumoe-formats cpumoe-executor; do  # in place, incremental: a tree changed since the last call is rebuilt
+  (cd "$P/$p" && python3 hatch_build.py) >"/tmp/build-$p.log" 2>&1 || { tail -40 "/tmp/build-$p.log"; exit 1; }
+done
 C=/tmp/ggml-compare
 rm -rf "$C"
 OUT=$C THREADS=${THREADS:-15} ROUNDS=${ROUNDS:-2} WSET=dram,l3 BATCH=1,8 BUDGET_S=${BUDGET_S:-420} QUIET_MAX_WAIT=5 \
