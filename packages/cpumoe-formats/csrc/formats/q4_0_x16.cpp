@@ -153,7 +153,7 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
 // The layout for x16.h's loops: a group is one bank row.
 struct G16 {
   static constexpr int kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
-  static constexpr int64_t kPf = CPUMOE_Q4X16_PF;
+  static constexpr int64_t kPf = x16::gguf_pf(CPUMOE_Q4X16_PF);
   static constexpr int kSlot[2] = {0, 1};
   struct Ref {
     const uint8_t* w;
@@ -181,7 +181,6 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
       const uint8_t* p = gp[g].w + (size_t)b * GB;
-      for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512i lo[4], hi[4];
       CPUMOE_UNROLL

@@ -77,7 +77,7 @@ CPUMOE_INLINE void prefetch_lines(const uint8_t* p, int n) {
 // The group dots for gguf_x16.h's RowG16: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar.
 struct Q6KX16 {
   static constexpr int QK = cpumoe::CPUMOE_NS::QK, kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
-  static constexpr int64_t kPf = CPUMOE_Q6KX16_PF;
+  static constexpr int64_t kPf = x16::gguf_pf(CPUMOE_Q6KX16_PF);
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   // G groups x NT tokens, all 16 rows per zmm. Per group-block and sub-half (4 steps): its 16 code vectors built once
@@ -87,7 +87,6 @@ struct Q6KX16 {
   static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char)0xCC);
     auto block = [&](int b, const uint8_t* p, __m512 (&acc)[1][NT]) CPUMOE_LAMBDA_INLINE {
-      prefetch_lines(p, 5);  // d and the scales (and the first codes' half line)
       __m512i S[NT];
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
@@ -95,7 +94,6 @@ struct Q6KX16 {
       for (int hs = 0; hs < 4; ++hs) {  // half h = hs / 2, sub-half s = hs % 2: steps 4s .. 4s + 3
         const int h = hs / 2, s = hs % 2;
         const uint8_t* st = p + kCodes + kHalf * h + kSub * s;
-        prefetch_lines(st, kSub / 64);
         __m512i q[4][4];  // [run][step]
         CPUMOE_UNROLL
         for (int v = 0; v < 4; ++v) {

@@ -35,7 +35,7 @@ void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) {
 // The group dots for gguf_x16.h's RowG16: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar.
 struct Q8X16 {
   static constexpr int QK = cpumoe::CPUMOE_NS::QK, kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
-  static constexpr int64_t kPf = CPUMOE_Q8X16_PF;
+  static constexpr int64_t kPf = x16::gguf_pf(CPUMOE_Q8X16_PF);
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 template <int G, int NT>
@@ -51,7 +51,6 @@ static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
       const uint8_t* p = w[g] + (size_t)b * GB;
-      for (int l = 0; l < 9; ++l) __builtin_prefetch(p + CPUMOE_Q8X16_PF + 64 * l, 0, 3);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512i u[8];
       CPUMOE_UNROLL
