@@ -90,14 +90,15 @@ CPUMOE_INLINE void unpack_scales(const uint8_t* planes, uint8_t* out) {
 #endif
 }
 
-// The group dots: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar.
-template <bool kFifth>
+// The group dots: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar. kSwPf: the software prefetch (x16.h
+// gguf_sw_prefetch; q4_k_x16 builds false on avx512vnni only, q5_k_x16 never).
+template <bool kFifth, bool kSwPf = true>
 struct KMinsX16 {
   static constexpr int QK = 256, kMaxNT = ::cpumoe::CPUMOE_NS::kMaxNT;
   static constexpr int QH = 256, QS = kFifth ? 768 : 256, GB = QS + 2048;  // qh, qs offsets; bytes a group-block
   // q5_k_x16 keeps its software prefetch on avx512vnni: without it a step took twice as long (qwen3-30b batch 1
   // from DRAM, 2 Zen 4 threads: 823-826 us with it, 1389-1669 without)
-  static constexpr int64_t kPf = kFifth ? CPUMOE_KMINSX16_PF : x16::gguf_pf(CPUMOE_KMINSX16_PF);
+  static constexpr int64_t kPf = x16::gguf_pf(kFifth || kSwPf, CPUMOE_KMINSX16_PF);
 
   // element l = 4v + i of run pair c's runs: low nibble (sub-block 2c), high (2c + 1)
   static CPUMOE_INLINE int code(const uint8_t* p, int c, int v, int r, int i, bool high) {
