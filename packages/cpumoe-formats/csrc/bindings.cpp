@@ -268,6 +268,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("env_tier_cap", &env_tier_cap);
   m.def("usable_tier_mask", &usable_tier_mask);
   m.def("cpu_is_amd", &cpu_is_amd);
+  m.def("x16_prefetch", [] { return py::make_tuple(x16_prefetch(), std::string(x16_prefetch_why())); });
   m.def("tier_name", &tier_name);
   m.def("variant_tier_mask", &variant_tier_mask);
   m.def("format_info", [] {

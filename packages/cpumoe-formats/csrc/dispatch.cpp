@@ -1,6 +1,7 @@
 // Run-time ISA detection: CPUID feature bits AND the OS's XCR0 state
 // (a CPU with AVX-512 under an OS that does not save ZMM state must not run it),
 // AND what this build compiled (CPUMOE_BUILT_<tag> from hatch_build.py).
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -92,20 +93,53 @@ unsigned built_mask() {
 const char* const kNames[CPUMOE_TIER_COUNT] = {"scalar", "avx2", "avxvnni", "avx512f", "avx512vnni", "avx512bf16", "amx"};
 }  // namespace
 
-bool cpu_is_amd() {
+// The CPUID vendor string ("AuthenticAMD", "GenuineIntel", ...); "unknown" off x86 or without leaf 0.
+static const char* cpu_vendor() {
+  static const struct V { char s[13] = "unknown"; } vendor = [] {
+    V v;
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool amd = [] {
     unsigned a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-    char v[13];
-    std::memcpy(v, &b, 4), std::memcpy(v + 4, &d, 4), std::memcpy(v + 8, &c, 4), v[12] = 0;
-    return !std::strcmp(v, "AuthenticAMD") || !std::strcmp(v, "HygonGenuine");
-  }();
-  return amd;
-#else
-  return false;
+    if (__get_cpuid(0, &a, &b, &c, &d))
+      std::memcpy(v.s, &b, 4), std::memcpy(v.s + 4, &d, 4), std::memcpy(v.s + 8, &c, 4), v.s[12] = 0;
 #endif
+    return v;
+  }();
+  return vendor.s;
 }
+
+bool cpu_is_amd() {
+  static const bool amd = !std::strcmp(cpu_vendor(), "AuthenticAMD") || !std::strcmp(cpu_vendor(), "HygonGenuine");
+  return amd;
+}
+
+namespace {
+struct X16Prefetch {
+  int on;
+  char why[96];
+};
+// A function-local static: the variable is read once, at the first call, whichever thread makes it.
+const X16Prefetch& x16_prefetch_choice() {
+  static const X16Prefetch c = [] {
+    X16Prefetch r{};
+    const char* v = std::getenv("CPUMOE_X16_PREFETCH");
+    if (!v || !*v || !std::strcmp(v, "auto")) {
+      r.on = cpu_is_amd() ? 0 : 1;
+      std::snprintf(r.why, sizeof r.why, "auto: %s", cpu_vendor());
+    } else if (!std::strcmp(v, "on") || !std::strcmp(v, "off")) {
+      r.on = v[1] == 'n';
+      std::snprintf(r.why, sizeof r.why, "CPUMOE_X16_PREFETCH=%s", v);
+    } else {
+      r.on = -1;
+      std::snprintf(r.why, sizeof r.why, "%s", v);
+    }
+    return r;
+  }();
+  return c;
+}
+}  // namespace
+
+int x16_prefetch() { return x16_prefetch_choice().on; }
+const char* x16_prefetch_why() { return x16_prefetch_choice().why; }
 
 unsigned usable_tier_mask() {
   static const unsigned mask = [] {

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "rowmajor.h"
+#include "tiers.h"  // x16_prefetch
 
 // The tiers whose group dots use 32 zmm registers (8 tokens per call): avx512vnni, and avx512bf16 where a layout
 // installs it for that tier's VBMI (fp4_common.h nib_lo512: nvfp4_x16, ds_fp4_x16, mxfp4_x16).
@@ -150,6 +151,15 @@ void q8_records(const uint16_t* src, int32_t K, void* dst) {
 #ifndef CPUMOE_X16_PF_ONE
 #define CPUMOE_X16_PF_ONE 1536
 #endif
+// The GGUF layouts' software prefetch on avx512vnni (q4_0_x16, q4_k_x16, q6_k_x16, q8_0_x16): the group dots take
+// kSwPf, and the tier's init installs the kSwPf = true or false kernels by CPUMOE_X16_PREFETCH (tiers.h
+// x16_prefetch(): auto is off on AMD, on elsewhere), so the choice is made once per kernel and the block loops hold
+// no branch for it. Off, the streams run on the hardware prefetchers alone: prefetcht0 3 KB ahead held Zen 4 cores
+// below them (q4_0_x16 qwen3-30b batch 1 from DRAM, 2 threads: 70% of the read ceiling with it, 80-82% without);
+// Intel's cores have not been measured without it. The other tiers always prefetch (kSwPf = true).
+constexpr int64_t gguf_pf(bool sw_pf, int64_t d) { return sw_pf ? d : 0; }
+// True where this tier's GGUF x16 kernels are to prefetch: always below avx512vnni, CPUMOE_X16_PREFETCH's choice on it.
+CPUMOE_INLINE bool gguf_sw_prefetch() { return CPUMOE_TIER != CPUMOE_T_AVX512VNNI || ::cpumoe::x16_prefetch() != 0; }
 CPUMOE_INLINE void prefetch_one_token(const uint8_t* p, int n) {
   for (int l = 0; l < n; ++l) __builtin_prefetch(p + CPUMOE_X16_PF_ONE + 64 * l, 0, 3);
 }

@@ -116,6 +116,10 @@ def format_pair(fmt: str) -> tuple:
     return (gate_up, down) if sep else (fmt, fmt)
 
 
+# the layouts whose avx512vnni kernels CPUMOE_X16_PREFETCH switches (cf.x16_prefetch)
+X16_PREFETCH_LAYOUTS = {"q4_0_x16", "q4_k_x16", "q6_k_x16", "q8_0_x16"}
+
+
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -455,6 +459,10 @@ def table(report: dict) -> str:
         if "over_off" in e:
             notes.append(f"{name[f]} numa {e['numa']} over off, per repeat: " + ", ".join(
                 f"{k} {v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f})" for k, v in e["over_off"].items()))
+    pf = report.get("machine", {}).get("x16_prefetch")
+    if pf and any(set(e.get("layout", f).split("/")) & X16_PREFETCH_LAYOUTS and "avx512vnni" in e["isa"]
+                  for f, e in report["formats"].items()):
+        notes.append(f"avx512vnni GGUF x16 software prefetch (CPUMOE_X16_PREFETCH): {pf['prefetch']} ({pf['why']})")
     nc = report.get("numa_ceilings")
     if nc:
         per = ", ".join(f"node {n} {v['gbps']['median']:.1f}" for n, v in nc["per_node"].items())
@@ -583,6 +591,8 @@ def main(argv=None) -> int:
     report = {"machine": machine_info(llc), "threads": len(cores), "cores": cores, "cores_why": why,
               "settings": {k: v for k, v in vars(opts).items() if k not in ("json", "plot")}, "formats": {}}
     log(f"{len(cores)} threads on cores {cores} ({why}); working set {opts.working_set}, LLC {llc / MiB:.0f} MiB")
+    pf = report["machine"]["x16_prefetch"]
+    log(f"avx512vnni GGUF x16 software prefetch (CPUMOE_X16_PREFETCH): {pf['prefetch']} ({pf['why']})")
     nc = report["numa_ceilings"] = numa_ceilings(opts.threads, llc, opts.repeats)
     log("read ceilings: " + ", ".join(f"node {n} ({len(v['cores'])} cores) {v['gbps']['median']:.1f} GB/s"
                                       for n, v in nc["per_node"].items()) +

@@ -90,12 +90,15 @@ CPUMOE_INLINE void unpack_scales(const uint8_t* planes, uint8_t* out) {
 #endif
 }
 
-// The group dots: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar.
-template <bool kFifth>
+// The group dots: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar. kSwPf: the software prefetch (x16.h
+// gguf_sw_prefetch; q4_k_x16 builds false on avx512vnni only, q5_k_x16 never).
+template <bool kFifth, bool kSwPf = true>
 struct KMinsX16 {
   static constexpr int QK = 256, kMaxNT = ::cpumoe::CPUMOE_NS::kMaxNT;
   static constexpr int QH = 256, QS = kFifth ? 768 : 256, GB = QS + 2048;  // qh, qs offsets; bytes a group-block
-  static constexpr int64_t kPf = CPUMOE_KMINSX16_PF;
+  // q5_k_x16 keeps its software prefetch on avx512vnni: without it a step took twice as long (qwen3-30b batch 1
+  // from DRAM, 2 Zen 4 threads: 823-826 us with it, 1389-1669 without)
+  static constexpr int64_t kPf = x16::gguf_pf(kFifth || kSwPf, CPUMOE_KMINSX16_PF);
 
   // element l = 4v + i of run pair c's runs: low nibble (sub-block 2c), high (2c + 1)
   static CPUMOE_INLINE int code(const uint8_t* p, int c, int v, int r, int i, bool high) {
@@ -114,7 +117,8 @@ struct KMinsX16 {
   static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     auto block = [&](int b, const uint8_t* p, __m512 (&acc)[1][NT]) CPUMOE_LAMBDA_INLINE {
-      for (int l = 0; l < QS / 64; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
+      if constexpr (kPf > 0)
+        for (int l = 0; l < QS / 64; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
       alignas(64) uint8_t sm[256];
       unpack_scales(p + 64, sm);
       __m512i S[NT];
@@ -123,7 +127,8 @@ struct KMinsX16 {
       CPUMOE_UNROLL
       for (int c = 0; c < 4; ++c) {
         const uint8_t* v = p + QS + 512 * c;
-        for (int l = 0; l < 8; ++l) __builtin_prefetch(v + kPf + 64 * l, 0, 3);
+        if constexpr (kPf > 0)
+          for (int l = 0; l < 8; ++l) __builtin_prefetch(v + kPf + 64 * l, 0, 3);
         __m512i lo[8], hi[8];
         CPUMOE_UNROLL
         for (int j = 0; j < 8; ++j) {

@@ -150,10 +150,12 @@ __attribute__((noinline)) void half_pass(const uint8_t* w, int nb, int h, const 
 }
 #endif
 
-// The layout for x16.h's loops: a group is one bank row.
+// The layout for x16.h's loops: a group is one bank row. kSwPf: the software prefetch (x16.h gguf_sw_prefetch;
+// false is built on avx512vnni only).
+template <bool kSwPf>
 struct G16 {
   static constexpr int kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
-  static constexpr int64_t kPf = CPUMOE_Q4X16_PF;
+  static constexpr int64_t kPf = x16::gguf_pf(kSwPf, CPUMOE_Q4X16_PF);
   static constexpr int kSlot[2] = {0, 1};
   struct Ref {
     const uint8_t* w;
@@ -166,8 +168,9 @@ struct G16 {
 };
 
 // out[(g * NT + t) * 16 + r] = dot(row r of group g, token t) for G groups (bank rows gp[g]) and NT tokens.
+template <bool kSwPf>
 template <int G, int NT>
-CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, float* out) {
+CPUMOE_INLINE void G16<kSwPf>::groups(const Ref* gp, int K, const void* const* act, float* out) {
   const int nb = K / QK;
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   x16::BlockToks<NT, QK> a(act);
@@ -181,7 +184,8 @@ CPUMOE_INLINE void G16::groups(const Ref* gp, int K, const void* const* act, flo
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
       const uint8_t* p = gp[g].w + (size_t)b * GB;
-      for (int l = 0; l < 5; ++l) __builtin_prefetch(p + CPUMOE_Q4X16_PF + 64 * l, 0, 3);
+      if constexpr (kSwPf)
+        for (int l = 0; l < 5; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512i lo[4], hi[4];
       CPUMOE_UNROLL
@@ -256,7 +260,11 @@ bool CPUMOE_INIT_FN(q4_0_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
     CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  return x16::install<G16>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  if (!x16::gguf_sw_prefetch())
+    return x16::install<G16<false>>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
+#endif
+  return x16::install<G16<true>>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
 #else
   (void)k;
   return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs

@@ -17,5 +17,5 @@
 
 bool CPUMOE_INIT_FN(q4_k_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-  return x16::install_row_groups<KMinsX16<false>>(k, &act_bytes_x16, &prep_x16);
+  return x16::install_row_groups<KMinsX16<false, true>, KMinsX16<false, false>>(k, &act_bytes_x16, &prep_x16);
 }

@@ -74,10 +74,12 @@ CPUMOE_INLINE void prefetch_lines(const uint8_t* p, int n) {
   for (int l = 0; l < n; ++l) __builtin_prefetch(p + CPUMOE_Q6KX16_PF + 64 * l, 0, 3);
 }
 
-// The group dots for gguf_x16.h's RowG16: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar.
+// The group dots for gguf_x16.h's RowG16: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar. kSwPf: the
+// software prefetch (x16.h gguf_sw_prefetch; false is built on avx512vnni only).
+template <bool kSwPf>
 struct Q6KX16 {
   static constexpr int QK = cpumoe::CPUMOE_NS::QK, kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
-  static constexpr int64_t kPf = CPUMOE_Q6KX16_PF;
+  static constexpr int64_t kPf = x16::gguf_pf(kSwPf, CPUMOE_Q6KX16_PF);
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
   // G groups x NT tokens, all 16 rows per zmm. Per group-block and sub-half (4 steps): its 16 code vectors built once
@@ -87,7 +89,7 @@ struct Q6KX16 {
   static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char)0xCC);
     auto block = [&](int b, const uint8_t* p, __m512 (&acc)[1][NT]) CPUMOE_LAMBDA_INLINE {
-      prefetch_lines(p, 5);  // d and the scales (and the first codes' half line)
+      if constexpr (kSwPf) prefetch_lines(p, 5);  // d and the scales (and the first codes' half line)
       __m512i S[NT];
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
@@ -95,7 +97,7 @@ struct Q6KX16 {
       for (int hs = 0; hs < 4; ++hs) {  // half h = hs / 2, sub-half s = hs % 2: steps 4s .. 4s + 3
         const int h = hs / 2, s = hs % 2;
         const uint8_t* st = p + kCodes + kHalf * h + kSub * s;
-        prefetch_lines(st, kSub / 64);
+        if constexpr (kSwPf) prefetch_lines(st, kSub / 64);
         __m512i q[4][4];  // [run][step]
         CPUMOE_UNROLL
         for (int v = 0; v < 4; ++v) {
@@ -253,5 +255,5 @@ struct Q6KX16 {
 // w4a8: scalar, avx2, avxvnni, avx512vnni; native: scalar, avx2, avx512f (q6_k's tiers).
 bool CPUMOE_INIT_FN(q6_k_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-  return x16::install_native_or_w4a8<Q6KNativeBlock, Q6KX16>(k, &act_bytes_x16, &prep_x16);
+  return x16::install_native_or_w4a8<Q6KNativeBlock, Q6KX16<true>, Q6KX16<false>>(k, &act_bytes_x16, &prep_x16);
 }

@@ -32,10 +32,12 @@ constexpr int kMaxNT = CPUMOE_TIER == CPUMOE_T_AVX512VNNI ? 8 : 4;
 // q8_0's w4a8 codes and d_a per 32, corr = -128 sum(q) (the codes' offset 128 in vpdpbusd's unsigned operand)
 void prep_x16(const cpumoe_kernel*, const uint16_t* src, int32_t K, void* dst) { x16::q8_records<-128>(src, K, dst); }
 
-// The group dots for gguf_x16.h's RowG16: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar.
+// The group dots for gguf_x16.h's RowG16: zmm (avx512vnni), ymm row halves (avx2 / avxvnni), scalar. kSwPf: the
+// software prefetch (x16.h gguf_sw_prefetch; false is built on avx512vnni only).
+template <bool kSwPf>
 struct Q8X16 {
   static constexpr int QK = cpumoe::CPUMOE_NS::QK, kMaxNT = cpumoe::CPUMOE_NS::kMaxNT;
-  static constexpr int64_t kPf = CPUMOE_Q8X16_PF;
+  static constexpr int64_t kPf = x16::gguf_pf(kSwPf, CPUMOE_Q8X16_PF);
 
 #if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
 template <int G, int NT>
@@ -51,7 +53,8 @@ static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
       const uint8_t* p = w[g] + (size_t)b * GB;
-      for (int l = 0; l < 9; ++l) __builtin_prefetch(p + CPUMOE_Q8X16_PF + 64 * l, 0, 3);
+      if constexpr (kSwPf)
+        for (int l = 0; l < 9; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512i u[8];
       CPUMOE_UNROLL
@@ -162,5 +165,5 @@ static CPUMOE_INLINE void ymm(const uint8_t* const* w, int nb, const void* const
 
 bool CPUMOE_INIT_FN(q8_0_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
-  return x16::install_row_groups<Q8X16>(k, &x16::int8_record_bytes<QK>, &prep_x16);
+  return x16::install_row_groups<Q8X16<true>, Q8X16<false>>(k, &x16::int8_record_bytes<QK>, &prep_x16);
 }

@@ -116,14 +116,14 @@ struct NativeX16 {
 
 // A GGUF "_x16" format with a native mode: RowG16<NativeX16<Dec>> where the mode is native and the tier has its
 // kernel (scalar, avx2, avx512f), else the w4a8 group dots RowG16<Kern> (install_row_groups). A tier without the
-// mode's kernel declines and the tier below runs.
-template <class Dec, class Kern>
+// mode's kernel declines and the tier below runs. KernNoPf: install_row_groups'.
+template <class Dec, class Kern, class KernNoPf = Kern>
 bool install_native_or_w4a8(cpumoe_kernel* k, cpumoe_act_bytes_fn act_bytes, cpumoe_prep_act_fn prep) {
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVX512F
   if (k->params.mode == CPUMOE_MODE_NATIVE)
     return install<RowG16<NativeX16<Dec>>>(k, CPUMOE_MODE_NATIVE, &act_bytes_f32, &prep_act_f32);
 #endif
-  return install_row_groups<Kern>(k, act_bytes, prep);
+  return install_row_groups<Kern, KernNoPf>(k, act_bytes, prep);
 }
 
 }  // namespace x16

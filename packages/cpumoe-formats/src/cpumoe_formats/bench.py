@@ -312,7 +312,8 @@ def run(opts) -> dict:
                 "ceiling_samples": opts.ceiling_samples, "quick": opts.quick, "seed": opts.seed, "tokens": 1}
     report = {"machine": machine_info(llc), "settings": settings, "formats": {}, "skipped": {}}
     log(f"{report['machine']['cpu']}, LLC {llc / MiB if llc else '?'} MiB, working set "
-        f"{opts.working_set / MiB:.0f} MiB, tiers usable: {', '.join(usable_tiers())}")
+        f"{opts.working_set / MiB:.0f} MiB, tiers usable: {', '.join(usable_tiers())}; avx512vnni GGUF x16 "
+        f"prefetch {report['machine']['x16_prefetch']['prefetch']} ({report['machine']['x16_prefetch']['why']})")
     ceiling = Ceiling(opts.working_set)
     log(f"ceiling: single-thread read of {opts.working_set / MiB:.0f} MiB...")
     before = ceiling.sample(opts.ceiling_samples)

@@ -29,6 +29,18 @@ def detected_tier() -> str:
     return TIERS[_native.detected_tier()]
 
 
+def x16_prefetch() -> dict:
+    """Whether the avx512vnni tier's GGUF x16 kernels (q4_0_x16, q4_k_x16, q6_k_x16, q8_0_x16) run their software
+    prefetch, as CPUMOE_X16_PREFETCH (auto | on | off; default auto: off on AMD, on elsewhere) chose it, read once per
+    process: {"prefetch": "on" | "off", "why": "auto: AuthenticAMD" | "CPUMOE_X16_PREFETCH=off" | ...}. Benches
+    record it beside the isa (machine_info). Raises ValueError naming the variable for an invalid value, as kernel
+    creation then fails. Threads: any."""
+    on, why = _native.x16_prefetch()
+    if on < 0:
+        raise ValueError(f"CPUMOE_X16_PREFETCH={why} is not valid; expected one of auto, on, off")
+    return {"prefetch": "on" if on else "off", "why": why}
+
+
 PEAK_KINDS = ("int8", "bf16", "fp32")  # cpumoe_peak_kind, in enum order
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .kernels import usable_tiers
+from .kernels import usable_tiers, x16_prefetch
 
 
 def _size(text: str) -> int:
@@ -49,7 +49,8 @@ def machine_info(llc: int | None) -> dict:
     from . import BUILD_INFO, __version__
 
     return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "llc_bytes": llc, "usable_tiers": usable_tiers(),
-            "build_info": BUILD_INFO, "cpumoe_formats": __version__, "python": platform.python_version(),
+            "x16_prefetch": x16_prefetch(), "build_info": BUILD_INFO, "cpumoe_formats": __version__,
+            "python": platform.python_version(),
             "numpy": np.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
