@@ -15,8 +15,9 @@ which one runs, chosen once at load (`decode=`), with one log line naming it and
            matrix-vector products, which inductor leaves to aten) and compiles for a minute, so auto never picks it.
            On a GPU, GraphLoop (moe-engine bench / generate) compiles its step and captures inductor's kernels: the
            full-size Q4_0 file with a quarter of the expert bytes on an H200 decoded 110.9 tok/s against eager's
-           70.7 (docs/end-to-end.md). auto leaves it to be asked for: strategy cpu's run was unsteady (29.6 and
-           94.4 tok/s in its two repeats, eager 61.0 and 65.8) and the compile adds ~45 s before the first token.
+           70.7 (docs/end-to-end.md). auto leaves it to be asked for: the compile adds ~45 s before the first
+           token, and the first stretch of tokens after it runs slow (every compiled run's first timed repeat, on
+           an H100 and an H200: strategy cpu 11.4 then 79-80 tok/s; not seen eagerly), so a short generation loses.
   gemv     static cache, and every bf16 nn.Linear on the CPU (the LM head included, tied or not) a
            moe_engine.dense.DenseLinear: products of up to 8 tokens run on the experts' executor's threads through
            cpumoe_formats' dense bf16 linear (its weight read at the DRAM read ceiling), more tokens through F.linear
