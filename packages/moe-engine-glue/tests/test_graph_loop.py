@@ -10,6 +10,7 @@ pytest.importorskip("transformers", minversion="5.0")
 pytest.importorskip("gguf")
 
 from moe_engine import from_pretrained  # noqa: E402
+from moe_engine.integrations.transformers import graph_loop  # noqa: E402
 from moe_engine.integrations.transformers.graph_loop import GraphLoop  # noqa: E402
 from moe_engine.tools import synth  # noqa: E402
 
@@ -48,18 +49,35 @@ def _check_argmax(model, ids, new, n_off: int = 1):
 
 
 @pytest.mark.slow  # inductor compiles the 2-layer step: ~30 s on a quiet 2-core VM
-def test_compiled_loop_picks_the_eager_models_argmax(small_gguf):
+def test_compiled_loop_picks_the_eager_models_argmax(small_gguf, monkeypatch):
     """decode='compile': the loop's step runs torch.compile'd (inductor), its fused norms and rotary in fp32."""
     model = from_pretrained(small_gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode="compile")
     loop = GraphLoop(model, max_len=64)
     assert loop.compiled and not loop.capture
     ids = torch.tensor([[3, 17, 101, 42]])
+    dropped = []
+    monkeypatch.setattr(graph_loop, "_drop_compile_workers", lambda: dropped.append(1))
     new = loop.generate(ids, 12)
     assert loop.last["compiled"] and new.shape == (1, 12)
+    assert dropped == [1]  # inductor's compile workers go once the step is compiled
     _check_argmax(model, ids, new)
+    loop.generate(ids, 4)
+    assert dropped == [1]  # and only once
     loop.close()
     assert not loop.compiled  # close() dropped the compiled step
     model.moe_engine.close()
+
+
+def test_drop_compile_workers_shuts_inductors_pool():
+    """The compiled loop's clean-up: inductor's worker pool (a process per core) exists, then is gone."""
+    from torch._inductor import async_compile
+
+    if async_compile.get_compile_threads() <= 1:
+        pytest.skip("one compile thread: inductor compiles in this process, no pool")
+    async_compile.AsyncCompile.warm_pool()
+    assert async_compile._pool_set
+    graph_loop._drop_compile_workers()
+    assert not async_compile._pool_set
 
 
 def test_replays_end_the_runners_step(small_gguf):

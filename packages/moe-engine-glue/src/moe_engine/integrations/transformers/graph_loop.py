@@ -16,7 +16,7 @@ compile=True (the default where from_pretrained's decode path is `compile`): the
 (inductor, fullgraph, static shapes; our experts one opaque op inside) and then captured, so a replay runs
 inductor's fused kernels (norms, rotary, the cache update, the router's softmax and top-k) instead of transformers'
 one kernel per small op. The prompt's forward stays eager (its shape changes per call). The first step compiles
-(a minute or more for 48 layers), outside the capture.
+(a minute or more for 48 layers), outside the capture; inductor's compile workers are shut down after it.
 
 A replay runs none of the runner's Python, so the loop ends each replayed step itself (runner.end_step(): under
 residency="hot" the routing counts are folded and experts re-placed between replays, through the in-place tables);
@@ -27,6 +27,18 @@ from __future__ import annotations
 
 import inspect
 import time
+
+
+def _drop_compile_workers() -> None:
+    """Shuts inductor's compile workers down once the step is compiled (static shapes: nothing more to compile; a
+    later compile starts a new pool). The pool holds a process per core, some still starting when the compile ends,
+    beside the CPU experts' pinned threads: every compiled run's first timed repeat on a 16-core GPU host ran slow
+    (strategy cpu 11.4 tok/s, then 79-80)."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:  # a torch without inductor's worker pools
+        return
+    shutdown_compile_workers()
 
 
 class GraphLoop:
@@ -47,6 +59,7 @@ class GraphLoop:
         if compile is None:
             compile = getattr(model, "_moe_engine_decode", None) == "compile"
         self.compiled = bool(compile)
+        self._workers_dropped = False
         self._forward = model
         if self.compiled:
             from .decode import COMPILE
@@ -124,12 +137,14 @@ class GraphLoop:
             sync()
             t1 = time.perf_counter()
             steps = n - 1
-            if steps and self.capture and self.graph is None:
-                self._step()  # the first step eagerly: kernels loaded (compiled), workspaces made outside the capture
+            if steps and self.compiled and not self._workers_dropped:
+                self._step()  # traces and compiles the step
                 steps -= 1
-                if self.compiled and steps:
-                    self._step()  # a second eagerly: the first call traced and compiled, this one runs the code alone
-                    steps -= 1
+                _drop_compile_workers()
+                self._workers_dropped = True
+            if steps and self.capture and self.graph is None:
+                self._step()  # eagerly (compiled: its code run alone once): kernels loaded, workspaces made outside
+                steps -= 1
                 self._capture()
             for _ in range(steps):
                 if self.graph is not None:
