@@ -31,9 +31,9 @@ import time
 
 def _drop_compile_workers() -> None:
     """Shuts inductor's compile workers down once the step is compiled (static shapes: nothing more to compile; a
-    later compile starts a new pool). The pool holds a process per core, some still starting when the compile ends,
-    beside the CPU experts' pinned threads: every compiled run's first timed repeat on a 16-core GPU host ran slow
-    (strategy cpu 11.4 tok/s, then 79-80)."""
+    later compile starts a new pool). The pool holds a process per core beside the CPU experts' pinned threads, the
+    likely cause of the slow first timed repeat after every compile on a 16-core GPU host (strategy cpu 11.4 tok/s,
+    then 79-80; not re-measured with the pool gone)."""
     try:
         from torch._inductor.async_compile import shutdown_compile_workers
     except ImportError:  # a torch without inductor's worker pools
