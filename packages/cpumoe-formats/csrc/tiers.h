@@ -13,8 +13,8 @@ int detected_tier();
 bool cpu_is_amd();
 // CPUMOE_X16_PREFETCH (auto | on | off; unset or empty = auto), read once, at the first call (thread-safe): whether
 // the avx512vnni tier's GGUF x16 kernels (q4_0_x16, q4_k_x16, q6_k_x16, q8_0_x16) run their software prefetch.
-// auto: off on AMD (Zen 4 read more of the DRAM ceiling on its hardware prefetchers alone), on elsewhere (not yet
-// measured off on Intel). on: 1, off: 0, an invalid value: -1 (kernel_create then fails naming the variable).
+// auto: off on AMD (Zen 4 read more of the DRAM ceiling on its hardware prefetchers alone), on elsewhere (a Xeon
+// host read less without it). on: 1, off: 0, an invalid value: -1 (kernel_create then fails naming the variable).
 int x16_prefetch();
 // Why x16_prefetch() chose as it did, e.g. "auto: AuthenticAMD" or "CPUMOE_X16_PREFETCH=on"; the raw value when invalid.
 const char* x16_prefetch_why();
