@@ -14,10 +14,15 @@ and one per sub-block, K/16 + 16 <= 64 roundings at K = 768 (~4e-6).
 """
 import numpy as np
 import pytest
-from conftest import USABLE, rel_err, routes, run_forced, tier_cases
-from fp4_helpers import prep, to_bf16_bits
+from conftest import rel_err, routes, run_forced, tier_cases
 from gguf_helpers import bf16, dot_ref, down_rows, kernel_for
-from x16_helpers import check_kquant_x16_schema, check_moved, check_ragged_work_items, check_tiers_bit_identical
+from x16_helpers import (
+    check_kquant_x16_schema,
+    check_moved,
+    check_ragged_work_items,
+    check_tiers_bit_identical,
+    kquant_records,
+)
 
 import cpumoe_formats as cf
 from cpumoe_formats.formats import q6_k, q6_k_x16
@@ -163,17 +168,7 @@ def test_nonfinite_d(rng, mode, tier, kind):
 def test_prepared_record(rng, mode, tier):
     """Per 256-block 324 bytes: q6_k's w4a8 codes (numerics.int8_blocks) bit for bit, then c[j] = -32 * (the sum of
     each 16 codes) as int32, then d_a."""
-    if tier not in USABLE:
-        pytest.skip(f"this CPU/OS lacks the {tier} tier")
-    K = 1024
-    k = cf.Kernel(FMT, 1, K, K, mode=mode, isa=tier)
-    assert k._k.act_bytes(K) == 324 * (K // 256)
-    v = rng.standard_normal(K) * np.repeat(10.0 ** rng.uniform(-6, 6, K // 256), 256)
-    v[256:512] = 0  # an all-zero block: d = 0, codes 0
-    v[700] = np.nan  # a NaN block: d = NaN, codes 0
-    bits = to_bf16_bits(v)
-    rec = np.asarray(prep(k, bits)[:324 * (K // 256)]).reshape(-1, 324)
-    q_ref, d_ref = cf.numerics.int8_blocks((bits.astype(np.uint32) << 16).view(np.float32), 256)
+    rec, q_ref, d_ref = kquant_records(FMT, rng, mode, tier, 324)  # an all-zero and a NaN block among its 4
     np.testing.assert_array_equal(rec[:, :256].view(np.int8), q_ref)
     np.testing.assert_array_equal(rec[:, 256:320].copy().view(np.int32),
                                   -32 * q_ref.reshape(-1, 16, 16).astype(np.int32).sum(-1))

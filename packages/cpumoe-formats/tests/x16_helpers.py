@@ -181,21 +181,29 @@ def check_tiers_bit_identical(fmt, rng, tier, T, mode="w4a8", shape=(4, 768, 512
     np.testing.assert_array_equal(a1.view(np.uint32), a0.view(np.uint32))
 
 
-def check_kquant_record(fmt, rng, mode, tier):
-    """q4_k_x16's / q5_k_x16's w4a8 record, per 256-block 288 bytes: the codes and d_a (numerics.int8_blocks) bit
-    for bit, then the int16 sum of each 32 codes, then zeros; an all-zero block (d = 0) and a NaN block (d = NaN,
-    codes 0) among them."""
+def kquant_records(fmt, rng, mode, tier, nbytes):
+    """A K = 1024 activation's w4a8 records from fmt's kernel at tier (nbytes a 256-block, checked against the
+    kernel's act_bytes), with the codes and d_a they must hold (numerics.int8_blocks): 4 blocks of scales 1e-6 ..
+    1e6, an all-zero block (d = 0) and a NaN block (d = NaN, codes 0) among them. Returns rec [4, nbytes], q_ref,
+    d_ref."""
     if tier not in USABLE:
         pytest.skip(f"this CPU/OS lacks the {tier} tier")
     K = 1024
     k = cf.Kernel(fmt, 1, K, K, mode=mode, isa=tier)
-    assert k._k.act_bytes(K) == 288 * (K // 256)
+    assert k._k.act_bytes(K) == nbytes * (K // 256)
     v = rng.standard_normal(K) * np.repeat(10.0 ** rng.uniform(-6, 6, K // 256), 256)
     v[256:512] = 0
     v[700] = np.nan
     bits = to_bf16_bits(v)
-    rec = np.asarray(prep(k, bits)[:288 * (K // 256)]).reshape(-1, 288)
+    rec = np.asarray(prep(k, bits)[:nbytes * (K // 256)]).reshape(-1, nbytes)
     q_ref, d_ref = cf.numerics.int8_blocks((bits.astype(np.uint32) << 16).view(np.float32), 256)
+    return rec, q_ref, d_ref
+
+
+def check_kquant_record(fmt, rng, mode, tier):
+    """q4_k_x16's / q5_k_x16's w4a8 record, per 256-block 288 bytes: the codes and d_a bit for bit, then the int16
+    sum of each 32 codes, then zeros (kquant_records' blocks)."""
+    rec, q_ref, d_ref = kquant_records(fmt, rng, mode, tier, 288)
     np.testing.assert_array_equal(rec[:, :256].view(np.int8), q_ref)
     np.testing.assert_array_equal(rec[:, 256:260].copy().view(np.uint32).ravel(), d_ref.view(np.uint32))
     np.testing.assert_array_equal(rec[:, 260:276].copy().view(np.int16),
