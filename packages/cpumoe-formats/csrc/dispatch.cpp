@@ -115,7 +115,7 @@ bool cpu_is_amd() {
 namespace {
 struct X16Prefetch {
   int on;
-  char why[96];
+  char why[192];
 };
 // A function-local static: the variable is read once, at the first call, whichever thread makes it. auto: off on AMD
 // (Zen 4, 2 threads, q8_0_x16 batch 1 from DRAM: 94% of the read ceiling with it, 100% without), on elsewhere (a Xeon
@@ -131,8 +131,8 @@ const X16Prefetch& x16_prefetch_choice() {
       r.on = v[1] == 'n';
       std::snprintf(r.why, sizeof r.why, "CPUMOE_X16_PREFETCH=%s", v);
     } else {
-      r.on = -1;
-      std::snprintf(r.why, sizeof r.why, "%s", v);
+      r.on = -1;  // the message kernel creation (registry.cpp) and cf.x16_prefetch() raise
+      std::snprintf(r.why, sizeof r.why, "CPUMOE_X16_PREFETCH=%.100s is not valid; expected one of auto, on, off", v);
     }
     return r;
   }();

@@ -167,7 +167,7 @@ int32_t kernel_create(const cpumoe_params* p, int32_t cap, cpumoe_kernel** out, 
   }
   if (cap >= CPUMOE_TIER_COUNT) FAIL("tier cap %d is not in [0, %d)", cap, CPUMOE_TIER_COUNT);
   if (x16_prefetch() < 0)  // every format, as CPUMOE_ISA: a mistyped value fails where it is set, not only on AVX-512
-    FAIL("CPUMOE_X16_PREFETCH=%s is not valid; expected one of auto, on, off", x16_prefetch_why());
+    FAIL("%s", x16_prefetch_why());
   const unsigned usable = usable_tier_mask();
   cpumoe_kernel* k = new (std::nothrow) cpumoe_kernel();
   if (!k) FAIL("out of memory");

@@ -16,7 +16,7 @@ bool cpu_is_amd();
 // auto: off on AMD (Zen 4 read more of the DRAM ceiling on its hardware prefetchers alone), on elsewhere (a Xeon
 // host read less without it). on: 1, off: 0, an invalid value: -1 (kernel_create then fails naming the variable).
 int x16_prefetch();
-// Why x16_prefetch() chose as it did, e.g. "auto: AuthenticAMD" or "CPUMOE_X16_PREFETCH=on"; the raw value when invalid.
+// Why x16_prefetch() chose as it did, e.g. "auto: AuthenticAMD" or "CPUMOE_X16_PREFETCH=on"; the error message when invalid.
 const char* x16_prefetch_why();
 // Parse CPUMOE_ISA; returns the cap, CPUMOE_TIER_COUNT-1 when unset, -1 when invalid.
 int env_tier_cap();

@@ -466,6 +466,17 @@ CPUMOE_INLINE bool install(cpumoe_kernel* k, int mode, cpumoe_act_bytes_fn act_b
   return true;
 }
 
+// install<L>, or on avx512vnni install<LNoPf> where CPUMOE_X16_PREFETCH turns the GGUF layouts' software prefetch off
+// (gguf_sw_prefetch). LNoPf is instantiated on that tier only; a layout that always prefetches leaves LNoPf = L.
+template <class L, class LNoPf = L>
+CPUMOE_INLINE bool install_pf(cpumoe_kernel* k, int mode, cpumoe_act_bytes_fn act_bytes, cpumoe_prep_act_fn prep_act) {
+#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
+  if constexpr (!std::is_same_v<L, LNoPf>)
+    if (!gguf_sw_prefetch()) return install<LNoPf>(k, mode, act_bytes, prep_act);
+#endif
+  return install<L>(k, mode, act_bytes, prep_act);
+}
+
 }  // namespace x16
 }  // namespace CPUMOE_NS
 }  // namespace cpumoe

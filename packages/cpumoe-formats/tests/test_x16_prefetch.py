@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from conftest import IS_AMD, USABLE
 
-FORMATS = ("q4_0_x16", "q4_k_x16", "q6_k_x16", "q8_0_x16", "q5_k_x16")  # q5_k_x16: always prefetches, a control
+import cpumoe_formats as cf
+
+FORMATS = (*cf.X16_PREFETCH_LAYOUTS, "q5_k_x16")  # q5_k_x16: always prefetches, a control
 TESTS = Path(__file__).resolve().parent
 
 # Per format, at avx512vnni: whole layers at batch 1 (the lone-token path, two streams a call), 3 and 8 (the token

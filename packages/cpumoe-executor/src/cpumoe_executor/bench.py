@@ -116,10 +116,6 @@ def format_pair(fmt: str) -> tuple:
     return (gate_up, down) if sep else (fmt, fmt)
 
 
-# the layouts whose avx512vnni kernels CPUMOE_X16_PREFETCH switches (cf.x16_prefetch)
-X16_PREFETCH_LAYOUTS = {"q4_0_x16", "q4_k_x16", "q6_k_x16", "q8_0_x16"}
-
-
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -460,7 +456,7 @@ def table(report: dict) -> str:
             notes.append(f"{name[f]} numa {e['numa']} over off, per repeat: " + ", ".join(
                 f"{k} {v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f})" for k, v in e["over_off"].items()))
     pf = report.get("machine", {}).get("x16_prefetch")
-    if pf and any(set(e.get("layout", f).split("/")) & X16_PREFETCH_LAYOUTS and "avx512vnni" in e["isa"]
+    if pf and any(set(e.get("layout", f).split("/")) & set(cf.X16_PREFETCH_LAYOUTS) and "avx512vnni" in e["isa"]
                   for f, e in report["formats"].items()):
         notes.append(f"avx512vnni GGUF x16 software prefetch (CPUMOE_X16_PREFETCH): {pf['prefetch']} ({pf['why']})")
     nc = report.get("numa_ceilings")

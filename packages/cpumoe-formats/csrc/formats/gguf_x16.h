@@ -109,18 +109,13 @@ struct RowG16 {
   }
 };
 
-// Installs RowG16<Kern> (w4a8) on the tiers with a group dot: scalar, avx2, avxvnni, avx512vnni; on avx512vnni
-// RowG16<KernNoPf> instead where CPUMOE_X16_PREFETCH turns the software prefetch off (x16.h gguf_sw_prefetch). A
-// layout that always prefetches (q5_k_x16) leaves KernNoPf = Kern.
+// Installs RowG16<Kern> (w4a8) on the tiers with a group dot: scalar, avx2, avxvnni, avx512vnni; RowG16<KernNoPf>
+// where the prefetch is off (x16.h install_pf). A layout that always prefetches (q5_k_x16) leaves KernNoPf = Kern.
 template <class Kern, class KernNoPf = Kern>
 bool install_row_groups(cpumoe_kernel* k, cpumoe_act_bytes_fn act_bytes, cpumoe_prep_act_fn prep) {
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
     CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  if constexpr (!std::is_same_v<Kern, KernNoPf>)
-    if (!gguf_sw_prefetch()) return install<RowG16<KernNoPf>>(k, CPUMOE_MODE_W4A8, act_bytes, prep);
-#endif
-  return install<RowG16<Kern>>(k, CPUMOE_MODE_W4A8, act_bytes, prep);
+  return install_pf<RowG16<Kern>, RowG16<KernNoPf>>(k, CPUMOE_MODE_W4A8, act_bytes, prep);
 #else
   (void)k, (void)act_bytes, (void)prep;
   return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs

@@ -184,7 +184,7 @@ CPUMOE_INLINE void G16<kSwPf>::groups(const Ref* gp, int K, const void* const* a
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
       const uint8_t* p = gp[g].w + (size_t)b * GB;
-      if constexpr (kSwPf)
+      if constexpr (kPf > 0)
         for (int l = 0; l < 5; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512i lo[4], hi[4];
@@ -260,11 +260,7 @@ bool CPUMOE_INIT_FN(q4_0_x16)(cpumoe_kernel* k) {
   using namespace cpumoe::CPUMOE_NS;
 #if CPUMOE_TIER == CPUMOE_T_SCALAR || CPUMOE_TIER == CPUMOE_T_AVX2 || CPUMOE_TIER == CPUMOE_T_AVXVNNI || \
     CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-#if CPUMOE_TIER == CPUMOE_T_AVX512VNNI
-  if (!x16::gguf_sw_prefetch())
-    return x16::install<G16<false>>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
-#endif
-  return x16::install<G16<true>>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
+  return x16::install_pf<G16<true>, G16<false>>(k, CPUMOE_MODE_W4A8, &x16::int8_record_bytes<QK>, &prep_x16);
 #else
   (void)k;
   return false;  // avx512f / avx512bf16 / amx: the tier below (avxvnni or avx2) or avx512vnni runs

@@ -89,7 +89,7 @@ struct Q6KX16 {
   static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const* act, float* out) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char)0xCC);
     auto block = [&](int b, const uint8_t* p, __m512 (&acc)[1][NT]) CPUMOE_LAMBDA_INLINE {
-      if constexpr (kSwPf) prefetch_lines(p, 5);  // d and the scales (and the first codes' half line)
+      if constexpr (kPf > 0) prefetch_lines(p, 5);  // d and the scales (and the first codes' half line)
       __m512i S[NT];
       CPUMOE_UNROLL
       for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
@@ -97,7 +97,7 @@ struct Q6KX16 {
       for (int hs = 0; hs < 4; ++hs) {  // half h = hs / 2, sub-half s = hs % 2: steps 4s .. 4s + 3
         const int h = hs / 2, s = hs % 2;
         const uint8_t* st = p + kCodes + kHalf * h + kSub * s;
-        if constexpr (kSwPf) prefetch_lines(st, kSub / 64);
+        if constexpr (kPf > 0) prefetch_lines(st, kSub / 64);
         __m512i q[4][4];  // [run][step]
         CPUMOE_UNROLL
         for (int v = 0; v < 4; ++v) {

@@ -53,7 +53,7 @@ static CPUMOE_INLINE void zmm(const uint8_t* const* w, int nb, const void* const
     CPUMOE_UNROLL
     for (int g = 0; g < G; ++g) {
       const uint8_t* p = w[g] + (size_t)b * GB;
-      if constexpr (kSwPf)
+      if constexpr (kPf > 0)
         for (int l = 0; l < 9; ++l) __builtin_prefetch(p + kPf + 64 * l, 0, 3);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512i u[8];

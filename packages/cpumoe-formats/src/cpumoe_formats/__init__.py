@@ -45,6 +45,7 @@ from .formats.q8_0_x16 import unpack as unpack_q8_0_x16
 from .kernels import (
     PEAK_KINDS,
     TIERS,
+    X16_PREFETCH_LAYOUTS,
     Kernel,
     detected_tier,
     moe_forward,
@@ -114,4 +115,5 @@ __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS
            "repack_q5_k_x16", "repack_q6_k_x16", "repack_q8_0_x16", "require_abi", "selected_tier", "unpack_bf16_x16",
            "unpack_ds_fp4_x16", "unpack_fp8_block_x16", "unpack_mxfp4_panels", "unpack_mxfp4_x16", "unpack_nvfp4_x16",
            "unpack_q4_0_x16", "unpack_q4_k_x16", "unpack_q5_k_x16", "unpack_q6_k_x16", "unpack_q8_0_x16",
-           "usable_tiers", "validate_banks", "validate_layer", "x16_prefetch"]
+           "usable_tiers", "validate_banks", "validate_layer", "x16_prefetch",
+           "X16_PREFETCH_LAYOUTS"]

@@ -29,15 +29,20 @@ def detected_tier() -> str:
     return TIERS[_native.detected_tier()]
 
 
+# The layouts whose avx512vnni kernels CPUMOE_X16_PREFETCH switches (the callers of x16.h's install_pf with two
+# kernels); q5_k_x16 always prefetches.
+X16_PREFETCH_LAYOUTS = ("q4_0_x16", "q4_k_x16", "q6_k_x16", "q8_0_x16")
+
+
 def x16_prefetch() -> dict:
-    """Whether the avx512vnni tier's GGUF x16 kernels (q4_0_x16, q4_k_x16, q6_k_x16, q8_0_x16) run their software
+    """Whether the avx512vnni tier's GGUF x16 kernels (X16_PREFETCH_LAYOUTS) run their software
     prefetch, as CPUMOE_X16_PREFETCH (auto | on | off; default auto: off on AMD, on elsewhere) chose it, read once per
     process: {"prefetch": "on" | "off", "why": "auto: AuthenticAMD" | "CPUMOE_X16_PREFETCH=off" | ...}. Benches
     record it beside the isa (machine_info). Raises ValueError naming the variable for an invalid value, as kernel
     creation then fails. Threads: any."""
     on, why = _native.x16_prefetch()
     if on < 0:
-        raise ValueError(f"CPUMOE_X16_PREFETCH={why} is not valid; expected one of auto, on, off")
+        raise ValueError(why)
     return {"prefetch": "on" if on else "off", "why": why}
 
 
