@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Issue 40 on the lent H200 host, by hand: STAGE=test|profile|hot|split|auto|replay|prefill bench/device/placement_h200.sh OUT
-# (each stage under 10 min; builds the native packages in place first when kernelio's is missing).
+# Issue 40 on the lent H200 host, by hand: STAGE="STAGE ..." bench/device/placement_h200.sh OUT. The stages run in
+# turn within BUDGET_S seconds of the start, the build included (default 570: one device call; the native packages
+# are built in place first when kernelio's is missing); a stage that would start with under 60 s left is skipped.
+# The profile lives at PROFILE (default /tmp/placement/profile_h200.json: OUT is fresh per device call), so a later
+# call's `auto` on the same warm machine reads it; it is copied into OUT too.
 # test:    the placement / split suites with their cuda cases (zero-copy reads of page-locked banks, counts on the GPU)
 # profile: moe-engine bench --profile at Qwen3-30B-A3B's shape, bf16 and fp8_block (the profile auto reads; + PNG)
 # hot:     hot vs random at equal slots, 8 layers under CUDA graphs, batch 1 and 8 (FORMAT=bf16|fp8_block)
@@ -9,6 +12,7 @@
 # replay:  1,000 replays, hot re-placement every 50 steps, split q=0.3, against eager bit for bit (batch 1 and 8)
 # prefill: staged prefill from page-locked banks (copy_GBps against the profile's h2d) and the crossover re-measured
 set -uo pipefail
+END=$(( $(date +%s) + ${BUDGET_S:-570} ))  # the build counts too
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${1:-$ROOT/gpu-out}" && cd "${1:-$ROOT/gpu-out}" && pwd)
 PY=${PYTHON:-python3}
@@ -29,16 +33,30 @@ fi
 cd "$ROOT" || exit 1
 B="$PY -m moe_engine.tools.bench_placement"
 F=${FORMAT:-bf16}
-case "${STAGE:-test}" in
-  test) timeout 540 $PY -m pytest -p no:cacheprovider -q -rfEs packages/moe-engine-glue/tests/test_runner_split.py \
+PROFILE=${PROFILE:-/tmp/placement/profile_h200.json}
+mkdir -p "$(dirname "$PROFILE")"
+stage() {  # $1: the stage; $2: its own limit in seconds (cut to what is left of BUDGET_S)
+  local left=$(( END - $(date +%s) )) t=$2
+  [ "$left" -lt 60 ] && { echo "[$(date +%T)] skip $1: ${left}s left"; return 0; }
+  [ "$left" -lt "$t" ] && t=$left
+  echo "[$(date +%T)] $1 (limit ${t}s)"
+  case "$1" in
+  test) timeout "$t" $PY -m pytest -p no:cacheprovider -q -rfEs packages/moe-engine-glue/tests/test_runner_split.py \
           packages/moe-engine-glue/tests/test_runner_placement.py packages/moe-engine-glue/tests/test_placement*.py ;;
-  profile) timeout 540 $PY -m moe_engine.tools.cli bench --profile --preset qwen3-30b-a3b --formats bf16,fp8_block \
-          --out "$OUT/profile_h200.json" --png "$OUT/profile_h200.png" ;;
-  hot) timeout 540 $B hot --formats "$F" --residencies 0.1,0.25,0.5 --json "$OUT/placement_hot_${F}_h200.json" ;;
-  split) timeout 540 $B split --formats bf16,fp8_block --qs 0.2,0.3,0.4,0.5 --json "$OUT/placement_split_h200.json" ;;
-  auto) timeout 570 $B auto --formats "$F" --batch "${BATCH:-1}" --qs 0.2,0.35,0.5 --warmup 150 --steps 100 \
-          --profile "$OUT/profile_h200.json" --json "$OUT/placement_auto_${F}_b$(echo "${BATCH:-1}" | tr , -)_h200.json" ;;
-  replay) timeout 540 $B replay --formats bf16 --json "$OUT/placement_replay_h200.json" ;;
-  prefill) timeout 540 $PY -m moe_engine.tools.bench prefill --pin-memory --repeats 3 \
+  profile) timeout "$t" $PY -m moe_engine.tools.cli bench --profile --preset qwen3-30b-a3b --formats bf16,fp8_block \
+          --out "$PROFILE" --png "$OUT/profile_h200.png" && cp "$PROFILE" "$OUT/profile_h200.json" ;;
+  hot) timeout "$t" $B hot --formats "$F" --residencies 0.1,0.25,0.5 --json "$OUT/placement_hot_${F}_h200.json" ;;
+  split) timeout "$t" $B split --formats bf16,fp8_block --qs 0.2,0.3,0.4,0.5 --json "$OUT/placement_split_h200.json" ;;
+  auto) timeout "$t" $B auto --formats "$F" --batch "${BATCH:-1}" --qs 0.2,0.35,0.5 --warmup 150 --steps 100 \
+          --profile "$PROFILE" --json "$OUT/placement_auto_${F}_b$(echo "${BATCH:-1}" | tr , -)_h200.json" ;;
+  replay) timeout "$t" $B replay --formats bf16 --json "$OUT/placement_replay_h200.json" ;;
+  prefill) timeout "$t" $PY -m moe_engine.tools.bench prefill --pin-memory --repeats 3 \
           --json "$OUT/moe_engine_prefill_pinned_h200.json" ;;
-esac
+  *) echo "STAGE $1: expected test, profile, hot, split, auto, replay or prefill"; return 2 ;;
+  esac
+}
+rc=0
+for s in ${STAGE:-test}; do
+  stage "$s" 570 || rc=$?
+done
+exit $rc
