@@ -22,7 +22,9 @@
 #        its capture (--decode compile). Decode under CUDA graphs.
 # fp8:   the FP8-block 30B checkpoint (Qwen3-30B-A3B shape, ~31 GB of safetensors) written to /tmp/e2e/fp8 by synth
 #        --kind fp8 --random-codes, then `moe-engine generate` with --gpu-memory 16GiB through GraphLoop (FP8_LOOP,
-#        default graph), FP8_TOKENS tokens (32), peak RSS from getrusage; JSON fp8-generate.json.
+#        default graph), FP8_TOKENS tokens (32), peak RSS from getrusage; JSON fp8-generate.json. FP8_HOST_MEMORY
+#        (e.g. 40GiB) passes --host-memory: under it hybrid's executor runs the host banks unrepacked (one copy of the
+#        experts on the host); JSON fp8-generate-hostFP8_HOST_MEMORY.json.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$ROOT/gpu-out}" && cd "${OUT:-$ROOT/gpu-out}" && pwd)
@@ -116,22 +118,23 @@ profile)
 fp8)
   [ -f $W/fp8/config.json ] || { t=$(date +%s); $PY -m moe_engine.tools.synth --kind fp8 --random-codes --quiet --out $W/fp8 \
     >/tmp/synth-fp8.log 2>&1; stamp "fp8 written rc=$? in $(( $(date +%s) - t )) s: $(du -sb $W/fp8 | cut -f1) bytes"; }
-  timeout ${FP8_TIMEOUT:-300} $PY - "$W/fp8" "${FP8_LOOP:-graph}" "${FP8_TOKENS:-32}" "$THREADS" >"$OUT/fp8-generate.json" \
-    2>"$OUT/fp8-generate.err" <<'EOF'
+  tag=${FP8_HOST_MEMORY:+-host${FP8_HOST_MEMORY}}
+  timeout ${FP8_TIMEOUT:-300} $PY - "$W/fp8" "${FP8_LOOP:-graph}" "${FP8_TOKENS:-32}" "$THREADS" "${FP8_HOST_MEMORY:-}" \
+    >"$OUT/fp8-generate$tag.json" 2>"$OUT/fp8-generate$tag.err" <<'EOF'
 import contextlib, io, json, resource, sys
 from moe_engine.tools.cli import main
-path, loop, n, t = sys.argv[1:5]
+path, loop, n, t, host = sys.argv[1:6]
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = main(["generate", path, "--ids", "1,2,3", "--max-new-tokens", n, "--gpu-memory", "16GiB", "-t", t,
-               "--loop", loop, "--json", "--quiet"])
+               "--loop", loop, "--json", "--quiet"] + (["--host-memory", host] if host else []))
 res = json.loads(out.getvalue())
 res["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 print(json.dumps(res, indent=1))
 sys.exit(rc)
 EOF
-  stamp "fp8 generate rc=$?"; grep -E "tok_s|load_s|peak|loop" "$OUT/fp8-generate.json"
-  grep -E "plan|graph|moe_engine" "$OUT/fp8-generate.err" | tail -6
+  stamp "fp8 generate rc=$?"; grep -E "tok_s|load_s|peak|loop|graphs" "$OUT/fp8-generate$tag.json"
+  grep -E "plan|graph|host memory|ready" "$OUT/fp8-generate$tag.err" | tail -6
   ;;
 ours)
   budget=$($PY - <<'EOF'

@@ -88,6 +88,8 @@ def test_refusals_name_what_is_wrong(files, tmp_path):
         from_pretrained(files["gguf-q4_0"], format="fp8_block", **KW)
     with pytest.raises(ValueError, match="gpu_memory='lots'"):
         from_pretrained(files["gguf-q4_0"], gpu_memory="lots", **KW)
+    with pytest.raises(ValueError, match="host_memory='lots'"):
+        from_pretrained(files["gguf-q4_0"], host_memory="lots", **KW)
     dense = tmp_path / "dense"
     _dense_model(dense)
     with pytest.raises(NotImplementedError, match="no experts module transformers dispatches"):
@@ -125,6 +127,43 @@ def test_gpu_budget_plan():
     for bad in ("16 parsecs", "-3GiB", 0, True):
         with pytest.raises((ValueError, TypeError), match="gpu_memory="):
             budget.parse_bytes(bad)
+
+
+def test_host_copy_rule():
+    """Beside a GPU, hybrid's executor repacks (a second copy of the experts on the host) only where both copies, a
+    layer and the margin fit the host budget; the boundary is exact, and an unknown budget repacks."""
+    GiB = 1 << 30
+    kw = dict(base_bytes=12 * GiB, repacked_bytes=12 * GiB, layer_bytes=GiB // 4, limit_name="host_memory",
+              base="fp8_block", repacked="fp8_block_x16")
+    need = 24 * GiB + GiB // 4 + budget.HOST_MARGIN
+    ok, why = budget.host_copy(host_bytes=need, **kw)
+    assert ok and "two copies, 24.00 GiB" in why and "fit host_memory" in why
+    ok, why = budget.host_copy(host_bytes=need - 1, **kw)
+    assert not ok and "runs the GPU's host banks as they are (fp8_block, one copy, 12.00 GiB)" in why
+    assert "fp8_block_x16 would add 12.00 GiB" in why and "exceed host_memory" in why
+    ok, why = budget.host_copy(host_bytes=None, **kw)
+    assert ok and "host memory unknown" in why
+
+
+def test_host_copy_choice_is_logged(caplog):
+    """from_pretrained's choice for a hybrid Qwen3-30B-A3B-shaped Q4_0 model: repack=False under a host budget that
+    holds one copy (+ a layer + the margin), None (repack) under one that holds two; one log line each."""
+    from cpumoe_executor import cpu_layout
+    from moe_engine import layer_formats
+    from moe_engine.integrations.transformers import load
+
+    E, H, I, L = 128, 2048, 768, 48  # noqa: E741
+    if cpu_layout("q4_0", H=H, I=I) == "q4_0":
+        pytest.skip("this CPU runs q4_0 unrepacked: one copy whatever the budget")
+    pairs = [("q4_0", "q4_0")] * L
+    one = E * L * layer_formats.bytes_per_expert(pairs[0], H, I)
+    GiB = 1 << 30
+    with caplog.at_level("INFO", logger="moe_engine"):
+        assert load._host_copy(pairs, H, I, E, one + 2 * GiB, {}) is False
+        assert load._host_copy(pairs, H, I, E, 2 * one + 2 * GiB, {}) is None
+    lines = [r.getMessage() for r in caplog.records if "host memory" in r.getMessage()]
+    assert len(lines) == 2 and "one copy" in lines[0] and "two copies" in lines[1], lines
+    assert load._host_copy([("q4_0_x16", "q4_0_x16")] * L, H, I, E, 1, {}) is None  # already the CPU layout
 
 
 def test_buffers_follow_the_weights(files):

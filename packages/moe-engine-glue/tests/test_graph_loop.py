@@ -162,7 +162,7 @@ def test_cli_generate_and_bench_through_the_loop(small_gguf, capsys):
         assert res["loop"] == loop and len(res["ids"]) == 6 and res["decode_tok_s"] > 0
         got[loop] = res["ids"]
     assert got["graph"] == got["generate"]
-    assert main(["bench", *common, "-p", "4", "-n", "3", "-r", "2"]) == 0
+    assert main(["bench", *common, "--host-memory", "64GiB", "-p", "4", "-n", "3", "-r", "2"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["loop"] == "graph" and [r["test"] for r in res["results"]] == ["pp4", "tg3"]
     assert all(r["avg_ts"] > 0 for r in res["results"])

@@ -40,6 +40,28 @@ def test_cpu_strategy_is_the_executor(fmt, T, rng):
             assert rel < TOLERANCE[r.executor.mode], (fmt, rel)
 
 
+def test_repack_reaches_the_executor(rng):
+    """repack=False runs the banks as given (from_pretrained's one-copy choice beside a GPU), None repacks q4_0 into
+    q4_0_x16 where that layout pays; both within the float64 reference's tolerance."""
+    from cpumoe_executor import cpu_layout
+
+    banks, (E, H, I) = make_banks("q4_0", rng)
+    if cpu_layout("q4_0", H=H, I=I) == "q4_0":
+        pytest.skip("this CPU runs q4_0 unrepacked")
+    x = torch.from_numpy(rng.standard_normal((3, H)).astype(np.float32)).to(torch.bfloat16)
+    ids, w = routes(rng, 3, 3, E)
+    got = {}
+    for repack in (False, None):
+        with MoERunner("q4_0", banks, strategy="cpu", device="cpu", threads=2, top_k=3, progress=False,
+                       repack=repack) as r:
+            ran = r.executor.spec.name
+            assert (ran == "q4_0") == (repack is False), (repack, ran)
+            assert ("as q4_0_x16" in r.describe()) == (repack is None)
+            got[repack] = r.forward(0, x, w, ids).float().numpy()
+            ref = reference(r, 0, x, w, ids)
+            assert np.abs(got[repack] - ref).max() / np.abs(ref).max() < TOLERANCE[r.executor.mode]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_output_has_the_input_dtype(dtype, rng):
     r, E, H = runner("bf16", rng)

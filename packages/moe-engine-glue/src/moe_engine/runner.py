@@ -68,6 +68,10 @@ class MoERunner:
     graph_batch_sizes: the decode batch sizes an engine captures; max_tokens (default their max) bounds a decode step,
         a larger batch (a prompt) runs eagerly as prefill (prefill.py).
     threads, mode, isa: the CPU executor's worker count, precision mode and ISA cap (cpumoe_executor).
+    repack: CpuMoeExecutor's repack= (None: its format's CPU layout where that pays, e.g. q4_0 -> q4_0_x16; False:
+        the banks as given). Beside a GPU the runner keeps the given banks for the GPU's loads (host_banks), so a
+        repacked executor holds the experts a second time on the host; from_pretrained passes False where host
+        memory cannot hold both (loading/budget.py host_copy).
     spin_us: how long the executor's idle workers spin before sleeping (default 50 with CPU activations, where torch
         shares their cores between steps; 2000 beside a GPU).
     team: who runs the executor's steps (CpuMoeExecutor's team=): "pool", its own pinned workers; "openmp", the
@@ -90,7 +94,7 @@ class MoERunner:
                  prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True,
                  spin_us: int | None = None, replace_every: int = 50, routing_profile=None,
                  count_routes: bool = False, split=None, pin_memory=None, profile=None, team: str | None = None,
-                 gpu_layers=None):
+                 gpu_layers=None, repack: bool | None = None):
         import torch
 
         self.closed = False
@@ -175,6 +179,7 @@ class MoERunner:
                     team = "openmp" if self.device.type == "cpu" and _torch_on_openmp() else "pool"
                 self.executor = CpuMoeExecutor(self.format, banks, top_k=top_k, max_tokens=self.max_tokens,
                                                threads=threads, mode=mode, isa=isa, spin_us=spin_us, team=team,
+                                               repack=repack,
                                                apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
                 self.top_k = self.executor.top_k
                 from .sync import open_sync

@@ -1,5 +1,6 @@
 """What goes on the GPU: the non-expert weights, the KV cache for the configured length, then as many experts as
-the rest of `gpu_memory` holds.
+the rest of `gpu_memory` holds. And on the host, beside a GPU (host_copy): whether hybrid's CPU executor may hold its
+own repacked copy of the experts next to the banks the GPU loads from, within `host_memory`.
 
 Rule: the same number of experts in every MoE layer, so every layer's CPU share is equal and the slowest layer is
 no slower than the others; which experts fill those slots is residency="hot"'s job (each layer's most-routed, from
@@ -17,6 +18,9 @@ GiB = 1 << 30
 # held back for activations, Triton workspaces, graph pools and the allocator's slack at decode; a round margin, the
 # measured peak is in docs/end-to-end.md
 RESERVE = int(1.5 * GiB)
+# kept free on the host beside the weights when deciding on a second copy of the experts: the OS, torch's own
+# allocations, the page cache's working part (the issue's bound: banks + non-expert host weights + a layer + 1 GB)
+HOST_MARGIN = 1 * GiB
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
           "tib": 1 << 40}
 
@@ -105,3 +109,24 @@ def plan(strategy: str, device, budget: int | None, *, non_expert_bytes: int, kv
         where = (f"{fit} of {E} experts per layer on the GPU ({100 * fit / E:.0f}%, "
                  f"{gib(fit * layers * expert_bytes)}), the rest on the CPU")
     return Plan(strategy, int(fit), E, non_expert_bytes, kv_bytes, expert_bytes, budget, f"{head}; {where}")
+
+
+def host_copy(*, base_bytes: int, repacked_bytes: int, layer_bytes: int, host_bytes: int | None,
+              limit_name: str, base: str, repacked: str) -> tuple[bool, str]:
+    """Whether hybrid's CPU executor may repack the experts into its own layout (`repacked`) beside the host banks in
+    the file's layout (`base`) that the GPU loads from: two copies of the experts on the host, the executor at its
+    layout's speed, or one copy, the executor running the file's layout. Two copies need both, one layer's working
+    set and HOST_MARGIN within host_bytes (host_memory=, or MemAvailable when the load starts; None: unknown, the
+    copy is made). Returns (repack, why)."""
+    gib = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
+    need = base_bytes + repacked_bytes + layer_bytes + HOST_MARGIN
+    if host_bytes is None:
+        return True, (f"the CPU executor repacks the experts to {repacked} beside the GPU's host banks ({base}): two "
+                      f"copies, {gib(base_bytes + repacked_bytes)}; host memory unknown (no /proc/meminfo)")
+    if need <= host_bytes:
+        return True, (f"the CPU executor repacks the experts to {repacked} beside the GPU's host banks ({base}): two "
+                      f"copies, {gib(base_bytes + repacked_bytes)} + a layer + {gib(HOST_MARGIN)} fit {limit_name} "
+                      f"{gib(host_bytes)}")
+    return False, (f"the CPU executor runs the GPU's host banks as they are ({base}, one copy, {gib(base_bytes)}): its "
+                   f"own layout {repacked} would add {gib(repacked_bytes)}, and two copies + a layer + "
+                   f"{gib(HOST_MARGIN)} ({gib(need)}) exceed {limit_name} {gib(host_bytes)}")

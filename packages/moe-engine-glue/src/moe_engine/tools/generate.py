@@ -31,7 +31,7 @@ class _Clock:
 
 def load_kwargs(a) -> dict:
     """from_pretrained's keywords from common_args' options that were given (generate, bench and profile alike)."""
-    names = ("gpu_memory", "strategy", "device", "decode", "residency")
+    names = ("gpu_memory", "host_memory", "strategy", "device", "decode", "residency")
     return {n: getattr(a, n) for n in names if getattr(a, n, None) is not None}
 
 
@@ -197,6 +197,9 @@ def common_args(p, path_nargs=None) -> None:
                    help="a Hugging Face directory or a .gguf file (or its directory, with --gguf-file)")
     p.add_argument("--gguf-file", default=None, help="the GGUF file's name inside PATH")
     p.add_argument("--gpu-memory", default=None, help="GPU budget, e.g. 16GiB (default: the free memory)")
+    p.add_argument("--host-memory", default=None,
+                   help="host bytes the experts may take, e.g. 48GiB (default: MemAvailable); beside a GPU it decides "
+                        "whether hybrid's CPU executor holds its own repacked copy of the experts")
     p.add_argument("--strategy", default=None, choices=("auto", "cpu", "hybrid", "gpu"))
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--decode", default=None, choices=("auto", "eager", "packed", "static", "compile", "gemv"),

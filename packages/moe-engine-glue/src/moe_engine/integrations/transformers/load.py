@@ -42,7 +42,7 @@ def _cpu_layout(fmt: str, H: int, I: int, mode, isa) -> str:  # noqa: E741
 
 
 def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", device=None, gpu_memory=None,  # noqa: A002
-                    threads=None, dtype=None, kv_length: int = 4096, kv_batch: int = 1,
+                    threads=None, dtype=None, kv_length: int = 4096, kv_batch: int = 1, host_memory=None,
                     allow_nonfinite: bool = False, progress: bool = True, decode: str = "auto", **kwargs):
     """A transformers model ready for generate(), its routed experts served by moe_engine (`model.moe_engine`).
 
@@ -57,6 +57,11 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     gpu_memory: the GPU bytes this model may use (int or '16GiB'; default: the device's free memory): non-expert
         weights, a KV cache of kv_length tokens x kv_batch sequences, a reserve, then as many experts as fit.
     threads: the CPU executor's workers. dtype: the non-expert weights' dtype (default torch.bfloat16).
+    host_memory: the host bytes the experts may take (int or '48GiB'; default: MemAvailable when the load starts).
+        It decides one thing, beside a GPU with strategy hybrid: whether the CPU executor repacks the experts into
+        its own layout (q4_0 -> q4_0_x16, fp8_block -> fp8_block_x16, ...) beside the host banks the GPU loads
+        from, two copies, or runs those banks as they are, one copy (loading/budget.py host_copy; one log line says
+        which and why; repack= overrides it). Without a GPU, or with strategy cpu, there is one copy whatever it is.
     allow_nonfinite: load NaN / Inf scales instead of refusing them (they then propagate as the reference says).
     decode: the non-expert decode path (decode.py): auto (gemv with strategy cpu on the CPU, else static on a CPU
         with oneDNN bf16, else eager), eager, packed (oneDNN-packed bf16 linears), static (packed + transformers'
@@ -81,6 +86,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     dev = check_device(torch, device)
     decode_path.check(decode)
     limit = budget.parse_bytes(gpu_memory) if gpu_memory is not None else None
+    host_limit = budget.parse_bytes(host_memory, "host_memory") if host_memory is not None else None
     for name, v in (("kv_length", kv_length), ("kv_batch", kv_batch)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r}: expected a positive int")
@@ -131,6 +137,8 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         plan.formats = fmt_text
         log.info("from_pretrained: %s: %s, %d MoE layers x %d experts (%s); strategy=%s: %s", src.where,
                  type(model).__name__, len(found), E, fmt_text, plan.strategy, plan.why)
+        if plan.strategy == "hybrid" and "repack" not in kwargs:  # decided before anything heavy is read
+            kwargs["repack"] = _host_copy(pairs, H, I, E, host_limit, kwargs)
         skeleton.empty_experts([m for _, m in found], dev)
         skeleton.load(model, names, src.read, dev, dtype, src.where, progress)
         skeleton.place_buffers(model, dev)
@@ -181,6 +189,24 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         return model
     finally:
         src.close()
+
+
+def _host_copy(pairs, H: int, I: int, E: int, host_limit, kwargs) -> bool | None:  # noqa: E741
+    """Hybrid's repack= for its CPU executor: None (its own layout, a second copy of the experts on the host) where
+    host memory holds both, else False (budget.host_copy); logs the choice. Layers already in a CPU layout: None."""
+    cpu_pairs = [tuple(_cpu_layout(f, H, I, kwargs.get("mode"), kwargs.get("isa")) for f in p) for p in pairs]
+    if cpu_pairs == list(pairs):
+        return None
+    base = E * sum(layer_formats.bytes_per_expert(p, H, I) for p in pairs)
+    repacked = E * sum(layer_formats.bytes_per_expert(p, H, I) for p, q in zip(cpu_pairs, pairs) if p != q)
+    from ...placement.pinning import mem_available
+
+    avail = host_limit if host_limit is not None else mem_available()  # nothing of the model is loaded yet
+    ok, why = budget.host_copy(base_bytes=base, repacked_bytes=repacked, layer_bytes=-(-base // len(pairs)),
+                               host_bytes=avail, limit_name="host_memory" if host_limit is not None else "MemAvailable",
+                               base=layer_formats.describe(pairs), repacked=layer_formats.describe(cpu_pairs))
+    log.info("from_pretrained: host memory: %s", why)
+    return None if ok else False
 
 
 def _has_gpu_experts(pairs) -> bool:
