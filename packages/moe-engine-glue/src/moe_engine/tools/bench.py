@@ -259,6 +259,12 @@ def prefill_bench(fmt: str, tokens, repeats: int, threads=None, pin_memory=False
              f"{statistics.median(ms['gpu']):.1f} ms, auto -> {lp['how']} (faster: {best}), rel diff {rel:.1e}")
     bps = r.prefill_policy.copy_bps
     res["copy_GBps"] = bps / 1e9 if bps else None
+    from .bench_profile import h2d_GBps
+
+    res["h2d_GBps"] = h2d_GBps(dev)  # the link's copy rate on the same machine, as bench --profile measures it
+    if bps:
+        _say(f"prefill {fmt}: staging {bps / 1e9:.1f} GB/s = {100 * bps / 1e9 / res['h2d_GBps']:.0f}% of the "
+             f"link's host-to-device copy ({res['h2d_GBps']:.1f} GB/s)")
     r.close()
     return res
 

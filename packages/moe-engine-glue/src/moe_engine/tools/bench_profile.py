@@ -58,6 +58,21 @@ def cpu_part(fmt: str, E: int, H: int, I: int, K: int, threads, steps: int, rng)
     return {"cpu_read": ceiling, "executor": steps * K * bpe / dt / 1e9, "cpu_fixed_us": fixed_us}
 
 
+def h2d_GBps(dev) -> float:
+    """The link's host-to-device copy rate, GB/s: 256 MiB from page-locked memory, 5 copies after one warm-up."""
+    import torch
+
+    host = torch.empty(256 * MiB, dtype=torch.uint8, pin_memory=True)
+    d = torch.empty_like(host, device=dev)
+    d.copy_(host)
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        d.copy_(host, non_blocking=True)
+    torch.cuda.synchronize(dev)
+    return 5 * host.numel() / (time.perf_counter() - t0) / 1e9
+
+
 def gpu_part(fmt: str, E: int, H: int, I: int, K: int, threads, steps: int, rng) -> dict:  # noqa: E741
     """H2D copy, zero-copy GPU experts, resident GPU experts (hbm), and the executor with zero-copy at once."""
     import torch
@@ -71,15 +86,7 @@ def gpu_part(fmt: str, E: int, H: int, I: int, K: int, threads, steps: int, rng)
     dev = torch.device("cuda")
     banks = _banks(fmt, E, H, I)
     bpe = cf.get_format(fmt).bytes_per_expert(H, I)
-    host = torch.empty(256 * MiB, dtype=torch.uint8, pin_memory=True)
-    d = torch.empty_like(host, device=dev)
-    d.copy_(host)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        d.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
-    h2d = 5 * host.numel() / (time.perf_counter() - t0) / 1e9
+    h2d = h2d_GBps(dev)
     pinned = PinnedBanks(banks, dev, budget=1 << 40)
     out = {"h2d": h2d}
     try:
