@@ -94,6 +94,33 @@ def test_hybrid_gguf(fmt, rng):
         assert rel < TOLERANCE["native"], rel
 
 
+@pytest.mark.parametrize("repack", [None, False])
+def test_hybrid_host_copies(repack, rng):
+    """Hybrid keeps the given banks for the GPU's loads (host_banks); repack=None lets the executor repack q4_0 into
+    its own layout beside them (two copies on the host), repack=False runs those banks themselves (one copy, what
+    from_pretrained picks where host_memory cannot hold two). Both match the float64 reference."""
+    from cpumoe_executor import cpu_layout
+
+    banks, (E, H, I) = make_banks("q4_0", rng, E=6)
+    if cpu_layout("q4_0", H=H, I=I) == "q4_0":
+        pytest.skip("this CPU runs q4_0 unrepacked")
+    x = torch.from_numpy(rng.standard_normal((3, H)).astype(np.float32)).to(torch.bfloat16).to(DEVICE)
+    ids, w = routes(rng, 3, 3, E)
+    ids, w = ids.to(DEVICE), w.to(DEVICE)
+    with MoERunner("q4_0", banks, top_k=3, strategy="hybrid", device=DEVICE, residency=0.5, capacity=E, threads=2,
+                   graph_batch_sizes=(1, 3), progress=False, qualify=False, repack=repack) as hy:
+        ran = hy.executor.layer_banks(1)
+        shared = all(np.shares_memory(ran[k], hy.host_banks[1][k]) for k in ran)
+        assert (hy.executor.spec.name, shared) == (("q4_0", True) if repack is False else ("q4_0_x16", False))
+        if DEVICE == "cpu":  # few programs for the interpreter (it pays per program and Triton op)
+            from moe_engine.gpu import Config, StageConfig
+
+            hy.gpu.set_config(None, Config(StageConfig(64, 64), StageConfig(128, 64), grouped=True))
+        y = hy.forward(1, x, w, ids)
+        ref = reference(hy, 1, x, w, ids)
+        assert np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max() < TOLERANCE[hy.executor.mode]
+
+
 def test_gpu_side_errors_are_named(rng):
     banks, (E, H, _) = make_banks("ds_fp4", rng, E=8)
     with pytest.raises(ValueError, match="format 'ds_fp4' has no GPU experts kernel"):
