@@ -21,7 +21,7 @@
 #        layers' experts, as --n-cpu-moe 36 places); RUN+compile: the same with the step compiled by inductor before
 #        its capture (--decode compile). Decode under CUDA graphs.
 # fp8:   the FP8-block 30B checkpoint (Qwen3-30B-A3B shape, ~31 GB of safetensors) written to /tmp/e2e/fp8 by synth
-#        --kind fp8 --random-codes, then `moe-engine generate` with --gpu-memory 16GiB through GraphLoop (FP8_LOOP,
+#        --kind fp8 --random-codes (our packages built first on a fresh machine), then `moe-engine generate` with --gpu-memory 16GiB through GraphLoop (FP8_LOOP,
 #        default graph), FP8_TOKENS tokens (32), peak RSS from getrusage; JSON fp8-generate.json. FP8_HOST_MEMORY
 #        (e.g. 40GiB) passes --host-memory: under it hybrid's executor runs the host banks unrepacked (one copy of the
 #        experts on the host); JSON fp8-generate-hostFP8_HOST_MEMORY.json.
@@ -116,6 +116,12 @@ profile)
   done
   ;;
 fp8)
+  if ! ls "$P"/kernelio/src/kernelio/_native*.so >/dev/null 2>&1; then  # a fresh machine: build first (~1-2 min)
+    for p in cpumoe-formats cpumoe-executor gpusync-cuda kernelio; do
+      (cd "$P/$p" && $PY hatch_build.py) >>/tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+    done
+    stamp "ours built"
+  fi
   [ -f $W/fp8/config.json ] || { t=$(date +%s); $PY -m moe_engine.tools.synth --kind fp8 --random-codes --quiet --out $W/fp8 \
     >/tmp/synth-fp8.log 2>&1; stamp "fp8 written rc=$? in $(( $(date +%s) - t )) s: $(du -sb $W/fp8 | cut -f1) bytes"; }
   tag=${FP8_HOST_MEMORY:+-host${FP8_HOST_MEMORY}}
