@@ -134,3 +134,56 @@ def test_type_map_follows_the_registry(monkeypatch):
     assert ("Q5_K" in sources.expert_types()) == ("q5_k" in cf.FORMATS)
     monkeypatch.delitem(cf.FORMATS, "q6_k")
     assert "Q6_K" not in sources.expert_types()
+
+
+def test_header_is_parsed_once(files, monkeypatch):
+    """from_pretrained parses a GGUF header once: its own reader (a plain view of gguf's mapping) serves
+    transformers' config and tokenizer loading of the same file, which would otherwise parse it twice more."""
+    from gguf import gguf_reader
+
+    parses = []
+    init = gguf_reader.GGUFReader.__init__
+
+    def counting(self, path, *a, **k):
+        parses.append(str(path))
+        init(self, path, *a, **k)
+
+    monkeypatch.setattr(gguf_reader.GGUFReader, "__init__", counting)
+    model = from_pretrained(files["gguf-q8_0"], **KW)
+    try:
+        assert model.moe_engine.tokenizer is not None and model.config.model_type == "qwen3_moe"
+        assert parses == [str(files["gguf-q8_0"])], parses
+        assert gguf.GGUFReader is gguf_reader.GGUFReader  # the swap is undone
+    finally:
+        model.moe_engine.close()
+
+
+def test_plain_reader_and_stored_dtypes(files):
+    """The plain-view reader gives gguf's own fields and tensors; F32 / BF16 tensors come back as stored (their
+    bits unchanged, no float32 round trip); a quantized one (the synth files' non-expert tensors are all F32 /
+    BF16, so an expert tensor stands in) is gguf's own dequantize, as float32."""
+    import torch
+
+    from moe_engine.loading.gguf_tensors import GgufTensors
+
+    path = files["gguf-q4_k"]
+    stock = gguf.GGUFReader(path)
+    with GgufTensors(path) as f:
+        plain = f._reader
+        assert {k: v.contents() for k, v in plain.fields.items()} == {k: v.contents() for k, v in stock.fields.items()}
+        assert [(t.name, int(t.data_offset), int(t.n_bytes)) for t in plain.tensors] == \
+               [(t.name, int(t.data_offset), int(t.n_bytes)) for t in stock.tensors]
+        by_type = {}
+        for t in stock.tensors:
+            by_type.setdefault(t.tensor_type.name, t)
+        for typ, want in (("F32", torch.float32), ("BF16", torch.bfloat16)):
+            t = by_type[typ]
+            got = f.read_float(t.name)
+            assert got.dtype == want and tuple(got.shape) == tuple(int(d) for d in reversed(t.shape))
+            stored = np.asarray(t.data).reshape(-1).view(np.uint8)
+            assert np.array_equal(got.reshape(-1).view(torch.uint8).numpy(), stored), typ
+        # a quantized tensor (the experts' Q4_K here) read as a non-expert one: gguf's dequantize, float32
+        q = next(t for t in stock.tensors if t.tensor_type.name == "Q4_K")
+        got = f.read_float(q.name)
+        assert got.dtype == np.float32
+        assert np.array_equal(got, gguf.quants.dequantize(q.data, q.tensor_type).reshape(got.shape))

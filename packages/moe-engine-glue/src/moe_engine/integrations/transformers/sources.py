@@ -2,7 +2,8 @@
 
   config              transformers' config (GGUF: from the file's metadata, as transformers reads it)
   tokenizer()         the file's tokenizer, or None when it has none
-  read(hf_name)       one non-expert parameter as float32 numpy or a torch tensor, by transformers' name
+  read(hf_name)       one non-expert parameter as a torch tensor (its stored dtype) or float32 numpy, by
+                      transformers' name
   layout / format     how the routed experts are stored, and the cpumoe_formats format that holds them as they are
                       (GGUF: a (gate_up, down) pair per layer where the file's types differ between layers or matrices)
   expert_banks(...)   one decoder layer's experts as banks, read from the file (never a float copy of all experts)
@@ -65,7 +66,8 @@ class GgufSource:
         self.where = str(file)
         self.file = GgufTensors(file)  # validates the header and every tensor's extent first
         self.directory = directory
-        self.config = AutoConfig.from_pretrained(str(directory), gguf_file=file.name)
+        with self.file.shared_reader():  # transformers reads the header this process parsed already
+            self.config = AutoConfig.from_pretrained(str(directory), gguf_file=file.name)
         self.model_type = self.config.model_type
         self.layout, self.format = "gguf", None
         self.pairs: dict[int, tuple[str, str]] = {}  # decoder layer -> (gate_up, down) format, from experts_format
@@ -101,7 +103,7 @@ class GgufSource:
         self._names = self.file.hf_names(model, self.model_type, c.num_hidden_layers)
         return [n for n, _ in model.named_parameters() if n not in self._names]
 
-    def read(self, hf_name: str) -> np.ndarray:
+    def read(self, hf_name: str):
         name = self._names.get(hf_name) if self._names else None
         if name is None:
             raise KeyError(f"{self.where}: no GGUF tensor for {hf_name}")
@@ -141,7 +143,8 @@ class GgufSource:
         from transformers import AutoTokenizer
 
         try:
-            return AutoTokenizer.from_pretrained(str(self.directory), gguf_file=Path(self.where).name)
+            with self.file.shared_reader():
+                return AutoTokenizer.from_pretrained(str(self.directory), gguf_file=Path(self.where).name)
         except (ValueError, KeyError, OSError, TypeError):  # a file without tokenizer metadata
             return None
 
