@@ -19,7 +19,8 @@ GiB = 1 << 30
 # measured peak is in docs/end-to-end.md
 RESERVE = int(1.5 * GiB)
 # kept free on the host beside the weights when deciding on a second copy of the experts: the OS, torch's own
-# allocations, the page cache's working part (the bound: banks + non-expert host weights + a layer + 1 GB)
+# allocations, the page cache's working part (from_pretrained's bound: banks + host-side non-expert weights + a
+# layer + 1 GB)
 HOST_MARGIN = 1 * GiB
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
           "tib": 1 << 40}

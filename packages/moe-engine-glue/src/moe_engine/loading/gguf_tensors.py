@@ -5,8 +5,8 @@ loading does not push the machine's other memory out.
 
 The header is parsed once, by gguf's own GGUFReader over a plain view of its mapping (_PlainReader), and that
 reader serves transformers' GGUF loading of the same file too (shared_reader(): its config and its tokenizer each
-parse the header again otherwise): three parses of a Qwen3-30B-A3B file's 151k-token vocabulary took 3 x 4.3 s on
-the 2-core VM, one plain parse 1.3 s.
+parse the header again otherwise). A header with Qwen3-30B-A3B's 151k-token vocabulary takes gguf's reader 4.3 s a
+parse on the 2-core VM, the plain one 1.3 s.
 
 Non-expert tensors map to transformers' parameter names through gguf's own tensor name map (gguf-py's
 `get_tensor_name_map`, the table llama.cpp's converter writes with); F32 / F16 / BF16 are used as stored, quantized
@@ -16,6 +16,7 @@ Thread contract: not shareable; one loader reads a file from one thread. shared_
 it swaps gguf.GGUFReader, so two loaders' transformers calls take turns."""
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ import numpy as np
 _SWAP = threading.Lock()  # shared_reader(): one swap of gguf.GGUFReader at a time
 
 
+@functools.cache  # one class: gguf is imported on first use, not with this module
 def _plain_reader_class():
     from gguf import GGUFReader
 
@@ -150,8 +152,8 @@ class GgufTensors:
 
     def read_float(self, name: str):
         """A non-expert tensor in its numpy shape: F32 / F16 / BF16 as stored (a torch tensor over the bytes read:
-        BF16 reaches a bf16 model with no conversion; widening 3 GB of Qwen3-30B-A3B's BF16 weights to float32 and
-        back took ~7 s of the 2-core VM's load), quantized types dequantized by gguf (float32 numpy)."""
+        BF16 reaches a bf16 model with no conversion, where widening to float32 and narrowing back was most of this
+        function's time in a profile of the load), quantized types dequantized by gguf (float32 numpy)."""
         import torch
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize

@@ -41,6 +41,11 @@ def _cpu_layout(fmt: str, H: int, I: int, mode, isa) -> str:  # noqa: E741
     return cpu_layout(fmt, H=H, I=I, mode=mode, isa=isa)
 
 
+def _cpu_pairs(pairs, H: int, I: int, kwargs) -> list[tuple]:  # noqa: E741
+    """Each layer's (gate_up, down) formats as the CPU executor runs them, for the mode / isa in kwargs."""
+    return [tuple(_cpu_layout(f, H, I, kwargs.get("mode"), kwargs.get("isa")) for f in p) for p in pairs]
+
+
 def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", device=None, gpu_memory=None,  # noqa: A002
                     threads=None, dtype=None, kv_length: int = 4096, kv_batch: int = 1, host_memory=None,
                     allow_nonfinite: bool = False, progress: bool = True, decode: str = "auto", **kwargs):
@@ -147,7 +152,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
             raise ValueError(f"{src.where}: {len(left)} tensors were never loaded, e.g. {left[:3]}")
         run_pairs = pairs
         if plan.strategy == "cpu":  # one copy of the experts: each layer converted as it arrives
-            run_pairs = [tuple(_cpu_layout(f, H, I, kwargs.get("mode"), kwargs.get("isa")) for f in p) for p in pairs]
+            run_pairs = _cpu_pairs(pairs, H, I, kwargs)
         banks = []
         run_fmt = layer_formats.compact(run_pairs)
         desc = f"moe_engine: experts -> {run_fmt if isinstance(run_fmt, str) else 'per-layer formats'}"
@@ -194,7 +199,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
 def _host_copy(pairs, H: int, I: int, E: int, host_limit, kwargs) -> bool | None:  # noqa: E741
     """Hybrid's repack= for its CPU executor: None (its own layout, a second copy of the experts on the host) where
     host memory holds both, else False (budget.host_copy); logs the choice. Layers already in a CPU layout: None."""
-    cpu_pairs = [tuple(_cpu_layout(f, H, I, kwargs.get("mode"), kwargs.get("isa")) for f in p) for p in pairs]
+    cpu_pairs = _cpu_pairs(pairs, H, I, kwargs)
     if cpu_pairs == list(pairs):
         return None
     base = E * sum(layer_formats.bytes_per_expert(p, H, I) for p in pairs)
