@@ -21,10 +21,11 @@
 #        layers' experts, as --n-cpu-moe 36 places); RUN+compile: the same with the step compiled by inductor before
 #        its capture (--decode compile). Decode under CUDA graphs.
 # fp8:   the FP8-block 30B checkpoint (Qwen3-30B-A3B shape, ~31 GB of safetensors) written to /tmp/e2e/fp8 by synth
-#        --kind fp8 --random-codes (our packages built first on a fresh machine), then `moe-engine generate` with --gpu-memory 16GiB through GraphLoop (FP8_LOOP,
-#        default graph), FP8_TOKENS tokens (32), peak RSS from getrusage; JSON fp8-generate.json. FP8_HOST_MEMORY
-#        (e.g. 40GiB) passes --host-memory: under it hybrid's executor runs the host banks unrepacked (one copy of the
-#        experts on the host); JSON fp8-generate-hostFP8_HOST_MEMORY.json.
+#        --kind fp8 --random-codes (our packages built first on a fresh machine), then `moe-engine generate` with
+#        --gpu-memory 16GiB through GraphLoop (FP8_LOOP, default graph), FP8_TOKENS tokens (32), peak RSS from
+#        getrusage (one host copy of the experts, fp8_block_x16, which the GPU loads from); JSON fp8-generate.json.
+#        FP8_HOST_MEMORY (e.g. 40GiB) passes --host-memory (it decides only for layouts that are not byte moves);
+#        JSON fp8-generate-hostFP8_HOST_MEMORY.json.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$ROOT/gpu-out}" && cd "${OUT:-$ROOT/gpu-out}" && pwd)

@@ -146,24 +146,36 @@ def test_host_copy_rule():
 
 
 def test_host_copy_choice_is_logged(caplog):
-    """from_pretrained's choice for a hybrid Qwen3-30B-A3B-shaped Q4_0 model: repack=False under a host budget that
-    holds one copy (+ a layer + the margin), None (repack) under one that holds two; one log line each."""
+    """from_pretrained's host banks for a hybrid Qwen3-30B-A3B-shaped model. Q4_0: one copy in the executor's
+    q4_0_x16, whatever the budget (the GPU loads from it, gpu/moved.py). MXFP4 in mode w4a8 runs as mxfp4_x16, which
+    is not mxfp4's bytes moved: the file's banks for the GPU, and the executor's repack (None) as a second copy only
+    under a budget that holds two, else False. One log line each."""
     from cpumoe_executor import cpu_layout
     from moe_engine import layer_formats
     from moe_engine.integrations.transformers import load
 
     E, H, I, L = 128, 2048, 768, 48  # noqa: E741
-    if cpu_layout("q4_0", H=H, I=I) == "q4_0":
-        pytest.skip("this CPU runs q4_0 unrepacked: one copy whatever the budget")
-    pairs = [("q4_0", "q4_0")] * L
-    one = E * L * layer_formats.bytes_per_expert(pairs[0], H, I)
     GiB = 1 << 30
+    q4 = [("q4_0", "q4_0")] * L
     with caplog.at_level("INFO", logger="moe_engine"):
-        assert load._host_copy(pairs, H, I, E, one + 2 * GiB, {}) is False
-        assert load._host_copy(pairs, H, I, E, 2 * one + 2 * GiB, {}) is None
+        run, repack = load._host_copy(q4, H, I, E, 1, {})
+    x16 = cpu_layout("q4_0", H=H, I=I)
+    assert (run, repack) == ([(x16, x16)] * L, None)
+    if x16 != "q4_0":
+        lines = [r.getMessage() for r in caplog.records if "host memory" in r.getMessage()]
+        assert len(lines) == 1 and "one copy of the experts, 15.19 GiB in q4_0_x16" in lines[0], lines
+    assert load._host_copy([("q4_0_x16", "q4_0_x16")] * L, H, I, E, 1, {}) == ([("q4_0_x16", "q4_0_x16")] * L, None)
+    kw = {"mode": "w4a8"}
+    if cpu_layout("mxfp4", H=H, I=I, mode="w4a8") != "mxfp4_x16":
+        pytest.skip("this CPU does not run mxfp4 as mxfp4_x16 in w4a8")
+    mx = [("mxfp4", "mxfp4")] * L
+    one = E * L * layer_formats.bytes_per_expert(mx[0], H, I)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="moe_engine"):
+        assert load._host_copy(mx, H, I, E, one + 2 * GiB, kw) == (mx, False)
+        assert load._host_copy(mx, H, I, E, 2 * one + 2 * GiB, kw) == (mx, None)
     lines = [r.getMessage() for r in caplog.records if "host memory" in r.getMessage()]
     assert len(lines) == 2 and "one copy" in lines[0] and "two copies" in lines[1], lines
-    assert load._host_copy([("q4_0_x16", "q4_0_x16")] * L, H, I, E, 1, {}) is None  # already the CPU layout
 
 
 def test_buffers_follow_the_weights(files):

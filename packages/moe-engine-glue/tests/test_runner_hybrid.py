@@ -121,6 +121,59 @@ def test_hybrid_host_copies(repack, rng):
         assert np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max() < TOLERANCE[hy.executor.mode]
 
 
+def _few_programs(runner) -> None:
+    if DEVICE == "cpu":  # few programs for the interpreter (it pays per program and Triton op)
+        from moe_engine.gpu import Config, StageConfig
+
+        runner.gpu.set_config(None, Config(StageConfig(64, 64), StageConfig(128, 64), grouped=True))
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "gpu"])
+def test_one_host_copy_in_the_cpu_layout(strategy, rng):
+    """Banks given in the executor's layout (q4_0_x16): the executor runs them in place, and the GPU's q4_0 experts
+    load from them (gpu/moved.py: the layout's bytes copied, put in q4_0's order on the device), one copy on the
+    host. The result equals, bit for bit, the runner given the same experts as q4_0 (the GPU loading those, the
+    executor repacking them: two copies), before and after a residency change."""
+    import cpumoe_formats as cf
+
+    banks, (E, H, I) = make_banks("q4_0", rng, E=6)
+    x16 = [cf.get_format("q4_0_x16").repack_from(b) for b in banks]
+    x = torch.from_numpy(rng.standard_normal((3, H)).astype(np.float32)).to(torch.bfloat16).to(DEVICE)
+    ids, w = routes(rng, 3, 3, E)
+    ids, w = ids.to(DEVICE), w.to(DEVICE)
+    kw = dict(top_k=3, strategy=strategy, device=DEVICE, capacity=E, threads=2, graph_batch_sizes=(1, 3),
+              progress=False, qualify=False, residency=0.5 if strategy == "hybrid" else None)
+    with MoERunner("q4_0", banks, **kw) as two, MoERunner("q4_0_x16", x16, **kw) as one:
+        assert (one.format, one.gpu_format, two.gpu_format) == ("q4_0_x16", "q4_0", "q4_0")
+        assert "gpu_experts=q4_0 (loaded from the host's one copy in q4_0_x16)" in one.describe()
+        if one.executor is not None:
+            ran = one.executor.layer_banks(1)
+            assert one.executor.spec.name == "q4_0_x16"
+            assert all(np.shares_memory(ran[k], one.host_banks[1][k]) for k in ran)  # the one copy
+        for r in (one, two):
+            _few_programs(r)
+        assert _same(one.forward(1, x, w, ids), two.forward(1, x, w, ids))
+        if strategy == "hybrid":
+            mask = ~one.residency.host_mask(1)  # every resident expert moves: E - resident new loads from the layout
+            assert one.set_residency(1, mask) == two.set_residency(1, mask) == int(mask.sum())
+            y = one.forward(1, x, w, ids)
+            assert _same(y, two.forward(1, x, w, ids))
+            ref = reference(one, 1, x, w, ids)
+            assert np.abs(y.float().cpu().numpy() - ref).max() / np.abs(ref).max() < TOLERANCE["w4a8"]
+
+
+def test_split_needs_the_gpu_layout_on_the_host(rng):
+    """The miss split's zero-copy reads take the host banks as they are: with banks in a CPU layout it is refused by
+    name (give the format's own banks for the split)."""
+    import cpumoe_formats as cf
+
+    banks, (E, H, I) = make_banks("q4_0", rng, E=6)
+    x16 = [cf.get_format("q4_0_x16").repack_from(b) for b in banks]
+    with pytest.raises(ValueError, match=r"split=0.3: the miss split's GPU side .* in q4_0_x16 \(the executor's"):
+        MoERunner("q4_0_x16", x16, top_k=3, strategy="hybrid", device=DEVICE, residency=0.5, threads=2,
+                  progress=False, qualify=False, split=0.3, pin_memory=False)
+
+
 def test_gpu_side_errors_are_named(rng):
     banks, (E, H, _) = make_banks("ds_fp4", rng, E=8)
     with pytest.raises(ValueError, match="format 'ds_fp4' has no GPU experts kernel"):

@@ -103,9 +103,10 @@ class PrefillPolicy:
         if self._stage is None:
             from .gpu.experts import GpuExperts
 
-            self._stage = GpuExperts(r.format, num_layers=1, capacity=r.E, E=r.E, H=r.H, I=r.I, top_k=r.top_k,
+            self._stage = GpuExperts(r.gpu_format, num_layers=1, capacity=r.E, E=r.E, H=r.H, I=r.I, top_k=r.top_k,
                                      **r.act.kwargs(), apply_router_weight_on_input=r.apply_router_weight_on_input,
-                                     max_tokens=r.max_tokens, device=r.device)
+                                     max_tokens=r.max_tokens, device=r.device,
+                                     host_format=None if r.format == r.gpu_format else r.format)
         slot = np.full(r.E, -1, np.int32)
         n = self.staged_experts(len(experts))
         torch.cuda.current_stream(r.device).synchronize()
@@ -141,7 +142,7 @@ def _has_gpu_kernel(r) -> bool:
         from .gpu.experts import GpuExperts
     except ImportError:
         return False
-    return r.format in GpuExperts.FORMATS
+    return r.gpu_format in GpuExperts.FORMATS
 
 
 def prefill(r, layer: int, x, w, ids):

@@ -17,14 +17,19 @@ TOLERANCE = {"native": 2e-2, "w4a8": 3e-2}
 
 
 def layer_banks(r, layer: int, cpu: bool) -> tuple:
-    """(format, banks) the float64 reference reads: the given ones where the runner keeps them, else the executor's.
-    The format is a name, or the layer's (gate_up, down) pair where the two differ."""
+    """(format, banks, moved) the float64 reference reads: the given banks where the runner keeps them, else the
+    executor's. The format is a name, or the layer's (gate_up, down) pair where the two differ. moved: for the GPU's
+    routes from banks in a CPU layout, that layout's pair (each slice of the banks is put in the format's order,
+    gpu/moved.py), else None."""
 
     given = _spec(r.layer_formats[layer])
     ran = _spec(executor_formats(r.executor)[layer]) if r.executor is not None else given
+    on_gpu = r.gpu_layer_formats[layer]
+    if not cpu and tuple(on_gpu) != tuple(r.layer_formats[layer]):  # the GPU's format, moved from the host's layout
+        return _spec(on_gpu), r.host_banks[layer], tuple(r.layer_formats[layer])
     if r.host_banks is not None and not (cpu and ran != given):
-        return given, r.host_banks[layer]
-    return ran, r.executor.layer_banks(layer)
+        return given, r.host_banks[layer], None
+    return ran, r.executor.layer_banks(layer), None
 
 
 def _spec(pair):
@@ -50,13 +55,18 @@ def reference(r, layer: int, x, w, ids) -> np.ndarray:
         routed = np.unique(part[part >= 0])
         if not len(routed):
             continue
-        fmt, banks = layer_banks(r, layer, cpu=not on_gpu)
+        fmt, banks, moved = layer_banks(r, layer, cpu=not on_gpu)
         mode = "native" if on_gpu else r.executor.mode
         for c in range(0, len(routed), EXPERTS_PER_CALL):
             experts = routed[c:c + EXPERTS_PER_CALL]
             mine = np.isin(part, experts)
             local = np.searchsorted(experts, part.clip(0)).astype(np.int32)
-            y += cf.reference.moe(fmt, expert_slice(banks, experts), xs, ws, np.where(mine, local, -1),
+            eb = expert_slice(banks, experts)
+            if moved is not None:
+                from .gpu.moved import source_banks
+
+                eb = source_banks(moved, eb, r.H, r.I)
+            y += cf.reference.moe(fmt, eb, xs, ws, np.where(mine, local, -1),
                                   **r.act.kwargs(), apply_router_weight_on_input=r.apply_router_weight_on_input,
                                   mode=mode)
     return y

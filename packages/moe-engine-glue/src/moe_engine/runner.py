@@ -122,6 +122,7 @@ class MoERunner:
             except (ValueError, TypeError) as e:
                 raise type(e)(f"banks[{li}]: {e}") from None
         self.E, self.H, self.I = dims
+        self.gpu_layer_formats, self.gpu_format = self.layer_formats, self.format  # hybrid / gpu: see below
         from cpumoe_formats.inputs import MAX_TOP_K
 
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= min(MAX_TOP_K, self.E):
@@ -138,6 +139,12 @@ class MoERunner:
             # with re-placement and the split on, 0 mismatches), and it ran 1.20-1.52x random at equal slots
             residency = "hot"
         if self.strategy in ("hybrid", "gpu"):
+            # the formats the GPU runs: a layer's own, or the format its CPU layout moves (gpu/moved.py: q4_0_x16 ->
+            # q4_0), so the GPU loads from the one host copy the executor runs
+            from .gpu.moved import source
+
+            self.gpu_layer_formats = [tuple(source(f, self.H, self.I) or f for f in p) for p in self.layer_formats]
+            self.gpu_format = layer_formats.compact(self.gpu_layer_formats)
             self._check_gpu_formats()
         masks = None
         if residency is not None:
@@ -226,11 +233,12 @@ class MoERunner:
         """Every (gate_up, down) pair of the model has GPU experts kernels; ValueError naming those that lack them."""
         from .gpu.experts import GpuExperts
 
-        pairs = list(dict.fromkeys(self.layer_formats))
-        if layer_formats.is_uniform(self.layer_formats):
-            if self.format not in GpuExperts.FORMATS:
+        pairs = list(dict.fromkeys(self.gpu_layer_formats))
+        if layer_formats.is_uniform(self.gpu_layer_formats):
+            if self.gpu_format not in GpuExperts.FORMATS:
                 raise ValueError(f"format {self.format!r} has no GPU experts kernel, so strategy={self.strategy!r} "
-                                 f"cannot run it; expected one of {list(GpuExperts.FORMATS)} or strategy='cpu'")
+                                 f"cannot run it; expected one of {list(GpuExperts.FORMATS)}, a CPU layout of one "
+                                 "that moves its bytes (q4_0_x16, fp8_block_x16, ...) or strategy='cpu'")
             return
         lacking = [p for p in pairs if not all(f in GpuExperts.FORMATS for f in p)]
         if lacking:
@@ -253,8 +261,9 @@ class MoERunner:
         if self.strategy == "hybrid" and residency == "layers":
             self.layer_path = layerwise.paths(masks, self.E)
             caps = layerwise.capacities(self.layer_path, self.E)
-        self.gpu = open_gpu_experts(self.layer_formats, capacity=max(cap, 1), layer_capacity=caps, E=self.E, H=self.H,
-                                    I=self.I, top_k=self.top_k, max_tokens=self.max_tokens, device=self.device,
+        self.gpu = open_gpu_experts(self.gpu_layer_formats, host_pairs=self.layer_formats, capacity=max(cap, 1),
+                                    layer_capacity=caps, E=self.E, H=self.H, I=self.I, top_k=self.top_k,
+                                    max_tokens=self.max_tokens, device=self.device,
                                     apply_router_weight_on_input=self.apply_router_weight_on_input, **act_kw)
         self.residency = Residency(self.num_layers, self.E, cap if caps is None else caps, self.device)
         for layer, m in enumerate(masks):
@@ -319,11 +328,18 @@ class MoERunner:
         if split is not None and self.layer_path is not None:
             raise ValueError(f"split={split!r}: residency='layers' gives each layer one side (its CPU layers read "
                              "every expert on the CPU); the miss split goes with a residency of slots in every layer")
+        if split is not None and self.format != self.gpu_format:
+            raise ValueError(f"split={split!r}: the miss split's GPU side reads the host banks as they are, in "
+                             f"{layer_formats.describe(self.gpu_layer_formats)}'s layout, but these are in "
+                             f"{layer_formats.describe(self.layer_formats)} (the executor's layout, one copy); give "
+                             "the banks in the GPU's format for the split")
         if split is None and auto and hybrid and self.hot is not None and self.device.type == "cuda":
             from .placement.profile import resolve
 
-            # strategy='auto' with a measured profile also picks the byte path of the misses (split='auto')
-            if resolve(profile, gpu=self.torch_device_name(), format=self.format) is not None:
+            # strategy='auto' with a measured profile also picks the byte path of the misses (split='auto'), where
+            # the host banks are in the GPU's layout (the zero-copy reads take them as they are)
+            if self.format == self.gpu_format and resolve(profile, gpu=self.torch_device_name(),
+                                                          format=self.gpu_format) is not None:
                 split = "auto"
         if pin_memory is None:
             pin_memory = split is not None  # pinned banks come with the split unless asked for
@@ -409,7 +425,9 @@ class MoERunner:
 
     # ---- reporting -------------------------------------------------------------------------------------
     def describe(self) -> str:
-        given = layer_formats.describe(self.layer_formats)
+        given, on_gpu = layer_formats.describe(self.layer_formats), layer_formats.describe(self.gpu_layer_formats)
+        if on_gpu != given:
+            on_gpu += f" (loaded from the host's one copy in {given})"
         parts = [f"format={given}", f"E={self.E} H={self.H} I={self.I} top_k={self.top_k}",
                  f"layers={self.num_layers}", f"device={self.device}"]
         if self.executor is not None:
@@ -421,10 +439,10 @@ class MoERunner:
             if self.layer_path is not None:
                 from .placement.layerwise import describe as layers_text
 
-                parts.append(f"gpu_experts={given} {layers_text(self.layer_path)} "
+                parts.append(f"gpu_experts={on_gpu} {layers_text(self.layer_path)} "
                              f"resident={100 * self.residency.fraction():.0f}%")
             else:
-                parts.append(f"gpu_experts={given} slots={self.residency.capacity}/layer "
+                parts.append(f"gpu_experts={on_gpu} slots={self.residency.capacity}/layer "
                              f"resident={100 * self.residency.fraction():.0f}%")
             if self.hot is not None:
                 parts.append(f"placement=hot every {self.hot.placer.every} steps")

@@ -12,6 +12,7 @@ from . import config as _config
 from . import layouts
 from ._tl import ACT_IDS, INTERP, INTERPRET
 from .kernels import FMT_IDS, down_group_kernel, down_token_kernel, gate_up_kernel, route_sum_kernel
+from .moved import MovedRole, role_banks
 from .routing import route_groups
 
 
@@ -29,6 +30,10 @@ class GpuExperts:
     activation in fp32 on gate and up, the intermediate rounded to bf16, the route sum in fp32 in route order, the
     output rounded to bf16 once. Slots outside [0, capacity) (-1: not on the GPU) are skipped.
 
+    host_format: the format (or pair) of the banks load() reads, where it is a CPU layout of `format` (q4_0_x16 for
+    q4_0; gpu/moved.py): each load copies the layout's bytes and puts them in the format's order on the device, so
+    the host holds one copy of the experts, the executor's. None: the banks are in `format`.
+
     Capture-safe: a forward is a fixed sequence of kernel launches whose grids depend on T only; no host
     synchronisation; workspaces come from torch's caching allocator.
 
@@ -40,7 +45,8 @@ class GpuExperts:
 
     def __init__(self, format, *, num_layers: int, capacity: int, E: int, H: int, I: int,  # noqa: E741
                  top_k: int, activation: str = "silu", alpha: float | None = None, limit: float | None = None,
-                 apply_router_weight_on_input: bool = False, max_tokens: int, device, config=None):
+                 apply_router_weight_on_input: bool = False, max_tokens: int, device, config=None,
+                 host_format=None):
         from cpumoe_formats import activations
 
         specs = _format_pair(format, self.FORMATS)
@@ -62,6 +68,18 @@ class GpuExperts:
                                "moe_engine.gpu is first imported")
         self._specs = specs
         self.formats = (specs[0].name, specs[1].name)
+        self._host_specs, self._moved = specs, {}
+        if host_format is not None:
+            from . import moved
+
+            self._host_specs = _format_pair(host_format, None)
+            for role, h, g in zip(layouts.ROLES, self._host_specs, specs):
+                if h is g:
+                    continue
+                if moved.source(h.name, H, I) != g.name:
+                    raise ValueError(f"host_format={host_format!r}: the {role} banks in {h.name!r} are not "
+                                     f"{g.name!r}'s bytes moved, so the GPU cannot load {g.name!r} experts from them")
+                self._moved[role] = MovedRole(h.name, role, H, I, self.device)
         self.format = self.formats[0] if specs[0] is specs[1] else self.formats
         self.fmt_ids = (FMT_IDS[self.formats[0]], FMT_IDS[self.formats[1]])
         self.num_layers, self.capacity, self.E, self.H, self.I = num_layers, capacity, E, H, I
@@ -105,11 +123,8 @@ class GpuExperts:
             raise ValueError(f"slot={slot}: expected 0 <= slot < capacity={self.capacity}")
         if not 0 <= expert < self.E:
             raise ValueError(f"expert={expert}: expected 0 <= expert < E={self.E}")
-        if self._specs[0] is self._specs[1]:
-            self._specs[0].validate(banks, self.E, self.H, self.I)
-        else:
-            _validate_pair(self._specs, banks, self.E, self.H, self.I)
-        parts = layouts.to_device(self.formats, banks, expert, self.H, self.I, self.device, non_blocking)
+        self._validate(banks)
+        parts = layouts.to_device(self.formats, banks, expert, self.H, self.I, self.device, non_blocking, self._moved)
         for name, t in parts.items():
             self.parts[name][layer, slot].copy_(t, non_blocking=non_blocking)
 
@@ -121,13 +136,18 @@ class GpuExperts:
         if not (0 <= lo < hi <= self.E and 0 <= slot and slot + n <= self.capacity):
             raise ValueError(f"experts {lo}..{hi} into slots from {slot}: expected 0 <= lo < hi <= E={self.E} and "
                              f"slot + (hi - lo) <= capacity={self.capacity}")
-        if self._specs[0] is self._specs[1]:
-            self._specs[0].validate(banks, self.E, self.H, self.I)
-        else:
-            _validate_pair(self._specs, banks, self.E, self.H, self.I)
-        parts = layouts.to_device(self.formats, banks, slice(lo, hi), self.H, self.I, self.device, non_blocking)
+        self._validate(banks)
+        parts = layouts.to_device(self.formats, banks, slice(lo, hi), self.H, self.I, self.device, non_blocking,
+                                  self._moved)
         for name, t in parts.items():
             self.parts[name][layer, slot:slot + n].copy_(t, non_blocking=non_blocking)
+
+    def _validate(self, banks) -> None:
+        h = self._host_specs
+        if h[0] is h[1]:
+            h[0].validate(banks, self.E, self.H, self.I)
+        else:
+            _validate_pair(h, banks, self.E, self.H, self.I)
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
@@ -209,7 +229,8 @@ class GpuExperts:
 
 
 def _format_pair(format, allowed) -> tuple:
-    """A format name or a (gate_up, down) pair -> (gate_up spec, down spec), each a GPU experts format."""
+    """A format name or a (gate_up, down) pair -> (gate_up spec, down spec), each a GPU experts format (any format
+    where allowed is None)."""
     import cpumoe_formats as cf
 
     if isinstance(format, (tuple, list)):
@@ -220,15 +241,10 @@ def _format_pair(format, allowed) -> tuple:
         names = (format, format)
     specs = tuple(cf.get_format(n) for n in names)
     for role, spec in zip(("gate_up", "down"), specs):
-        if spec.name not in allowed:
+        if allowed is not None and spec.name not in allowed:
             what = f"format={format!r}" if specs[0] is specs[1] else f"format={format!r} ({role} {spec.name!r})"
             raise ValueError(f"{what}: GpuExperts runs {list(allowed)}")
     return specs
-
-
-def _role_banks(spec, role: str) -> list:
-    """The BankSpecs of one matrix ("gate_up" or "down") of a format: the banks named after it."""
-    return [b for b in spec.banks if b.name == role or b.name.startswith(role + "_")]
 
 
 def _validate_pair(specs, banks, E: int, H: int, I: int) -> None:  # noqa: E741
@@ -238,7 +254,7 @@ def _validate_pair(specs, banks, E: int, H: int, I: int) -> None:  # noqa: E741
 
     if not isinstance(banks, Mapping):
         raise TypeError(f"banks: expected a mapping of bank name to array, got {type(banks).__name__}")
-    want = {b.name: (spec, role, b) for role, spec in zip(("gate_up", "down"), specs) for b in _role_banks(spec, role)}
+    want = {b.name: (spec, role, b) for role, spec in zip(("gate_up", "down"), specs) for b in role_banks(spec, role)}
     missing, extra = [n for n in want if n not in banks], [n for n in banks if n not in want]
     if missing or extra:
         raise ValueError(f"banks for the pair ({specs[0].name}, {specs[1].name}) need {list(want)}; missing "

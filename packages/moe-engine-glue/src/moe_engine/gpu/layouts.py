@@ -110,8 +110,14 @@ def bytes_per_expert(fmts, H: int, I: int) -> int:  # noqa: E741
     return total
 
 
-def _t(a: np.ndarray, view, device, non_blocking: bool) -> torch.Tensor:
-    """One expert's numpy slice -> a device tensor of the same bits (ml_dtypes arrays viewed as `view`)."""
+SAME_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}  # bytes as an integer type of their width
+
+
+def _t(a, view, device, non_blocking: bool) -> torch.Tensor:
+    """One expert's numpy slice -> a device tensor of the same bits (ml_dtypes arrays viewed as `view`); a tensor
+    already on the device (moved.MovedRole.fetch) is viewed as an integer type of `view`'s width."""
+    if isinstance(a, torch.Tensor):
+        return a.contiguous().view(SAME_BITS[np.dtype(view).itemsize])
     a = np.ascontiguousarray(np.asarray(a).view(view))
     return torch.from_numpy(a).to(device, non_blocking=non_blocking)
 
@@ -189,13 +195,19 @@ def matrix_to_device(fmt: str, role: str, banks: dict, e, K: int, device, non_bl
     raise ValueError(f"format={fmt!r} has no GPU layout")
 
 
-def to_device(fmts, banks: dict, e, H: int, I: int, device, non_blocking: bool = False) -> dict:  # noqa: E741
+def to_device(fmts, banks: dict, e, H: int, I: int, device, non_blocking: bool = False,  # noqa: E741
+              moved=None) -> dict:
     """Expert e (an int, or a slice of experts) of one layer's (validated) banks -> {part: device tensor (or view) in
-    the layout of `specs`}."""
+    the layout of `specs`}. moved: {role: moved.MovedRole} for a matrix whose banks are in a CPU layout of its format
+    (q4_0_x16 for q4_0): its bytes go to the device as they are and are put in the format's order there."""
     fmts = (fmts, fmts) if isinstance(fmts, str) else tuple(fmts)
     out = {}
     for role, fmt in zip(ROLES, fmts):
         K = _nk(role, H, I)[1]
-        for k, v in matrix_to_device(fmt, role, banks, e, K, device, non_blocking).items():
+        src, at = banks, e
+        if moved and moved.get(role) is not None:
+            src = moved[role].fetch(banks, e, non_blocking)
+            at = slice(None) if isinstance(e, slice) else 0
+        for k, v in matrix_to_device(fmt, role, src, at, K, device, non_blocking).items():
             out[PREFIX[role] + k] = v
     return out

@@ -63,10 +63,12 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         weights, a KV cache of kv_length tokens x kv_batch sequences, a reserve, then as many experts as fit.
     threads: the CPU executor's workers. dtype: the non-expert weights' dtype (default torch.bfloat16).
     host_memory: the host bytes the experts may take (int or '48GiB'; default: MemAvailable when the load starts).
-        It decides one thing, beside a GPU with strategy hybrid: whether the CPU executor repacks the experts into
-        its own layout (q4_0 -> q4_0_x16, fp8_block -> fp8_block_x16, ...) beside the host banks the GPU loads
-        from, two copies, or runs those banks as they are, one copy (loading/budget.py host_copy; one log line says
-        which and why; repack= overrides it). Without a GPU, or with strategy cpu, there is one copy whatever it is.
+        Beside a GPU with strategy hybrid, each layer is put in the CPU executor's layout as it is read (q4_0 ->
+        q4_0_x16, fp8_block -> fp8_block_x16, ...), and the GPU loads its experts from that one copy (gpu/moved.py).
+        Only where a layout is not the format's bytes moved (mxfp4_x16 in mode w4a8) would the CPU's layout be a
+        second copy beside the banks the GPU loads from; host_memory decides that case: two copies where they fit,
+        else the executor runs the GPU's banks as they are (loading/budget.py host_copy). One log line says which
+        and why; repack= overrides it. Without a GPU, or with strategy cpu, there is one copy whatever it is.
     allow_nonfinite: load NaN / Inf scales instead of refusing them (they then propagate as the reference says).
     decode: the non-expert decode path (decode.py): auto (gemv with strategy cpu on the CPU, else static on a CPU
         with oneDNN bf16, else eager), eager, packed (oneDNN-packed bf16 linears), static (packed + transformers'
@@ -142,15 +144,15 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         plan.formats = fmt_text
         log.info("from_pretrained: %s: %s, %d MoE layers x %d experts (%s); strategy=%s: %s", src.where,
                  type(model).__name__, len(found), E, fmt_text, plan.strategy, plan.why)
+        run_pairs = pairs
         if plan.strategy == "hybrid" and "repack" not in kwargs:  # decided before anything heavy is read
-            kwargs["repack"] = _host_copy(pairs, H, I, E, host_limit, kwargs)
+            run_pairs, kwargs["repack"] = _host_copy(pairs, H, I, E, host_limit, kwargs)
         skeleton.empty_experts([m for _, m in found], dev)
         skeleton.load(model, names, src.read, dev, dtype, src.where, progress)
         skeleton.place_buffers(model, dev)
         left = skeleton.meta_left(model)
         if left:
             raise ValueError(f"{src.where}: {len(left)} tensors were never loaded, e.g. {left[:3]}")
-        run_pairs = pairs
         if plan.strategy == "cpu":  # one copy of the experts: each layer converted as it arrives
             run_pairs = _cpu_pairs(pairs, H, I, kwargs)
         banks = []
@@ -196,12 +198,22 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         src.close()
 
 
-def _host_copy(pairs, H: int, I: int, E: int, host_limit, kwargs) -> bool | None:  # noqa: E741
-    """Hybrid's repack= for its CPU executor: None (its own layout, a second copy of the experts on the host) where
-    host memory holds both, else False (budget.host_copy); logs the choice. Layers already in a CPU layout: None."""
+def _host_copy(pairs, H: int, I: int, E: int, host_limit, kwargs) -> tuple[list, bool | None]:  # noqa: E741
+    """Hybrid's host banks: (the per-layer formats each layer is converted to as it is read, the CPU executor's
+    repack=), and one log line. One copy in the executor's layout where the GPU loads from it (a layout that moves
+    the format's bytes, gpu/moved.py); else the file's formats, with the executor's own layout as a second copy where
+    host memory holds both (None), or the file's banks run as they are (False; budget.host_copy)."""
+    from ...gpu.moved import source
+
     cpu_pairs = _cpu_pairs(pairs, H, I, kwargs)
     if cpu_pairs == list(pairs):
-        return None
+        return list(pairs), None
+    if all(source(c, H, I) == g for cp, p in zip(cpu_pairs, pairs) for c, g in zip(cp, p)):
+        log.info("from_pretrained: host memory: one copy of the experts, %.2f GiB in %s: the CPU executor runs it and "
+                 "the GPU loads its experts from it (each load put in %s's order on the device)",
+                 E * sum(layer_formats.bytes_per_expert(p, H, I) for p in cpu_pairs) / budget.GiB,
+                 layer_formats.describe(cpu_pairs), layer_formats.describe(pairs))
+        return cpu_pairs, None
     base = E * sum(layer_formats.bytes_per_expert(p, H, I) for p in pairs)
     repacked = E * sum(layer_formats.bytes_per_expert(p, H, I) for p, q in zip(cpu_pairs, pairs) if p != q)
     from ...placement.pinning import mem_available
@@ -211,7 +223,7 @@ def _host_copy(pairs, H: int, I: int, E: int, host_limit, kwargs) -> bool | None
                                host_bytes=avail, limit_name="host_memory" if host_limit is not None else "MemAvailable",
                                base=layer_formats.describe(pairs), repacked=layer_formats.describe(cpu_pairs))
     log.info("from_pretrained: host memory: %s", why)
-    return None if ok else False
+    return list(pairs), None if ok else False
 
 
 def _has_gpu_experts(pairs) -> bool:

@@ -1,0 +1,175 @@
+"""Host banks in a CPU layout (q4_0_x16, fp8_block_x16, ...) loaded into the GPU layout of the format they move.
+
+A CPU layout is its source format's bytes, moved (16 rows interleaved per block or K pair): `unpack` gives the source
+banks back. Where that is a pure byte permutation, the GPU can load an expert from the layout's banks: copy its bytes
+to the device as they are, then gather them into the source's order there (one `index_select` per matrix). So a
+hybrid runner keeps ONE copy of the experts on the host, in the executor's layout, and the GPU's loads (residency
+changes, hot's moves, a prompt's staged layer) read it. The Qwen3-30B FP8 checkpoint held 54 GiB of experts on the
+host as two copies (the file's layout for the GPU, fp8_block_x16 for the CPU); one copy is 27 GiB.
+
+The permutation is found by running the layout's own `unpack` on one expert whose bytes are their own indices (four
+byte planes of a uint32 index), then checked on random banks: a layout whose `unpack` computes anything (mxfp4_x16
+rebuilds mxfp4's scales) is not a move, `source()` says None, and it keeps two copies.
+
+Threads: the functions are pure (cached); a MovedRole is used by its GpuExperts' one caller at a time."""
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+import torch
+
+from .layouts import MATRIX_FORMATS, SAME_BITS
+
+ROLES = ("gate_up", "down")
+
+
+def _layout_source(name: str) -> str | None:
+    """The format whose CPU layout `name` is (q4_0_x16 -> q4_0, mxfp4_panel -> mxfp4), or None."""
+    import cpumoe_formats as cf
+
+    spec = cf.get_format(name)
+    src = getattr(spec, "source", None)
+    if src is not None:
+        return src.name
+    for other in cf.formats.WEIGHT_FORMATS:
+        if cf.get_format(other).cpu_layout == spec.name:
+            return other
+    return None
+
+
+def role_banks(spec, role: str) -> list:
+    """The BankSpecs of one matrix ("gate_up" or "down") of a format: the banks named after it."""
+    return [b for b in spec.banks if b.name == role or b.name.startswith(role + "_")]
+
+
+@functools.cache
+def _perm(layout: str, H: int, I: int):  # noqa: E741
+    """(source bank name -> uint32 index into one expert's layout bytes, layout banks in order [(name, nbytes)]) for
+    one expert at (H, I), or None where the layout's unpack is not a byte permutation."""
+    import cpumoe_formats as cf
+
+    spec = cf.get_format(layout)
+    unpack = getattr(sys.modules[type(spec).__module__], "unpack", None)
+    if unpack is None or _layout_source(layout) is None:
+        return None
+    shapes = [(b.name, b.expected(1, H, I), np.dtype(b.dtypes[0])) for b in spec.banks]
+    sizes = [(n, int(np.prod(s)) * d.itemsize) for n, s, d in shapes]
+    total = sum(n for _, n in sizes)
+    idx = np.arange(total, dtype=np.uint32)
+    planes = []
+    for p in range(4):
+        by = ((idx >> np.uint32(8 * p)) & np.uint32(0xFF)).astype(np.uint8)
+        banks, off = {}, 0
+        for (n, s, d), (_, nbytes) in zip(shapes, sizes):
+            banks[n] = by[off:off + nbytes].view(d).reshape(s)
+            off += nbytes
+        planes.append({k: _bytes(v) for k, v in unpack(banks).items()})
+    perm = {k: sum(planes[p][k].astype(np.uint32) << np.uint32(8 * p) for p in range(4)) for k in planes[0]}
+    if any(int(v.max(initial=0)) >= total for v in perm.values()):
+        return None
+    rb = spec.random_banks(1, H, I, np.random.default_rng(0))
+    rb = {n: np.ascontiguousarray(np.asarray(rb[n])[..., :s[-1]]) for n, s, _ in shapes}  # schema widths, unpadded
+    flat = np.concatenate([_bytes(rb[n]) for n, _ in sizes])
+    ref = unpack(rb)
+    if not all(np.array_equal(flat[perm[k]], _bytes(ref[k])) for k in ref):
+        return None
+    return perm, sizes
+
+
+def _bytes(a) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a)).view(np.uint8).reshape(-1)
+
+
+def source(layout: str, H: int, I: int) -> str | None:  # noqa: E741
+    """The GPU format whose bytes `layout` moves at (H, I), so a GpuExperts of that format loads from banks in
+    `layout`; `layout` itself where it is a GPU format; None where neither (mxfp4_x16: not a byte move)."""
+    if layout in MATRIX_FORMATS:
+        return layout
+    src = _layout_source(layout)
+    if src not in MATRIX_FORMATS or _perm(layout, int(H), int(I)) is None:
+        return None
+    return src
+
+
+class MovedRole:
+    """One matrix ("gate_up" or "down") of banks in `layout`, fetched to `device` in the source format's banks: the
+    layout's bytes of the experts copied as they are, then gathered into the source's order on the device."""
+
+    def __init__(self, layout: str, role: str, H: int, I: int, device):  # noqa: E741
+        import cpumoe_formats as cf
+
+        got = _perm(layout, int(H), int(I))
+        if got is None:
+            raise ValueError(f"format {layout!r} is not another format's bytes moved; the GPU cannot load from it")
+        perm, sizes = got
+        spec, src = cf.get_format(layout), cf.get_format(_layout_source(layout))
+        mine = [b.name for b in role_banks(spec, role)]
+        offs, off = {}, 0
+        for n, nbytes in sizes:
+            offs[n] = (off, nbytes)
+            off += nbytes
+        # this role's layout banks, in order, and where their bytes sit in one expert's concatenation of them
+        self.host = [(n, offs[n][1], b.expected(1, H, I)[-1]) for n, b in ((b.name, b) for b in role_banks(spec, role))]
+        base, rebase = 0, np.empty(off, np.int64)
+        rebase.fill(-1)
+        for n in mine:
+            o, nbytes = offs[n]
+            rebase[o:o + nbytes] = np.arange(base, base + nbytes)
+            base += nbytes
+        self.out = []  # (source bank name, per-expert shape, itemsize)
+        index = []
+        for b in role_banks(src, role):
+            i = rebase[perm[b.name]]
+            if (i < 0).any():
+                raise ValueError(f"{layout!r}: the {role} bank {b.name!r} of {src.name!r} draws on bytes of the other "
+                                 "matrix; expected each matrix moved on its own")
+            shape = b.expected(1, H, I)[1:]
+            self.out.append((b.name, shape, np.dtype(b.dtypes[0])))
+            index.append(i)
+        self.index = torch.from_numpy(np.concatenate(index).astype(np.int32)).to(device)
+        self.layout, self.role, self.device = layout, role, torch.device(device)
+
+    def fetch(self, banks: dict, e, non_blocking: bool = False) -> dict:
+        """Experts e (an int or a slice) of this role's layout banks -> {source bank name: device tensor [n, *shape]
+        of an integer type of the bank's width} (n = 1 for an int); layouts.to_device views them as it views host
+        banks."""
+        parts = []
+        for name, _, last in self.host:
+            a = np.asarray(banks[name])
+            a = a[e:e + 1] if not isinstance(e, slice) else a[e]
+            if a.shape[-1] != last:  # a bank padded past its schema width (fp8_block's scales): the schema's columns
+                a = a[..., :last]
+            h = torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], -1))
+            parts.append(h.to(self.device, non_blocking=non_blocking))
+        raw = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        src = raw.index_select(1, self.index)
+        out, off = {}, 0
+        for name, shape, dt in self.out:
+            nbytes = int(np.prod(shape)) * dt.itemsize
+            t = src[:, off:off + nbytes].contiguous().view(SAME_BITS[dt.itemsize])
+            out[name] = t.reshape((src.shape[0],) + tuple(shape))
+            off += nbytes
+        return out
+
+
+@functools.cache
+def _host_role(layout: str, role: str, H: int, I: int) -> MovedRole:  # noqa: E741
+    return MovedRole(layout, role, H, I, "cpu")
+
+
+def source_banks(pair, banks: dict, H: int, I: int) -> dict:  # noqa: E741
+    """One layer's banks, each matrix in a CPU layout of pair (gate_up, down), -> the same experts in the source
+    formats' banks (numpy; new arrays where moved): what the GPU runs, for the float64 reference of its routes."""
+    import cpumoe_formats as cf
+
+    out = {}
+    for role, lay in zip(ROLES, pair):
+        if source(lay, H, I) == lay:
+            out.update({b.name: banks[b.name] for b in role_banks(cf.get_format(lay), role)})
+            continue
+        m = _host_role(lay, role, int(H), int(I))
+        got = m.fetch(banks, slice(None))
+        out.update({name: got[name].numpy().view(dt) for name, _, dt in m.out})
+    return out
