@@ -128,7 +128,11 @@ class MovedRole:
             shape = b.expected(1, H, I)[1:]
             self.out.append((b.name, shape, np.dtype(b.dtypes[0])))
             index.append(i)
-        self.index = torch.from_numpy(np.concatenate(index).astype(np.int32)).to(device)
+        index = np.concatenate(index)
+        self.unit = _unit(index, base)
+        # gathered in units of self.unit bytes: the layouts move 2- or 4-byte runs (fp8_block_x16 a K pair, q4_0_x16
+        # an fp16 d and 4-byte lanes), so the gather reads whole words, not bytes
+        self.index = torch.from_numpy((index[::self.unit] // self.unit).astype(np.int32)).to(device)
         self.layout, self.role, self.device = layout, role, torch.device(device)
 
     def fetch(self, banks: dict, e, non_blocking: bool = False) -> dict:
@@ -144,7 +148,7 @@ class MovedRole:
             h = torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], -1))
             parts.append(h.to(self.device, non_blocking=non_blocking))
         raw = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        src = raw.index_select(1, self.index)
+        src = raw.view(SAME_BITS[self.unit]).index_select(1, self.index).view(torch.uint8)
         out, off = {}, 0
         for name, shape, dt in self.out:
             nbytes = int(np.prod(shape)) * dt.itemsize
@@ -152,6 +156,18 @@ class MovedRole:
             out[name] = t.reshape((src.shape[0],) + tuple(shape))
             off += nbytes
         return out
+
+
+def _unit(index: np.ndarray, total: int) -> int:
+    """The largest word (4, 2 or 1 bytes) the byte gather `index` (into `total` bytes) moves whole: runs of that many
+    consecutive bytes, each starting at a multiple of it."""
+    for u in (4, 2):
+        if total % u or len(index) % u:
+            continue
+        runs = index.reshape(-1, u)
+        if (runs[:, 0] % u == 0).all() and (runs == runs[:, :1] + np.arange(u)).all():
+            return u
+    return 1
 
 
 @functools.cache
