@@ -104,7 +104,11 @@ def _pool(s: MoEShape, L: int, T: int, n: int, seed: int) -> np.ndarray:
 def _runner(fmt, banks, s, T, a, **kw):
     from ..runner import MoERunner
 
-    # start-up qualification only where correctness is the measurement (replay); timing runs skip its seconds
+    # start-up qualification only where correctness is the measurement (replay); timing runs skip its seconds.
+    # Host banks page-locked, as from_pretrained has them beside a GPU: hot's moves from pageable banks block the
+    # host for each expert's copy (4-6 GB/s), inside the timed steps
+    if not a.smoke:
+        kw.setdefault("pin_memory", True)
     return MoERunner(fmt, banks, top_k=s.top_k, strategy="hybrid", graph_batch_sizes=(T,), threads=a.threads,
                      progress=False, device="cuda" if not a.smoke else None, qualify=a.what == "replay", **kw)
 
