@@ -13,7 +13,7 @@ from moe_engine.gpu import layouts, moved
 
 # (layout, source, H, I): the shapes are ragged where the layout allows (fp8_block_x16 takes multiples of 16,
 # not of its 128 block: a partial scale block), the K-quants' 256
-CASES = [("bf16_x16", "bf16", 96, 48), ("fp8_block_x16", "fp8_block", 272, 144), ("mxfp4_panel", "mxfp4", 96, 64),
+CASES = [("bf16_x16", "bf16", 96, 48), ("fp8_block_x16", "fp8_block", 272, 144),
          ("nvfp4_x16", "nvfp4", 96, 48), ("q4_0_x16", "q4_0", 96, 64), ("q8_0_x16", "q8_0", 96, 64),
          ("q4_k_x16", "q4_k", 256, 256), ("q6_k_x16", "q6_k", 256, 512)]
 
@@ -39,9 +39,10 @@ def test_moved_load_equals_the_source(layout, src, H, I, rng):  # noqa: E741
 
 
 def test_a_layout_that_computes_is_not_moved(rng):
-    """mxfp4_x16 rebuilds mxfp4's scales on unpack: not a byte move, so the GPU cannot load from it (None), and
-    formats that are no CPU layout have no source."""
+    """mxfp4_x16 rebuilds mxfp4's scales and mxfp4_panel pads its panels: neither is a permutation of mxfp4's
+    bytes, so the GPU cannot load from them (None); ds_fp4 has no GPU kernel."""
     assert moved.source("mxfp4_x16", 96, 64) is None
+    assert moved.source("mxfp4_panel", 96, 64) is None
     assert moved.source("ds_fp4_x16", 256, 128) is None  # ds_fp4 has no GPU kernel
     with pytest.raises(ValueError, match="is not another format's bytes moved"):
         moved.MovedRole("mxfp4_x16", "gate_up", 96, 64, "cpu")

@@ -57,8 +57,14 @@ class CpuLayout:
     def _module(self):
         return sys.modules[type(self).__module__]
 
-    def from_source(self, banks):  # from the source format's banks (its module's repack)
-        return self._module().repack(banks)
+    def from_source(self, banks):
+        """From the source format's banks: one gather per bank where the repack is a byte permutation (_moves.py,
+        3-4x faster than the module's regrouping), else the module's repack."""
+        from ._moves import byte_moves
+
+        _, (_, H, I) = self.source.validate(banks)  # noqa: E741
+        moves = byte_moves(self.name, H, I)
+        return moves.apply(banks) if moves is not None else self._module().repack(banks)
 
     def repack_from(self, banks):  # from the format whose cpu_layout this is (the source, unless overridden)
         return self.from_source(banks)

@@ -7,15 +7,14 @@ hybrid runner keeps ONE copy of the experts on the host, in the executor's layou
 changes, hot's moves, a prompt's staged layer) read it. The Qwen3-30B FP8 checkpoint held 54 GiB of experts on the
 host as two copies (the file's layout for the GPU, fp8_block_x16 for the CPU); one copy is 27 GiB.
 
-The permutation is found by running the layout's own `unpack` on one expert whose bytes are their own indices (four
-byte planes of a uint32 index), then checked on random banks: a layout whose `unpack` computes anything (mxfp4_x16
-rebuilds mxfp4's scales) is not a move, `source()` says None, and it keeps two copies.
+The permutation is cpumoe_formats.byte_moves' (the layout's repack run on one expert whose bytes are their own
+indices, checked on random banks), inverted: a layout whose repack computes anything (mxfp4_x16 rebuilds mxfp4's
+scales) is not a move, `source()` says None, and it keeps two copies.
 
 Threads: the functions are pure (cached); a MovedRole is used by its GpuExperts' one caller at a time."""
 from __future__ import annotations
 
 import functools
-import sys
 
 import numpy as np
 import torch
@@ -25,20 +24,6 @@ from .layouts import MATRIX_FORMATS, SAME_BITS
 ROLES = ("gate_up", "down")
 
 
-def _layout_source(name: str) -> str | None:
-    """The format whose CPU layout `name` is (q4_0_x16 -> q4_0, mxfp4_panel -> mxfp4), or None."""
-    import cpumoe_formats as cf
-
-    spec = cf.get_format(name)
-    src = getattr(spec, "source", None)
-    if src is not None:
-        return src.name
-    for other in cf.formats.WEIGHT_FORMATS:
-        if cf.get_format(other).cpu_layout == spec.name:
-            return other
-    return None
-
-
 def role_banks(spec, role: str) -> list:
     """The BankSpecs of one matrix ("gate_up" or "down") of a format: the banks named after it."""
     return [b for b in spec.banks if b.name == role or b.name.startswith(role + "_")]
@@ -46,40 +31,15 @@ def role_banks(spec, role: str) -> list:
 
 @functools.cache
 def _perm(layout: str, H: int, I: int):  # noqa: E741
-    """(source bank name -> uint32 index into one expert's layout bytes, layout banks in order [(name, nbytes)]) for
-    one expert at (H, I), or None where the layout's unpack is not a byte permutation."""
+    """(source bank name -> int64 index into one expert's layout bytes (its banks concatenated in schema order),
+    the layout's banks [(name, bytes per expert, last dim)], the source format's name) at (H, I), or None where the
+    layout's repack is not a byte permutation (cpumoe_formats.byte_moves)."""
     import cpumoe_formats as cf
 
-    spec = cf.get_format(layout)
-    unpack = getattr(sys.modules[type(spec).__module__], "unpack", None)
-    if unpack is None or _layout_source(layout) is None:
+    m = cf.byte_moves(layout, int(H), int(I))
+    if m is None:
         return None
-    shapes = [(b.name, b.expected(1, H, I), np.dtype(b.dtypes[0])) for b in spec.banks]
-    sizes = [(n, int(np.prod(s)) * d.itemsize) for n, s, d in shapes]
-    total = sum(n for _, n in sizes)
-    idx = np.arange(total, dtype=np.uint32)
-    planes = []
-    for p in range(4):
-        by = ((idx >> np.uint32(8 * p)) & np.uint32(0xFF)).astype(np.uint8)
-        banks, off = {}, 0
-        for (n, s, d), (_, nbytes) in zip(shapes, sizes):
-            banks[n] = by[off:off + nbytes].view(d).reshape(s)
-            off += nbytes
-        planes.append({k: _bytes(v) for k, v in unpack(banks).items()})
-    perm = {k: sum(planes[p][k].astype(np.uint32) << np.uint32(8 * p) for p in range(4)) for k in planes[0]}
-    if any(int(v.max(initial=0)) >= total for v in perm.values()):
-        return None
-    rb = spec.random_banks(1, H, I, np.random.default_rng(0))
-    rb = {n: np.ascontiguousarray(np.asarray(rb[n])[..., :s[-1]]) for n, s, _ in shapes}  # schema widths, unpadded
-    flat = np.concatenate([_bytes(rb[n]) for n, _ in sizes])
-    ref = unpack(rb)
-    if not all(np.array_equal(flat[perm[k]], _bytes(ref[k])) for k in ref):
-        return None
-    return perm, sizes
-
-
-def _bytes(a) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(a)).view(np.uint8).reshape(-1)
+    return m.inverse(), [(n, int(np.prod(s)) * dt.itemsize, s[-1]) for n, s, dt in m.dst], m.source
 
 
 def source(layout: str, H: int, I: int) -> str | None:  # noqa: E741
@@ -87,10 +47,8 @@ def source(layout: str, H: int, I: int) -> str | None:  # noqa: E741
     `layout`; `layout` itself where it is a GPU format; None where neither (mxfp4_x16: not a byte move)."""
     if layout in MATRIX_FORMATS:
         return layout
-    src = _layout_source(layout)
-    if src not in MATRIX_FORMATS or _perm(layout, int(H), int(I)) is None:
-        return None
-    return src
+    got = _perm(layout, H, I)
+    return got[2] if got is not None and got[2] in MATRIX_FORMATS else None
 
 
 class MovedRole:
@@ -103,19 +61,19 @@ class MovedRole:
         got = _perm(layout, int(H), int(I))
         if got is None:
             raise ValueError(f"format {layout!r} is not another format's bytes moved; the GPU cannot load from it")
-        perm, sizes = got
-        spec, src = cf.get_format(layout), cf.get_format(_layout_source(layout))
+        perm, sizes, src_name = got
+        spec, src = cf.get_format(layout), cf.get_format(src_name)
         mine = [b.name for b in role_banks(spec, role)]
         offs, off = {}, 0
-        for n, nbytes in sizes:
-            offs[n] = (off, nbytes)
+        for n, nbytes, last in sizes:
+            offs[n] = (off, nbytes, last)
             off += nbytes
         # this role's layout banks, in order, and where their bytes sit in one expert's concatenation of them
-        self.host = [(n, offs[n][1], b.expected(1, H, I)[-1]) for n, b in ((b.name, b) for b in role_banks(spec, role))]
+        self.host = [(n, offs[n][1], offs[n][2]) for n in mine]
         base, rebase = 0, np.empty(off, np.int64)
         rebase.fill(-1)
         for n in mine:
-            o, nbytes = offs[n]
+            o, nbytes, _ = offs[n]
             rebase[o:o + nbytes] = np.arange(base, base + nbytes)
             base += nbytes
         self.out = []  # (source bank name, per-expert shape, itemsize)
@@ -129,7 +87,7 @@ class MovedRole:
             self.out.append((b.name, shape, np.dtype(b.dtypes[0])))
             index.append(i)
         index = np.concatenate(index)
-        self.unit = _unit(index, base)
+        self.unit = cf.Moves.word(index, base)
         # gathered in units of self.unit bytes: the layouts move 2- or 4-byte runs (fp8_block_x16 a K pair, q4_0_x16
         # an fp16 d and 4-byte lanes), so the gather reads whole words, not bytes
         self.index = torch.from_numpy((index[::self.unit] // self.unit).astype(np.int32)).to(device)
@@ -156,18 +114,6 @@ class MovedRole:
             out[name] = t.reshape((src.shape[0],) + tuple(shape))
             off += nbytes
         return out
-
-
-def _unit(index: np.ndarray, total: int) -> int:
-    """The largest word (4, 2 or 1 bytes) the byte gather `index` (into `total` bytes) moves whole: runs of that many
-    consecutive bytes, each starting at a multiple of it."""
-    for u in (4, 2):
-        if total % u or len(index) % u:
-            continue
-        runs = index.reshape(-1, u)
-        if (runs[:, 0] % u == 0).all() and (runs == runs[:, :1] + np.arange(u)).all():
-            return u
-    return 1
 
 
 @functools.cache

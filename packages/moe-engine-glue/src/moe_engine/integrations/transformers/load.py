@@ -65,8 +65,8 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     host_memory: the host bytes the experts may take (int or '48GiB'; default: MemAvailable when the load starts).
         Beside a GPU with strategy hybrid, each layer is put in the CPU executor's layout as it is read (q4_0 ->
         q4_0_x16, fp8_block -> fp8_block_x16, ...), and the GPU loads its experts from that one copy (gpu/moved.py).
-        Only where a layout is not the format's bytes moved (mxfp4_x16 in mode w4a8) would the CPU's layout be a
-        second copy beside the banks the GPU loads from; host_memory decides that case: two copies where they fit,
+        Only where a layout is not the format's bytes moved (mxfp4's: mxfp4_panel, mxfp4_x16) would the CPU's layout
+        be a second copy beside the banks the GPU loads from; host_memory decides that case: two copies where they fit,
         else the executor runs the GPU's banks as they are (loading/budget.py host_copy). One log line says which
         and why; repack= overrides it. Without a GPU, or with strategy cpu, there is one copy whatever it is.
     allow_nonfinite: load NaN / Inf scales instead of refusing them (they then propagate as the reference says).

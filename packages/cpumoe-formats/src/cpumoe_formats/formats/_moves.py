@@ -1,0 +1,151 @@
+"""Byte moves: a CPU layout whose repack only moves its source format's bytes (q4_0_x16, fp8_block_x16, ...) is a
+permutation of one expert's bytes. It is found once per (layout, H, I) by repacking one expert whose bytes are their
+own indices (four byte planes of a uint32 index), and checked on random banks; a layout whose repack computes
+anything (mxfp4_x16 rebuilds mxfp4's scales) has none.
+
+Applying it is one gather per bank over whole words (np.take): on a Qwen3-30B-A3B layer, 1.2-1.9 GB/s a thread
+against 0.3-0.5 GB/s for the layouts' numpy regrouping (2-core VM), which made the full-size Q4_0 file's load spend
+~0.9 s a layer repacking. The GPU side (moe_engine's gpu/moved.py) applies the inverse on the device, so a host
+holds the experts once, in the CPU's layout.
+
+Threads: byte_moves is cached and pure; Moves is immutable; apply() reads its banks and returns new arrays."""
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._arrays import aligned_empty
+
+
+def source_of(layout: str) -> str | None:
+    """The format whose bytes CPU layout `layout` is built from (q4_0_x16 -> q4_0; mxfp4_panel, which names no
+    source, -> mxfp4, the format whose cpu_layout it is), or None for a format that is no CPU layout."""
+    from . import FORMATS, get_format
+
+    spec = get_format(layout)
+    src = getattr(spec, "source", None)
+    if src is not None:
+        return src.name
+    return next((n for n in FORMATS if get_format(n).cpu_layout == spec.name), None)
+
+
+def _bytes(a) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a)).view(np.uint8).reshape(-1)
+
+
+@dataclass(frozen=True)
+class Moves:
+    """One expert's bytes of `source`'s banks (concatenated in schema order, each at its schema width) moved into
+    `layout`'s banks: layout bank `name`'s bytes are source bytes forward[name]."""
+
+    layout: str
+    source: str
+    src: tuple  # ((bank name, per-expert shape, dtype), ...) in the source's schema order
+    dst: tuple  # the same for the layout's banks
+    forward: dict  # layout bank name -> int64 [its bytes per expert]: the source byte each comes from
+
+    @staticmethod
+    def word(index: np.ndarray, total: int) -> int:
+        """The largest word (4, 2 or 1 bytes) the byte gather `index` (into `total` bytes) moves whole: runs of that
+        many consecutive bytes, each starting at a multiple of it."""
+        for u in (4, 2):
+            if total % u or len(index) % u:
+                continue
+            runs = index.reshape(-1, u)
+            if (runs[:, 0] % u == 0).all() and (runs == runs[:, :1] + np.arange(u)).all():
+                return u
+        return 1
+
+    def _src_offsets(self) -> dict:
+        out, off = {}, 0
+        for n, shape, dt in self.src:
+            nbytes = int(np.prod(shape)) * dt.itemsize
+            out[n] = (off, nbytes)
+            off += nbytes
+        return out
+
+    @functools.cached_property
+    def plan(self) -> tuple:
+        """Per layout bank: (name, shape, dtype, source bank or None (several: the concatenation), word, index in
+        words into that source)."""
+        offs, out = self._src_offsets(), []
+        for n, shape, dt in self.dst:
+            f = self.forward[n]
+            one = next((s for s, (o, nb) in offs.items() if f.size and o <= f.min() and f.max() < o + nb), None)
+            idx, span = (f - offs[one][0], offs[one][1]) if one is not None else (f, sum(nb for _, nb in offs.values()))
+            u = Moves.word(idx, span)
+            out.append((n, shape, dt, one, u, (idx[::u] // u).astype(np.intp)))
+        return tuple(out)
+
+    def inverse(self) -> dict:
+        """source bank name -> int64 [its bytes per expert]: the byte of the layout's banks (concatenated in schema
+        order) each comes from (unpack's gather)."""
+        fwd = np.concatenate([self.forward[n] for n, _, _ in self.dst])
+        inv = np.empty(fwd.size, np.int64)
+        inv[fwd] = np.arange(fwd.size)
+        return {n: inv[o:o + nb] for n, (o, nb) in self._src_offsets().items()}
+
+    def apply(self, banks) -> dict:
+        """Source banks [E, ...] (validated; a padded last dim is cut to the schema's width) -> new layout banks,
+        64-byte aligned. Threads: any."""
+        flat = {}
+        for n, shape, _ in self.src:
+            a = np.asarray(banks[n])
+            if a.shape[-1] != shape[-1]:
+                a = a[..., :shape[-1]]
+            flat[n] = np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], -1)
+        E = next(iter(flat.values())).shape[0]
+        out = {}
+        for n, shape, dt, one, u, idx in self.plan:
+            src = flat[one] if one is not None else np.concatenate(list(flat.values()), axis=1)
+            dst = aligned_empty((E, *shape), dt)
+            w = np.dtype(f"u{u}")
+            np.take(src.view(w), idx, axis=1, out=dst.view(np.uint8).reshape(E, -1).view(w))
+            out[n] = dst
+        return out
+
+
+@functools.cache
+def byte_moves(layout: str, H: int, I: int) -> Moves | None:  # noqa: E741
+    """The byte permutation that CPU layout `layout`'s repack is at (H, I), or None where it is not one (or the
+    layout does not take these dims)."""
+    from . import get_format
+
+    src_name = source_of(layout)
+    if src_name is None:
+        return None
+    spec, sspec = get_format(layout), get_format(src_name)
+    repack = getattr(sys.modules[type(spec).__module__], "repack", None)
+    if repack is None:
+        return None
+    try:
+        spec.check_dims(H, I)
+        src = tuple((b.name, b.expected(1, H, I)[1:], np.dtype(b.dtypes[0])) for b in sspec.banks)
+        total = sum(int(np.prod(s)) * d.itemsize for _, s, d in src)
+        idx = np.arange(total, dtype=np.uint32)
+        planes = []
+        for p in range(4):
+            by = ((idx >> np.uint32(8 * p)) & np.uint32(0xFF)).astype(np.uint8)
+            banks, off = {}, 0
+            for n, s, d in src:
+                nbytes = int(np.prod(s)) * d.itemsize
+                banks[n] = by[off:off + nbytes].view(d).reshape((1, *s))
+                off += nbytes
+            planes.append(repack(banks))
+        dst = tuple((b.name, planes[0][b.name].shape[1:], planes[0][b.name].dtype) for b in spec.banks)
+        fwd = {n: sum(_bytes(planes[p][n]).astype(np.int64) << (8 * p) for p in range(4)) for n, _, _ in dst}
+        allb = np.concatenate(list(fwd.values()))
+        if allb.size != total or not np.array_equal(np.sort(allb), np.arange(total)):
+            return None  # not a permutation of the source's bytes
+        moves = Moves(layout, src_name, src, dst, fwd)
+        rb = sspec.random_banks(2, H, I, np.random.default_rng(0))
+        rb = {n: np.ascontiguousarray(np.asarray(rb[n])[..., :s[-1]]) for n, s, _ in src}
+        want, got = repack(rb), moves.apply(rb)
+        if not all(np.array_equal(_bytes(want[n]), _bytes(got[n])) for n, _, _ in dst):
+            return None
+        return moves
+    except (ValueError, TypeError):
+        return None
