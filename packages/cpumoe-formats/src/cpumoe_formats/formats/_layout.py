@@ -58,8 +58,8 @@ class CpuLayout:
         return sys.modules[type(self).__module__]
 
     def from_source(self, banks):
-        """From the source format's banks: one gather per bank where the repack is a byte permutation (_moves.py,
-        3-4x faster than the module's regrouping), else the module's repack."""
+        """From the source format's banks: one gather per bank where the repack is a byte permutation (_moves.py;
+        1.6-4.5x faster than the module's regrouping on a Qwen3-30B-A3B layer, one thread), else the module's repack."""
         from ._moves import byte_moves
 
         _, (_, H, I) = self.source.validate(banks)  # noqa: E741
