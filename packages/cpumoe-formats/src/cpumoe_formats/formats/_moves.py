@@ -39,7 +39,10 @@ def _bytes(a) -> np.ndarray:
 @dataclass(frozen=True)
 class Moves:
     """One expert's bytes of `source`'s banks (concatenated in schema order, each at its schema width) moved into
-    `layout`'s banks: layout bank `name`'s bytes are source bytes forward[name]."""
+    `layout`'s banks: layout bank `name`'s bytes are source bytes forward[name].
+
+    Threads: safe to share; immutable after byte_moves builds it (plan is computed once, under cached_property's
+    lock), and apply() only reads its banks and returns new arrays."""
 
     layout: str
     source: str
