@@ -44,8 +44,16 @@ def test_gather_equals_the_repack(layout, H, I, rng):  # noqa: E741
     for k in want:
         assert _same(got[k], want[k]), k
         assert got[k].ctypes.data % 64 == 0
-    via = src.to_layout(banks, layout, threads=2)  # CpuLayout.from_source takes the gather
+    via = src.to_layout(banks, layout, threads=2)  # to_layout gathers straight into the final arrays
     assert all(_same(via[k], want[k]) for k in want)
+    sliced = m.apply(banks, threads=3)  # 5 experts in slices of 1, 2, 2
+    assert all(_same(sliced[k], want[k]) for k in want)
+    for role in cf.ROLES:  # one role's banks, as a two-format layer converts them
+        mine = {n: banks[n] for n in src.role_banks(role)}
+        got_role = src.to_layout_role(role, mine, layout, threads=2)
+        assert set(got_role) == set(cf.get_format(layout).role_banks(role))
+        assert all(_same(got_role[k], want[k]) for k in got_role)
+    assert all(_same(cf.get_format(layout).from_source(banks)[k], want[k]) for k in want)
     cf.validate_banks(layout, got)
     # the inverse (the GPU's unpack, moe_engine gpu/moved.py) gives the source banks back
     inv = m.inverse()

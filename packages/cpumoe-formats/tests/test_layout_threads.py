@@ -43,13 +43,21 @@ def test_split_experts_slices_and_fallbacks():
 
 
 def test_to_layout_runs_in_slices(monkeypatch):
-    """to_layout hands the chain to split_experts: 3 threads, 5 experts -> 3 calls of the per-slice chain."""
-    spec = cf.get_format("nvfp4")
-    b = spec.random_banks(5, 64, 32, np.random.default_rng(4))
+    """to_layout hands a chain that is no byte move (mxfp4 -> mxfp4_panel pads) to split_experts: 3 threads, 5
+    experts -> 3 calls of the per-slice chain; a byte move (nvfp4 -> nvfp4_x16) is gathered without it."""
+    spec = cf.get_format("mxfp4")
+    b = spec.random_banks(5, 64, 64, np.random.default_rng(4))
     calls = []
     one = type(spec)._to_layout_one
     monkeypatch.setattr(type(spec), "_to_layout_one", lambda s, banks, name: calls.append(
-        banks["gate_up_packed"].shape[0]) or one(s, banks, name))
-    spec.to_layout(b, "nvfp4_x16", threads=3)
+        banks["gate_up_blocks"].shape[0]) or one(s, banks, name))
+    spec.to_layout(b, "mxfp4_panel", threads=3)
     assert sorted(calls) == [1, 2, 2]
-    assert spec.to_layout(b, "nvfp4") is b  # its own name: the banks as given, no copy
+    assert spec.to_layout(b, "mxfp4") is b  # its own name: the banks as given, no copy
+    spec = cf.get_format("nvfp4")
+    b = spec.random_banks(5, 64, 32, np.random.default_rng(4))
+    calls.clear()
+    monkeypatch.setattr(type(spec), "_to_layout_one", lambda s, banks, name: calls.append(1) or one(s, banks, name))
+    spec.to_layout(b, "nvfp4_x16", threads=3)
+    assert calls == []
+    assert spec.to_layout(b, "nvfp4") is b

@@ -192,6 +192,11 @@ class RoleMethods:
         if name == self.name:
             arrs, _ = self.validate_role(role, banks)
             return dict(zip(self.role_banks(role), arrs))
+        moves = self._direct_moves(name, banks, role)
+        if moves is not None:  # the role's banks gathered straight into their final arrays
+            from ._arrays import usable_cpus
+
+            return moves.apply(banks, threads or usable_cpus(), only=self._defined(name).role_banks(role))
         return self.map_role(role, banks, lambda b: self._to_layout_one(b, name), self._defined(name), threads)[0]
 
 

@@ -107,11 +107,28 @@ class FormatSpec(RoleMethods):
         mxfp4_panel -> mxfp4_x16); `name` == this format returns the banks as given. The experts are moved in
         `threads` slices at once (default: the CPUs this process may run on): every bank's first axis is the
         expert, the repacks are numpy copies that release the GIL, and one thread ran at 0.1-0.5 GB/s."""
-        from ._arrays import split_experts
+        from ._arrays import split_experts, usable_cpus
 
         if name == self.name:
             return banks
+        moves = self._direct_moves(name, banks)
+        if moves is not None:  # one gather per bank straight into the final arrays: a layer's peak is two copies
+            return moves.apply(banks, threads or usable_cpus())
         return split_experts(lambda b: self._to_layout_one(b, name), banks, threads)
+
+    def _direct_moves(self, name: str, banks, role: str | None = None):
+        """byte_moves of layout `name` where it is built from this format's banks directly, else None."""
+        from .formats._moves import byte_moves, source_of
+
+        if source_of(name) != self.name or getattr(_spec(name), "source", None) is None:
+            return None
+        _, (_, H, I) = self.validate(banks) if role is None else self.validate_role(role, banks)  # noqa: E741
+        moves = byte_moves(name, H, I)
+        if moves is not None and role is not None:  # one role alone: each of its banks from one source bank
+            mine = set(_spec(name).role_banks(role))
+            if any(one is None for n, _, _, one, _, _ in moves.plan if n in mine):
+                return None
+        return moves
 
     @staticmethod
     def _defined(name: str):

@@ -36,9 +36,10 @@ def _spec(pair):
     return pair[0] if pair[0] == pair[1] else tuple(pair)
 
 
-# experts dequantized to float64 at once: 4 experts of Qwen3-30B-A3B's shape are 151 MB (64 at once were 2.4 GB, and
-# a 48-layer model's qualification ran a 24 GB machine out of memory beside its 16 GB of banks)
-EXPERTS_PER_CALL = 4
+# experts dequantized to float64 at once: 2 experts of Qwen3-30B-A3B's shape are 75 MB (64 at once were 2.4 GB, and
+# a 48-layer model's qualification ran a 24 GB machine out of memory beside its 16 GB of banks; with 4, qualification
+# was the peak of the full-size Q4_K_M load on 2 cores, ~0.4 GB above the loaded model)
+EXPERTS_PER_CALL = 2
 
 
 def reference(r, layer: int, x, w, ids) -> np.ndarray:

@@ -24,7 +24,7 @@ import time
 import cpumoe_formats as cf
 
 from ... import layer_formats
-from ...loading import budget
+from ...loading import budget, heap
 from ...progress import bar
 from . import decode as decode_path
 from . import skeleton
@@ -162,6 +162,8 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
             for n, pair, run in zip(layers, pairs, run_pairs):
                 b = src.expert_banks(n, E, H, I, fmt if isinstance(fmt, str) else pair)
                 banks.append(layer_formats.to_layout(b, pair, run, threads))
+                del b
+                heap.trim()
                 pb.update(1)
         gc.collect()
         act = dict(activation=first.activation, alpha=first.alpha, limit=first.limit)
