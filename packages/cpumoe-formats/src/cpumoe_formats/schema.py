@@ -117,18 +117,20 @@ class FormatSpec(RoleMethods):
         return split_experts(lambda b: self._to_layout_one(b, name), banks, threads)
 
     def _direct_moves(self, name: str, banks, role: str | None = None):
-        """byte_moves of layout `name` where it is built from this format's banks directly, else None."""
-        from .formats._moves import byte_moves, source_of
-
-        if source_of(name) != self.name or getattr(_spec(name), "source", None) is None:
-            return None
+        """The byte moves of layout `name` where it is built from this format's banks directly, else None."""
+        layout = _spec(name)
         _, (_, H, I) = self.validate(banks) if role is None else self.validate_role(role, banks)  # noqa: E741
-        moves = byte_moves(name, H, I)
+        moves = layout.moves_from(self, H, I)
         if moves is not None and role is not None:  # one role alone: each of its banks from one source bank
-            mine = set(_spec(name).role_banks(role))
+            mine = set(layout.role_banks(role))
             if any(one is None for n, _, _, one, _, _ in moves.plan if n in mine):
                 return None
         return moves
+
+    def moves_from(self, source, H: int, I: int):  # noqa: E741
+        """This format as a byte permutation of `source`'s banks at (H, I) (formats/_moves.py), or None: only a CPU
+        layout built from `source` directly can be one (formats/_layout.py CpuLayout overrides this)."""
+        return None
 
     @staticmethod
     def _defined(name: str):

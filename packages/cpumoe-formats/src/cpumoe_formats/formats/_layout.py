@@ -66,6 +66,11 @@ class CpuLayout:
         moves = byte_moves(self.name, H, I)
         return moves.apply(banks) if moves is not None else self._module().repack(banks)
 
+    def moves_from(self, source, H: int, I: int):  # noqa: E741
+        from ._moves import byte_moves
+
+        return byte_moves(self.name, H, I) if source is self.source else None
+
     def repack_from(self, banks):  # from the format whose cpu_layout this is (the source, unless overridden)
         return self.from_source(banks)
 
