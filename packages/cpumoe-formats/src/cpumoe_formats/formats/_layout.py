@@ -60,10 +60,8 @@ class CpuLayout:
     def from_source(self, banks):
         """From the source format's banks: one gather per bank where the repack is a byte permutation (_moves.py;
         1.6-4.5x faster than the module's regrouping on a Qwen3-30B-A3B layer, one thread), else the module's repack."""
-        from ._moves import byte_moves
-
         _, (_, H, I) = self.source.validate(banks)  # noqa: E741
-        moves = byte_moves(self.name, H, I)
+        moves = self.moves_from(self.source, H, I)
         return moves.apply(banks) if moves is not None else self._module().repack(banks)
 
     def moves_from(self, source, H: int, I: int):  # noqa: E741

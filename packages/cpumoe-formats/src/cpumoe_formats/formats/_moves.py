@@ -20,18 +20,6 @@ import numpy as np
 from .._arrays import aligned_empty
 
 
-def source_of(layout: str) -> str | None:
-    """The format whose bytes CPU layout `layout` is built from (q4_0_x16 -> q4_0; mxfp4_panel, which names no
-    source, -> mxfp4, the format whose cpu_layout it is), or None for a format that is no CPU layout."""
-    from . import FORMATS, get_format
-
-    spec = get_format(layout)
-    src = getattr(spec, "source", None)
-    if src is not None:
-        return src.name
-    return next((n for n in FORMATS if get_format(n).cpu_layout == spec.name), None)
-
-
 def _bytes(a) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a)).view(np.uint8).reshape(-1)
 
@@ -109,11 +97,13 @@ class Moves:
         E = next(iter(flat.values())).shape[0]
         n_cuts = max(1, min(int(threads or 1), E))
         cut = [E * i // n_cuts for i in range(n_cuts + 1)]
-        out, jobs = {}, []
+        out, jobs, joined = {}, [], None
         for n, shape, dt, one, u, idx in self.plan:
             if only is not None and n not in only:
                 continue
-            src = flat[one] if one is not None else np.concatenate([flat[k] for k, _, _ in self.src], axis=1)
+            if one is None and joined is None:  # a bank drawn from several source banks: their bytes side by side
+                joined = np.concatenate([flat[k] for k, _, _ in self.src], axis=1)
+            src = flat[one] if one is not None else joined
             dst = aligned_empty((E, *shape), dt)
             w = np.dtype(f"u{u}")
             sv, dv = src.view(w), dst.view(np.uint8).reshape(E, -1).view(w)
@@ -140,10 +130,11 @@ def byte_moves(layout: str, H: int, I: int) -> Moves | None:  # noqa: E741
     layout does not take these dims)."""
     from . import get_format
 
-    src_name = source_of(layout)
-    if src_name is None:
+    spec = get_format(layout)
+    sspec = getattr(spec, "source", None)  # a CpuLayout's source format (mxfp4_panel names none: it pads anyway)
+    if sspec is None:
         return None
-    spec, sspec = get_format(layout), get_format(src_name)
+    src_name = sspec.name
     repack = getattr(sys.modules[type(spec).__module__], "repack", None)
     if repack is None:
         return None
