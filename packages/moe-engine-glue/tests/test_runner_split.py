@@ -2,8 +2,8 @@
 the GPU experts' layout (bit-equal to the same experts loaded into slots, every format it serves, edge codes
 included), the split's per-expert sets carry their share of the miss bytes, every route is served once under
 changing routes, residency and q (against the float64 reference), q = 0 is hybrid bit for bit, q = 1 leaves the CPU
-idle, split='auto' follows a profile, and pinning's failures and budget are handled. The [cuda] cases read real
-page-locked host memory."""
+idle and split='auto' follows a profile (pinning: test_pinning.py). The [cuda] cases read real page-locked host
+memory."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import cuda_missing, make_banks, routes, triton_missing
 
-from moe_engine.placement.pinning import PAGE, PinnedBanks, spans
+from moe_engine.placement.pinning import PinnedBanks
 from moe_engine.placement.profile import Profile, ProfileError
 from moe_engine.placement.split import zero_copy_set
 from moe_engine.reference import TOLERANCE, reference
@@ -62,6 +62,7 @@ def test_zero_copy_bank_reads_the_gpu_layout(fmt, rng):
         with pytest.raises(ValueError, match="not page-locked for cuda"):
             ZeroCopyBank(fmt, banks, [True], E=E, H=H, I=I, device=dev)
     pin = PinnedBanks(banks, dev)
+    banks = pin.banks
     try:
         assert DEVICE == "cpu" or pin.pinned == [True], pin.summary()
         zc = ZeroCopyBank(fmt, banks, [True], E=E, H=H, I=I, device=dev)
@@ -143,100 +144,6 @@ def test_split_auto_follows_the_profile(rng, caplog):
         _runner(banks, split=2)
     with pytest.raises(ValueError, match="split=0.5: the miss split runs under strategy='hybrid', not 'cpu'"):
         MoERunner("bf16", banks, top_k=3, strategy="cpu", device="cpu", threads=2, split=0.5, progress=False)
-
-
-class _FakeRuntime:
-    def __init__(self, fail_after):
-        self.fail_after, self.calls, self.live, self.cleared = fail_after, 0, {}, 0
-
-    def cudaGetLastError(self):
-        self.cleared += 1
-        return 0
-
-    def cudaHostRegister(self, ptr, size, flags):
-        self.calls += 1
-        if self.calls > self.fail_after:
-            return 2  # cudaErrorMemoryAllocation
-        assert flags == 3 and ptr % PAGE == 0 and size % PAGE == 0
-        assert all(ptr + size <= p or p + n <= ptr for p, n in self.live.items())  # the runtime refuses overlaps
-        self.live[ptr] = size
-        return 0
-
-    def cudaHostUnregister(self, ptr):
-        if ptr not in self.live:
-            return 1  # cudaErrorInvalidValue
-        del self.live[ptr]
-        return 0
-
-    def cudaGetErrorString(self, err):
-        return "out of memory"
-
-    def copyable(self, a) -> bool:
-        """The runtime's rule for an async copy: the host range lies inside one registration, or touches none."""
-        s = a.__array_interface__["data"][0]
-        e = s + a.nbytes
-        inside = [p <= s and e <= p + n for p, n in self.live.items()]
-        touching = [s < p + n and p < e for p, n in self.live.items()]
-        return any(inside) or not any(touching)
-
-
-def _carved_banks():
-    """Three layers carved from one page-aligned buffer (as small arrays packed on the heap are): layer 2's first
-    array starts in the page layer 1's second ends in, and runs on past it."""
-    P = PAGE
-    raw = np.zeros(12 * P, np.uint8)
-    buf = raw[(-raw.ctypes.data) % P:]
-    cut = [[(0, P - 100), (2 * P, 3 * P)], [(4 * P, 5 * P), (6 * P + 10, 6 * P + 1000)],
-           [(6 * P + 2000, 7 * P + 500), (9 * P, 10 * P)]]
-    return raw, [{f"m{i}": buf[s:e] for i, (s, e) in enumerate(layer)} for layer in cut]
-
-
-def test_pinning_budget_and_failure(caplog):
-    raw, banks = _carved_banks()
-    P = PAGE
-    units, of_layer = spans(banks)
-    assert len(units) == 5 and of_layer[1] & of_layer[2]  # the shared page is one unit of both layers
-    caplog.set_level(logging.WARNING, logger="moe_engine")
-    rt = _FakeRuntime(fail_after=10**6)
-    p = PinnedBanks(banks, "cuda", budget=5 * P, runtime=rt)
-    # layer 2's first array lies in the unit layer 1 registered: wholly registered, though layer 2 is not pinned
-    assert p.pinned == [True, True, False] and p.bytes == 5 * P and "layers 2 pageable: the pin budget" in p.why
-    assert all(rt.copyable(a) for layer in banks for a in layer.values())
-    assert "pinned in 2 of 3 layers" in caplog.text
-    p.close()
-    assert not rt.live
-    rt = _FakeRuntime(fail_after=3)  # the second layer's second unit fails
-    p = PinnedBanks(banks, "cuda", budget=1 << 40, runtime=rt)
-    assert p.pinned == [True, False, False] and "layers 1..2 pageable: cudaHostRegister failed (out of memory)" in p.why
-    assert rt.cleared == 1  # the failed call's error is not left for torch's next launch check
-    assert all(rt.copyable(a) for layer in banks for a in layer.values())
-    p.close()
-    assert not rt.live  # what did register is released
-    rt = _FakeRuntime(fail_after=10**6)
-    p = PinnedBanks(banks, "cuda", budget=1 << 40, runtime=rt)
-    rt.live.pop(next(iter(rt.live)))  # a range the runtime no longer holds: its unregister fails
-    cleared = rt.cleared
-    p.close()
-    assert rt.cleared == cleared + 1 and "cudaHostUnregister failed for 1 of" in caplog.text  # not left for torch
-    assert PinnedBanks(banks, "cpu").why == "no GPU: nothing to pin for"
-    with pytest.raises(ValueError, match=r"pin_memory=-1: expected bytes"):
-        PinnedBanks(banks, "cuda", budget=-1, runtime=rt)
-
-
-def test_pinning_never_splits_an_array(rng):
-    """Per-layer ranges trimmed where layers share a page left an array over two registrations, and the runtime
-    refused its async copies (cudaErrorInvalidValue at hybrid's set_residency, intermittent with heap layout)."""
-    for fmt in ("bf16", "fp8_block", "nvfp4"):
-        banks, _ = make_banks(fmt, rng, layers=4, E=3)
-        rt = _FakeRuntime(fail_after=10**6)
-        p = PinnedBanks(banks, "cuda", budget=1 << 40, runtime=rt)
-        assert all(p.pinned)
-        assert all(rt.copyable(a) for layer in banks for a in layer.values())
-        p.close()
-    _, banks = _carved_banks()
-    rt = _FakeRuntime(fail_after=10**6)
-    PinnedBanks(banks, "cuda", budget=1 << 40, runtime=rt)
-    assert all(rt.copyable(a) for layer in banks for a in layer.values()) and len(rt.live) == 5
 
 
 @pytest.mark.cuda

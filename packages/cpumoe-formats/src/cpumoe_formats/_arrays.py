@@ -1,6 +1,8 @@
 """Array intake: numpy arrays, or anything torch-like, by duck typing (no torch import)."""
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from .numerics import BF16, E4M3, E8M0
@@ -86,12 +88,21 @@ def as_input(a, name: str, dtype, shape=None) -> np.ndarray:
     return check_array(arr, name, dtype=dtype, shape=shape)
 
 
+PAGE = mmap.PAGESIZE
+PAGE_OWNED_MIN = 64 << 10  # bytes: from here an array gets whole pages of its own (at most 8 KiB, 12.5%, more)
+
+
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an `align`-byte boundary (a view of a larger numpy
-    array, which it keeps alive). Threads: any."""
+    array, which it keeps alive). With align >= PAGE, or from PAGE_OWNED_MIN bytes, it starts on a page and no other
+    allocation shares its last page: a bank page-locked for a GPU then takes no other object into its registration
+    (the CUDA runtime refuses a copy of memory that starts in a registered page and runs past it). Threads: any."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(n + align, np.uint8)
+    slack = 0
+    if n >= PAGE_OWNED_MIN or align >= PAGE:
+        align, slack = max(align, PAGE), PAGE
+    raw = np.empty(n + align + slack, np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off:off + n].view(dtype).reshape(shape)
 

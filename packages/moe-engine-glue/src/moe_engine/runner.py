@@ -348,6 +348,7 @@ class MoERunner:
 
             # pinned: the staged prefill and hot's copies read them at link speed, the split's GPU side reads them
             self.pinned = PinnedBanks(self.host_banks, self.device, None if pin_memory is True else pin_memory)
+            self.host_banks = self.pinned.banks  # the same bytes; an array sharing a page with other memory copied
         if split is not None:
             from .placement.missplit import MissSplit
 

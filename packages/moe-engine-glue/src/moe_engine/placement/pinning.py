@@ -3,6 +3,12 @@ portable) in place, layer by layer while a byte budget lasts, so that expert cop
 link speed (pageable memory staged prefill at 4-6 GB/s, docs/moe-engine.md) and GPU kernels can read them directly
 (zero-copy.py: a device pointer to registered host memory is the host pointer under unified addressing).
 
+The runtime refuses (cudaErrorInvalidValue) an asynchronous copy of host memory that starts in a registered page and
+runs past the registration, so no other allocation may share a registered page: a torch tensor allocated on the heap
+beside a small bank array failed its next copy to the GPU (the H100 profile bench, fp8_block's scales). An array
+whose pages are not wholly its own is therefore copied to pages of its own first (`banks`: the banks as registered;
+the executor's layouts from cpumoe_formats.aligned_empty and numpy's large, mmap-backed arrays are used in place).
+
 When registration fails (the OS refuses to lock more memory, a range already registered, no GPU), that layer and
 those after it stay pageable: copies are synchronous and the miss split leaves the layer's misses to the CPU. One
 warning says how much was pinned and why the rest was not; nothing else changes.
@@ -12,12 +18,16 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 
 import numpy as np
+
+from cpumoe_formats import aligned_copy
 
 log = logging.getLogger("moe_engine")
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 REGISTER_FLAGS = 0x01 | 0x02  # cudaHostRegisterPortable | cudaHostRegisterMapped
+_LIBC = platform.libc_ver()[0]
 DEFAULT_FRACTION = 0.5  # of MemAvailable: page-locking the rest could starve the OS and the page cache
 
 
@@ -30,6 +40,59 @@ def mem_available() -> int | None:
     except OSError:
         return None
     return None
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _mmapped_chunk(root: np.ndarray) -> tuple[int, int] | None:
+    """[start, end) of the anonymous mapping glibc's malloc made for `root`'s data alone (chunk header: size at
+    p - 8, bit 2 IS_MMAPPED), or None where that cannot be known (another libc or numpy allocator)."""
+    if _LIBC != "glibc" or root.nbytes < 1024 or _handler(root) != "default_allocator":
+        return None
+    import ctypes
+
+    p = root.ctypes.data
+    size = ctypes.c_size_t.from_address(p - 8).value
+    return (p - 16, p - 16 + (size & ~7)) if size & 2 else None
+
+
+def _handler(a) -> str | None:
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import get_handler_name
+    return get_handler_name(a)
+
+
+def owns_pages(a) -> bool:
+    """True when every page `a` touches holds only `a`'s allocation (so registering them takes in no other object)."""
+    a = np.asarray(a)
+    s, e = _page_range(a)
+    root = _root(a)
+    if not root.flags.owndata:
+        import mmap
+
+        return isinstance(root.base, mmap.mmap)  # a mapping is whole pages; its other views are the caller's
+    p = root.ctypes.data
+    if p <= s and e <= p + root.nbytes:
+        return True
+    chunk = _mmapped_chunk(root)
+    return chunk is not None and chunk[0] <= s and e <= chunk[1]
+
+
+def own_pages(layer: dict) -> tuple[dict, int]:
+    """The layer with each array whose pages are not wholly its own copied to ones that are; bytes copied."""
+    out, copied = dict(layer), 0
+    for name, a in layer.items():
+        a = np.asarray(a)
+        if a.nbytes and not owns_pages(a):
+            out[name] = aligned_copy(a, PAGE)
+            copied += a.nbytes
+    return out, copied
 
 
 def _ranges(layer: dict) -> list[tuple[int, int]]:
@@ -112,13 +175,16 @@ def _cudart():
 
 
 class PinnedBanks:
-    """Registers `banks` (one dict of numpy arrays per layer) in place. pinned[layer]: True when every array of the
-    layer is registered. budget: bytes to lock (None: half of MemAvailable; 0 or False: none)."""
+    """Registers `banks` (one dict of numpy arrays per layer) in place, each array that shares a page with other
+    memory copied first: `banks` is then the layers as registered, which the GPU's copies and reads must use.
+    pinned[layer]: True when every array of the layer is registered. copied: bytes copied to pages of their own.
+    budget: bytes to lock (None: half of MemAvailable; 0 or False: none)."""
 
     def __init__(self, banks, device, budget=None, *, runtime=None):
         self.pinned = [False] * len(banks)
+        self.banks = list(banks)
         self._done: list[int] = []
-        self.bytes = 0
+        self.bytes = self.copied = 0
         self.why = ""
         if budget is False or budget == 0:
             self.why = "pin_memory=0: host banks left pageable"
@@ -132,6 +198,10 @@ class PinnedBanks:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise ValueError(f"pin_memory={budget!r}: expected bytes to page-lock (an int >= 0), None or False")
         self._rt = runtime or _cudart()
+        for li, layer in enumerate(banks):
+            self.banks[li], n = own_pages(layer)
+            self.copied += n
+        banks = self.banks
         units, of_layer = spans(banks)
         done: set[int] = set()
         for li in range(len(banks)):
@@ -163,7 +233,8 @@ class PinnedBanks:
                         len(banks), self.why)
 
     def summary(self) -> str:
-        return f"pinned {sum(self.pinned)}/{len(self.pinned)} layers ({self.bytes / 2**30:.1f} GiB)" + \
+        return f"pinned {sum(self.pinned)}/{len(self.pinned)} layers ({self.bytes / 2**30:.1f} GiB" + \
+            (f", {self.copied / 2**20:.1f} MiB copied to pages of their own" if self.copied else "") + ")" + \
             (f"; {self.why}" if self.why else "")
 
     def close(self) -> None:

@@ -88,6 +88,7 @@ def gpu_part(fmt: str, E: int, H: int, I: int, K: int, threads, steps: int, rng)
     bpe = cf.get_format(fmt).bytes_per_expert(H, I)
     h2d = h2d_GBps(dev)
     pinned = PinnedBanks(banks, dev, budget=1 << 40)
+    banks = pinned.banks
     out = {"h2d": h2d}
     try:
         if not pinned.pinned[0]:
