@@ -41,7 +41,7 @@ stage() {  # $1: the stage; $2: its own limit in seconds (cut to what is left of
   [ "$left" -lt "$t" ] && t=$left
   echo "[$(date +%T)] $1 (limit ${t}s)"
   case "$1" in
-  test) timeout "$t" $PY -m pytest -p no:cacheprovider -q -rfEs packages/moe-engine-glue/tests/test_runner_split.py \
+  test) timeout "$t" $PY -m pytest -p no:cacheprovider -q -rfEs packages/moe-engine-glue/tests/test_runner_split.py packages/moe-engine-glue/tests/test_pinning.py \
           packages/moe-engine-glue/tests/test_runner_placement.py packages/moe-engine-glue/tests/test_placement*.py ;;
   profile) timeout "$t" $PY -m moe_engine.tools.cli bench --profile --preset qwen3-30b-a3b --formats bf16,fp8_block \
           --out "$PROFILE" --png "$OUT/profile_h200.png" && cp "$PROFILE" "$OUT/profile_h200.json" ;;
