@@ -2,7 +2,7 @@
 # Issue 40 on the lent H200 host, by hand: STAGE="STAGE ..." bench/device/placement_h200.sh OUT. The stages run in
 # turn within BUDGET_S seconds of the start, the build included (default 570: one device call; the native packages
 # are built in place first when kernelio's is missing); a stage that would start with under 60 s left is skipped.
-# The profile lives at PROFILE (default /tmp/placement/profile_h200.json: OUT is fresh per device call), so a later
+# The profile lives at PROFILE (default /tmp/placement/profile_SUF.json, SUF the GPU: h100 or h200; OUT is fresh per device call), so a later
 # call's `auto` on the same warm machine reads it; it is copied into OUT too.
 # test:    the placement / split suites with their cuda cases (zero-copy reads of page-locked banks, counts on the GPU)
 # profile: moe-engine bench --profile at Qwen3-30B-A3B's shape, bf16 and fp8_block (the profile auto reads; + PNG)
@@ -33,7 +33,9 @@ fi
 cd "$ROOT" || exit 1
 B="$PY -m moe_engine.tools.bench_placement"
 F=${FORMAT:-bf16}
-PROFILE=${PROFILE:-/tmp/placement/profile_h200.json}
+SUF=${SUF:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -oE 'H[0-9]+' | head -1 | tr H h)}
+SUF=${SUF:-h200}  # outputs are named for the GPU the call got (h100 or h200)
+PROFILE=${PROFILE:-/tmp/placement/profile_$SUF.json}
 mkdir -p "$(dirname "$PROFILE")"
 stage() {  # $1: the stage; $2: its own limit in seconds (cut to what is left of BUDGET_S)
   local left=$(( END - $(date +%s) )) t=$2
@@ -44,14 +46,14 @@ stage() {  # $1: the stage; $2: its own limit in seconds (cut to what is left of
   test) timeout "$t" $PY -m pytest -p no:cacheprovider -q -rfEs packages/moe-engine-glue/tests/test_runner_split.py packages/moe-engine-glue/tests/test_pinning.py \
           packages/moe-engine-glue/tests/test_runner_placement.py packages/moe-engine-glue/tests/test_placement*.py ;;
   profile) timeout "$t" $PY -m moe_engine.tools.cli bench --profile --preset qwen3-30b-a3b --formats bf16,fp8_block \
-          --out "$PROFILE" --png "$OUT/profile_h200.png" && cp "$PROFILE" "$OUT/profile_h200.json" ;;
-  hot) timeout "$t" $B hot --formats "$F" --residencies 0.1,0.25,0.5 --json "$OUT/placement_hot_${F}_h200.json" ;;
-  split) timeout "$t" $B split --formats bf16,fp8_block --qs 0.2,0.3,0.4,0.5 --json "$OUT/placement_split_h200.json" ;;
+          --out "$PROFILE" --png "$OUT/profile_${SUF}.png" && cp "$PROFILE" "$OUT/profile_${SUF}.json" ;;
+  hot) timeout "$t" $B hot --formats "$F" --residencies 0.1,0.25,0.5 --json "$OUT/placement_hot_${F}_${SUF}.json" ;;
+  split) timeout "$t" $B split --formats bf16,fp8_block --qs 0.2,0.3,0.4,0.5 --json "$OUT/placement_split_${SUF}.json" ;;
   auto) timeout "$t" $B auto --formats "$F" --batch "${BATCH:-1}" --qs 0.2,0.35,0.5 --warmup 150 --steps 100 \
-          --profile "$PROFILE" --json "$OUT/placement_auto_${F}_b$(echo "${BATCH:-1}" | tr , -)_h200.json" ;;
-  replay) timeout "$t" $B replay --formats bf16 --json "$OUT/placement_replay_h200.json" ;;
+          --profile "$PROFILE" --json "$OUT/placement_auto_${F}_b$(echo "${BATCH:-1}" | tr , -)_${SUF}.json" ;;
+  replay) timeout "$t" $B replay --formats bf16 --json "$OUT/placement_replay_${SUF}.json" ;;
   prefill) timeout "$t" $PY -m moe_engine.tools.bench prefill --pin-memory --repeats 3 \
-          --json "$OUT/moe_engine_prefill_pinned_h200.json" ;;
+          --json "$OUT/moe_engine_prefill_pinned_${SUF}.json" ;;
   *) echo "STAGE $1: expected test, profile, hot, split, auto, replay or prefill"; return 2 ;;
   esac
 }

@@ -270,6 +270,10 @@ def main(argv=None) -> int:
     from cpumoe_formats.machine import machine_info
 
     out["machine"] = machine_info(None)
+    import torch
+
+    if torch.cuda.is_available():
+        out["machine"]["gpu"] = torch.cuda.get_device_name(0)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
