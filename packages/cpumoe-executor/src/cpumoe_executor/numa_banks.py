@@ -96,12 +96,6 @@ def _length(bspec, E: int, H: int, i: int, axis: int) -> int:
     return bspec.expected(E, H, i)[axis]
 
 
-def _aligned(a: np.ndarray) -> np.ndarray:
-    out = cf.aligned_empty(a.shape, a.dtype)
-    out[...] = a
-    return out
-
-
 def _cut_base(base, banks: dict, bounds) -> list:
     """Base-format banks -> one dict of banks per slice."""
     arrays, (E, H, I) = base.validate(banks)  # noqa: E741
@@ -124,7 +118,7 @@ def _cut_base(base, banks: dict, bounds) -> list:
                 piece = np.zeros_like(a)
             else:  # "whole", and "first" of slice 0
                 piece = a
-            out[p][name] = _aligned(piece)
+            out[p][name] = cf.aligned_copy(piece)
     return out
 
 
@@ -147,7 +141,7 @@ def _join_base(base, parts: list) -> dict:
             out[name] = np.concatenate(gate + up, axis=axis)
         else:
             out[name] = arrs[0]
-        out[name] = _aligned(out[name])
+        out[name] = cf.aligned_copy(out[name])
     return out
 
 

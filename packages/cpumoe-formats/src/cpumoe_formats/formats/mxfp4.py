@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._arrays import aligned_empty
+from .._arrays import aligned_copy, aligned_empty
 from ..numerics import (
     BF16,
     E2M1_TABLE,
@@ -72,12 +72,6 @@ def _deinterleave(a: np.ndarray, axis: int) -> np.ndarray:
     return np.moveaxis(out, -1, axis)
 
 
-def _aligned(a: np.ndarray) -> np.ndarray:
-    out = aligned_empty(a.shape, a.dtype)
-    out[...] = a
-    return out
-
-
 def _quantize_t(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """w [E, N, K] float (rows = output columns) -> (blocks [E, K/2, N], scales [E, K/32, N]) uint8."""
     E, N, K = w.shape
@@ -85,7 +79,7 @@ def _quantize_t(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     s = e8m0_for(np.abs(wb).max(axis=-1), _QMAX)  # [E, N, K/32]
     q = to_e2m1_codes(wb / E8M0_TABLE[s][..., None]).reshape(E, N, K)
     blocks = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).astype(np.uint8)  # [E, N, K/2]
-    return _aligned(blocks.transpose(0, 2, 1)), _aligned(s.transpose(0, 2, 1))
+    return aligned_copy(blocks.transpose(0, 2, 1)), aligned_copy(s.transpose(0, 2, 1))
 
 
 def _dequantize_t(blocks: np.ndarray, scales: np.ndarray, deinterleave: bool = False) -> np.ndarray:
@@ -138,8 +132,8 @@ class Mxfp4Format(FormatSpec):
         gub_b, gus_b = _quantize_t(_interleave(gu, 1))
         dnb_b, dns_b = _quantize_t(dn)
         return {"gate_up_blocks": gub_b, "gate_up_scales": gus_b,
-                "gate_up_bias": _aligned(to_bf16(_interleave(gub, 1))),
-                "down_blocks": dnb_b, "down_scales": dns_b, "down_bias": _aligned(to_bf16(dnb))}
+                "gate_up_bias": aligned_copy(to_bf16(_interleave(gub, 1))),
+                "down_blocks": dnb_b, "down_scales": dns_b, "down_bias": aligned_copy(to_bf16(dnb))}
 
     def random_banks(self, E, H, I, rng):  # noqa: E741
         """Random codes (every byte value), scales 2^-8..2^-6 (weights ~0.02 rms), biases 0.01*randn, in the
@@ -148,7 +142,7 @@ class Mxfp4Format(FormatSpec):
         for b in self.banks:
             shape = b.expected(E, H, I)
             if b.name.endswith("_bias"):
-                out[b.name] = _aligned((rng.standard_normal(shape, np.float32) * 0.01).astype(BF16))
+                out[b.name] = aligned_copy((rng.standard_normal(shape, np.float32) * 0.01).astype(BF16))
                 continue
             lo, hi = (119, 122) if b.name.endswith("_scales") else (0, 256)
             out[b.name] = aligned_empty(shape, np.uint8)

@@ -34,7 +34,7 @@ import dataclasses
 
 import numpy as np
 
-from .._arrays import aligned_empty
+from .._arrays import aligned_copy, aligned_empty
 from . import mxfp4
 
 PANEL = 64  # columns per panel (the kernels' work-item width)
@@ -80,13 +80,13 @@ def repack(banks) -> dict:
     """mxfp4 (gpt-oss / Triton) banks -> mxfp4_panel banks (new arrays, 64-byte aligned; biases copied).
     Threads: any (reads the banks, returns new arrays)."""
     arrs, _ = mxfp4.SPEC.validate(banks)
-    return {n: to_panels(a) if n in _COLUMNS else mxfp4._aligned(a) for n, a in zip(mxfp4.SPEC.bank_names, arrs)}
+    return {n: to_panels(a) if n in _COLUMNS else aligned_copy(a) for n, a in zip(mxfp4.SPEC.bank_names, arrs)}
 
 
 def unpack(banks) -> dict:
     """mxfp4_panel banks -> mxfp4 (gpt-oss / Triton) banks. Threads: any (reads the banks, returns new arrays)."""
     arrs, (_, H, I) = SPEC.validate(banks)  # noqa: E741
-    return {n: mxfp4._aligned(from_panels(a, _COLUMNS[n](H, I)) if n in _COLUMNS else a)
+    return {n: aligned_copy(from_panels(a, _COLUMNS[n](H, I)) if n in _COLUMNS else a)
             for n, a in zip(SPEC.bank_names, arrs)}
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._arrays import aligned_copy
 from ..numerics import BF16, bf16_decode, codes
 from ..schema import BankSpec
 from . import mxfp4, mxfp4_panel
@@ -45,16 +46,16 @@ def _columns(packed, scale, interleave: bool):
     """The inverse of _rows: (blocks [E, K/2, N], scales [E, K/32, N] uint8), 64-byte aligned."""
     if interleave:
         packed, scale = mxfp4._interleave(packed, 1), mxfp4._interleave(scale, 1)
-    return mxfp4._aligned(packed.transpose(0, 2, 1)), mxfp4._aligned(codes(scale).transpose(0, 2, 1))
+    return aligned_copy(packed.transpose(0, 2, 1)), aligned_copy(codes(scale).transpose(0, 2, 1))
 
 
 def repack(banks) -> dict:
     """mxfp4 banks (validated) -> mxfp4_x16 banks (new arrays). Threads: any (reads the banks, returns new arrays)."""
     mxfp4.SPEC.validate(banks)
     return {"gate_up": to_groups(*_rows(banks["gate_up_blocks"], banks["gate_up_scales"], True)),
-            "gate_up_bias": mxfp4._aligned(mxfp4._deinterleave(np.asarray(banks["gate_up_bias"]), 1)),
+            "gate_up_bias": aligned_copy(mxfp4._deinterleave(np.asarray(banks["gate_up_bias"]), 1)),
             "down": to_groups(*_rows(banks["down_blocks"], banks["down_scales"], False)),
-            "down_bias": mxfp4._aligned(np.asarray(banks["down_bias"]))}
+            "down_bias": aligned_copy(np.asarray(banks["down_bias"]))}
 
 
 def unpack(banks) -> dict:
@@ -63,8 +64,8 @@ def unpack(banks) -> dict:
     gb, gs = _columns(*from_groups(banks["gate_up"]), True)
     db, ds = _columns(*from_groups(banks["down"]), False)
     return {"gate_up_blocks": gb, "gate_up_scales": gs,
-            "gate_up_bias": mxfp4._aligned(mxfp4._interleave(np.asarray(banks["gate_up_bias"]), 1)),
-            "down_blocks": db, "down_scales": ds, "down_bias": mxfp4._aligned(np.asarray(banks["down_bias"]))}
+            "gate_up_bias": aligned_copy(mxfp4._interleave(np.asarray(banks["gate_up_bias"]), 1)),
+            "down_blocks": db, "down_scales": ds, "down_bias": aligned_copy(np.asarray(banks["down_bias"]))}
 
 
 class Mxfp4X16Format(CpuLayout, mxfp4.Mxfp4Format):
