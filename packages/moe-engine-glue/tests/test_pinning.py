@@ -128,6 +128,10 @@ def test_what_owns_its_pages():
     big = np.empty(64 << 20, np.uint8)  # glibc maps it on its own
     assert owns_pages(big) or platform.libc_ver()[0] != "glibc"
     assert owns_pages(big[PAGE:2 * PAGE]) and not owns_pages(np.empty(3 * PAGE, np.uint8)[100:])
+    import torch
+
+    assert owns_pages(torch.empty(64 << 20, dtype=torch.uint8)[100:].numpy()) or platform.libc_ver()[0] != "glibc"
+    assert not owns_pages(torch.empty(5000, dtype=torch.uint8).numpy())
     for n in (100, 5000, 1 << 17):
         assert owns_pages(cf.aligned_empty((n,), np.uint8, PAGE))
     assert owns_pages(cf.aligned_empty((1 << 17,), np.uint16))  # the executor's layouts from 64 KiB

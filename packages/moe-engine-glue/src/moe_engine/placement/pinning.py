@@ -48,16 +48,19 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _mmapped_chunk(root: np.ndarray) -> tuple[int, int] | None:
-    """[start, end) of the anonymous mapping glibc's malloc made for `root`'s data alone (chunk header: size at
-    p - 8, bit 2 IS_MMAPPED), or None where that cannot be known (another libc or numpy allocator)."""
-    if _LIBC != "glibc" or root.nbytes < 1024 or _handler(root) != "default_allocator":
+def _mmapped_chunk(p: int) -> tuple[int, int] | None:
+    """[start, end) of the anonymous mapping glibc's malloc made for the allocation at `p` alone (its chunk header:
+    size at p - 8 with bit 2 IS_MMAPPED, the alignment offset at p - 16), or None. Read only where p - 16 lies in
+    p's own page, which is mapped."""
+    if _LIBC != "glibc" or p % PAGE < 16:
         return None
     import ctypes
 
-    p = root.ctypes.data
     size = ctypes.c_size_t.from_address(p - 8).value
-    return (p - 16, p - 16 + (size & ~7)) if size & 2 else None
+    if not size & 2:
+        return None
+    lead = ctypes.c_size_t.from_address(p - 16).value
+    return p - 16 - lead, p - 16 + (size & ~7)
 
 
 def _handler(a) -> str | None:
@@ -68,19 +71,34 @@ def _handler(a) -> str | None:
     return get_handler_name(a)
 
 
+def _allocation(root: np.ndarray) -> tuple[int, int, bool] | None:
+    """The allocation under a base array: (address, bytes, whether malloc made it), or None where unknown."""
+    if root.flags.owndata:
+        return root.ctypes.data, root.nbytes, _handler(root) == "default_allocator"
+    base = root.base
+    if hasattr(base, "untyped_storage"):  # a CPU torch tensor's .numpy(): its storage (posix_memalign'd)
+        st = base.untyped_storage()
+        return st.data_ptr(), st.nbytes(), base.device.type == "cpu" and not base.is_pinned()
+    return None
+
+
 def owns_pages(a) -> bool:
-    """True when every page `a` touches holds only `a`'s allocation (so registering them takes in no other object)."""
+    """True when every page `a` touches holds only `a`'s allocation (so registering them takes in no other object):
+    the allocation covers them, or glibc mapped it alone (numpy's and torch's large arrays)."""
+    import mmap
+
     a = np.asarray(a)
     s, e = _page_range(a)
     root = _root(a)
-    if not root.flags.owndata:
-        import mmap
-
-        return isinstance(root.base, mmap.mmap)  # a mapping is whole pages; its other views are the caller's
-    p = root.ctypes.data
-    if p <= s and e <= p + root.nbytes:
+    if isinstance(root.base, mmap.mmap):
+        return True  # a mapping is whole pages; its other views are the caller's
+    alloc = _allocation(root)
+    if alloc is None:
+        return False
+    p, n, malloced = alloc
+    if p <= s and e <= p + n:
         return True
-    chunk = _mmapped_chunk(root)
+    chunk = _mmapped_chunk(p) if malloced else None
     return chunk is not None and chunk[0] <= s and e <= chunk[1]
 
 
