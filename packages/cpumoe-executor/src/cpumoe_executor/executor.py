@@ -16,9 +16,10 @@ from cpumoe_formats.numerics import BF16
 from cpumoe_formats.roles import check_role
 
 from . import _native, dense_linear, model_formats, numa_banks
-from . import numa as numa_mod
 from .cores import _resolve_cores
 from .cpu_layout import repack_target
+from .executor_io import Doorbell
+from .executor_numa import NumaPlacement
 from .trace import trace_summary
 
 log = logging.getLogger("cpumoe_executor")
@@ -26,17 +27,12 @@ _MODES = ("native", "w4a8")
 TEAMS = ("pool", "openmp")  # who runs the steps: our own worker threads, or the caller's OpenMP team
 
 
-def _span(a: np.ndarray) -> int:
-    """Bytes from an array's first element to the end of its last (its strides are positive: validated banks)."""
-    return sum((n - 1) * st for n, st in zip(a.shape, a.strides)) + a.itemsize if a.size else 0
-
-
 def _pair_name(pair) -> str:
     """"q4_k" for a one-format layer, "q4_k/q6_k" for a two-format one."""
     return pair[0].name if pair[0] is pair[1] else f"{pair[0].name}/{pair[1].name}"
 
 
-class CpuMoeExecutor:
+class CpuMoeExecutor(NumaPlacement, Doorbell):
     """MoE decode on the CPU for one model: every layer's banks in one format, or a format per layer and per matrix.
 
     Threads: safe to share. Any thread may call any method; the steps (decode, doorbell tasks, read_bandwidth,
@@ -258,80 +254,6 @@ class CpuMoeExecutor:
                          len(banks), n / 1e9, time.perf_counter() - t0)
             yield layer, arrays
 
-    # ---- NUMA (numa.py, numa_banks.py, docs/numa.md) ---------------------------------------------------------
-    def _plan_numa(self, numa, root, threads, core_ids, layers):
-        """The worker groups and slices, or None for the single pool (numa.resolve). The slices start at a multiple
-        of every run format's cut unit (their lcm)."""
-        if core_ids is not None and numa != "off":
-            _resolve_cores(threads, core_ids)  # the single pool's checks first (affinity mask, threads)
-        f = self._formats
-        plan, self._topology = numa_mod.resolve(numa, self.I, numa_banks.model_cut_unit(f.kernel_formats, self.I),
-                                                root=root, threads=threads, core_ids=core_ids)
-        if plan is not None:
-            per_layer = [g.bytes_per_expert(self.H, self.I) if g is d else
-                         g.role_bytes_per_expert("gate_up", self.H, self.I) +
-                         d.role_bytes_per_expert("down", self.H, self.I) for g, d in f.run]
-            numa_mod.check_memory(plan, self._topology, sum(per_layer) * self.E)
-        return plan
-
-    def _place(self, banks) -> None:
-        """Each layer (repacked one at a time where the executor repacks), cut into the plan's slices where it
-        splits (a two-format layer role by role), copied onto the node of every group that runs each slice."""
-        plan, f = self.numa_plan, self._formats
-        threads = len(self.core_ids)
-        self._placed = [{} for _ in banks]
-        for layer, arrays in self._layers_as(banks):
-            (g, d), names = f.run[layer], f.names(layer)
-            if len(plan.bounds) <= 2:
-                pieces = [arrays]
-            elif g is d:
-                pieces = [g.validate(p)[0] for p in numa_banks.cut(g, dict(zip(names, arrays)), plan.bounds, threads)]
-            else:
-                cuts = [numa_banks.cut_role(s, role, dict(zip(names, arrays)), plan.bounds, threads)
-                        for s, role in ((g, "gate_up"), (d, "down"))]
-                pieces = [[gu[n] for n in g.role_banks("gate_up")] + [dn[n] for n in d.role_banks("down")]
-                          for gu, dn in zip(*cuts)]
-            for gi, grp in enumerate(plan.groups):
-                for q in grp.parts:
-                    arrs = pieces[q]
-                    mem, rec = self._x.place_banks(layer, gi, q, [(a.ctypes.data, _span(a), a.strides[0],
-                                                                   a.strides[1] if a.ndim == 3 else a.strides[-1])
-                                                                  for a in arrs], *f.bank_maps(layer))
-                    self._placed[layer][(gi, q)] = (mem, [(a.shape, a.dtype, a.strides, off)
-                                                          for a, off in zip(arrs, rec["offsets"])])
-            self._arrays[layer] = None  # the executor holds the placed copies only
-        self._arrays, self._banks_ref = None, None
-
-    def _numa_line(self) -> str:
-        p = self.numa_plan
-        if p is None:
-            return "off"
-        groups = "; ".join(f"node {g.node}: {len(g.cores)} cores, part {list(g.parts)}" for g in p.groups)
-        return f"{p.mode} ({groups}; I cut at {list(p.bounds)})"
-
-    @property
-    def numa(self) -> str:
-        """"off" (the single pool), "split" or "replicate": what runs (numa_report() for the groups and placement)."""
-        return "off" if self.numa_plan is None else self.numa_plan.mode
-
-    def numa_report(self) -> dict:
-        """The plan and where every placed bank went: mode, why, the topology read (root, nodes), the groups (node,
-        cores, parts), the slices' I bounds, and per (layer, group, part) the placement record: node, bytes, mbind's
-        answer ("ok", "EINVAL" for a node the kernel does not have, "ENOSYS" without NUMA, "not asked"), how many
-        threads wrote the pages first and how many of those were pinned, and of `pages_checked` sampled pages how
-        many sit on the node (move_pages)."""
-        self._check()
-        p = self.numa_plan
-        topo = self._topology
-        groups = ([{"node": g.node, "cores": list(g.cores), "parts": list(g.parts)} for g in p.groups] if p else
-                  [{"node": -1, "cores": list(self.core_ids), "parts": [0]}])
-        return {"mode": self.numa, "why": p.why if p else "numa off, one NUMA node, or a format auto cannot cut",
-                "root": topo.root if topo else None,
-                "nodes": [{"id": n.id, "cpus": list(n.cpus), "mem_total": n.mem_total, "mem_free": n.mem_free}
-                          for n in topo.nodes] if topo else None,
-                "groups": groups, "bounds": list(p.bounds) if p else [0, self.I],
-                "placements": [{k: v for k, v in r.items() if k != "offsets"} for r in self._x.placements()]}
-
     def _label(self) -> str:
         f = self._formats
         if f.uniform:
@@ -480,60 +402,6 @@ class CpuMoeExecutor:
         self._check()
         return dense_linear.run_general(self._x, x, weight, bias, out)
 
-    # ---- IO block and doorbell (protocol v1) ----------------------------------------------------
-    def io_block(self) -> dict:
-        """Addresses and layout of the IO block (docs/protocol.md). The addresses stay valid while the dict's
-        "owner" (the block's memory, which io_arrays' views hold too) or this executor lives."""
-        self._check()
-        mem = self._x.io_memory()
-        base = mem.address
-        hdr = np.frombuffer(mem, np.uint64, count=9)  # up to total_bytes
-        x_off, ids_off, w_off, y_off, total = (int(v) for v in hdr[4:9])
-        return {
-            "owner": mem, "version": _native.PROTOCOL_VERSION, "magic": _native.IOB_MAGIC, "base": base,
-            "bytes": total,
-            "ready": base + 128, "done": base + 192, "error": base + 256, "served": base + 320,
-            "x": base + x_off, "ids": base + ids_off, "w": base + w_off, "y": base + y_off,
-            "layout": {"x": ("bfloat16", (self.max_tokens, self.H)), "ids": ("int32", (self.max_tokens, self.top_k)),
-                       "w": ("float32", (self.max_tokens, self.top_k)), "y": ("bfloat16", (self.max_tokens, self.H))},
-            "max_tokens": self.max_tokens, "hidden": self.H, "top_k": self.top_k, "num_layers": self.num_layers,
-        }
-
-    def io_arrays(self) -> dict:
-        """numpy views of x, ids, w, y inside the IO block. Each keeps the block's memory alive: writing one after
-        close() or `del` of the executor is safe (and reaches no one)."""
-        iob = self.io_block()
-        raw = np.frombuffer(iob["owner"], np.uint8)
-        out = {}
-        for name, (dt, shape) in iob["layout"].items():
-            dtype = BF16 if dt == "bfloat16" else np.dtype(dt)
-            off, n = iob[name] - iob["base"], int(np.prod(shape)) * dtype.itemsize
-            out[name] = raw[off:off + n].view(dtype).reshape(shape)
-        return out
-
-    def start_coordinator(self, ready: int | None = None, done: int | None = None, error: int | None = None,
-                          core: int | None = None) -> None:
-        """Start polling the doorbell (the IO block's words unless a sync backend gives its own)."""
-        self._check()
-        c = self.core_ids[0] if core is None else int(core)
-        self._x.start_coordinator(ready or 0, done or 0, error or 0, c)
-        log.info("cpumoe_executor coordinator polling on core %d", c)
-
-    def stop_coordinator(self) -> None:
-        """Stop polling; writes done = SHUTDOWN so any waiter is released (a doorbell rung and not served sets the
-        error word). A no-op once closed or in a forked child."""
-        self._x.stop_coordinator()
-
-    def hostfn_arg(self, layer: int, num_tokens: int) -> int:
-        """The stable argument (cpumoe_hostfn_arg*) of the host-function entry points for (layer, num_tokens):
-        valid while this object lives."""
-        self._check()
-        a = self._x.hostfn_arg(layer, num_tokens)
-        if not a:
-            raise ValueError(f"layer={layer}, num_tokens={num_tokens}: need layer < {self.num_layers} and "
-                             f"1 <= num_tokens <= max_tokens={self.max_tokens}")
-        return a
-
     # ---- machine ceiling -------------------------------------------------------------------------
     def read_bandwidth(self, buf, passes: int = 1) -> float:
         """GB/s of `passes` whole-buffer reads of `buf` (a C-contiguous array, e.g. 4x the LLC) by this executor's
@@ -545,27 +413,6 @@ class CpuMoeExecutor:
             raise ValueError(f"passes={passes!r} must be a positive int")
         bw = self._x.read_bandwidth(a.ctypes.data, a.nbytes, passes)
         return len(bw) / sum(1.0 / b for b in bw)
-
-    # ---- health ----------------------------------------------------------------------------------
-    def health(self) -> dict:
-        """Doorbells served, service and busy time, the ready / done / error words and the error message."""
-        iob = self.io_block()
-        return {"served": self._x.served, "service_s": self._x.service_ns / 1e9, "busy_s": self._x.busy_ns / 1e9,
-                "ready": _native.load_u64(iob["ready"]), "done": _native.load_u64(iob["done"]),
-                "error": _native.load_u64(iob["error"]), "error_message": self._x.last_error(),
-                "coordinator_running": self._x.coordinator_running}
-
-    def raise_if_unhealthy(self, stuck_after_s: float = 10.0) -> None:
-        """Raise RuntimeError if a task failed (error word) or one has run longer than stuck_after_s."""
-        h = self.health()
-        if h["error"]:
-            raise RuntimeError(f"cpumoe executor task failed (error code {h['error']}): {h['error_message']}")
-        if h["busy_s"] > stuck_after_s:
-            raise RuntimeError(f"cpumoe executor step running for {h['busy_s']:.1f} s (> {stuck_after_s} s): stuck")
-
-    def clear_error(self) -> None:
-        self._check()
-        self._x.clear_error()
 
     def layer_banks(self, layer: int) -> dict:
         """Layer `layer`'s banks as this executor runs them (format `spec.name`: the repacked copies where it repacked;
