@@ -1,17 +1,19 @@
 """strategy="auto"'s choice from a measured profile (moe_engine.placement.choose / profile), pure logic on synthetic
-profiles: seed 002's two regimes with its bandwidths and miss rates, the split's q, the profile file (versioned,
+profiles: seed 002's two regimes with its bandwidths and miss rates, the split's q and expected step time (against
+the model written out as sums), the profile file (versioned,
 atomic, XDG cache dir, stale / foreign ones ignored when cached and refused when passed), and bad input."""
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 
 import pytest
 
 import cpumoe_formats as cf
 from moe_engine.placement import profile as prof
-from moe_engine.placement.choose import choose, slots_from_budget, touched
+from moe_engine.placement.choose import SPLIT_QS, choose, slots_from_budget, touched
 from moe_engine.placement.profile import Profile, ProfileError
 
 # seed 002: Qwen3.6-35B-A3B-FP8 (40 MoE layers, E=256, H=2048, I=512, top-8), fp8_block executor 53.7 GB/s, PCIe
@@ -55,27 +57,50 @@ def test_seed002_regimes_without_the_split(r, want):
     assert (ratio > 1.05) if r == 0.10 else (ratio < 0.75), ratio
 
 
+def _expected(n, m, q, b, *, b_cpu, b_zc, b_hbm, c_cpu, c_gpu):
+    """The model's step time written out: E[max(t_cpu, t_gpu)] over k ~ Bin(n, m) misses, g ~ Bin(k, q) to the GPU."""
+    t = 0.0
+    for k in range(n + 1):
+        pk = math.comb(n, k) * m**k * (1 - m) ** (n - k)
+        for g in range(k + 1):
+            p = pk * math.comb(k, g) * q**g * (1 - q) ** (k - g)
+            t_gpu = c_gpu + (n - k) * b / (b_hbm * 1e3) + g * b / (b_zc * 1e3)
+            t_cpu = c_cpu + (k - g) * b / (b_cpu * 1e3) if k > g else 0.0
+            t += p * max(t_gpu, t_cpu)
+    return t
+
+
 def test_seed002_with_the_split():
     _, off = seed002_miss_rates()
     c = choose(seed002_profile(), "fp8_block", bytes_per_expert=BPE, E=E, top_k=K, batch=1, miss_rate=0.9,
                residency=0.1, gpu_misses_miss_rate=off[0.10])
-    assert c.mode == "split" and c.q == pytest.approx(B_PCIE / (B_PCIE + B_CPU)), c.reason
-    assert c.step_us["split"] == pytest.approx(0.9 * K * BPE / ((B_PCIE + B_CPU) * 1e3))
+    assert c.mode == "split" and 0 < c.q < 1, c.reason
     assert c.step_us["split"] < min(c.step_us["hybrid"], c.step_us["gpu_misses"])
+    # above the two sides' mean rates balanced (q = B_zc / (B_zc + B_cpu)): a step waits for the slower side
+    assert c.step_us["split"] > 0.9 * K * BPE / ((B_PCIE + B_CPU) * 1e3)
     c = choose(seed002_profile(), "fp8_block", bytes_per_expert=BPE, E=E, top_k=K, batch=1, miss_rate=0.75,
                residency=0.25, gpu_misses_miss_rate=off[0.25])
     assert c.mode == "gpu_misses", c.reason  # the cache's low miss rate still beats splitting 75% misses
 
 
-def test_split_q_with_fixed_costs_and_both_at_once():
+@pytest.mark.parametrize("batch, m", [(1, 0.5), (1, 1.0), (8, 0.3)])
+def test_split_is_the_expected_step_time_at_its_best_q(batch, m):
     p = Profile(gpu="g", cpu_read=100.0, executor={"bf16": 100.0}, zero_copy={"bf16": 50.0},
                 both={"bf16": {"cpu": 80.0, "zero_copy": 40.0}}, cpu_fixed_us=20.0, gpu_fixed_us=10.0, hbm=3000.0)
-    c = choose(p, "bf16", bytes_per_expert=10_000_000, E=128, top_k=8, batch=1, miss_rate=0.5, residency=0.25)
-    M, R = 0.5 * 8 * 1e7, 0.5 * 8 * 1e7
-    t_cpu = lambda q: 20 + (1 - q) * M / 80e3  # noqa: E731
-    t_gpu = lambda q: 10 + R / 3000e3 + q * M / 40e3  # noqa: E731
-    assert c.mode == "split" and t_cpu(c.q) == pytest.approx(t_gpu(c.q))
-    assert c.step_us["split"] == pytest.approx(t_cpu(c.q))
+    c = choose(p, "bf16", bytes_per_expert=10_000_000, E=128, top_k=8, batch=batch, miss_rate=m, residency=0.25)
+    n = round(touched(128, 8, batch))
+    kw = dict(b_cpu=100.0, b_zc=50.0, b_hbm=3000.0, c_cpu=20.0, c_gpu=10.0)  # the lone rates, not the at-once ones
+    want = {q: _expected(n, m, q, 1e7, **kw) for q in SPLIT_QS}
+    best = min(want, key=want.get)
+    assert c.mode == "split" and c.q == best, c.reason
+    assert c.step_us["split"] == pytest.approx(want[best], rel=1e-9)
+    assert c.step_us["hybrid"] == pytest.approx(_expected(n, m, 0.0, 1e7, **kw), rel=1e-9)
+    assert c.step_us["gpu_misses"] == pytest.approx(_expected(n, m, 1.0, 1e7, **kw), rel=1e-9)
+
+
+def test_gpu_alone_and_tiny_misses():
+    p = Profile(gpu="g", cpu_read=100.0, executor={"bf16": 100.0}, zero_copy={"bf16": 50.0}, cpu_fixed_us=20.0,
+                gpu_fixed_us=10.0, hbm=3000.0)
     # nothing missing: every route resident, the GPU alone
     c = choose(p, "bf16", bytes_per_expert=10_000_000, E=128, top_k=8, batch=1, miss_rate=0.0, residency=1.0)
     assert c.mode == "gpu" and c.strategy == "gpu" and c.q == 0.0

@@ -134,8 +134,8 @@ def test_split_auto_follows_the_profile(rng, caplog):
                 rel = _rel(sp.forward(li, x, w, ids), reference(sp, li, x, w, ids))
                 assert rel < TOLERANCE["native"], rel
         c = sp.split.choice
-        assert c is not None and c.mode == "split" and sp.split.q == pytest.approx(25 / 75), c.reason
-        assert caplog.text.count("auto: split q=0.33") == 1
+        assert c is not None and c.mode == "split" and 0 < c.q < 1 and sp.split.q == c.q, c.reason
+        assert caplog.text.count("auto: split q=") == 1  # one line when the mode changes; q follows the window
     with pytest.raises(ProfileError, match="no executor figure for format 'bf16'"):
         _runner(banks, split="auto", profile=Profile(gpu=_gpu_name(), cpu_read=1.0, executor={"fp8_block": 1.0}))
     with pytest.raises(ValueError, match="split='auto' sets q from the live miss rate of residency='hot'"):
