@@ -138,16 +138,23 @@ def bench_hot(a, fmt, T, banks, s) -> list[dict]:
 
 
 def _modes(a, fmt, T, banks, s, res, qs, pool) -> dict:
-    """us per layer of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res`."""
+    """(us per layer, hit rate) of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency
+    `res`: the median of --repeats runs, the q taken in turn within each repeat (a slow phase of the shared host
+    then falls on every q alike); the runs' us under "samples"."""
     cap = max(1, round(res * s.E))
     place = dict(residency="hot", capacity=cap, replace_every=a.every) if res > 0 else dict(residency=0.0, capacity=1)
+    runs = {q: [] for q in qs}
+    for _ in range(a.repeats):
+        for q in qs:
+            with _runner(fmt, banks, s, T, a, split=q, **place) as r:
+                d = Driver(r, a.layers, T, pool)
+                for _ in range(a.warmup):
+                    d.step()
+                runs[q].append(d.timed(a.steps))
     out = {}
-    for q in qs:
-        with _runner(fmt, banks, s, T, a, split=q, **place) as r:
-            d = Driver(r, a.layers, T, pool)
-            for _ in range(a.warmup):
-                d.step()
-            out[q] = d.timed(a.steps)
+    for q, rs in runs.items():
+        us = sorted(u for u, _ in rs)
+        out[q] = (us[len(us) // 2], rs[0][1], [u for u, _ in rs])
     return out
 
 
@@ -157,7 +164,8 @@ def bench_split(a, fmt, T, banks, s) -> dict:
     t = _modes(a, fmt, T, banks, s, 0.0, qs, pool)
     single = min(t[0.0][0], t[1.0][0])
     best_q = min((q for q in qs if 0 < q < 1), key=lambda q: t[q][0])
-    row = {"format": fmt, "batch": T, "us": {str(q): v[0] for q, v in t.items()}, "best_q": best_q,
+    row = {"format": fmt, "batch": T, "us": {str(q): v[0] for q, v in t.items()},
+           "us_runs": {str(q): v[2] for q, v in t.items()}, "best_q": best_q,
            "speedup_vs_better_single": single / t[best_q][0]}
     _say(f"split {fmt} T={T}: cpu-only {t[0.0][0]:.0f} us, gpu-only {t[1.0][0]:.0f} us, best q={best_q} "
          f"{t[best_q][0]:.0f} us: {row['speedup_vs_better_single']:.2f}x")
@@ -180,6 +188,7 @@ def bench_auto(a, fmt, T, banks, s, profile) -> list[dict]:
             t.update(_modes(a, fmt, T, banks, s, res, [q_auto], pool))
         best = min(t, key=lambda q: t[q][0])
         row = {"format": fmt, "batch": T, "residency": res, "hit_rate": hit, "us": {str(q): v[0] for q, v in t.items()},
+               "us_runs": {str(q): v[2] for q, v in t.items()},
                "auto": {"mode": c.mode, "q": q_auto, "reason": c.reason}, "best_q": best,
                "auto_over_best": t[q_auto][0] / t[best][0]}
         rows.append(row)
@@ -236,6 +245,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=500, help="steps before timing (hot converges)")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
     p.add_argument("--replays", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=1, help="split / auto: runs of each q, interleaved; the median")
     p.add_argument("--profile", default=None, help="auto: a bandwidth profile (default: this GPU's cached one)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--smoke", action="store_true", help="a tiny shape, eager, any machine")

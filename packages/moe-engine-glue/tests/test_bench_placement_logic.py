@@ -1,0 +1,62 @@
+"""bench_placement's grid logic with a stand-in runner (the real one needs a GPU): every q runs --repeats times,
+interleaved, and the median is kept; auto's pick is timed and compared with the best."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import pytest
+
+from moe_engine.placement.profile import Profile
+from moe_engine.tools import bench_placement as bp
+from moe_engine.tools.shapes import preset
+
+
+def _fake(monkeypatch, times):
+    order = []
+
+    @contextlib.contextmanager
+    def runner(fmt, banks, s, T, a, split, **kw):
+        yield split
+
+    class Driver:
+        def __init__(self, r, layers, T, pool):
+            self.q = r
+
+        def step(self):
+            pass
+
+        def timed(self, steps):
+            order.append(self.q)
+            return times[self.q].pop(0), 0.5
+
+    monkeypatch.setattr(bp, "_runner", runner)
+    monkeypatch.setattr(bp, "Driver", Driver)
+    monkeypatch.setattr(bp, "_pool", lambda *a, **k: None)
+    return order
+
+
+def _args(**kw):
+    d = dict(repeats=3, warmup=1, steps=1, every=50, layers=2, qs=[0.2, 0.5], residencies=[0.25], smoke=False)
+    d.update(kw)
+    return argparse.Namespace(**d)
+
+
+def test_modes_interleaves_the_repeats_and_keeps_the_median(monkeypatch):
+    order = _fake(monkeypatch, {0.0: [300, 100, 200], 0.5: [50, 90, 70]})
+    t = bp._modes(_args(), "bf16", 1, None, preset("qwen3-30b-a3b"), 0.25, [0.0, 0.5], None)
+    assert order == [0.0, 0.5, 0.0, 0.5, 0.0, 0.5]
+    assert t[0.0][0] == 200 and t[0.5][0] == 70 and t[0.0][2] == [300, 100, 200] and t[0.0][1] == 0.5
+
+
+def test_auto_row_times_its_pick_against_the_best(monkeypatch):
+    s = preset("qwen3-30b-a3b")
+    p = Profile(gpu="g", cpu_read=100.0, executor={"bf16": 100.0}, zero_copy={"bf16": 50.0}, hbm=3000.0,
+                cpu_fixed_us=5.0, gpu_fixed_us=5.0)
+    times = {q: [1000 - 100 * abs(q - 0.3)] * 3 for q in [round(0.05 * i, 2) for i in range(21)]}
+    _fake(monkeypatch, times)
+    (row,) = bp.bench_auto(_args(), "bf16", 1, None, s, p)
+    assert row["auto"]["mode"] == "split" and str(row["auto"]["q"]) in row["us"]
+    q = row["auto"]["q"]
+    assert row["auto_over_best"] == pytest.approx(row["us"][str(q)] / min(row["us"].values()))
+    assert all(len(v) == 3 for v in row["us_runs"].values())
