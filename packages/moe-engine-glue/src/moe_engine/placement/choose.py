@@ -10,11 +10,11 @@ probability q (its expert in the split's zero-copy set), else by the CPU:
     t = E[max(t_cpu, t_gpu)] over k ~ Binomial(n, m), k_gpu ~ Binomial(k, q); the CPU part is 0 where it has nothing.
 The expectation, not the two sides' mean rates balanced, is what a step pays: at batch 1 a layer misses a handful of
 experts and the split of so few is rarely even (measured on an H100, fp8_block, batch 1, no resident experts: q 0.2
-ran 345 us, q 0.35 374 and q 0 356, where balanced mean rates gave q 0.33 at 276 us). q is the best of 0.05-0.95 in
+ran 345 us, q 0.35 374 and q 0 356, where balanced mean rates gave q 0.33 at 250 us). q is the best of 0.05-0.95 in
 steps of 0.05. The lone bandwidths are used: the profile's at-once rates did not predict the runner's split (on that
-H100 fp8_block's executor read 17.3 GB/s beside the zero-copy reads in the profile; in the runner's split both sides
-ran within 1.1-1.35x of their lone times). A mode whose offload-like miss rate differs (a cache that loads every
-miss) is given its own rate.
+H100 fp8_block's executor read 17.3 GB/s beside the zero-copy reads in the profile; at 0% residency the runner's
+split ran 1.01-1.14x this model's step from the lone rates). A mode whose offload-like miss rate differs (a cache
+that loads every miss) is given its own rate.
 
 Thread contract: pure functions."""
 from __future__ import annotations
@@ -70,10 +70,10 @@ def _pmf(n: int, p: float) -> np.ndarray:
     return np.exp(lg[n] - lg - lg[::-1] + k * math.log(p) + (n - k) * math.log1p(-p))
 
 
-def _split_weights(n: int, m: float, q: float) -> np.ndarray:
-    """P[k, g]: k of n touched experts miss (probability m each), g of those are read by the GPU (q each)."""
+def _split_weights(n: int, m: float, q: float, k: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """P[k, g] over the grids k, g of 0..n: k of n touched experts miss (probability m each), g of those are read by
+    the GPU (q each)."""
     pk = _pmf(n, m)
-    k, g = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     if q <= 0.0 or q >= 1.0:
         return np.where(g == (0 if q <= 0.0 else k), pk[:, None], 0.0)
     lg = _log_factorials(n)
@@ -90,7 +90,7 @@ def step_us(n: int, m: float, q: float, b: float, *, b_cpu: float, b_zc: float, 
     res = (n - k) * b / (b_hbm * 1e3) if b_hbm > 0 else 0.0 * k
     t_gpu = c_gpu + res + (g * b / (b_zc * 1e3) if b_zc > 0 else 0.0)
     t_cpu = np.where(k > g, c_cpu + (k - g) * b / (b_cpu * 1e3), 0.0)
-    return float((_split_weights(n, m, q) * np.maximum(t_gpu, t_cpu)).sum())
+    return float((_split_weights(n, m, q, k, g) * np.maximum(t_gpu, t_cpu)).sum())
 
 
 SPLIT_QS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # the split's q tried: 0.05-0.95

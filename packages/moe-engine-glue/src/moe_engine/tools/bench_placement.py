@@ -138,9 +138,9 @@ def bench_hot(a, fmt, T, banks, s) -> list[dict]:
 
 
 def _modes(a, fmt, T, banks, s, res, qs, pool) -> dict:
-    """(us per layer, hit rate) of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency
-    `res`: the median of --repeats runs, the q taken in turn within each repeat (a slow phase of the shared host
-    then falls on every q alike); the runs' us under "samples"."""
+    """(median us per layer, hit rate, each run's us) of each split fraction q (0: CPU-only misses, 1: GPU-only
+    zero-copy) at residency `res` over --repeats runs, the q taken in turn within each repeat (a slow phase of the
+    shared host then falls on every q alike)."""
     cap = max(1, round(res * s.E))
     place = dict(residency="hot", capacity=cap, replace_every=a.every) if res > 0 else dict(residency=0.0, capacity=1)
     runs = {q: [] for q in qs}
@@ -151,11 +151,7 @@ def _modes(a, fmt, T, banks, s, res, qs, pool) -> dict:
                 for _ in range(a.warmup):
                     d.step()
                 runs[q].append(d.timed(a.steps))
-    out = {}
-    for q, rs in runs.items():
-        us = sorted(u for u, _ in rs)
-        out[q] = (us[len(us) // 2], rs[0][1], [u for u, _ in rs])
-    return out
+    return {q: (statistics.median(u for u, _ in rs), rs[0][1], [u for u, _ in rs]) for q, rs in runs.items()}
 
 
 def bench_split(a, fmt, T, banks, s) -> dict:
