@@ -1,7 +1,7 @@
 """CpuMoeExecutor's IO block and doorbell (docs/protocol.md, version 1) and its health words: the block's addresses
 and views, the coordinator that polls the doorbell, the host-function arguments, and the served / error state.
 
-Thread contract: the executor's; health() may be read from any thread while the coordinator runs."""
+Thread contract: CpuMoeExecutor's (any thread may call any method; see its docstring)."""
 from __future__ import annotations
 
 import logging

@@ -1,7 +1,7 @@
 """CpuMoeExecutor's NUMA placement (numa.py plans it, numa_banks.py cuts the banks; docs/numa.md): the plan, each
 layer's banks copied onto the nodes of the groups that run them, and the report of where they went.
 
-Thread contract: the executor's (construction, then calls from one thread at a time)."""
+Thread contract: CpuMoeExecutor's (placement runs in its constructor; numa_report() from any thread)."""
 from __future__ import annotations
 
 from . import numa as numa_mod
