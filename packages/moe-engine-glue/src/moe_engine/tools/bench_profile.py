@@ -140,8 +140,9 @@ def gpu_part(fmt: str, E: int, H: int, I: int, K: int, threads, steps: int, rng)
         zc_us, zc_graph = _graph_us([lambda i=i: ge.forward(0, x, w, i, bank=zc) for i in ids], replays)
         net = lambda us: K * bpe / max(us - fixed, 1e-3) / 1e3  # noqa: E731 - GB/s net of the fixed cost
         out.update(gpu_fixed_us=fixed, hbm=net(hbm_us), zero_copy=net(zc_us))
-        # a window of >= 0.5 s: over 36 ms (3 replays) the executor read 18 GB/s beside the zero-copy reads, in
-        # one run of the H100 where bf16's read 81; the split itself ran 10-24% faster than the CPU alone
+        # a window of >= 0.5 s, not a burst (3 replays were 36 ms). fp8_block's executor read 17-18 GB/s there at
+        # either length on an H100 (bf16's 76-81), while the runner's split ran 10-24% faster than the CPU alone:
+        # choose.py does not use these at-once rates
         both_replays = max(replays, int(0.5e6 / (n * zc_us)) + 1)
         out["both"] = _both(fmt, banks, K, bpe, threads, x, w, ids, zc_graph, n, both_replays, fixed)
     finally:
