@@ -3,7 +3,10 @@
 overflows), and in every bank that can hold one (scales, globals, biases, bf16 weights: robustness_helpers finds
 them) makes the output entries NaN / +inf / -inf exactly where the reference's are; an inf in a bank makes the same
 entries non-finite (a kernel that applies a block's scale to the block's sum may give +-inf where the reference's
-0 * inf gives NaN). Every other entry is bit for bit the kernel's result without the bad value.
+0 * inf gives NaN). An inf router weight gives each entry the sign of its expert's output there, so where that output
+is within the kernels' error of zero (|o| <= SIGN_TOL * max|o| of the row) only non-finiteness is required: there its
+sign is rounding, not a contract (seed 4184182610 gave nvfp4's scalar tier -inf against the reference's +inf at
+one such entry). Every other entry is bit for bit the kernel's result without the bad value.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ import cpumoe_formats as cf
 from cpumoe_formats.numerics import round_bf16
 
 _VAL = {"nan": np.nan, "+inf": np.inf, "-inf": -np.inf}
+SIGN_TOL = 1e-2  # twice the loosest whole-step tolerance of a format's conformance tests (5e-3: nvfp4, ds_fp4)
+W_TOKEN = 2  # the token whose first router weight the topk_weights cases poison
 
 
 def cases(fmt: str) -> list:
@@ -37,8 +42,8 @@ def cases(fmt: str) -> list:
         out.append((f"x {kind}", banks, xb, w, ids, True, {1}))
     for kind in ("nan", "+inf"):
         wb = w.copy()
-        wb[2, 0] = _VAL[kind]
-        out.append((f"topk_weights {kind}", banks, x, wb, ids, True, {2}))
+        wb[W_TOKEN, 0] = _VAL[kind]
+        out.append((f"topk_weights {kind}", banks, x, wb, ids, True, {W_TOKEN}))
     xb = x.copy()
     xb[2] *= np.float32(2.0**100)  # gate and up ~2^100: act(gate, up) overflows g to +-inf (and bf16 keeps it)
     out.append(("g overflow", banks, xb, w, ids, True, {2}))
@@ -55,6 +60,19 @@ def expected(fmt: str, mode: str) -> list:
     """The reference of every case (once per format and mode, shared by its tiers), rounded to bf16 as the output."""
     with np.errstate(all="ignore"):
         return [round_bf16(cf.reference.moe(fmt, b, x, w, ids, mode=mode)) for _, b, x, w, ids, _, _ in cases(fmt)]
+
+
+@functools.lru_cache(maxsize=None)
+def sign_free(fmt: str, mode: str) -> np.ndarray:
+    """[T, H] bool: the entries of token W_TOKEN where its first route's expert output o is within the kernels' error
+    of zero (|o| <= SIGN_TOL * max|o|), so an inf weight on that route gives an inf whose sign is rounding."""
+    banks, x, w, ids = problem(fmt)
+    one = np.zeros_like(w)
+    one[W_TOKEN, 0] = 1.0
+    o = cf.reference.moe(fmt, banks, x, one, ids, mode=mode)[W_TOKEN]
+    free = np.zeros((len(x), o.shape[-1]), bool)
+    free[W_TOKEN] = np.abs(o) <= SIGN_TOL * np.abs(o).max()
+    return free
 
 
 @pytest.mark.parametrize("fmt,mode,tier", kernel_params())
@@ -76,6 +94,8 @@ def test_nonfinite_follows_reference(fmt, mode, tier):
                     np.isneginf(yf) == np.isneginf(ref))
             else:
                 same = np.isfinite(yf) == np.isfinite(ref)
+            if label.startswith("topk_weights"):
+                same |= sign_free(fmt, mode) & ~np.isfinite(yf)
             if not same.all():
                 t, h = np.argwhere(~same)[0]
                 failures.append(f"{label}: {np.count_nonzero(~same)} entries' class differs from the reference, "
