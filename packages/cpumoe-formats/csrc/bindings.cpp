@@ -248,6 +248,65 @@ class Linear {
  private:
   std::shared_ptr<LinearState> st_;
 };
+// Decode attention (ABI 1.11), single-threaded on the calling thread. Thread contract: shareable, as Linear (each
+// call its own scratch; a call's o may not overlap another call's memory).
+struct AttentionState {
+  cpumoe_attention* k = nullptr;
+  ~AttentionState() { attention_destroy(k); }
+};
+class Attention {
+ public:
+  explicit Attention(int tier_cap) {
+    char err[512] = {0};
+    cpumoe_attention* k = nullptr;
+    if (attention_create(tier_cap, &k, err, sizeof err) != 0) throw py::value_error(err);
+    st_ = std::make_shared<AttentionState>();
+    st_->k = k;
+  }
+  std::shared_ptr<AttentionState> live() const {
+    if (!st_) throw std::runtime_error("cpumoe_formats._native.Attention is closed");
+    return st_;
+  }
+  void close() { st_.reset(); }
+  bool closed() const { return !st_; }
+  std::string name() const { return live()->k->name; }
+  int tier() const { return live()->k->tier; }
+  // Every kv head of n tokens. Pointers, element strides and sizes are checked by the Python callers
+  // (attention.py, moe_engine's attention); the spans below cover each array's last element.
+  void run(int n, int group, int D, int L, int Hkv, uint64_t q, int64_t q_tok, int64_t q_head, uint64_t k,
+           int64_t k_head, int64_t k_pos, uint64_t v, int64_t v_head, int64_t v_pos, uint64_t mask,
+           int64_t mask_tok, float scale, uint64_t o, int64_t o_tok, int64_t o_head) const {
+    auto s = live();
+    if (n < 1 || group < 1 || D < 1 || L < 1 || Hkv < 1)
+      throw py::value_error("need n, group, D, L and Hkv >= 1");
+    if (q_tok < 0 || q_head < 0 || k_head < 0 || k_pos < 0 || v_head < 0 || v_pos < 0 || mask_tok < 0 || o_tok < 0 ||
+        o_head < 0)
+      throw py::value_error("strides must be >= 0");
+    const int64_t H = (int64_t)Hkv * group;
+    auto end = [D](int64_t a, int64_t sa, int64_t b, int64_t sb) { return 2 * ((a - 1) * sa + (b - 1) * sb + D); };
+    const Claim claim{span(o, end(n, o_tok, H, o_head), true), span(q, end(n, q_tok, H, q_head), false),
+                      span(k, end(Hkv, k_head, L, k_pos), false), span(v, end(Hkv, v_head, L, v_pos), false),
+                      span(mask, mask ? (size_t)((n - 1) * mask_tok + L) : 0, false)};
+    cpumoe_attention_args a{};
+    a.n = n, a.group = group, a.D = D, a.L = L;
+    a.q = (const uint16_t*)(uintptr_t)q, a.q_tok = q_tok, a.q_head = q_head;
+    a.k = (const uint16_t*)(uintptr_t)k, a.k_head = k_head, a.k_pos = k_pos;
+    a.v = (const uint16_t*)(uintptr_t)v, a.v_head = v_head, a.v_pos = v_pos;
+    a.mask = (const uint8_t*)(uintptr_t)mask, a.mask_tok = mask_tok, a.scale = scale;
+    a.o = (uint16_t*)(uintptr_t)o, a.o_tok = o_tok, a.o_head = o_head;
+    NoGil nogil;
+    const cpumoe_attention* kk = s->k;
+    // the thread's own scratch, kept between calls: at a 4096-long cache it is ~140 KB, which malloc would map and
+    // unmap (and fault in) every call
+    thread_local std::vector<char> scratch;
+    const size_t need = kk->scratch_bytes(kk, group, D, L);
+    if (scratch.size() < need) scratch.resize(need);
+    kk->heads(kk, &a, 0, Hkv, scratch.data());
+  }
+
+ private:
+  std::shared_ptr<AttentionState> st_;
+};
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -311,6 +370,16 @@ PYBIND11_MODULE(_native, m) {
       .def("moe_step", &Kernel::moe_step)
       .def("close", &Kernel::close)
       .def_property_readonly("closed", &Kernel::closed);
+  py::class_<Attention>(m, "Attention")
+      .def(py::init<int>(), py::arg("tier_cap") = -1)
+      .def_property_readonly("name", &Attention::name)
+      .def_property_readonly("tier", &Attention::tier)
+      .def_property_readonly("closed", &Attention::closed)
+      .def("close", &Attention::close)
+      .def("run", &Attention::run, py::arg("n"), py::arg("group"), py::arg("D"), py::arg("L"), py::arg("Hkv"),
+           py::arg("q"), py::arg("q_tok"), py::arg("q_head"), py::arg("k"), py::arg("k_head"), py::arg("k_pos"),
+           py::arg("v"), py::arg("v_head"), py::arg("v_pos"), py::arg("mask"), py::arg("mask_tok"), py::arg("scale"),
+           py::arg("o"), py::arg("o_tok"), py::arg("o_head"));
   py::class_<Linear>(m, "Linear")
       .def(py::init<int>(), py::arg("tier_cap") = -1)
       .def_property_readonly("name", &Linear::name)

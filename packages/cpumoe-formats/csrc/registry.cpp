@@ -231,14 +231,35 @@ CPUMOE_LDECL(avx512bf16)
 #else
 #define L_avx512bf16 nullptr
 #endif
+// ---- decode attention (ABI 1.11): scalar, avx2 and avx512f of their own (attention_bf16.cpp; no amx object) ----
+#define CPUMOE_ADECL(tag) bool cpumoe_init_attention_bf16_##tag(cpumoe_attention*);
+CPUMOE_ADECL(scalar)
+#ifdef CPUMOE_BUILT_avx2
+CPUMOE_ADECL(avx2)
+#define A_avx2 &cpumoe_init_attention_bf16_avx2
+#else
+#define A_avx2 nullptr
+#endif
+#ifdef CPUMOE_BUILT_avx512f
+CPUMOE_ADECL(avx512f)
+#define A_avx512f &cpumoe_init_attention_bf16_avx512f
+#else
+#define A_avx512f nullptr
+#endif
 namespace cpumoe {
 namespace {
 using LinearInit = bool (*)(cpumoe_linear*);
 const LinearInit kLinear[CPUMOE_TIER_COUNT] = {&cpumoe_init_linear_bf16_scalar, L_avx2, L_avxvnni, L_avx512f,
                                                L_avx512vnni, L_avx512bf16, nullptr};
-}  // namespace
+// The tiers between have nothing of their own (their init returns false, or no object: nullptr): the ladder goes on.
+using AttentionInit = bool (*)(cpumoe_attention*);
+const AttentionInit kAttention[CPUMOE_TIER_COUNT] = {&cpumoe_init_attention_bf16_scalar, A_avx2, nullptr, A_avx512f,
+                                                     nullptr, nullptr, nullptr};
 
-int32_t linear_create(int32_t cap, cpumoe_linear** out, char* err, size_t errlen) {
+// A stateless kernel table (cpumoe_linear, cpumoe_attention) at the best usable tier <= cap whose init accepts it.
+template <class K, class Init>
+int32_t create_tiered(int32_t cap, const Init (&inits)[CPUMOE_TIER_COUNT], const char* what, K** out, char* err,
+                      size_t errlen) {
   *out = nullptr;
   if (cap < 0) {
     cap = env_tier_cap();
@@ -254,16 +275,16 @@ int32_t linear_create(int32_t cap, cpumoe_linear** out, char* err, size_t errlen
     return -1;
   }
   const unsigned usable = usable_tier_mask();
-  cpumoe_linear* k = new (std::nothrow) cpumoe_linear();
+  K* k = new (std::nothrow) K();
   if (!k) {
     std::snprintf(err, errlen, "out of memory");
     return -1;
   }
   for (int t = cap; t >= 0; --t) {
-    if (!(usable & (1u << t)) || !kLinear[t]) continue;
-    *k = cpumoe_linear();
-    k->struct_size = sizeof(cpumoe_linear);
-    if (!kLinear[t](k)) continue;
+    if (!(usable & (1u << t)) || !inits[t]) continue;
+    *k = K();
+    k->struct_size = sizeof(K);
+    if (!inits[t](k)) continue;
     k->tier = t;
     std::snprintf(k->name_buf, sizeof k->name_buf, "%s", tier_name(t));
     k->name = k->name_buf;
@@ -271,9 +292,20 @@ int32_t linear_create(int32_t cap, cpumoe_linear** out, char* err, size_t errlen
     return 0;
   }
   delete k;
-  std::snprintf(err, errlen, "no dense bf16 linear kernel at or below tier %s", tier_name(cap));
+  std::snprintf(err, errlen, "no %s kernel at or below tier %s", what, tier_name(cap));
   return -1;
 }
+}  // namespace
+
+int32_t linear_create(int32_t cap, cpumoe_linear** out, char* err, size_t errlen) {
+  return create_tiered(cap, kLinear, "dense bf16 linear", out, err, errlen);
+}
+
+int32_t attention_create(int32_t cap, cpumoe_attention** out, char* err, size_t errlen) {
+  return create_tiered(cap, kAttention, "decode attention", out, err, errlen);
+}
+
+void attention_destroy(cpumoe_attention* k) { delete k; }
 
 void linear_destroy(cpumoe_linear* k) { delete k; }
 

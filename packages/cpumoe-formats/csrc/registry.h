@@ -28,6 +28,9 @@ const cpumoe_formats_api* api_table();
 // The dense bf16 linear (ABI 1.9) at the best tier <= cap (< 0: CPUMOE_ISA's cap).
 int32_t linear_create(int32_t cap, cpumoe_linear** out, char* err, size_t errlen);
 void linear_destroy(cpumoe_linear* k);
+// Decode attention (ABI 1.11) at the best tier <= cap (< 0: CPUMOE_ISA's cap).
+int32_t attention_create(int32_t cap, cpumoe_attention** out, char* err, size_t errlen);
+void attention_destroy(cpumoe_attention* k);
 double read_bandwidth_gbps(const void* p, size_t n, int reps);
 uint64_t read_sum(const void* p, size_t n);
 uint64_t peak_loop(int32_t kind, int32_t tier, uint64_t iters);  // peak.cpp

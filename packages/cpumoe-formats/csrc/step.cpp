@@ -154,6 +154,7 @@ const cpumoe_formats_api kApi = {
     &api_detected_tier,       &api_tier_cap,           &api_tier_name,             &kernel_create,
     &kernel_destroy,          &format_bank_count,      &step_scratch_bytes,        &moe_step,
     &read_sum,                &peak_loop,              &linear_create,             &linear_destroy,
+    &attention_create,        &attention_destroy,
 };
 }  // namespace
 const cpumoe_formats_api* api_table() { return &kApi; }

@@ -19,6 +19,7 @@ from pathlib import Path
 from . import _native, reference
 from ._arrays import aligned_copy, aligned_empty
 from .activations import ACTIVATIONS
+from .attention import DecodeAttention
 from .formats import FORMATS, get_format
 from .formats._moves import Moves, byte_moves
 from .formats.bf16_x16 import repack as repack_bf16_x16
@@ -108,7 +109,7 @@ if os.environ.get("CPUMOE_DEBUG_INFO"):
     print(f"cpumoe_formats {__version__} ABI {ABI_VERSION} {BUILD_INFO} usable tiers {usable_tiers()}")
 
 __all__ = ["ABI_VERSION", "ACTIVATIONS", "BUILD_INFO", "C_API_CAPSULE", "FORMATS", "PEAK_KINDS", "TIERS", "Kernel",
-           "Linear", "Moves", "byte_moves", "aligned_copy", "peak_loop",
+           "Linear", "DecodeAttention", "Moves", "byte_moves", "aligned_copy", "peak_loop",
            "ROLES", "aligned_empty", "detected_tier", "get_format", "get_include", "is_uniform", "layer_formats",
            "model_mode", "moe_forward", "quantize", "reference",
            "repack_bf16_x16", "repack_ds_fp4_x16", "repack_fp8_block_x16", "repack_mxfp4_panels", "repack_mxfp4_x16",

@@ -98,6 +98,34 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
     return y
 
 
+def attention(q, k, v, mask=None, scale: float | None = None) -> np.ndarray:
+    """Decode attention's float64 reference (attention.DecodeAttention): o [n, Hq, D] = softmax(scale * q k^T) v per
+    query head h over its kv head h // (Hq / Hkv), masked positions (mask [n, L] False) left out; q, k, v read as
+    given (bf16 values), exact in float64 before the output's rounding. A token with no position let through is NaN
+    (softmax over nothing); NaN and inf propagate by IEEE float64 rules (an inf score makes its row's inf - inf NaN).
+    Threads: any (pure numpy)."""
+    from ._arrays import as_array
+
+    qv, kv, vv = (np.asarray(as_array(a, name), np.float64) for a, name in ((q, "q"), (k, "k"), (v, "v")))
+    n, Hq, D = qv.shape
+    Hkv, L, _ = kv.shape
+    g = Hq // Hkv
+    scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
+    keep = np.ones((n, L), bool) if mask is None else np.asarray(mask, bool)
+    o = np.empty((n, Hq, D))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for t in range(n):
+            j = np.flatnonzero(keep[t])
+            for h in range(Hq):
+                if not len(j):
+                    o[t, h] = np.nan
+                    continue
+                s = kv[h // g, j] @ qv[t, h] * scale
+                p = np.exp(s - s.max())
+                o[t, h] = p @ vv[h // g, j] / p.sum()
+    return o
+
+
 def linear(x, weight, bias=None) -> np.ndarray:
     """The dense linear's float64 reference (linear.Linear): y [n, M] = bf16(x) @ weight.T (+ bias), exact in float64
     before the output's rounding; x is rounded to bf16 first (the kernel reads bf16), weight and bias are read as

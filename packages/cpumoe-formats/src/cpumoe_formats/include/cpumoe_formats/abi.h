@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define CPUMOE_FORMATS_ABI_MAJOR 1
-#define CPUMOE_FORMATS_ABI_MINOR 10
+#define CPUMOE_FORMATS_ABI_MINOR 11
 #define CPUMOE_FORMATS_CAPSULE_NAME "cpumoe_formats._native._C_API_v1"
 
 /* Weight formats. Ids follow the reference executor (FlashML numbering). */
@@ -186,6 +186,43 @@ struct cpumoe_linear {
   char name_buf[32];
 };
 
+/* ABI 1.11. Decode attention over a bf16 key/value cache, for a few query tokens (a model's decode step on the CPU):
+ * for query token t < n, kv head g and its query heads h = g * group + i (i < group),
+ *   o[t, h] = sum_j p_j v[g, j],  p = softmax_j(scale * dot(q[t, h], k[g, j])) over the positions j < L with
+ *   mask[t, j] != 0 (every j when mask is NULL),
+ * fp32 dots and sums of the bf16 inputs, o rounded once to bf16. A token with no position let through gets NaN.
+ * Element (not byte) strides; the last (D) axis of q, k, v and o is contiguous. One tier's functions; no state. */
+typedef struct cpumoe_attention_args {
+  int32_t n, group, D, L;                 /* query tokens, query heads per kv head, head size, cache positions */
+  const uint16_t *q;                      /* q[t, h, d] at q + t * q_tok + h * q_head + d */
+  int64_t q_tok, q_head;
+  const uint16_t *k;                      /* k[g, j, d] at k + g * k_head + j * k_pos + d */
+  int64_t k_head, k_pos;
+  const uint16_t *v;                      /* v[g, j, d] likewise */
+  int64_t v_head, v_pos;
+  const uint8_t *mask;                    /* mask[t, j] at mask + t * mask_tok + j, or NULL */
+  int64_t mask_tok;
+  float scale;
+  int32_t reserved;
+  uint16_t *o;                            /* o[t, h, d] at o + t * o_tok + h * o_head + d */
+  int64_t o_tok, o_head;
+} cpumoe_attention_args;
+typedef struct cpumoe_attention cpumoe_attention;
+/* Scratch bytes heads() needs for these sizes (each concurrent call its own). */
+typedef size_t (*cpumoe_attention_scratch_fn)(const cpumoe_attention *k, int32_t group, int32_t D, int32_t L);
+/* kv heads [g0, g1) (and their query heads) of every query token. A result depends only on its own token and head:
+ * never on g0, g1 or n. */
+typedef void (*cpumoe_attention_heads_fn)(const cpumoe_attention *k, const cpumoe_attention_args *a, int32_t g0,
+                                          int32_t g1, void *scratch);
+struct cpumoe_attention {
+  uint32_t struct_size;
+  int32_t tier;              /* cpumoe_tier of the code that runs */
+  const char *name;          /* the tier's name, e.g. "avx512f" */
+  cpumoe_attention_scratch_fn scratch_bytes;
+  cpumoe_attention_heads_fn heads;
+  char name_buf[32];
+};
+
 typedef struct cpumoe_formats_api {
   uint32_t abi_major;
   uint32_t abi_minor;
@@ -220,6 +257,9 @@ typedef struct cpumoe_formats_api {
    * returns 0, or -1 with a message in err. Free it with linear_destroy. */
   int32_t (*linear_create)(int32_t tier_cap, cpumoe_linear **out, char *err, size_t errlen);
   void (*linear_destroy)(cpumoe_linear *k);
+  /* ABI 1.11. Decode attention at the best tier <= tier_cap (as linear_create). Free it with attention_destroy. */
+  int32_t (*attention_create)(int32_t tier_cap, cpumoe_attention **out, char *err, size_t errlen);
+  void (*attention_destroy)(cpumoe_attention *k);
 } cpumoe_formats_api;
 
 /* fp32 -> bf16, round to nearest even; NaN stays a quiet NaN of the same sign.

@@ -1,0 +1,92 @@
+"""Decode attention, one layer at Qwen3-30B-A3B's heads (32 query heads, 4 kv heads of 128), one query token: ours
+(moe_engine.attention, cpumoe_formats' kernel on the calling thread) against transformers' sdpa (torch's CPU
+scaled_dot_product_attention) on the same tensors, interleaved, median and spread over repeats. Cases: a static
+cache of L positions with `filled` of them written (generate()'s static cache is its maximum length; bench's is the
+test's). Also the read floor: the filled positions' keys and values at the read ceiling given (--ceiling GB/s).
+
+    python -m moe_engine.tools.bench_attention [-t 2] [--cases 34:34,512:512,4096:40,4096:4096] [--json F]
+
+Thread contract: a command-line tool."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def _time(fn, steps: int) -> float:
+    t = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - t) / steps
+
+
+def run_case(L: int, filled: int, repeats: int, steps: int, seed: int = 0) -> dict:
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from .. import attention
+
+    g = torch.Generator().manual_seed(seed)
+    Hq, Hkv, D = 32, 4, 128
+    q = torch.randn(1, 1, Hq, D, generator=g).to(torch.bfloat16).transpose(1, 2)
+    k = torch.randn(1, Hkv, L, D, generator=g).to(torch.bfloat16)
+    v = torch.randn(1, Hkv, L, D, generator=g).to(torch.bfloat16)
+    mask = torch.zeros(1, 1, 1, L, dtype=torch.bool)
+    mask[..., :filled] = True
+    mod = torch.nn.Module()
+    mod.num_key_value_groups, mod.is_causal = Hq // Hkv, True
+    sides = {"ours": lambda: attention.decode_attention(mod, q, k, v, mask, scaling=D ** -0.5),
+             "sdpa": lambda: sdpa_attention_forward(mod, q, k, v, mask, scaling=D ** -0.5)}
+    a, b = sides["ours"]()[0].float(), sides["sdpa"]()[0].float()
+    rel = float((a - b).abs().max() / b.abs().max())
+    runs = {s: [] for s in sides}
+    with torch.no_grad():
+        for f in sides.values():
+            _time(f, max(2, steps // 10))
+        for r in range(repeats):
+            for s in (("ours", "sdpa") if r % 2 == 0 else ("sdpa", "ours")):
+                runs[s].append(1e6 * _time(sides[s], steps))
+    med = {s: statistics.median(x) for s, x in runs.items()}
+    return {"L": L, "filled": filled, "us": med, "us_runs": runs, "sdpa_over_ours": med["sdpa"] / med["ours"],
+            "kv_bytes": 2 * Hkv * filled * D * 2, "max_rel_diff": rel}
+
+
+def main(argv=None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(prog="python -m moe_engine.tools.bench_attention",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("-t", "--threads", type=int, default=2, help="torch's threads (sdpa's; ours runs on one)")
+    ap.add_argument("--cases", default="34:34,512:512,4096:40,4096:4096", help="L:filled,... (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=50, help="calls per timed repeat")
+    ap.add_argument("--ceiling", type=float, default=None, help="read ceiling in GB/s for the read floor column")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    from .. import attention
+
+    rows = []
+    print(f"decode attention, 32 q / 4 kv heads of 128, one token; ours: {attention._native().name} on one thread, "
+          f"sdpa on {a.threads}")
+    print("| L | filled | ours us | sdpa us | sdpa / ours | read floor us |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for c in a.cases.split(","):
+        L, filled = (int(x) for x in c.split(":"))
+        r = run_case(L, filled, a.repeats, a.steps)
+        floor = r["kv_bytes"] / (a.ceiling * 1e3) if a.ceiling else None
+        r["read_floor_us"] = floor
+        rows.append(r)
+        print(f"| {L} | {filled} | {r['us']['ours']:.1f} | {r['us']['sdpa']:.1f} | {r['sdpa_over_ours']:.1f}x | "
+              f"{'-' if floor is None else f'{floor:.1f}'} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"threads": a.threads, "tier": attention._native().name, "torch": torch.__version__,
+                       "cases": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

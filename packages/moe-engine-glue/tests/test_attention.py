@@ -1,0 +1,133 @@
+"""moe_engine.attention (transformers' attention implementation "moe_engine"): against the unmodified library's sdpa
+and the float64 reference on transformers' own tensor layouts; what goes to sdpa goes there bit for bit; a model
+switched to it decodes with the native kernel and matches sdpa.
+
+Tolerance against float64: as cpumoe-formats' test_attention (|o - ref| <= 2^-8 |ref| + 1e-5 max |v|: bf16 output
+rounding plus fp32 sums). Against sdpa: each output is rounded to bf16 (half a step, 2^-8 of its magnitude) and
+sdpa's CPU kernel rounds more inside (measured 1.8e-3 - 3.3e-3 of max |ref| off float64 on these cases, ours
+1.6e-3 - 2.7e-3): max |ours - sdpa| <= 1e-2 max |ref|, and ours is never farther from float64 than sdpa.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers", minversion="5.0")
+
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+
+import cpumoe_formats as cf  # noqa: E402
+from moe_engine import attention  # noqa: E402
+
+
+class _Mod(torch.nn.Module):
+    def __init__(self, group):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal = group, True
+
+
+def _qkv(g, B, Hq, Hkv, n, L, D, dtype=torch.bfloat16):
+    q = torch.randn(B, n, Hq, D, generator=g).to(dtype).transpose(1, 2)  # transformers' [B, Hq, n, D] view
+    k = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
+    return q, k, v
+
+
+def _static_mask(B, n, L, filled):
+    """A static cache's decode mask: the first `filled` positions, causal for the n new tokens at its end."""
+    m = torch.zeros(B, 1, n, L, dtype=torch.bool)
+    for t in range(n):
+        m[:, :, t, :filled - n + t + 1] = True
+    return m
+
+
+def _ref(q, k, v, mask, scale):
+    B = q.shape[0]
+    out = []
+    for b in range(B):
+        qb = q[b].transpose(0, 1).contiguous().view(torch.int16).numpy().view(cf.numerics.BF16)
+        kb, vb = (t[b].contiguous().view(torch.int16).numpy().view(cf.numerics.BF16) for t in (k, v))
+        mb = None if mask is None else mask[b, 0].numpy()
+        out.append(cf.reference.attention(qb, kb, vb, mb, scale))
+    return np.stack(out)  # [B, n, Hq, D]
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,n,L,D,filled", [(1, 32, 4, 1, 34, 128, 20), (1, 32, 4, 1, 4096, 128, 40),
+                                                    (2, 8, 2, 3, 50, 64, 50), (1, 6, 6, 1, 9, 80, 9),
+                                                    (1, 4, 1, 16, 40, 32, 40)])
+def test_matches_float64_and_sdpa(B, Hq, Hkv, n, L, D, filled):
+    g = torch.Generator().manual_seed(B * 1000 + L)
+    q, k, v = _qkv(g, B, Hq, Hkv, n, L, D)
+    mask = _static_mask(B, n, L, filled)
+    mod = _Mod(Hq // Hkv)
+    scale = D ** -0.5
+    assert attention.native_ok(mod, q, k, v, mask)
+    got, w = attention.decode_attention(mod, q, k, v, mask, scaling=scale)
+    want = sdpa_attention_forward(mod, q, k, v, mask, scaling=scale)[0]
+    assert w is None and got.shape == want.shape == (B, n, Hq, D) and got.dtype == torch.bfloat16
+    ref = _ref(q, k, v, mask, scale)
+    vmax = float(v.float().abs().max())
+    err = (got.double().numpy() - ref).__abs__()
+    assert (err <= 2.0**-8 * np.abs(ref) + 1e-5 * vmax).all(), err.max()
+    scale_ref = np.abs(ref).max()
+    assert float((got.double() - want.double()).abs().max()) <= 1e-2 * scale_ref
+    assert np.abs(got.double().numpy() - ref).max() <= np.abs(want.double().numpy() - ref).max()
+
+
+def test_no_mask_one_token_attends_everything():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = _qkv(g, 1, 16, 4, 1, 21, 64)
+    mod = _Mod(4)
+    got = attention.decode_attention(mod, q, k, v, None, scaling=0.125)[0]
+    want = sdpa_attention_forward(mod, q, k, v, None, scaling=0.125)[0]
+    assert float((got.float() - want.float()).abs().max()) < 2.0**-7 * float(want.float().abs().max())
+
+
+@pytest.mark.parametrize("case", ["float32", "prompt", "float_mask", "sinks", "causal_none", "head_mask"])
+def test_what_it_does_not_take_goes_to_sdpa_bit_for_bit(case, monkeypatch):
+    g = torch.Generator().manual_seed(7)
+    n = attention.MAX_TOKENS + 1 if case == "prompt" else (4 if case == "causal_none" else 1)
+    q, k, v = _qkv(g, 1, 8, 2, n, 24, 32, torch.float32 if case == "float32" else torch.bfloat16)
+    mask = None if case == "causal_none" else _static_mask(1, n, 24, 24)
+    kw = {}
+    if case == "float_mask":
+        mask = torch.zeros(1, 1, n, 24, dtype=torch.bfloat16).masked_fill(~mask, float("-inf"))
+    if case == "head_mask":
+        mask = mask.expand(1, 8, n, 24)
+    if case == "sinks":
+        kw["s_aux"] = torch.zeros(8)
+    mod = _Mod(4)
+    calls = []
+    monkeypatch.setattr(attention, "_sdpa", lambda *a, **k: calls.append(1) or sdpa_attention_forward(*a, **k))
+    assert not attention.native_ok(mod, q, k, v, mask, **kw)
+    got = attention.decode_attention(mod, q, k, v, mask, scaling=0.2, **kw)[0]
+    want = sdpa_attention_forward(mod, q, k, v, mask, scaling=0.2, **kw)[0]
+    assert calls and torch.equal(got, want)
+
+
+def test_a_model_switched_to_it_decodes_natively_and_matches_sdpa(monkeypatch):
+    """A small Qwen3-MoE on transformers' static cache: greedy tokens equal sdpa's, each decode step's logits within
+    bf16 rounding (rel 2e-2: test_decode_path's bound for the static cache), and the native kernel ran every step."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                         num_hidden_layers=2, intermediate_size=512, moe_intermediate_size=128, num_experts=8,
+                         num_experts_per_tok=2, vocab_size=500)
+    model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 500, (1, 12))
+    kw = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, cache_implementation="static",
+              output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        model.set_attn_implementation(attention.register())
+        runs = []
+        real = attention._native()
+        monkeypatch.setattr(attention, "_native", lambda: type("Spy", (), {
+            "run_raw": lambda self, *a: runs.append(a[0]) or real.run_raw(*a)})())
+        got = model.generate(ids, **kw)
+    assert len(runs) == 15 * 2  # every decode step after the prompt, in both layers; one token each
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.logits, want.logits):
+        assert float((a.float() - b.float()).abs().max() / b.float().abs().max()) < 2e-2
