@@ -23,6 +23,7 @@ def _greedy(model, ids, n):
 @pytest.mark.parametrize("decode", ["eager", "static", "gemv"])
 def test_loop_gives_generates_tokens_on_the_cpu(small_gguf, decode):
     model = from_pretrained(small_gguf, strategy="cpu", device="cpu", threads=2, progress=False, decode=decode)
+    assert model.config._attn_implementation == ("sdpa" if decode == "eager" else "moe_engine")
     ids = torch.tensor([[3, 17, 101, 42]])
     want = _greedy(model, ids, 10)
     loop = GraphLoop(model, max_len=64)
@@ -166,3 +167,10 @@ def test_cli_generate_and_bench_through_the_loop(small_gguf, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["loop"] == "graph" and [r["test"] for r in res["results"]] == ["pp4", "tg3"]
     assert all(r["avg_ts"] > 0 for r in res["results"])
+    # llama-bench's -d: the tests after that many tokens in the cache (its test names and n_depth)
+    assert main(["bench", *common, "--host-memory", "64GiB", "-p", "4", "-n", "3", "-r", "1", "-d", "0,9"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [(r["test"], r["n_depth"]) for r in res["results"]] == [("pp4", 0), ("pp4 @ d9", 9), ("tg3", 0),
+                                                                   ("tg3 @ d9", 9)]
+    with pytest.raises(ValueError, match="-d 4,-1: expected depths >= 0"):
+        main(["bench", *common, "-p", "4", "-n", "3", "-d", "4,-1"])

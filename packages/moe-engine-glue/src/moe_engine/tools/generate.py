@@ -99,26 +99,38 @@ def run_generate(a) -> int:
     return 0
 
 
-def _pp(model, p: int, vocab: int, dev) -> float:
+def _pp(model, p: int, vocab: int, dev, depth: int = 0) -> float:
+    """p prompt tokens in one forward, timed; after `depth` tokens already in the cache (untimed), as llama-bench's
+    `-d`."""
+    import inspect
+
     import torch
 
     ids = torch.randint(0, vocab, (1, p), device=dev)
-    t = time.perf_counter()
     with torch.no_grad():
-        model(ids, use_cache=True)
+        kw = {}
+        if depth:
+            # transformers >= 5.2x names the cache argument `cache` (past_key_values is deprecated there)
+            name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+            kw[name] = model(torch.randint(0, vocab, (1, depth), device=dev), use_cache=True).past_key_values
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        model(ids, use_cache=True, **kw)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return p / (time.perf_counter() - t)
 
 
-def _tg(model, n: int, vocab: int, dev, graphs: bool = False, loop=None) -> float:
-    """n tokens decoded one at a time after a one-token prompt. loop (a GraphLoop): its greedy step, on a GPU one
-    CUDA graph replay a token (what llama-bench's tg times: tokens evaluated, no sampling, no Python between them).
+def _tg(model, n: int, vocab: int, dev, graphs: bool = False, loop=None, depth: int = 0) -> float:
+    """n tokens decoded one at a time after a prompt of `depth` tokens (one at depth 0; llama-bench's `-d`).
+    loop (a GraphLoop): its greedy step, on a GPU one CUDA graph replay a token (what llama-bench's tg times: tokens
+    evaluated, no sampling, no Python between them).
     Otherwise generate(); graphs (a GPU): transformers' static cache with the step captured through torch.compile's
     cudagraphs backend (the eager kernels, our experts op inside; the first call at a cache length compiles)."""
     import torch
 
-    ids = torch.randint(0, vocab, (1, 1), device=dev)
+    ids = torch.randint(0, vocab, (1, max(1, depth)), device=dev)
     if loop is not None:
         loop.generate(ids, n + 1)
         return n / loop.last["decode_s"]
@@ -144,23 +156,27 @@ def _loop(a, model, length: int):
 
 
 def run_bench(a) -> int:
+    if any(d < 0 for d in a.d):
+        raise ValueError(f"-d {','.join(map(str, a.d))}: expected depths >= 0 (tokens already in the cache)")
     model, load_s = load(a)
     off = model.moe_engine
     dev = off.runner.device
     vocab = model.config.get_text_config().vocab_size
-    tests = [("pp", p) for p in a.p if p > 0] + [("tg", n) for n in a.n if n > 0]
+    depths = a.d
+    tests = [(d, "pp", p) for d in depths for p in a.p if p > 0] + [(d, "tg", n) for d in depths for n in a.n if n > 0]
     rows = []
     graphs = dev.type == "cuda" and not a.no_graphs and off.runner.graphs_ok
-    loop = _loop(a, model, max(a.n) + 2) if any(n > 0 for n in a.n) else None
-    fn = {"pp": _pp, "tg": lambda m, k, v, d: _tg(m, k, v, d, graphs, loop)}
-    for kind, k in tests:
+    loop = _loop(a, model, max(a.n) + max(depths) + 2) if any(n > 0 for n in a.n) else None
+    fn = {"pp": _pp, "tg": lambda m, k, v, dv, d: _tg(m, k, v, dv, graphs, loop, d)}
+    for depth, kind, k in tests:
         # warm-up as llama-bench's: the same test once (pp: the staged prefill's kernels and its first choice's
         # timings; tg: the capture), on a CPU decode tg only 8 tokens
-        fn[kind](model, k if kind == "pp" or graphs else min(k, 8), vocab, dev)
+        fn[kind](model, k if kind == "pp" or graphs else min(k, 8), vocab, dev, depth)
         rates = []
         for _ in range(a.r):
-            rates.append(fn[kind](model, k, vocab, dev))
-        rows.append({"test": f"{kind}{k}", "n_prompt": k if kind == "pp" else 0, "n_gen": k if kind == "tg" else 0,
+            rates.append(fn[kind](model, k, vocab, dev, depth))
+        rows.append({"test": f"{kind}{k}" + (f" @ d{depth}" if depth else ""), "n_prompt": k if kind == "pp" else 0,
+                     "n_gen": k if kind == "tg" else 0, "n_depth": depth,
                      "avg_ts": statistics.fmean(rates), "stddev_ts": statistics.stdev(rates) if len(rates) > 1 else 0.0,
                      "samples_ts": rates})
     cfg = model.config.get_text_config()
@@ -226,6 +242,8 @@ def add_parsers(sub) -> None:
     g.add_argument("-t", "--threads", type=int, default=None, help="CPU workers (default: one per physical core)")
     b.add_argument("-p", type=_ints, default=[512], help="prompt lengths (default 512; comma list)")
     b.add_argument("-n", type=_ints, default=[128], help="decoded tokens (default 128; comma list)")
+    b.add_argument("-d", type=_ints, default=[0], help="depth: tokens already in the cache before each test, as "
+                   "llama-bench's -d (default 0; comma list)")
     b.add_argument("-r", type=int, default=5, help="repetitions (default 5)")
     b.add_argument("-t", "--threads", type=int, default=None, help="CPU workers (default: one per physical core)")
     b.add_argument("--no-graphs", action="store_true", help="on a GPU, decode eagerly (default: CUDA graphs)")
