@@ -233,6 +233,25 @@ PYBIND11_MODULE(_native, m) {
            },
            py::arg("w"), py::arg("w_stride"), py::arg("M"), py::arg("K"), py::arg("n"), py::arg("x"),
            py::arg("x_stride"), py::arg("bias"), py::arg("y"), py::arg("y_stride"), py::arg("y_fp32") = false)
+      .def("attention",
+           [](PyExecutor& s, int n, int group, int D, int L, int Hkv, uint64_t q, int64_t q_tok, int64_t q_head,
+              uint64_t k, int64_t k_head, int64_t k_pos, uint64_t v, int64_t v_head, int64_t v_pos, uint64_t mask,
+              int64_t mask_tok, float scale, uint64_t o, int64_t o_tok, int64_t o_head) {
+             cpumoe_attention_args a{};
+             a.n = n, a.group = group, a.D = D, a.L = L;
+             a.q = (const uint16_t*)(uintptr_t)q, a.q_tok = q_tok, a.q_head = q_head;
+             a.k = (const uint16_t*)(uintptr_t)k, a.k_head = k_head, a.k_pos = k_pos;
+             a.v = (const uint16_t*)(uintptr_t)v, a.v_head = v_head, a.v_pos = v_pos;
+             a.mask = (const uint8_t*)(uintptr_t)mask, a.mask_tok = mask_tok, a.scale = scale;
+             a.o = (uint16_t*)(uintptr_t)o, a.o_tok = o_tok, a.o_head = o_head;
+             without_gil([&] { s.ex->attention(a, Hkv); });
+           },
+           py::arg("n"), py::arg("group"), py::arg("D"), py::arg("L"), py::arg("Hkv"), py::arg("q"), py::arg("q_tok"),
+           py::arg("q_head"), py::arg("k"), py::arg("k_head"), py::arg("k_pos"), py::arg("v"), py::arg("v_head"),
+           py::arg("v_pos"), py::arg("mask"), py::arg("mask_tok"), py::arg("scale"), py::arg("o"), py::arg("o_tok"),
+           py::arg("o_head"))
+      .def_property_readonly("attention_name", [](PyExecutor& s) { return s.ex->attention_name(); })
+      .def_property_readonly("attention_runs", [](PyExecutor& s) { return s.ex->attention_runs(); })
       .def_property_readonly("linear_name", [](PyExecutor& s) { return s.ex->linear_name(); })
       .def_property_readonly("linear_runs", [](PyExecutor& s) { return s.ex->linear_runs(); })
       .def("run_task", [](PyExecutor& s, uint64_t task) { return without_gil([&] { return s.ex->run_task(task); }); })

@@ -157,6 +157,13 @@ Executor::Executor(const cpumoe_formats_api* api, const Config& cfg)
       throw std::invalid_argument(err);
     }
     linear_name_ = lin_->name;
+    if (api_->attention_create(cfg_.tier_cap, &att_, err, sizeof err) != 0) {
+      api_->linear_destroy(lin_), lin_ = nullptr;
+      for (auto& Q : parts_)
+        for (auto* q : Q->ks) api_->kernel_destroy(q);
+      throw std::invalid_argument(err);
+    }
+    attention_name_ = att_->name;
   }
   tstart_.resize(T + 1);
   troutes_.resize(R);
@@ -242,6 +249,7 @@ void Executor::close() {
     P->left.reset(), P->gready.reset(), P->gnext.reset(), P->gdone.reset();
   }
   if (lin_) api_->linear_destroy(lin_), lin_ = nullptr;
+  if (att_) api_->attention_destroy(att_), att_ = nullptr;
   release(lin_x_);
   for (auto& G : groups_) release(G->banks), release(G->mem);  // placed banks: freed unless a view holds them
   release(placements_), release(tstart_), release(troutes_), release(order_), release(gstart_), release(gexpert_);

@@ -172,6 +172,12 @@ class Executor {
   // The linear kernel's tier name ("avx512bf16"), from the same cap as the experts' kernels.
   const std::string& linear_name() const { return linear_name_; }
   uint64_t linear_runs() const { return linear_runs_.load(std::memory_order_relaxed); }
+  // Decode attention (cpumoe-formats ABI 1.11; attention.cpp) on group 0's threads: a.n query tokens x Hkv kv heads
+  // as work items the threads claim; the same bits on any team. Under the step lock. Throws std::invalid_argument on
+  // bad sizes, std::runtime_error when closed or in a forked child.
+  void attention(const cpumoe_attention_args& a, int32_t Hkv);
+  const std::string& attention_name() const { return attention_name_; }
+  uint64_t attention_runs() const { return attention_runs_.load(std::memory_order_relaxed); }
 
   // Team sizing: a step runs on 1 + (its work in bytes) / unit threads, at most threads();
   // unit <= 0: always every thread. Work = weight bytes of the routed experts + kDotBytes per
@@ -305,6 +311,17 @@ class Executor {
     alignas(64) std::atomic<int> done{0};
   };
   static void linear_body(void* job, int tid);
+  // The attention in flight (attention.cpp), a member for the same reason.
+  struct AttentionJob {
+    const cpumoe_attention* k;
+    cpumoe_attention_args a;
+    int32_t Hkv, nitems;
+    char* scratch;   // a thread's at scratch + tid * sstride
+    size_t sstride;
+    alignas(64) std::atomic<int> next{0};
+    alignas(64) std::atomic<int> done{0};
+  };
+  static void attention_body(void* job, int tid);
 
   const cpumoe_formats_api* api_;
   Config cfg_;
@@ -313,6 +330,11 @@ class Executor {
   LinearJob lin_job_{};
   std::vector<char> lin_x_;  // prepared x rows (tiers that widen x)
   std::atomic<uint64_t> linear_runs_{0};
+  cpumoe_attention* att_ = nullptr;
+  std::string attention_name_;
+  AttentionJob att_job_{};
+  std::vector<char> att_scratch_;
+  std::atomic<uint64_t> attention_runs_{0};
   RouteSum rsum_{};
   std::vector<std::unique_ptr<Part>> parts_;
   std::vector<std::unique_ptr<Group>> groups_;

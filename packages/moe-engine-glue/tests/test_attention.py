@@ -131,3 +131,25 @@ def test_a_model_switched_to_it_decodes_natively_and_matches_sdpa(monkeypatch):
     assert torch.equal(got.sequences, want.sequences)
     for a, b in zip(got.logits, want.logits):
         assert float((a.float() - b.float()).abs().max() / b.float().abs().max()) < 2e-2
+
+
+def test_on_an_executors_threads_the_same_bits():
+    """bind(): the executor's tokens x kv heads work items give the calling thread's bits (the kernel's result per
+    token and head depends on nothing else)."""
+    import cpumoe_executor as ce
+
+    rng = np.random.default_rng(0)
+    with ce.CpuMoeExecutor("bf16", [cf.get_format("bf16").random_banks(2, 64, 32, rng)], top_k=2,
+                           threads=min(2, ce.usable_cpus()), team="openmp") as ex:
+        g = torch.Generator().manual_seed(11)
+        q, k, v = _qkv(g, 2, 32, 4, 3, 700, 128)
+        mask = _static_mask(2, 3, 700, 650)
+        mod = _Mod(8)
+        alone = attention.decode_attention(mod, q, k, v, mask, scaling=0.09)[0]
+        runs = ex._x.attention_runs
+        assert attention.bind(torch.nn.ModuleList([mod]), ex) == 0  # bind() takes modules named *Attention
+        mod._moe_engine_executor = ex
+        on_ex = attention.decode_attention(mod, q, k, v, mask, scaling=0.09)[0]
+        assert ex._x.attention_runs == runs + 2  # one call a batch row
+        assert torch.equal(on_ex, alone)
+        assert ex.attention_isa == attention._native().name

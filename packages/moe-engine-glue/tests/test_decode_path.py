@@ -6,7 +6,8 @@ over the vocabulary:
   packed: the same bf16 products with fp32 accumulation, summed in oneDNN's order: measured 0 (bit-identical here);
     bound 1e-2 (bf16's relative step is 3.9e-3: a product that rounds differently shows up, a wrong weight does not
     stay under it).
-  static: the static cache's attention over its full length with a mask: measured <= 7.5e-3; bound 2e-2.
+  static: the static cache, its attention through moe_engine.attention (fp32 softmax and sums, reading the masked
+    positions only) where eager's sdpa reads the dynamic cache: measured <= 7.7e-3; bound 2e-2.
   gemv: static's cache, and the bf16 products summed in fp32 by cpumoe_formats' dense linear (4 chains a row):
     the same bound as static, 2e-2.
   compile: inductor fuses the norms and rotary in fp32: measured <= 3.2e-2 but 1.2e-1 at a routing flip (E = 16,
@@ -106,14 +107,17 @@ def test_auto_picks_gemv_with_a_cpu_executor_and_logs_why(gguf, caplog):
         model = from_pretrained(gguf, **KW)
     ex = model.moe_engine.runner.executor
     with torch.no_grad():
-        runs = ex._x.linear_runs
+        runs, att = ex._x.linear_runs, ex._x.attention_runs
         model(torch.tensor([[5]]))
         assert ex._x.linear_runs > runs  # the linears ran there
+        assert ex._x.attention_runs == att + 2  # and each layer's attention (2 layers)
     model.moe_engine.close()
     line = [r.getMessage() for r in caplog.records if "decode path" in r.getMessage()]
     assert len(line) == 1 and line[0].startswith("from_pretrained: decode path gemv (CPU executor: its dense bf16 "
                                                  f"linear ({ex.linear_isa})"), line
     assert "linears and 2 routers on the executor" in line[0]
+    assert f"attention on cpumoe_formats' decode attention ({ex.attention_isa}, on the executor's threads)" in line[0]
+    assert model.config._attn_implementation == "moe_engine"
     assert model.moe_engine.decode[0] == "gemv"
     assert decode.resolve("auto", torch.device("cuda"))[0] == "eager"
     assert decode.resolve("auto", torch.device("cpu"))[0] == "static"  # no runner: oneDNN's packed path

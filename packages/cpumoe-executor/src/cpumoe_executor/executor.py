@@ -162,6 +162,7 @@ class CpuMoeExecutor(NumaPlacement, Doorbell):
         self.team = team
         self._kernel_names = tuple(self._x.kernel_names)  # per kernel format; readable after close()
         self._linear_isa = self._x.linear_name
+        self._attention_isa = self._x.attention_name
         if plan is None:
             # the arrays must outlive the executor (the given ones where a layer runs them in place)
             self._banks_ref = banks if not self._repacked() else None
@@ -401,6 +402,22 @@ class CpuMoeExecutor(NumaPlacement, Doorbell):
                 return y
         self._check()
         return dense_linear.run_general(self._x, x, weight, bias, out)
+
+    # ---- decode attention (cpumoe-formats C ABI 1.11) ------------------------------------------------------------
+    @property
+    def attention_isa(self) -> str:
+        """The tier the decode attention runs (e.g. 'avx512f'), under the experts' cap. Readable after close()."""
+        return self._attention_isa
+
+    def attention_raw(self, n: int, group: int, D: int, L: int, Hkv: int, q: int, q_tok: int, q_head: int, k: int,
+                      k_head: int, k_pos: int, v: int, v_head: int, v_pos: int, mask: int, mask_tok: int,
+                      scale: float, o: int, o_tok: int, o_head: int) -> None:
+        """cpumoe_formats.DecodeAttention.run_raw's call (addresses, element strides; mask 0 = none) on this
+        executor's threads: the n tokens x Hkv kv heads are work items its first group's threads claim (the same
+        bits on any team). For a caller that holds the arrays and checked them (moe_engine.attention); an address
+        that does not hold what the sizes say is undefined behaviour. Under the step lock. Threads: decode's."""
+        self._x.attention(n, group, D, L, Hkv, q, q_tok, q_head, k, k_head, k_pos, v, v_head, v_pos, mask, mask_tok,
+                          float(scale), o, o_tok, o_head)
 
     # ---- machine ceiling -------------------------------------------------------------------------
     def read_bandwidth(self, buf, passes: int = 1) -> float:

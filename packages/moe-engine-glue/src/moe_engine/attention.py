@@ -3,6 +3,8 @@ transformers as the attention implementation "moe_engine" (its official extensio
 AttentionMaskInterface, the mask made as for sdpa). A few query tokens over a bf16 cache on the CPU run the native
 kernel on the calling thread, reading only the positions the mask lets through; everything else (prompts, other
 devices or dtypes, masks it does not take, sinks, softcapping, dropout) goes to transformers' own sdpa.
+An attention module bound to a CpuMoeExecutor (`bind`; from_pretrained's gemv path binds the experts' executor)
+runs the kernel on the executor's threads, its tokens x kv heads as work items; otherwise on the calling thread.
 
 Why: torch's CPU scaled_dot_product_attention takes ~0.5 ms a layer for one token over a 34-position static cache
 on the 2-core Zen 4 VM (48 layers: ~24 ms of a ~111 ms token), and grows with the cache's length, not its filled
@@ -77,18 +79,30 @@ def decode_attention(module, query, key, value, attention_mask, dropout: float =
     Hkv, L = key.shape[1], key.shape[2]
     scale = float(scaling) if scaling is not None else D ** -0.5
     out = torch.empty((B, n, Hq, D), dtype=torch.bfloat16)
-    att = _native()
+    ex = getattr(module, "_moe_engine_executor", None)
+    run = ex.attention_raw if ex is not None else _native().run_raw
     e = 2  # bytes of a bf16 element: data_ptr() is in bytes, strides in elements
     for b in range(B):
         mp, mt = 0, 0
         if attention_mask is not None:
             mp, mt = attention_mask.data_ptr() + b * attention_mask.stride(0), attention_mask.stride(2)
-        att.run_raw(n, Hq // Hkv, D, L, Hkv,
+        run(n, Hq // Hkv, D, L, Hkv,
                 query.data_ptr() + e * b * query.stride(0), query.stride(2), query.stride(1),
                 key.data_ptr() + e * b * key.stride(0), key.stride(1), key.stride(2),
                 value.data_ptr() + e * b * value.stride(0), value.stride(1), value.stride(2),
                 mp, mt, scale, out.data_ptr() + e * b * out.stride(0), out.stride(1), out.stride(2))
     return out, None
+
+
+def bind(model, executor) -> int:
+    """Runs the attention of every module of `model` whose class name ends in "Attention" (transformers' naming) on
+    `executor`'s threads (a cpumoe_executor.CpuMoeExecutor; None: the calling thread again). Returns how many."""
+    n = 0
+    for m in model.modules():
+        if type(m).__name__.endswith("Attention"):
+            m._moe_engine_executor = executor
+            n += 1
+    return n
 
 
 @functools.lru_cache(maxsize=1)

@@ -173,17 +173,20 @@ def compile_config():
     return cc
 
 
-def use_decode_attention(model) -> str:
-    """Switches a model on sdpa (transformers' default) to moe_engine.attention's implementation; returns what its
-    attention runs now, for the log line. Another implementation the user chose (eager, flash, flex) is kept."""
-    from ...attention import MAX_TOKENS, _native, register
+def use_decode_attention(model, runner=None) -> str:
+    """Switches a model on sdpa (transformers' default) to moe_engine.attention's implementation, on the runner's
+    CPU executor's threads where it has one; returns what its attention runs now, for the log line. Another
+    implementation the user chose (eager, flash, flex) is kept."""
+    from ...attention import MAX_TOKENS, _native, bind, register
 
     cur = getattr(model.config, "_attn_implementation", None)
     if cur != "sdpa":
         return f"attention {cur} (as loaded)"
     model.set_attn_implementation(register())
-    return f"attention on cpumoe_formats' decode attention ({_native().name}) for up to {MAX_TOKENS} tokens, " \
-           "sdpa for prompts"
+    ex = _executor(runner)
+    bind(model, ex)
+    where = f"{ex.attention_isa}, on the executor's threads" if ex is not None else f"{_native().name}"
+    return f"attention on cpumoe_formats' decode attention ({where}) for up to {MAX_TOKENS} tokens, sdpa for prompts"
 
 
 def apply(model, decode: str, device, runner=None) -> tuple[str, str]:
@@ -201,7 +204,7 @@ def apply(model, decode: str, device, runner=None) -> tuple[str, str]:
     if path in ("static", "compile", "gemv"):
         gc.cache_implementation = "static"
     if path in ("packed", "static", "gemv") and device.type == "cpu":
-        detail += "; " + use_decode_attention(model)
+        detail += "; " + use_decode_attention(model, runner)
     if path == "compile":
         gc.compile_config = compile_config()
     model._moe_engine_decode = path
