@@ -172,6 +172,16 @@ def test_pack_linears_frees_each_weight_as_it_goes(monkeypatch):
     assert all(r() is None for r in refs)
 
 
+def test_attention_sdpa_keeps_transformers_own(gguf, caplog):
+    with caplog.at_level(logging.INFO, logger="moe_engine"):
+        model = from_pretrained(gguf, attention="sdpa", **KW)
+    model.moe_engine.close()
+    assert model.config._attn_implementation == "sdpa"
+    assert any("attention sdpa (asked for)" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match=r"attention='flash': expected one of auto, sdpa"):
+        from_pretrained(gguf, attention="flash", **KW)
+
+
 def test_bad_decode_value_is_refused_before_loading(tmp_path):
     with pytest.raises(ValueError, match=r"decode='fast': expected one of auto, eager, packed, static, compile, gemv"):
         from_pretrained(tmp_path / "missing.gguf", decode="fast", **KW)

@@ -31,7 +31,7 @@ class _Clock:
 
 def load_kwargs(a) -> dict:
     """from_pretrained's keywords from common_args' options that were given (generate, bench and profile alike)."""
-    names = ("gpu_memory", "host_memory", "strategy", "device", "decode", "residency")
+    names = ("gpu_memory", "host_memory", "strategy", "device", "decode", "attention", "residency")
     return {n: getattr(a, n) for n in names if getattr(a, n, None) is not None}
 
 
@@ -220,6 +220,9 @@ def common_args(p, path_nargs=None) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--decode", default=None, choices=("auto", "eager", "packed", "static", "compile", "gemv"),
                    help="the non-expert decode path (from_pretrained's decode=; default auto)")
+    p.add_argument("--attention", default=None, choices=("auto", "sdpa"),
+                   help="attention at decode on the CPU paths: auto = cpumoe_formats' decode attention, sdpa = "
+                   "transformers' own (from_pretrained's attention=; default auto)")
     p.add_argument("--residency", default=None, choices=("hot", "random", "uniform", "layers"),
                    help="which experts hybrid's GPU share holds: the budget's slots in every layer (hot, random, "
                         "uniform; default hot) or whole layers, the last ones (layers, as llama.cpp's --n-cpu-moe)")

@@ -40,6 +40,7 @@ import torch
 
 log = logging.getLogger("moe_engine")
 DECODE_PATHS = ("auto", "eager", "packed", "static", "compile", "gemv")
+ATTENTION = ("auto", "sdpa")
 
 
 class PackedLinear(torch.nn.Module):
@@ -70,6 +71,12 @@ def check(decode) -> str:
     if not isinstance(decode, str) or decode not in DECODE_PATHS:
         raise ValueError(f"decode={decode!r}: expected one of {', '.join(DECODE_PATHS)}")
     return decode
+
+
+def check_attention(attention) -> str:
+    if not isinstance(attention, str) or attention not in ATTENTION:
+        raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION)}")
+    return attention
 
 
 def _probe() -> str | None:
@@ -189,9 +196,9 @@ def use_decode_attention(model, runner=None) -> str:
     return f"attention on cpumoe_formats' decode attention ({where}) for up to {MAX_TOKENS} tokens, sdpa for prompts"
 
 
-def apply(model, decode: str, device, runner=None) -> tuple[str, str]:
+def apply(model, decode: str, device, runner=None, attention: str = "auto") -> tuple[str, str]:
     """Set up the decode path on a loaded model (before its first generate()); returns (path, why) as logged.
-    runner: the model's MoERunner (decode gemv runs on its executor)."""
+    runner: the model's MoERunner (decode gemv runs on its executor). attention: auto or sdpa (check_attention)."""
     path, why = resolve(decode, device, runner)
     gc = model.generation_config
     detail = ""
@@ -204,7 +211,8 @@ def apply(model, decode: str, device, runner=None) -> tuple[str, str]:
     if path in ("static", "compile", "gemv"):
         gc.cache_implementation = "static"
     if path in ("packed", "static", "gemv") and device.type == "cpu":
-        detail += "; " + use_decode_attention(model, runner)
+        detail += "; " + (use_decode_attention(model, runner) if check_attention(attention) == "auto"
+                          else "attention sdpa (asked for)")
     if path == "compile":
         gc.compile_config = compile_config()
     model._moe_engine_decode = path

@@ -48,7 +48,8 @@ def _cpu_pairs(pairs, H: int, I: int, kwargs) -> list[tuple]:  # noqa: E741
 
 def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", device=None, gpu_memory=None,  # noqa: A002
                     threads=None, dtype=None, kv_length: int = 4096, kv_batch: int = 1, host_memory=None,
-                    allow_nonfinite: bool = False, progress: bool = True, decode: str = "auto", **kwargs):
+                    allow_nonfinite: bool = False, progress: bool = True, decode: str = "auto", attention: str = "auto",
+                    **kwargs):
     """A transformers model ready for generate(), its routed experts served by moe_engine (`model.moe_engine`).
 
     path: a Hugging Face directory (config.json + *.safetensors: bf16, FP8 block, gpt-oss MXFP4, ModelOpt NVFP4) or
@@ -75,6 +76,9 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
         static cache), compile (static cache + torch.compile), gemv (the linears' few-token products on the
         executor's threads + the static cache); one log line names the choice and why, model.moe_engine.decode
         keeps it.
+    attention: auto (on the CPU decode paths packed, static and gemv, a model on transformers' sdpa gets
+        moe_engine.attention: up to 16 query tokens through cpumoe_formats' decode attention, on the executor's
+        threads under gemv) or sdpa (transformers' own everywhere). The decode path's log line says which.
     kwargs: MoERunner's other keywords (residency, graph_batch_sizes, max_tokens, mode, isa, handshake, qualify,
         prefill, pin_memory: on a GPU with experts on the CPU it defaults to True, the host banks page-locked up to
         half of MemAvailable, so a prompt's staged experts copy at link speed; False keeps them pageable).
@@ -92,6 +96,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
     dtype = torch.bfloat16 if dtype is None else dtype
     dev = check_device(torch, device)
     decode_path.check(decode)
+    decode_path.check_attention(attention)
     limit = budget.parse_bytes(gpu_memory) if gpu_memory is not None else None
     host_limit = budget.parse_bytes(host_memory, "host_memory") if host_memory is not None else None
     for name, v in (("kv_length", kv_length), ("kv_batch", kv_batch)):
@@ -192,7 +197,7 @@ def from_pretrained(path, gguf_file=None, *, format=None, strategy="auto", devic
             edit.bind(m, Binding(runner, i, H, E, None, bool(getattr(m, "_is_expert_parallel", False))))
         edit.commit(NAME, {"moe_engine": out})
         model.eval()
-        out.decode = decode_path.apply(model, decode, dev, runner)
+        out.decode = decode_path.apply(model, decode, dev, runner, attention)
         out.load_seconds = time.perf_counter() - t0
         log.info("from_pretrained: ready in %.1f s; %s", out.load_seconds, runner.describe())
         return model
