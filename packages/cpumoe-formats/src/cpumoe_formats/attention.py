@@ -40,7 +40,9 @@ def _rows_last(a: np.ndarray, name: str, ndim: int) -> np.ndarray:
 
 
 class DecodeAttention(NativeHandle):
-    """Decode attention at one tier (see the module's doc)."""
+    """Decode attention at one tier (see the module's doc). Threads: shareable (the native kernel is stateless; each
+    call has its own scratch); concurrent calls each need their own `out`. Lifetime: close() (or leaving a `with`
+    block) frees it; later calls raise RuntimeError."""
 
     def __init__(self, isa: str | None = None):
         self._k = _native.Attention(_tier_cap(isa))
