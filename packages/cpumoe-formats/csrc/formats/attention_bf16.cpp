@@ -10,7 +10,7 @@
 // token with no position let through gets NaN (softmax over nothing).
 // Tiers: scalar, avx2, avx512f: the same code over GCC vectors of the tier's width (below), for the 16
 // partial sums and the D-long rows); the other tiers run the highest of these below them.
-#include "../common.h"
+#include "../rowmajor.h"  // common.h and CPUMOE_UNROLL
 
 #if defined(__GNUC__)
 // vectors pass between inline functions of this file only: the vector ABI note of tiers without AVX-512 is moot
@@ -62,15 +62,22 @@ CPUMOE_INLINE float fold(const VF (&a)[R]) {
   return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
-// dot(q[0:D], bf16 row[0:D]): 16 partial sums, folded, then the tail of D % 16 in order.
-CPUMOE_INLINE float dot(const float* q, const uint16_t* row, int32_t D) {
+// dot(q[0:D], row[0:D]) of fp32 rows: 16 partial sums, folded, then the tail of D % 16 in order.
+CPUMOE_INLINE float dot(const float* q, const float* row, int32_t D) {
   VF acc[R] = {};
   int32_t d = 0;
   for (; d + kLanes <= D; d += kLanes)
-    for (int r = 0; r < R; ++r) acc[r] += load(q + d + r * W) * widen(row + d + r * W);
+    for (int r = 0; r < R; ++r) acc[r] += load(q + d + r * W) * load(row + d + r * W);
   float s = fold(acc);
-  for (; d < D; ++d) s += q[d] * bf16_to_f32(row[d]);
+  for (; d < D; ++d) s += q[d] * row[d];
   return s;
+}
+
+// row[0:D] = the bf16 row widened
+CPUMOE_INLINE void widen_row(const uint16_t* src, int32_t D, float* row) {
+  int32_t d = 0;
+  for (; d + W <= D; d += W) store(row + d, widen(src + d));
+  for (; d < D; ++d) row[d] = bf16_to_f32(src[d]);
 }
 
 // e^x for x <= 0 (a score minus its row's max), W at a time: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
@@ -95,10 +102,32 @@ CPUMOE_INLINE VF expv(VF x) {
   return x < -87.33654475f ? VF{} : e;
 }
 
+constexpr int kBlock = 16;  // positions whose v rows are widened together (16 x D floats: 8 KB at D = 128, in L1)
+constexpr int kRegs = 8;    // accumulator vectors a head keeps in registers over a block (of 32 zmm / 16 ymm)
+
+// ai[0 : NC W] += sum over the block's positions jj of pi[jj] * vb[jj, 0 : NC W], in position order, with the NC
+// accumulator vectors in registers (NC a compile-time constant: an array indexed at run time is kept on the stack)
+template <int NC>
+CPUMOE_INLINE void pv_block(float* ai, const float* pi, const float* vb, int32_t D, int32_t nb) {
+  VF r[NC];
+  CPUMOE_UNROLL
+  for (int c = 0; c < NC; ++c) r[c] = load(ai + c * W);
+  for (int32_t jj = 0; jj < nb; ++jj) {
+    const VF p = VF{} + pi[jj];
+    const float* vj = vb + (size_t)jj * D;
+    CPUMOE_UNROLL
+    for (int c = 0; c < NC; ++c) r[c] += p * load(vj + c * W);
+  }
+  CPUMOE_UNROLL
+  for (int c = 0; c < NC; ++c) store(ai + c * W, r[c]);
+}
+
 size_t scratch_bytes(const cpumoe_attention*, int32_t group, int32_t D, int32_t L) {
-  // q and the accumulators (group x D each), the scores (group x L, padded to 16), the positions (L + 16)
+  // q and the accumulators (group x D each), a widened cache row (D), the scores (group x L, padded to 16), the
+  // positions (L + 16)
   const size_t Lp = ((size_t)L + kLanes - 1) / kLanes * kLanes;
-  return sizeof(float) * ((size_t)group * (2 * (size_t)D + Lp)) + sizeof(int32_t) * (Lp + kLanes) + 128;
+  return sizeof(float) * ((size_t)group * (2 * (size_t)D + Lp) + (size_t)D + kLanes + (size_t)kBlock * D) +
+         sizeof(int32_t) * (Lp + kLanes) + 192;
 }
 
 void heads(const cpumoe_attention*, const cpumoe_attention_args* a, int32_t g0, int32_t g1, void* scratch) {
@@ -106,8 +135,10 @@ void heads(const cpumoe_attention*, const cpumoe_attention_args* a, int32_t g0, 
   const int32_t Lp = (L + kLanes - 1) / kLanes * kLanes;
   float* qf = (float*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);  // [G, D]
   float* acc = qf + (size_t)G * D;                                     // [G, D]
-  float* s = acc + (size_t)G * D;                                      // [G, Lp]: the let-through positions' scores
-  int32_t* pos = (int32_t*)(s + (size_t)G * Lp);                       // [Lp]: those positions
+  float* row = acc + (size_t)G * D;                                    // [D + 16]: a widened cache row
+  float* s = row + (D + kLanes) / kLanes * kLanes;                     // [G, Lp]: the let-through positions' scores
+  float* vb = s + (size_t)G * Lp;                                      // [kBlock, D]: a block's widened v rows
+  int32_t* pos = (int32_t*)(vb + (size_t)kBlock * D);                  // [Lp]: those positions
   const float ninf = -std::numeric_limits<float>::infinity();
   const float qnan = std::numeric_limits<float>::quiet_NaN();
   for (int32_t t = 0; t < a->n; ++t) {
@@ -117,17 +148,12 @@ void heads(const cpumoe_attention*, const cpumoe_attention_args* a, int32_t g0, 
       if (!m || m[j]) pos[nv++] = j;
     const int32_t nvp = (nv + kLanes - 1) / kLanes * kLanes;
     for (int32_t g = g0; g < g1; ++g) {
-      for (int32_t i = 0; i < G; ++i) {
-        const uint16_t* qi = a->q + t * a->q_tok + (int64_t)(g * G + i) * a->q_head;
-        int32_t d = 0;
-        for (; d + W <= D; d += W) store(qf + i * D + d, widen(qi + d));
-        for (; d < D; ++d) qf[i * D + d] = bf16_to_f32(qi[d]);
-      }
+      for (int32_t i = 0; i < G; ++i) widen_row(a->q + t * a->q_tok + (int64_t)(g * G + i) * a->q_head, D, qf + i * D);
       const uint16_t* kh = a->k + g * a->k_head;
       const uint16_t* vh = a->v + g * a->v_head;
       for (int32_t jj = 0; jj < nv; ++jj) {
-        const uint16_t* kr = kh + pos[jj] * a->k_pos;
-        for (int32_t i = 0; i < G; ++i) s[(size_t)i * Lp + jj] = dot(qf + i * D, kr, D) * a->scale;
+        widen_row(kh + pos[jj] * a->k_pos, D, row);  // once for the group's heads
+        for (int32_t i = 0; i < G; ++i) s[(size_t)i * Lp + jj] = dot(qf + i * D, row, D) * a->scale;
       }
       for (int32_t i = 0; i < G; ++i) {
         float* si = s + (size_t)i * Lp;
@@ -150,19 +176,29 @@ void heads(const cpumoe_attention*, const cpumoe_attention_args* a, int32_t g0, 
         for (int32_t jj = 0; jj < nvp; ++jj) si[jj] *= inv;  // p, normalized once per score
         std::memset(acc + (size_t)i * D, 0, sizeof(float) * D);
       }
-      for (int32_t jj = 0; jj < nv; ++jj) {
-        const uint16_t* vr = vh + pos[jj] * a->v_pos;
-        int32_t d = 0;
-        for (; d + W <= D; d += W) {
-          const VF vv = widen(vr + d);
-          for (int32_t i = 0; i < G; ++i) {
-            float* ai = acc + (size_t)i * D + d;
-            store(ai, load(ai) + s[(size_t)i * Lp + jj] * vv);
+      // o += p v, a block of kBlock positions at a time: their v rows widened once into vb, then each head's
+      // accumulators held in registers over the block (kRegs vectors of D at a time); per element the sum still
+      // runs over the positions in order
+      for (int32_t jb = 0; jb < nv; jb += kBlock) {
+        const int32_t nb = nv - jb < kBlock ? nv - jb : kBlock;
+        for (int32_t jj = 0; jj < nb; ++jj) widen_row(vh + pos[jb + jj] * a->v_pos, D, vb + (size_t)jj * D);
+        for (int32_t i = 0; i < G; ++i) {
+          const float* pi = s + (size_t)i * Lp + jb;
+          float* ai = acc + (size_t)i * D;
+          int32_t d0 = 0;
+          for (; d0 + kRegs * W <= D; d0 += kRegs * W) pv_block<kRegs>(ai + d0, pi, vb + d0, D, nb);
+          switch ((D - d0) / W) {  // the vectors left (fewer than kRegs)
+            case 7: pv_block<7>(ai + d0, pi, vb + d0, D, nb); break;
+            case 6: pv_block<6>(ai + d0, pi, vb + d0, D, nb); break;
+            case 5: pv_block<5>(ai + d0, pi, vb + d0, D, nb); break;
+            case 4: pv_block<4>(ai + d0, pi, vb + d0, D, nb); break;
+            case 3: pv_block<3>(ai + d0, pi, vb + d0, D, nb); break;
+            case 2: pv_block<2>(ai + d0, pi, vb + d0, D, nb); break;
+            case 1: pv_block<1>(ai + d0, pi, vb + d0, D, nb); break;
+            default: break;
           }
-        }
-        for (; d < D; ++d) {
-          const float vv = bf16_to_f32(vr[d]);
-          for (int32_t i = 0; i < G; ++i) acc[(size_t)i * D + d] += s[(size_t)i * Lp + jj] * vv;
+          for (int32_t d = D / W * W; d < D; ++d)
+            for (int32_t jj = 0; jj < nb; ++jj) ai[d] += pi[jj] * vb[(size_t)jj * D + d];
         }
       }
       for (int32_t i = 0; i < G; ++i) {

@@ -1,6 +1,7 @@
 """Decode attention, one layer at Qwen3-30B-A3B's heads (32 query heads, 4 kv heads of 128), one query token: ours
-(moe_engine.attention, cpumoe_formats' kernel on the calling thread) against transformers' sdpa (torch's CPU
-scaled_dot_product_attention) on the same tensors, interleaved, median and spread over repeats. Cases: a static
+(moe_engine.attention on a CpuMoeExecutor's threads, as from_pretrained's gemv path runs it) against transformers'
+sdpa (torch's CPU scaled_dot_product_attention, on torch's threads) on the same tensors, interleaved, median and
+spread over repeats. Cases: a static
 cache of L positions with `filled` of them written (generate()'s static cache is its maximum length; bench's is the
 test's). Also the read floor: the filled positions' keys and values at the read ceiling given (--ceiling GB/s).
 
@@ -22,7 +23,7 @@ def _time(fn, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def run_case(L: int, filled: int, repeats: int, steps: int, seed: int = 0) -> dict:
+def run_case(L: int, filled: int, repeats: int, steps: int, executor=None, seed: int = 0) -> dict:
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -37,6 +38,7 @@ def run_case(L: int, filled: int, repeats: int, steps: int, seed: int = 0) -> di
     mask[..., :filled] = True
     mod = torch.nn.Module()
     mod.num_key_value_groups, mod.is_causal = Hq // Hkv, True
+    mod._moe_engine_executor = executor
     sides = {"ours": lambda: attention.decode_attention(mod, q, k, v, mask, scaling=D ** -0.5),
              "sdpa": lambda: sdpa_attention_forward(mod, q, k, v, mask, scaling=D ** -0.5)}
     a, b = sides["ours"]()[0].float(), sides["sdpa"]()[0].float()
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m moe_engine.tools.bench_attention",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("-t", "--threads", type=int, default=2, help="torch's threads (sdpa's; ours runs on one)")
+    ap.add_argument("-t", "--threads", type=int, default=2, help="threads: torch's (sdpa) and the executor's (ours)")
     ap.add_argument("--cases", default="34:34,512:512,4096:40,4096:4096", help="L:filled,... (default %(default)s)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--steps", type=int, default=50, help="calls per timed repeat")
@@ -66,16 +68,22 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    from .. import attention
+    import numpy as np
 
+    import cpumoe_executor as ce
+    import cpumoe_formats as cf
+
+    # an executor of two tiny bf16 experts: only its threads and its attention are used
+    ex = ce.CpuMoeExecutor("bf16", [cf.get_format("bf16").random_banks(2, 64, 32, np.random.default_rng(0))],
+                           top_k=2, threads=a.threads, team="openmp")
     rows = []
-    print(f"decode attention, 32 q / 4 kv heads of 128, one token; ours: {attention._native().name} on one thread, "
-          f"sdpa on {a.threads}")
+    print(f"decode attention, 32 q / 4 kv heads of 128, one token; ours: {ex.attention_isa} on the executor's "
+          f"{a.threads} threads, sdpa on torch's {a.threads}")
     print("| L | filled | ours us | sdpa us | sdpa / ours | read floor us |")
     print("|---:|---:|---:|---:|---:|---:|")
     for c in a.cases.split(","):
         L, filled = (int(x) for x in c.split(":"))
-        r = run_case(L, filled, a.repeats, a.steps)
+        r = run_case(L, filled, a.repeats, a.steps, ex)
         floor = r["kv_bytes"] / (a.ceiling * 1e3) if a.ceiling else None
         r["read_floor_us"] = floor
         rows.append(r)
@@ -83,8 +91,9 @@ def main(argv=None) -> int:
               f"{'-' if floor is None else f'{floor:.1f}'} |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"threads": a.threads, "tier": attention._native().name, "torch": torch.__version__,
+            json.dump({"threads": a.threads, "tier": ex.attention_isa, "torch": torch.__version__,
                        "cases": rows}, f, indent=1)
+    ex.close()
     return 0
 
 
