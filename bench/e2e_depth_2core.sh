@@ -7,7 +7,8 @@
 #   bench/e2e_depth_2core.sh [F.gguf]    # default /tmp/qwen3moe-q4_0.gguf (bench/e2e_2core.sh writes it); ~20 min
 #
 # env: OUT (/tmp/e2e_depth_2core: the raw files), JSON (docs/results/end_to_end_depth_2core.json), THREADS (2),
-#      DEPTHS (0,512,2048), N (32 decoded tokens), ROUNDS (3), BIN (.ggml/llama-cpu/bin), PYTHON (python3).
+#      DEPTHS (0,512,2048), N (32 decoded tokens), ROUNDS (3), BIN (.ggml/llama-cpu/bin), PYTHON (python3: one with
+#      torch and transformers), LLAMA (1; 0 = keep OUT's llama-bench.json from an earlier run).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -28,9 +29,12 @@ say() { echo "[e2e-depth $(date +%T)] $*" >&2; }
 { echo "date $(date -u +%FT%TZ)"; echo "loadavg $(cut -d' ' -f1-3 /proc/loadavg)"; uname -a
   grep -m1 'model name' /proc/cpuinfo; echo "nproc $(nproc)"; free -b | head -2; } > "$OUT/env.txt"
 
-say "llama-bench -t $THREADS -p 0 -n $N -d $DEPTHS -r $ROUNDS"
-BIN=$BIN OUT=$OUT NAME=llama-bench LOAD_CHECK=0 bench/llamacpp/run_llama_bench.sh "$F" -t "$THREADS" -p 0 -n "$N" \
-    -d "$DEPTHS" -r "$ROUNDS"
+$PY -c "import torch, transformers" || { echo "$PY lacks torch or transformers: set PYTHON=" >&2; exit 1; }
+if [[ ${LLAMA:-1} == 1 ]]; then
+    say "llama-bench -t $THREADS -p 0 -n $N -d $DEPTHS -r $ROUNDS"
+    BIN=$BIN OUT=$OUT NAME=llama-bench LOAD_CHECK=0 bench/llamacpp/run_llama_bench.sh "$F" -t "$THREADS" -p 0 -n "$N" \
+        -d "$DEPTHS" -r "$ROUNDS"
+fi
 for att in auto sdpa; do
     say "moe-engine bench --attention $att"
     $PY -m moe_engine.tools.cli bench "$F" -t "$THREADS" -p 0 -n "$N" -d "$DEPTHS" -r "$ROUNDS" --json --quiet \
