@@ -237,13 +237,9 @@ PYBIND11_MODULE(_native, m) {
            [](PyExecutor& s, int n, int group, int D, int L, int Hkv, uint64_t q, int64_t q_tok, int64_t q_head,
               uint64_t k, int64_t k_head, int64_t k_pos, uint64_t v, int64_t v_head, int64_t v_pos, uint64_t mask,
               int64_t mask_tok, float scale, uint64_t o, int64_t o_tok, int64_t o_head) {
-             cpumoe_attention_args a{};
-             a.n = n, a.group = group, a.D = D, a.L = L;
-             a.q = (const uint16_t*)(uintptr_t)q, a.q_tok = q_tok, a.q_head = q_head;
-             a.k = (const uint16_t*)(uintptr_t)k, a.k_head = k_head, a.k_pos = k_pos;
-             a.v = (const uint16_t*)(uintptr_t)v, a.v_head = v_head, a.v_pos = v_pos;
-             a.mask = (const uint8_t*)(uintptr_t)mask, a.mask_tok = mask_tok, a.scale = scale;
-             a.o = (uint16_t*)(uintptr_t)o, a.o_tok = o_tok, a.o_head = o_head;
+             const cpumoe_attention_args a = cpumoe_attention_args_of(
+                 n, group, D, L, q, q_tok, q_head, k, k_head, k_pos, v, v_head, v_pos, mask, mask_tok, scale, o, o_tok,
+                 o_head);
              without_gil([&] { s.ex->attention(a, Hkv); });
            },
            py::arg("n"), py::arg("group"), py::arg("D"), py::arg("L"), py::arg("Hkv"), py::arg("q"), py::arg("q_tok"),

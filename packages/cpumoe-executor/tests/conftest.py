@@ -77,6 +77,30 @@ def bits(a):
     return np.asarray(a).view(np.uint16)
 
 
+def run_concurrently(ex, check, n: int, reps: int = 20) -> None:
+    """n threads each calling check(i) reps times on `ex` (closed after them); the first error any raised is re-raised
+    here."""
+    import threading
+
+    errors = []
+
+    def run(i):
+        try:
+            for _ in range(reps):
+                check(i)
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    with ex:
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    if errors:
+        raise errors[0]
+
+
 def executor_kwargs(fmt, **kw):
     """CpuMoeExecutor kwargs for `fmt`'s tests: its activation, top_k 4, max_tokens 8 and 2 workers unless kw
     says otherwise."""

@@ -5,11 +5,9 @@ only on its token and head, so every team size and kind gives the single-threade
 Also: concurrent callers, bad sizes, a closed executor."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
-from conftest import bits, executor_for, workers
+from conftest import bits, executor_for, run_concurrently, workers
 
 import cpumoe_formats as cf
 from cpumoe_formats.attention import KERNEL_TIERS, expected_tier
@@ -60,22 +58,11 @@ def test_concurrent_callers_each_get_their_own_result(rng):
     kernel = cf.DecodeAttention()
     jobs = [_problem(rng, 1 + i % 3, 8, 2, 32, 20 + 9 * i) for i in range(6)]
     want = [kernel.forward(*j, 0.1) for j in jobs]
-    errors = []
 
-    def run(i):
-        try:
-            for _ in range(20):
-                assert np.array_equal(bits(_run(ex, *jobs[i])), bits(want[i]))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+    def check(i):
+        assert np.array_equal(bits(_run(ex, *jobs[i])), bits(want[i]))
 
-    with ex:
-        ts = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    assert not errors, errors[0]
+    run_concurrently(ex, check, len(jobs))
 
 
 def test_bad_sizes_and_a_closed_executor(rng):

@@ -6,11 +6,9 @@ float64. Also: torch tensors in place ([..., K]), numpy, float32 out, concurrent
 executor."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
-from conftest import bits, executor_for, two_real_nodes, workers
+from conftest import bits, executor_for, run_concurrently, two_real_nodes, workers
 
 import cpumoe_executor as ce
 import cpumoe_formats as cf
@@ -96,22 +94,11 @@ def test_concurrent_callers_each_get_their_own_result(rng):
     kernel = cf.Linear()
     jobs = [_data(rng, 1 + i % 3, 200 + 7 * i, 96 + i) for i in range(6)]
     want = [kernel.forward(*j) for j in jobs]
-    errors = []
 
-    def run(i):
-        try:
-            for _ in range(20):
-                assert np.array_equal(bits(ex.linear(*jobs[i])), bits(want[i]))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+    def check(i):
+        assert np.array_equal(bits(ex.linear(*jobs[i])), bits(want[i]))
 
-    with ex:
-        ts = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    assert not errors, errors[0]
+    run_concurrently(ex, check, len(jobs))
 
 
 def test_bad_input_and_a_closed_executor(rng):

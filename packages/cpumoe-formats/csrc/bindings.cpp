@@ -287,13 +287,8 @@ class Attention {
     const Claim claim{span(o, end(n, o_tok, H, o_head), true), span(q, end(n, q_tok, H, q_head), false),
                       span(k, end(Hkv, k_head, L, k_pos), false), span(v, end(Hkv, v_head, L, v_pos), false),
                       span(mask, mask ? (size_t)((n - 1) * mask_tok + L) : 0, false)};
-    cpumoe_attention_args a{};
-    a.n = n, a.group = group, a.D = D, a.L = L;
-    a.q = (const uint16_t*)(uintptr_t)q, a.q_tok = q_tok, a.q_head = q_head;
-    a.k = (const uint16_t*)(uintptr_t)k, a.k_head = k_head, a.k_pos = k_pos;
-    a.v = (const uint16_t*)(uintptr_t)v, a.v_head = v_head, a.v_pos = v_pos;
-    a.mask = (const uint8_t*)(uintptr_t)mask, a.mask_tok = mask_tok, a.scale = scale;
-    a.o = (uint16_t*)(uintptr_t)o, a.o_tok = o_tok, a.o_head = o_head;
+    const cpumoe_attention_args a = cpumoe_attention_args_of(n, group, D, L, q, q_tok, q_head, k, k_head, k_pos, v, v_head,
+                                                              v_pos, mask, mask_tok, scale, o, o_tok, o_head);
     NoGil nogil;
     const cpumoe_attention* kk = s->k;
     // the thread's own scratch, kept between calls: at a 4096-long cache it is ~140 KB, which malloc would map and

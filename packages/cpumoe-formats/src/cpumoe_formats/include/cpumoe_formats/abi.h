@@ -207,6 +207,21 @@ typedef struct cpumoe_attention_args {
   uint16_t *o;                            /* o[t, h, d] at o + t * o_tok + h * o_head + d */
   int64_t o_tok, o_head;
 } cpumoe_attention_args;
+/* The args from addresses (as integers: what Python bindings pass) and element strides; mask 0 = none. */
+static inline cpumoe_attention_args cpumoe_attention_args_of(
+    int32_t n, int32_t group, int32_t D, int32_t L, uint64_t q, int64_t q_tok, int64_t q_head, uint64_t k,
+    int64_t k_head, int64_t k_pos, uint64_t v, int64_t v_head, int64_t v_pos, uint64_t mask, int64_t mask_tok,
+    float scale, uint64_t o, int64_t o_tok, int64_t o_head) {
+  cpumoe_attention_args a;
+  memset(&a, 0, sizeof a);
+  a.n = n, a.group = group, a.D = D, a.L = L;
+  a.q = (const uint16_t *)(uintptr_t)q, a.q_tok = q_tok, a.q_head = q_head;
+  a.k = (const uint16_t *)(uintptr_t)k, a.k_head = k_head, a.k_pos = k_pos;
+  a.v = (const uint16_t *)(uintptr_t)v, a.v_head = v_head, a.v_pos = v_pos;
+  a.mask = (const uint8_t *)(uintptr_t)mask, a.mask_tok = mask_tok, a.scale = scale;
+  a.o = (uint16_t *)(uintptr_t)o, a.o_tok = o_tok, a.o_head = o_head;
+  return a;
+}
 typedef struct cpumoe_attention cpumoe_attention;
 /* Scratch bytes heads() needs for these sizes (each concurrent call its own). */
 typedef size_t (*cpumoe_attention_scratch_fn)(const cpumoe_attention *k, int32_t group, int32_t D, int32_t L);
