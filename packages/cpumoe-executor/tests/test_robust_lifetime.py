@@ -35,10 +35,19 @@ RAISE = {
     "set_team_unit": lambda ex, s: ex.set_team_unit(0),
     "numa_report": lambda ex, s: ex.numa_report(),
     "linear": lambda ex, s: ex.linear(np.zeros((1, 8), cf.numerics.BF16), np.zeros((4, 8), cf.numerics.BF16)),
+    "attention_raw": lambda ex, s: _attention_raw(ex),
 }
 FINE = {"close", "stop_coordinator", "closed", "isa", "threads", "numa",  # teardown stays idempotent; descriptions stay
         "spec", "given_format", "layer_formats", "given_layer_formats", "mixed", "layer_spec", "kernel_isas",
-        "linear_isa"}
+        "linear_isa", "attention_isa"}
+
+
+def _attention_raw(ex):
+    """One token, one head of 8 over one position, on arrays of its own (the call checks sizes, then closed)."""
+    a = np.zeros(8, cf.numerics.BF16)
+    o = np.zeros(8, cf.numerics.BF16)
+    ex.attention_raw(1, 1, 8, 1, 1, a.ctypes.data, 8, 8, a.ctypes.data, 8, 8, a.ctypes.data, 8, 8, 0, 0, 0.5,
+                     o.ctypes.data, 8, 8)
 
 
 def router_tensors(s):
