@@ -1,8 +1,9 @@
 """Decode attention (C ABI 1.11, `cpumoe_attention`): softmax(scale * q k^T, masked) v for a few query tokens over a
 bf16 key/value cache, with grouped-query heads (each kv head's `group` query heads read its cache rows once). Only
 the positions the mask lets through are read, so a static cache of 4096 positions holding 40 tokens costs 40.
-It is what a model's attention runs at decode on the CPU (moe_engine's decode path `gemv`); torch's CPU
-scaled_dot_product_attention takes ~0.5 ms a layer for one token over 34 positions on the Zen 4 VM (docs/end-to-end.md).
+It is what a model's attention runs at decode on the CPU (moe_engine's decode paths); one layer of Qwen3-30B-A3B on
+the 2-core Zen 4 VM: 21 us against torch's sdpa's 37 at 34 positions, 35 against 1037 on a 4096-position static
+cache holding 40 (docs/attention.md).
 
     att = DecodeAttention()                            # or DecodeAttention(isa="avx2")
     o = att.forward(q, k, v, mask=None, scale=None)    # q [n, Hq, D], k and v [Hkv, L, D] bf16 -> o [n, Hq, D] bf16

@@ -102,17 +102,16 @@ def run_generate(a) -> int:
 def _pp(model, p: int, vocab: int, dev, depth: int = 0) -> float:
     """p prompt tokens in one forward, timed; after `depth` tokens already in the cache (untimed), as llama-bench's
     `-d`."""
-    import inspect
-
     import torch
+
+    from ..integrations.transformers.graph_loop import cache_kwarg
 
     ids = torch.randint(0, vocab, (1, p), device=dev)
     with torch.no_grad():
         kw = {}
         if depth:
-            # transformers >= 5.2x names the cache argument `cache` (past_key_values is deprecated there)
-            name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-            kw[name] = model(torch.randint(0, vocab, (1, depth), device=dev), use_cache=True).past_key_values
+            ctx = torch.randint(0, vocab, (1, depth), device=dev)
+            kw[cache_kwarg(model)] = model(ctx, use_cache=True).past_key_values
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t = time.perf_counter()

@@ -41,6 +41,12 @@ def _drop_compile_workers() -> None:
     shutdown_compile_workers()
 
 
+def cache_kwarg(model) -> str:
+    """The name of the cache argument of model.forward: transformers >= 5.2x names it `cache` (past_key_values is
+    deprecated there), 5.17 does not."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class GraphLoop:
     def __init__(self, model, max_len: int = 4096, *, capture: bool | None = None, compile: bool | None = None):
         import torch
@@ -67,8 +73,7 @@ class GraphLoop:
             self._forward = torch.compile(model.__call__, **COMPILE)
         # a replay runs no Python of the runner's: its end of step (hot placement's counts and moves) is called here
         self._end_step = off.runner.end_step if off is not None else (lambda: 0)
-        # transformers >= 5.2x names the cache argument `cache` (past_key_values is deprecated there), 5.17 does not
-        self._kv = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._kv = cache_kwarg(model)
         self.cache = self.graph = None
         long = dict(dtype=torch.long, device=self.device)
         self.cur = torch.zeros((1, 1), **long)  # the token the step reads
