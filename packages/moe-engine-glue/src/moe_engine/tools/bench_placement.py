@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -132,6 +133,7 @@ def bench_hot(a, fmt, T, banks, s) -> list[dict]:
                 us, hit = d.timed(a.steps)
                 row[name] = {"layer_us": us, "hit_rate": hit}
         rows.append(row)
+        getattr(a, "emit", lambda _: None)(row)  # main() saves each row as it comes
         _say(f"hot {fmt} T={T} {res:.0%}: hot {row['hot']['layer_us']:.0f} us hit {row['hot']['hit_rate']:.3f}; "
              f"random {row['random']['layer_us']:.0f} us hit {row['random']['hit_rate']:.3f}")
     return rows
@@ -188,9 +190,21 @@ def bench_auto(a, fmt, T, banks, s, profile) -> list[dict]:
                "auto": {"mode": c.mode, "q": q_auto, "reason": c.reason}, "best_q": best,
                "auto_over_best": t[q_auto][0] / t[best][0]}
         rows.append(row)
+        getattr(a, "emit", lambda _: None)(row)  # main() saves each row as it comes
         _say(f"auto {fmt} T={T} {res:.0%}: auto q={q_auto:.2f} {t[q_auto][0]:.0f} us, best q={best} "
              f"{t[best][0]:.0f} us ({100 * (row['auto_over_best'] - 1):+.1f}%)")
     return rows
+
+
+def _machine() -> dict:
+    import torch
+
+    from cpumoe_formats.machine import machine_info
+
+    m = machine_info(None)
+    if torch.cuda.is_available():
+        m["gpu"] = torch.cuda.get_device_name(0)
+    return m
 
 
 def banks_bpe(fmt, s) -> int:
@@ -253,6 +267,16 @@ def main(argv=None) -> int:
         a.layers = min(a.layers, 2)
     s = _shape(a)
     out = {"what": a.what, "shape": s.name, "layers": a.layers, "trace": CALIBRATED, "rows": []}
+    out["machine"] = _machine()
+
+    def emit(row):  # the JSON is rewritten after every row, so a run cut off by its time limit keeps what it measured
+        out["rows"].append(row)
+        if a.json:
+            with open(a.json + ".tmp", "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(a.json + ".tmp", a.json)
+
+    a.emit = emit
     for fmt in a.formats.split(","):
         if a.what == "auto":
             import torch
@@ -266,23 +290,13 @@ def main(argv=None) -> int:
         banks = random_layers(fmt, s.E, s.H, s.I, a.layers, progress=False)
         for T in (int(b) for b in a.batch.split(",")):
             if a.what == "hot":
-                out["rows"] += bench_hot(a, fmt, T, banks, s)
+                bench_hot(a, fmt, T, banks, s)
             elif a.what == "split":
-                out["rows"].append(bench_split(a, fmt, T, banks, s))
+                emit(bench_split(a, fmt, T, banks, s))
             elif a.what == "auto":
-                out["rows"] += bench_auto(a, fmt, T, banks, s, profile)
+                bench_auto(a, fmt, T, banks, s, profile)
             else:
-                out["rows"].append(bench_replay(a, fmt, T, banks, s))
-    from cpumoe_formats.machine import machine_info
-
-    out["machine"] = machine_info(None)
-    import torch
-
-    if torch.cuda.is_available():
-        out["machine"]["gpu"] = torch.cuda.get_device_name(0)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+                emit(bench_replay(a, fmt, T, banks, s))
     return 0
 
 
