@@ -43,9 +43,17 @@ void Executor::attention(const cpumoe_attention_args& a, int32_t Hkv) {
   AttentionJob& J = att_job_;
   Pool& pool = *groups_[0]->pool;
   J.k = k, J.a = a, J.Hkv = Hkv, J.nitems = a.n * Hkv;
-  // team: as a step's, 1 + bytes / unit threads, where bytes are the cache rows a token's heads read at most
+  // team: as a step's, 1 + bytes / unit threads, where bytes are the cache rows the tokens' heads read: the
+  // positions the mask lets through (a static cache of 4096 holding 40 is 40 rows a head, not 4096), every one
+  // without a mask. Counting them reads n * L mask bytes, ~4 KB for one token on a 4096 cache.
   const int64_t unit = team_unit_.load(std::memory_order_relaxed);
-  const int64_t bytes = (int64_t)a.n * Hkv * a.L * a.D * 4;
+  int64_t rows = (int64_t)a.n * a.L;
+  if (a.mask) {
+    rows = 0;
+    for (int32_t t = 0; t < a.n; t++)
+      for (int64_t j = 0; j < a.L; j++) rows += a.mask[t * a.mask_tok + j] != 0;
+  }
+  const int64_t bytes = rows * Hkv * a.D * 4;
   int team = std::min(pool.size(), J.nitems);
   if (unit > 0) team = (int)std::min<int64_t>(team, 1 + bytes / unit);
   J.sstride = (k->scratch_bytes(k, a.group, a.D, a.L) + 63) / 64 * 64;

@@ -336,6 +336,10 @@ PYBIND11_MODULE(_native, m) {
     }
     return out;
   });
+  m.def("read_sum", [](uint64_t p, size_t n) {  // the read loop's checksum: tests check it reads each block once
+    NoGil nogil;
+    return read_sum((const void*)(uintptr_t)p, n);
+  });
   m.def("read_bandwidth", [](uint64_t p, size_t n, int reps) {
     NoGil nogil;
     return read_bandwidth_gbps((const void*)(uintptr_t)p, n, reps);
