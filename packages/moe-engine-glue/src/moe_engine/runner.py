@@ -30,6 +30,16 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def threads_beside_gpu() -> int:
+    """The CPU executor's default worker count beside a GPU: the cores it would take, less one, which stays free for
+    the thread driving the GPU (launches, replays, their waits); that thread otherwise shares a pinned worker's core:
+    H200 host, demo hybrid bf16 batch 1, 570 us/layer with 15 workers, 2472 with 16 (docs/moe-engine.md). The
+    runner and `moe-engine bench --profile` both take it, so the profile measures the executor as the runner runs it."""
+    from cpumoe_executor import resolve_cores
+
+    return max(1, len(resolve_cores()[0]) - 1)
+
+
 class MoERunner:
     """Routed experts of every MoE layer of one model.
 
@@ -170,13 +180,10 @@ class MoERunner:
         act_kw = dict(activation=self.act.name, alpha=alpha, limit=limit)
         try:
             if self.strategy in ("cpu", "hybrid"):
-                from cpumoe_executor import CpuMoeExecutor, resolve_cores
+                from cpumoe_executor import CpuMoeExecutor
 
                 if threads is None and self.device.type == "cuda":
-                    # one physical core stays free for the thread driving the GPU (launches, replays, its waits),
-                    # which otherwise shares a pinned worker's core: H200 host, demo hybrid bf16 batch 1, 570 us/layer
-                    # with 15 workers, 2472 with 16 (docs/moe-engine.md)
-                    threads = max(1, len(resolve_cores()[0]) - 1)
+                    threads = threads_beside_gpu()
                 if spin_us is None:
                     # with the activations on the CPU, torch runs attention on the workers' cores right after each
                     # step: workers that spin 2 ms for the next one starve it (2-core VM, small qwen3moe, attention
