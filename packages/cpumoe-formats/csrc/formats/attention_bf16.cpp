@@ -62,15 +62,26 @@ CPUMOE_INLINE float fold(const VF (&a)[R]) {
   return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
-// dot(q[0:D], row[0:D]) of fp32 rows: 16 partial sums, folded, then the tail of D % 16 in order.
-CPUMOE_INLINE float dot(const float* q, const float* row, int32_t D) {
-  VF acc[R] = {};
+// out[h * os] = scale * dot(q[h, 0:D], row[0:D]) for NH heads of fp32 rows (q's rows D apart): per head 16 partial
+// sums, folded, then the tail of D % 16 in order; the heads' sums interleaved, so NH independent chains hide the
+// FMA latency one head's chain waits on (the bits are one head's alone: the same order for each).
+template <int NH>
+CPUMOE_INLINE void dots(const float* q, const float* row, int32_t D, float scale, float* out, size_t os) {
+  VF acc[NH][R] = {};
   int32_t d = 0;
-  for (; d + kLanes <= D; d += kLanes)
-    for (int r = 0; r < R; ++r) acc[r] += load(q + d + r * W) * load(row + d + r * W);
-  float s = fold(acc);
-  for (; d < D; ++d) s += q[d] * row[d];
-  return s;
+  for (; d + kLanes <= D; d += kLanes) {
+    VF rv[R];
+    for (int r = 0; r < R; ++r) rv[r] = load(row + d + r * W);
+    CPUMOE_UNROLL
+    for (int h = 0; h < NH; ++h)
+      for (int r = 0; r < R; ++r) acc[h][r] += load(q + (size_t)h * D + d + r * W) * rv[r];
+  }
+  CPUMOE_UNROLL
+  for (int h = 0; h < NH; ++h) {
+    float s = fold(acc[h]);
+    for (int32_t e = d; e < D; ++e) s += q[(size_t)h * D + e] * row[e];
+    out[h * os] = s * scale;
+  }
 }
 
 // row[0:D] = the bf16 row widened
@@ -102,6 +113,9 @@ CPUMOE_INLINE VF expv(VF x) {
   return x < -87.33654475f ? VF{} : e;
 }
 
+// query heads whose scores a cache row's dots compute together, their chains in flight at once: 8 of one zmm at
+// avx512f (9 of 32 registers), 4 of two ymm at avx2 (10 of 16)
+constexpr int kHeads = R == 1 ? 8 : 4;
 constexpr int kBlock = 16;  // positions whose v rows are widened together (16 x D floats: 8 KB at D = 128, in L1)
 constexpr int kRegs = 8;    // accumulator vectors a head keeps in registers over a block (of 32 zmm / 16 ymm)
 
@@ -153,7 +167,18 @@ void heads(const cpumoe_attention*, const cpumoe_attention_args* a, int32_t g0, 
       const uint16_t* vh = a->v + g * a->v_head;
       for (int32_t jj = 0; jj < nv; ++jj) {
         widen_row(kh + pos[jj] * a->k_pos, D, row);  // once for the group's heads
-        for (int32_t i = 0; i < G; ++i) s[(size_t)i * Lp + jj] = dot(qf + i * D, row, D) * a->scale;
+        int32_t i = 0;
+        for (; i + kHeads <= G; i += kHeads) dots<kHeads>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp);
+        switch (G - i) {  // the heads left (fewer than kHeads)
+          case 7: dots<7>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
+          case 6: dots<6>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
+          case 5: dots<5>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
+          case 4: dots<4>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
+          case 3: dots<3>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
+          case 2: dots<2>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
+          case 1: dots<1>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
+          default: break;
+        }
       }
       for (int32_t i = 0; i < G; ++i) {
         float* si = s + (size_t)i * Lp;
