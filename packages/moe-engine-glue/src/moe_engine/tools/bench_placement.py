@@ -269,12 +269,15 @@ def main(argv=None) -> int:
     out = {"what": a.what, "shape": s.name, "layers": a.layers, "trace": CALIBRATED, "rows": []}
     out["machine"] = _machine()
 
-    def emit(row):  # the JSON is rewritten after every row, so a run cut off by its time limit keeps what it measured
-        out["rows"].append(row)
+    def save():
         if a.json:
             with open(a.json + ".tmp", "w") as f:
                 json.dump(out, f, indent=1)
             os.replace(a.json + ".tmp", a.json)
+
+    def emit(row):  # the JSON is rewritten after every row, so a run cut off by its time limit keeps what it measured
+        out["rows"].append(row)
+        save()
 
     a.emit = emit
     for fmt in a.formats.split(","):
@@ -297,6 +300,7 @@ def main(argv=None) -> int:
                 bench_auto(a, fmt, T, banks, s, profile)
             else:
                 emit(bench_replay(a, fmt, T, banks, s))
+    save()
     return 0
 
 
