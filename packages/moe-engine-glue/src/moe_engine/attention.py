@@ -7,8 +7,8 @@ An attention module bound to a CpuMoeExecutor (`bind`; from_pretrained's gemv pa
 runs the kernel on the executor's threads, its tokens x kv heads as work items; otherwise on the calling thread.
 
 Why: torch's CPU scaled_dot_product_attention reads a static cache's whole length, filled or not. One layer of
-Qwen3-30B-A3B on the 2-core Zen 4 VM: 35 against sdpa's 1037 us on a 4096-position cache holding 40, 21 against 37
-at 34 positions; the full-size model decodes 1.29x llama.cpp at depth 2048 (docs/attention.md).
+Qwen3-30B-A3B on the 2-core Zen 4 VM: 27 against sdpa's 834 us on a 4096-position cache holding 40, 26 against 68
+at 34 positions; the full-size model decodes 1.29-1.38x llama.cpp at depth 2048 (docs/attention.md).
 
     from moe_engine.attention import register
     register()                                   # once; idempotent

@@ -25,7 +25,7 @@ which one runs, chosen once at load (`decode=`), with one log line naming it and
   attention  on the CPU paths (packed, static, gemv) a model on transformers' sdpa attention gets moe_engine.attention's
            instead (registered as "moe_engine"): a few query tokens run cpumoe_formats' decode attention, which reads
            only the cache positions the mask lets through; prompts and everything else stay on sdpa. One layer on
-           the 2-core Zen 4 VM: 21 against sdpa's 37 us at 34 positions, 35 against 1037 us on a 4096-position static
+           the 2-core Zen 4 VM: 26 against sdpa's 68 us at 34 positions, 27 against 834 us on a 4096-position static
            cache holding 40 (docs/attention.md). attention="sdpa" keeps transformers' own.
   auto     gemv where the runner has a CPU executor (strategy cpu on the CPU); else static on a CPU whose oneDNN runs
            bf16 (probed: one packed product checked against aten's); eager where the non-expert weights are on a
