@@ -169,16 +169,7 @@ void heads(const cpumoe_attention*, const cpumoe_attention_args* a, int32_t g0, 
         widen_row(kh + pos[jj] * a->k_pos, D, row);  // once for the group's heads
         int32_t i = 0;
         for (; i + kHeads <= G; i += kHeads) dots<kHeads>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp);
-        switch (G - i) {  // the heads left (fewer than kHeads)
-          case 7: dots<7>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
-          case 6: dots<6>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
-          case 5: dots<5>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
-          case 4: dots<4>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
-          case 3: dots<3>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
-          case 2: dots<2>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
-          case 1: dots<1>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp); break;
-          default: break;
-        }
+        for (; i < G; ++i) dots<1>(qf + i * D, row, D, a->scale, s + (size_t)i * Lp + jj, Lp);  // the heads left
       }
       for (int32_t i = 0; i < G; ++i) {
         float* si = s + (size_t)i * Lp;

@@ -2,7 +2,7 @@
 bf16 key/value cache, with grouped-query heads (each kv head's `group` query heads read its cache rows once). Only
 the positions the mask lets through are read, so a static cache of 4096 positions holding 40 tokens costs 40.
 It is what a model's attention runs at decode on the CPU (moe_engine's decode paths); one layer of Qwen3-30B-A3B on
-the 2-core Zen 4 VM: 21 us against torch's sdpa's 37 at 34 positions, 35 against 1037 on a 4096-position static
+the 2-core Zen 4 VM: 26 us against torch's sdpa's 68 at 34 positions, 27 against 834 on a 4096-position static
 cache holding 40 (docs/attention.md).
 
     att = DecodeAttention()                            # or DecodeAttention(isa="avx2")

@@ -118,7 +118,7 @@ def _stats(v) -> dict:
     return {"median": statistics.median(v), "min": min(v), "max": max(v), "samples": list(v)}
 
 
-def bench_hot(a, fmt, T, banks, s) -> list[dict]:
+def bench_hot(a, fmt, T, banks, s, emit=lambda row: None) -> list[dict]:
     rows = []
     pool = _pool(s, a.layers, T, a.warmup + a.steps, seed=1)
     for res in (r for r in a.residencies if r > 0):  # no slot at 0%: nothing to place
@@ -133,7 +133,7 @@ def bench_hot(a, fmt, T, banks, s) -> list[dict]:
                 us, hit = d.timed(a.steps)
                 row[name] = {"layer_us": us, "hit_rate": hit}
         rows.append(row)
-        getattr(a, "emit", lambda _: None)(row)  # main() saves each row as it comes
+        emit(row)  # main() saves each row as it comes
         _say(f"hot {fmt} T={T} {res:.0%}: hot {row['hot']['layer_us']:.0f} us hit {row['hot']['hit_rate']:.3f}; "
              f"random {row['random']['layer_us']:.0f} us hit {row['random']['hit_rate']:.3f}")
     return rows
@@ -170,7 +170,7 @@ def bench_split(a, fmt, T, banks, s) -> dict:
     return row
 
 
-def bench_auto(a, fmt, T, banks, s, profile) -> list[dict]:
+def bench_auto(a, fmt, T, banks, s, profile, emit=lambda row: None) -> list[dict]:
     from ..placement.choose import choose
 
     rows = []
@@ -190,7 +190,7 @@ def bench_auto(a, fmt, T, banks, s, profile) -> list[dict]:
                "auto": {"mode": c.mode, "q": q_auto, "reason": c.reason}, "best_q": best,
                "auto_over_best": t[q_auto][0] / t[best][0]}
         rows.append(row)
-        getattr(a, "emit", lambda _: None)(row)  # main() saves each row as it comes
+        emit(row)  # main() saves each row as it comes
         _say(f"auto {fmt} T={T} {res:.0%}: auto q={q_auto:.2f} {t[q_auto][0]:.0f} us, best q={best} "
              f"{t[best][0]:.0f} us ({100 * (row['auto_over_best'] - 1):+.1f}%)")
     return rows
@@ -279,7 +279,6 @@ def main(argv=None) -> int:
         out["rows"].append(row)
         save()
 
-    a.emit = emit
     for fmt in a.formats.split(","):
         if a.what == "auto":
             import torch
@@ -293,11 +292,11 @@ def main(argv=None) -> int:
         banks = random_layers(fmt, s.E, s.H, s.I, a.layers, progress=False)
         for T in (int(b) for b in a.batch.split(",")):
             if a.what == "hot":
-                bench_hot(a, fmt, T, banks, s)
+                bench_hot(a, fmt, T, banks, s, emit)
             elif a.what == "split":
                 emit(bench_split(a, fmt, T, banks, s))
             elif a.what == "auto":
-                bench_auto(a, fmt, T, banks, s, profile)
+                bench_auto(a, fmt, T, banks, s, profile, emit)
             else:
                 emit(bench_replay(a, fmt, T, banks, s))
     save()
