@@ -276,6 +276,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("served", [](PyExecutor& s) { return s.ex->served(); })
       .def_property_readonly("service_ns", [](PyExecutor& s) { return s.ex->service_ns(); })
       .def_property_readonly("pool_runs", [](PyExecutor& s) { return s.ex->pool_runs(); })
+      .def_property_readonly("work_ns", [](PyExecutor& s) { return s.ex->work_ns(); })
+      .def_property_readonly("work_experts", [](PyExecutor& s) { return s.ex->work_experts(); })
       .def_property_readonly("busy_ns", [](PyExecutor& s) { return s.ex->busy_ns(); })
       .def("set_trace", [](PyExecutor& s, bool on) { without_gil([&] { s.ex->set_trace(on); }); })
       .def("trace",

@@ -147,6 +147,10 @@ class Executor {
   // Total nanoseconds the coordinator spent on doorbells, from seeing ready to storing done.
   int64_t service_ns() const { return service_ns_.load(std::memory_order_relaxed); }
   uint64_t pool_runs() const { return pool_runs_.load(std::memory_order_acquire); }
+  // Work done by the steps that ran the pool (any handshake path): nanoseconds from the step's start to its last
+  // down item, and the distinct experts they routed. A caller's live experts (so weight bytes) per second.
+  int64_t work_ns() const { return work_ns_.load(std::memory_order_relaxed); }
+  int64_t work_experts() const { return work_experts_.load(std::memory_order_relaxed); }
   int64_t busy_ns() const;
   std::string last_error();
   void clear_error();
@@ -377,7 +381,7 @@ class Executor {
   std::thread coord_;
   std::atomic<bool> coord_stop_{false}, coord_running_{false};
   std::atomic<uint64_t> served_{0}, pool_runs_{0};
-  std::atomic<int64_t> busy_since_{0}, service_ns_{0};
+  std::atomic<int64_t> busy_since_{0}, service_ns_{0}, work_ns_{0}, work_experts_{0};
   std::mutex err_mu_;
   std::string last_error_;
   std::mutex args_mu_;

@@ -195,6 +195,8 @@ int Executor::run(int layer, int T, const uint16_t* x, const int32_t* ids, const
     if (teams_[gi] >= 2) groups_[gi]->pool->launch(&Executor::body_tramp, groups_[gi].get(), teams_[gi]);
   groups_[0]->pool->start(&Executor::body_tramp, groups_[0].get(), teams_[0]);
   wait_at_least(d3_, st_.n_hblk);
+  work_ns_.fetch_add(mono_ns() - t0_, std::memory_order_relaxed);
+  work_experts_.fetch_add(ngroups, std::memory_order_relaxed);
   if (tracing_) last_done_ = mono_ns() - t0_, ++trace_steps_, trace_ns_ += last_done_, fold_pending_ = true;
   pool_runs_.fetch_add(1, std::memory_order_acq_rel);
   busy_since_.store(0, std::memory_order_release);

@@ -88,6 +88,28 @@ def test_all_routes_skipped_gives_zeros_without_waking_the_pool(rng):
     assert ex._x.pool_runs == runs
 
 
+def test_work_counts_each_steps_distinct_experts_and_time(rng):
+    """work(): the distinct experts of every step that ran the pool (a shared expert once, -1 routes none) and a
+    positive time; an all-skipped step adds neither. A caller's live rate rests on it (moe_engine's split='auto')."""
+    banks, (E, H, I) = make_banks("bf16", rng)
+    ex = ce.CpuMoeExecutor("bf16", banks, top_k=3, max_tokens=4)
+    assert ex.work() == (0.0, 0)
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    w = np.ones((3, 3), np.float32)
+    ids = np.array([[0, 1, 2], [2, 1, -1], [3, 0, 1]], np.int32)  # experts 0-3: 4 distinct of 8 routes
+    ex.decode(0, x, w, ids)
+    s1, n1 = ex.work()
+    assert n1 == 4 and s1 > 0
+    ex.decode(1, x[:1], w[:1], np.array([[E - 1, -1, -1]], np.int32))
+    s2, n2 = ex.work()
+    assert n2 == 5 and s2 > s1
+    ex.decode(0, x, w, np.full((3, 3), -1, np.int32))
+    assert ex.work() == (s2, n2)
+    ex.close()
+    with pytest.raises(RuntimeError):
+        ex.work()
+
+
 @pytest.mark.parametrize("fmt", [f for f in ("bf16", "nvfp4") if f in FORMATS])
 def test_a_token_with_every_route_skipped_among_routed_ones(fmt, rng):
     """Its y row is zeros (written, not left: the output is poisoned first); the others' rows are the kernels'."""

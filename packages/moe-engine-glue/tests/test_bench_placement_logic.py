@@ -12,23 +12,44 @@ from moe_engine.tools import bench_placement as bp
 from moe_engine.tools.shapes import preset
 
 
-def _fake(monkeypatch, times):
+class _Executor:
+    """work() as the executor's counters: each timed window adds 1 s and `rate` GB/s worth of experts."""
+
+    def __init__(self, rate, bpe):
+        self.rate, self.bpe, self.s, self.n = rate, bpe, 0.0, 0
+
+    def work(self):
+        return self.s, self.n
+
+    def run(self):
+        if self.rate:
+            self.s, self.n = self.s + 1.0, self.n + round(self.rate * 1e9 / self.bpe)
+
+
+def _fake(monkeypatch, times, cpu_GBps=None):
     order = []
+    bpe = 9_437_184
+
+    class Runner:
+        def __init__(self, q):
+            self.q, self.bytes_per_expert = q, bpe
+            self.executor = _Executor(cpu_GBps(q) if cpu_GBps else 0, bpe)
 
     @contextlib.contextmanager
     def runner(fmt, banks, s, T, a, split, **kw):
-        yield split
+        yield Runner(split)
 
     class Driver:
         def __init__(self, r, layers, T, pool):
-            self.q = r
+            self.r = r
 
         def step(self):
             pass
 
         def timed(self, steps):
-            order.append(self.q)
-            return times[self.q].pop(0), 0.5
+            order.append(self.r.q)
+            self.r.executor.run()
+            return times[self.r.q].pop(0), 0.5
 
     monkeypatch.setattr(bp, "_runner", runner)
     monkeypatch.setattr(bp, "Driver", Driver)
@@ -47,6 +68,25 @@ def test_modes_interleaves_the_repeats_and_keeps_the_median(monkeypatch):
     t = bp._modes(_args(), "bf16", 1, None, preset("qwen3-30b-a3b"), 0.25, [0.0, 0.5], None)
     assert order == [0.0, 0.5, 0.0, 0.5, 0.0, 0.5]
     assert t[0.0][0] == 200 and t[0.5][0] == 70 and t[0.0][2] == [300, 100, 200] and t[0.0][1] == 0.5
+    assert t[0.0][3] is None  # no CPU work counted: no live rate
+
+
+def test_auto_takes_the_live_cpu_rate_of_the_q0_runs(monkeypatch):
+    """The profile's one-off CPU figure (10 GB/s) against the q = 0 runs' own (95): the pick follows the live one,
+    as split="auto" does in the runner."""
+    s = preset("qwen3-30b-a3b")
+    p = Profile(gpu="g", cpu_read=100.0, executor={"bf16": 10.0}, zero_copy={"bf16": 50.0}, hbm=3000.0,
+                cpu_fixed_us=5.0, gpu_fixed_us=5.0)
+    qs = [round(0.05 * i, 2) for i in range(21)]
+    _fake(monkeypatch, {q: [1000.0] * 3 for q in qs}, cpu_GBps=lambda q: 95.0 if q == 0.0 else 40.0)
+    (row,) = bp.bench_auto(_args(residencies=[0.0]), "bf16", 1, None, s, p)
+    assert row["cpu_GBps"]["0.0"] == pytest.approx(95.0, rel=1e-3)
+    assert "cpu 95.0 GB/s live" in row["auto"]["reason"]
+    assert row["auto"]["q"] <= 0.35  # the profile's 10 GB/s alone gives q >= 0.8
+    from moe_engine.placement.choose import choose
+    c = choose(p, "bf16", bytes_per_expert=bp.banks_bpe("bf16", s), E=s.E, top_k=s.top_k, batch=1, miss_rate=1.0,
+               residency=0.0, modes=("hybrid", "split", "gpu_misses"))
+    assert c.q >= 0.8
 
 
 def test_auto_row_times_its_pick_against_the_best(monkeypatch):

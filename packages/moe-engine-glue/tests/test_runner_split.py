@@ -122,6 +122,35 @@ def test_split_serves_every_route_once(rng):
         assert s1.executor.health()["served"] == served  # every miss read by the GPU: nothing reached the CPU
 
 
+def test_split_auto_takes_the_cpu_rate_live(rng, caplog):
+    """The first window runs with q = 0: its executor rate (experts x bytes / the steps' time) replaces the profile's
+    in the choice; a window with q > 0 (the CPU beside the zero-copy reads) leaves it as it is."""
+    from moe_engine.placement.missplit import LIVE_MIN_EXPERTS
+
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    p = Profile(gpu=_gpu_name(), cpu_read=50.0, executor={"bf16": 50.0}, zero_copy={"bf16": 25.0})
+    caplog.set_level(logging.INFO, logger="moe_engine")
+    with _runner(banks, split="auto", profile=p, replace_every=8, qualify=False) as sp:  # its steps would count
+        s0, n0 = sp.executor.work()
+
+        def window():
+            for _ in range(8):
+                for li in range(2):
+                    x, w, ids = _inputs(rng, 3, E, H)
+                    rel = _rel(sp.forward(li, x, w, ids), reference(sp, li, x, w, ids))
+                    assert rel < TOLERANCE["native"], rel
+
+        window()  # the last layer's forward ends the step: the window folds, rechoose() measures and chooses
+        s1, n1 = sp.executor.work()
+        assert n1 - n0 >= LIVE_MIN_EXPERTS and s1 > s0
+        assert sp.split.cpu_GBps == pytest.approx((n1 - n0) * sp.bytes_per_expert / (s1 - s0) / 1e9)
+        assert f"cpu {sp.split.cpu_GBps:.1f} GB/s live" in sp.split.choice.reason
+        if sp.split.q > 0:
+            live = sp.split.cpu_GBps
+            window()
+            assert sp.split.cpu_GBps == live
+
+
 def test_split_auto_follows_the_profile(rng, caplog):
     banks, (E, H, _) = make_banks("bf16", rng, E=8)
     p = Profile(gpu=_gpu_name(), cpu_read=50.0, executor={"bf16": 50.0}, zero_copy={"bf16": 25.0})
@@ -136,6 +165,7 @@ def test_split_auto_follows_the_profile(rng, caplog):
         c = sp.split.choice
         assert c is not None and c.mode == "split" and 0 < c.q < 1 and sp.split.q == c.q, c.reason
         assert caplog.text.count("auto: split q=") == 1  # one line when the mode changes; q follows the window
+    assert sp.split.cpu_GBps is None  # 2-step windows of a few experts: under LIVE_MIN_EXPERTS, the profile's rate
     with pytest.raises(ProfileError, match="no executor figure for format 'bf16'"):
         _runner(banks, split="auto", profile=Profile(gpu=_gpu_name(), cpu_read=1.0, executor={"fp8_block": 1.0}))
     with pytest.raises(ValueError, match="split='auto' sets q from the live miss rate of residency='hot'"):

@@ -431,6 +431,13 @@ class CpuMoeExecutor(NumaPlacement, Doorbell):
         bw = self._x.read_bandwidth(a.ctypes.data, a.nbytes, passes)
         return len(bw) / sum(1.0 / b for b in bw)
 
+    def work(self) -> tuple[float, int]:
+        """(seconds, experts) of every step that has run the pool since this executor opened, any handshake path:
+        each step's time from its start to its last down item, and the distinct experts it routed. Deltas of two
+        readings give a caller the experts (so weight bytes) per second its steps read live. Any thread."""
+        self._check()
+        return self._x.work_ns / 1e9, int(self._x.work_experts)
+
     def layer_banks(self, layer: int) -> dict:
         """Layer `layer`'s banks as this executor runs them (format `spec.name`: the repacked copies where it repacked;
         a two-format layer: layer_formats[layer]'s gate_up format's gate_up banks and its down format's down banks),

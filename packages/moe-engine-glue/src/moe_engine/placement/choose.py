@@ -98,9 +98,9 @@ SPLIT_QS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # the split's q trie
 
 def choose(profile: Profile, format: str, *, bytes_per_expert: int, E: int, top_k: int, batch: int,
            miss_rate: float, residency: float, gpu_misses_miss_rate: float | None = None,
-           modes=MODES) -> Choice:
+           modes=MODES, cpu_GBps: float | None = None) -> Choice:
     """The mode among `modes` (those the runner can run) with the smallest modelled step time (ties go to the simpler
-    mode, in MODES order)."""
+    mode, in MODES order). cpu_GBps: the executor's lone rate measured live (MissSplit), in place of the profile's."""
     modes = tuple(modes)
     if not modes or any(x not in MODES for x in modes):
         raise ValueError(f"modes={modes!r}: expected a non-empty subset of {list(MODES)}")
@@ -115,7 +115,7 @@ def choose(profile: Profile, format: str, *, bytes_per_expert: int, E: int, top_
     profile.check(gpu=None, format=format)
     U = touched(E, top_k, batch)
     n = max(1, round(U))
-    b_cpu = profile.executor[format]
+    b_cpu = profile.executor[format] if cpu_GBps is None else _pos("cpu_GBps", cpu_GBps)
     b_zc = profile.zero_copy.get(format, 0.0)
     kw = dict(b_cpu=b_cpu, b_hbm=profile.hbm, c_cpu=profile.cpu_fixed_us, c_gpu=profile.gpu_fixed_us)
     t, q = {}, 0.0
@@ -137,7 +137,8 @@ def choose(profile: Profile, format: str, *, bytes_per_expert: int, E: int, top_
     M = m * U * b
     why = (f"auto: {mode}{f' q={q_out:.2f}' if mode == 'split' else ''}: model {t[mode]:.0f} us/layer"
            f"{f' vs {others}' if others else ''} (batch {batch}, miss {100 * m:.1f}% of {U:.1f} experts/layer = "
-           f"{M / 1e6:.1f} MB; cpu {b_cpu:.1f} GB/s, zero-copy {b_zc:.1f} GB/s, profile from {profile.gpu})")
+           f"{M / 1e6:.1f} MB; cpu {b_cpu:.1f} GB/s{' live' if cpu_GBps is not None else ''}, zero-copy "
+           f"{b_zc:.1f} GB/s, profile from {profile.gpu})")
     return Choice(mode, q_out, t, why)
 
 

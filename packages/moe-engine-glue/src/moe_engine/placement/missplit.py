@@ -2,6 +2,11 @@
 zero-copy sets (split.py) and the step that serves each route once: resident -> its GPU slot, in the zero-copy set ->
 the GPU experts reading host memory, else the CPU executor, the CPU started first and both sides at once.
 
+Under split="auto" the CPU's rate is the runner's own where it has one: the executor's experts per second over the
+last re-placement window that ran with q = 0 (the first window always does), the lone rate the model wants; the
+profile's until then. A profile's one-off figure can be far off the live one: an H100 host's profile read fp8_block
+at 34.3 GB/s where the runner's CPU-only misses read 91 a minute later, and auto then leaned to the split (+34-46%).
+
 Thread contract: owned by its MoERunner; assign() / rechoose() between steps under the runner's lock, step() is the
 body a graph captures."""
 from __future__ import annotations
@@ -13,6 +18,7 @@ import numpy as np
 from .split import SplitTable, zero_copy_set
 
 log = logging.getLogger("moe_engine")
+LIVE_MIN_EXPERTS = 64  # a window's CPU experts below which its rate is not taken (a few steps' wake-ups dominate)
 
 
 class MissSplit:
@@ -33,6 +39,8 @@ class MissSplit:
                 log.warning("split='auto': no bandwidth profile for %s; the misses stay on the CPU until one exists "
                             "(run `moe-engine bench --profile`)", gpu)
             self.q = 0.0
+            self.cpu_GBps = None  # the CPU's lone rate measured live (windows with q = 0)
+            self._work = r.executor.work() if r.executor is not None else None
         else:
             zero_copy_set(np.zeros(r.E, bool), None, split)  # checks the fraction, naming split=
             self.q = float(split)
@@ -56,17 +64,30 @@ class MissSplit:
         """After a re-placement: under "auto", the mode and q from the profile and the last window's miss rate and
         batch (one log line when the mode changes); then every layer's set."""
         r = self.runner
+        if self.auto:
+            self._measure()
         if self.auto and self.profile is not None and r.hot.hit_rate is not None:
             from .choose import choose
 
             c = choose(self.profile, r.format, bytes_per_expert=r.bytes_per_expert, E=r.E, top_k=r.top_k,
                        batch=max(1, round(r.hot.tokens_per_step)), miss_rate=1.0 - r.hot.hit_rate,
-                       residency=r.residency.fraction(), modes=("hybrid", "split", "gpu_misses"))
+                       residency=r.residency.fraction(), modes=("hybrid", "split", "gpu_misses"),
+                       cpu_GBps=self.cpu_GBps)
             if self.choice is None or c.mode != self.choice.mode:
                 log.info("%s", c.reason)
             self.choice, self.q = c, c.q
         for layer in range(r.num_layers):
             self.assign(layer)
+
+    def _measure(self) -> None:
+        """The window just ended: its CPU rate becomes cpu_GBps when it ran with q = 0 and enough experts."""
+        if self._work is None:
+            return
+        s, n = self.runner.executor.work()
+        ds, dn = s - self._work[0], n - self._work[1]
+        self._work = (s, n)
+        if self.q == 0.0 and dn >= LIVE_MIN_EXPERTS and ds > 0:
+            self.cpu_GBps = dn * self.runner.bytes_per_expert / ds / 1e9
 
     def step(self, layer: int, x, wf, ids):
         import torch

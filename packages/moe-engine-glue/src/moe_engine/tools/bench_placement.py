@@ -140,20 +140,25 @@ def bench_hot(a, fmt, T, banks, s, emit=lambda row: None) -> list[dict]:
 
 
 def _modes(a, fmt, T, banks, s, res, qs, pool) -> dict:
-    """(median us per layer, hit rate, each run's us) of each split fraction q (0: CPU-only misses, 1: GPU-only
-    zero-copy) at residency `res` over --repeats runs, the q taken in turn within each repeat (a slow phase of the
-    shared host then falls on every q alike)."""
+    """(median us per layer, hit rate, each run's us, the executor's median GB/s over the timed steps or None) of
+    each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res` over --repeats runs, the q
+    taken in turn within each repeat (a slow phase of the shared host then falls on every q alike)."""
     cap = max(1, round(res * s.E))
     place = dict(residency="hot", capacity=cap, replace_every=a.every) if res > 0 else dict(residency=0.0, capacity=1)
-    runs = {q: [] for q in qs}
+    runs, rates = {q: [] for q in qs}, {q: [] for q in qs}
     for _ in range(a.repeats):
         for q in qs:
             with _runner(fmt, banks, s, T, a, split=q, **place) as r:
                 d = Driver(r, a.layers, T, pool)
                 for _ in range(a.warmup):
                     d.step()
+                s0, n0 = r.executor.work()
                 runs[q].append(d.timed(a.steps))
-    return {q: (statistics.median(u for u, _ in rs), rs[0][1], [u for u, _ in rs]) for q, rs in runs.items()}
+                s1, n1 = r.executor.work()
+                if n1 > n0:
+                    rates[q].append((n1 - n0) * r.bytes_per_expert / (s1 - s0) / 1e9)
+    return {q: (statistics.median(u for u, _ in rs), rs[0][1], [u for u, _ in rs],
+                statistics.median(rates[q]) if rates[q] else None) for q, rs in runs.items()}
 
 
 def bench_split(a, fmt, T, banks, s) -> dict:
@@ -179,14 +184,16 @@ def bench_auto(a, fmt, T, banks, s, profile, emit=lambda row: None) -> list[dict
         qs = [0.0, 1.0] + [q for q in a.qs if 0 < q < 1]
         t = _modes(a, fmt, T, banks, s, res, qs, pool)
         hit = t[0.0][1]
+        # as split="auto" in the runner: the CPU's lone rate from its own q = 0 window (MissSplit), else the profile's
         c = choose(profile, fmt, bytes_per_expert=banks_bpe(fmt, s), E=s.E, top_k=s.top_k, batch=T,
-                   miss_rate=1 - hit, residency=res, modes=("hybrid", "split", "gpu_misses"))
+                   miss_rate=1 - hit, residency=res, modes=("hybrid", "split", "gpu_misses"), cpu_GBps=t[0.0][3])
         q_auto = c.q
         if q_auto not in t:
             t.update(_modes(a, fmt, T, banks, s, res, [q_auto], pool))
         best = min(t, key=lambda q: t[q][0])
         row = {"format": fmt, "batch": T, "residency": res, "hit_rate": hit, "us": {str(q): v[0] for q, v in t.items()},
                "us_runs": {str(q): v[2] for q, v in t.items()},
+               "cpu_GBps": {str(q): v[3] for q, v in t.items()},
                "auto": {"mode": c.mode, "q": q_auto, "reason": c.reason}, "best_q": best,
                "auto_over_best": t[q_auto][0] / t[best][0]}
         rows.append(row)
