@@ -83,6 +83,7 @@ def test_auto_takes_the_live_cpu_rate_of_the_q0_runs(monkeypatch):
     assert row["cpu_GBps"]["0.0"] == pytest.approx(95.0, rel=1e-3)
     assert "cpu 95.0 GB/s live" in row["auto"]["reason"]
     assert row["auto"]["q"] <= 0.35  # the profile's 10 GB/s alone gives q >= 0.8
+    assert len(row["us_runs"][str(row["auto"]["q"])]) == 3
     from moe_engine.placement.choose import choose
     c = choose(p, "bf16", bytes_per_expert=bp.banks_bpe("bf16", s), E=s.E, top_k=s.top_k, batch=1, miss_rate=1.0,
                residency=0.0, modes=("hybrid", "split", "gpu_misses"))
@@ -94,9 +95,12 @@ def test_auto_row_times_its_pick_against_the_best(monkeypatch):
     p = Profile(gpu="g", cpu_read=100.0, executor={"bf16": 100.0}, zero_copy={"bf16": 50.0}, hbm=3000.0,
                 cpu_fixed_us=5.0, gpu_fixed_us=5.0)
     times = {q: [1000 - 100 * abs(q - 0.3)] * 3 for q in [round(0.05 * i, 2) for i in range(21)]}
-    _fake(monkeypatch, times)
+    order = _fake(monkeypatch, times)
     (row,) = bp.bench_auto(_args(), "bf16", 1, None, s, p)
     assert row["auto"]["mode"] == "split" and str(row["auto"]["q"]) in row["us"]
     q = row["auto"]["q"]
+    # picked after the first q = 0 run, then timed in turn with the grid in every repeat (not minutes later)
+    grid = [0.0, 1.0, 0.2, 0.5]
+    assert order == (grid + ([q] if q not in grid else [])) * 3
     assert row["auto_over_best"] == pytest.approx(row["us"][str(q)] / min(row["us"].values()))
     assert all(len(v) == 3 for v in row["us_runs"].values())

@@ -130,7 +130,7 @@ def test_split_auto_takes_the_cpu_rate_live(rng, caplog):
     banks, (E, H, _) = make_banks("bf16", rng, E=8)
     p = Profile(gpu=_gpu_name(), cpu_read=50.0, executor={"bf16": 50.0}, zero_copy={"bf16": 25.0})
     caplog.set_level(logging.INFO, logger="moe_engine")
-    with _runner(banks, split="auto", profile=p, replace_every=8, qualify=False) as sp:  # its steps would count
+    with _runner(banks, split="auto", profile=p, replace_every=8) as sp:  # qualification's steps do not count
         s0, n0 = sp.executor.work()
 
         def window():

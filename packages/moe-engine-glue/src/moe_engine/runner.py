@@ -212,6 +212,8 @@ class MoERunner:
                 qualify_runner(self, tp_group)
             if self.route_counts is not None:
                 self.route_counts.reset()  # qualification's routes are not the model's
+            if self.split is not None:
+                self.split.restart_window()  # nor its steps the CPU's live rate
         except BaseException:
             self.closed = True
             self._close()  # what was built so far (the executor's threads, the handshake) goes with the error

@@ -79,6 +79,11 @@ class MissSplit:
         for layer in range(r.num_layers):
             self.assign(layer)
 
+    def restart_window(self) -> None:
+        """The live rate's window starts now (the runner: after its start-up qualification's steps)."""
+        if self.auto and self.runner.executor is not None:
+            self._work = self.runner.executor.work()
+
     def _measure(self) -> None:
         """The window just ended: its CPU rate becomes cpu_GBps when it ran with q = 0 and enough experts."""
         if self._work is None:

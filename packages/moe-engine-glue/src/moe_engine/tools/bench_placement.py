@@ -139,15 +139,21 @@ def bench_hot(a, fmt, T, banks, s, emit=lambda row: None) -> list[dict]:
     return rows
 
 
-def _modes(a, fmt, T, banks, s, res, qs, pool) -> dict:
+def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
     """(median us per layer, hit rate, each run's us, the executor's median GB/s over the timed steps or None) of
     each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res` over --repeats runs, the q
-    taken in turn within each repeat (a slow phase of the shared host then falls on every q alike)."""
+    taken in turn within each repeat (a slow phase of the shared host then falls on every q alike). pick(us, hit,
+    GB/s) -> q, after the first q = 0 run: one more q, run in turn with the others from then on (auto's pick, timed
+    beside the grid: the host's rate moves 30-60% between runs minutes apart)."""
     cap = max(1, round(res * s.E))
     place = dict(residency="hot", capacity=cap, replace_every=a.every) if res > 0 else dict(residency=0.0, capacity=1)
+    qs = list(qs)
     runs, rates = {q: [] for q in qs}, {q: [] for q in qs}
-    for _ in range(a.repeats):
-        for q in qs:
+    for rep in range(a.repeats):
+        i = 0
+        while i < len(qs):  # qs grows by pick's q inside the first repeat
+            q = qs[i]
+            i += 1
             with _runner(fmt, banks, s, T, a, split=q, **place) as r:
                 d = Driver(r, a.layers, T, pool)
                 for _ in range(a.warmup):
@@ -157,6 +163,11 @@ def _modes(a, fmt, T, banks, s, res, qs, pool) -> dict:
                 s1, n1 = r.executor.work()
                 if n1 > n0:
                     rates[q].append((n1 - n0) * r.bytes_per_expert / (s1 - s0) / 1e9)
+            if pick is not None and rep == 0 and q == 0.0:
+                extra = pick(*runs[q][0], rates[q][0] if rates[q] else None)
+                if extra not in runs:
+                    qs.append(extra)
+                    runs[extra], rates[extra] = [], []
     return {q: (statistics.median(u for u, _ in rs), rs[0][1], [u for u, _ in rs],
                 statistics.median(rates[q]) if rates[q] else None) for q, rs in runs.items()}
 
@@ -182,14 +193,19 @@ def bench_auto(a, fmt, T, banks, s, profile, emit=lambda row: None) -> list[dict
     pool = _pool(s, a.layers, T, a.warmup + a.steps, seed=3)
     for res in a.residencies:
         qs = [0.0, 1.0] + [q for q in a.qs if 0 < q < 1]
-        t = _modes(a, fmt, T, banks, s, res, qs, pool)
-        hit = t[0.0][1]
-        # as split="auto" in the runner: the CPU's lone rate from its own q = 0 window (MissSplit), else the profile's
-        c = choose(profile, fmt, bytes_per_expert=banks_bpe(fmt, s), E=s.E, top_k=s.top_k, batch=T,
-                   miss_rate=1 - hit, residency=res, modes=("hybrid", "split", "gpu_misses"), cpu_GBps=t[0.0][3])
+        picked = []
+
+        def pick(us, hit, cpu_GBps, picked=picked, res=res):
+            # as split="auto" in the runner after its first window (q = 0): the hit rate and the CPU's lone rate of
+            # that window (MissSplit), else the profile's rate
+            picked.append(choose(profile, fmt, bytes_per_expert=banks_bpe(fmt, s), E=s.E, top_k=s.top_k, batch=T,
+                                 miss_rate=1 - hit, residency=res, modes=("hybrid", "split", "gpu_misses"),
+                                 cpu_GBps=cpu_GBps))
+            return picked[0].q
+
+        t = _modes(a, fmt, T, banks, s, res, qs, pool, pick=pick)
+        hit, c = t[0.0][1], picked[0]
         q_auto = c.q
-        if q_auto not in t:
-            t.update(_modes(a, fmt, T, banks, s, res, [q_auto], pool))
         best = min(t, key=lambda q: t[q][0])
         row = {"format": fmt, "batch": T, "residency": res, "hit_rate": hit, "us": {str(q): v[0] for q, v in t.items()},
                "us_runs": {str(q): v[2] for q, v in t.items()},
