@@ -204,6 +204,18 @@ def test_bench_profile_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert p.h2d > 0 and p.zero_copy["bf16"] > 0 and set(p.both["bf16"]) == {"cpu", "zero_copy"}
 
 
+def test_bench_profile_takes_the_runners_workers_beside_a_gpu(monkeypatch):
+    """Beside a GPU the profile's executor has the runner's worker count (cores - 1), so it measures the CPU side as
+    the runner runs it; -t overrides; with no GPU every core."""
+    import moe_engine.runner as runner_mod
+    from moe_engine.tools.bench_profile import workers
+
+    monkeypatch.setattr(runner_mod, "threads_beside_gpu", lambda: 15)
+    assert workers(None, "NVIDIA H100 80GB HBM3") == 15
+    assert workers(4, "NVIDIA H100 80GB HBM3") == 4
+    assert workers(None, "none") is None and workers(3, "none") == 3
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(cuda_missing() is not None, reason=str(cuda_missing()))
 def test_staged_prefill_from_page_locked_banks(rng):

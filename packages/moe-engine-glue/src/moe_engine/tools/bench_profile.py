@@ -220,6 +220,19 @@ def plot(p: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def workers(threads: int | None, gpu: str) -> int | None:
+    """The executor's workers for the profile: `threads` when given, else beside a GPU the runner's own count (one
+    core left to the thread driving the GPU), else None (every core). With a worker on every core the thread driving
+    the steps, and in the at-once window the one replaying the GPU's graphs, share a pinned worker's core; a profile
+    taken so read fp8_block's executor at 73.5 GB/s (H100, batch 1) where the runner's CPU-only misses ran ~100, and
+    auto's picks leaned to the split."""
+    if threads is not None or gpu == "none":
+        return threads
+    from ..runner import threads_beside_gpu
+
+    return threads_beside_gpu()
+
+
 def run_bench_profile(a) -> int:
     from ..placement import profile as prof
     from .shapes import preset
@@ -234,14 +247,7 @@ def run_bench_profile(a) -> int:
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    if a.threads is None and gpu != "none":
-        # the runner's workers beside a GPU (one core left to the thread driving it). With a worker on every core the
-        # thread driving the steps, and in the at-once window the one replaying the GPU's graphs, share a pinned
-        # worker's core; a profile taken so read fp8_block's executor at 73.5 GB/s (H100, batch 1) where the runner's
-        # CPU-only misses ran ~100, and auto's picks leaned to the split
-        from ..runner import threads_beside_gpu
-
-        a.threads = threads_beside_gpu()
+    a.threads = workers(a.threads, gpu)
     print(f"executor threads: {a.threads or 'every core'}"
           f"{' (one core left to the GPU-driving thread, as the runner)' if gpu != 'none' else ''}", flush=True)
     p = {"gpu": gpu, "shape": {"E": E, "H": H, "I": I, "top_k": K}, "executor": {}, "zero_copy": {}, "both": {},
