@@ -36,6 +36,7 @@ RAISE = {
     "numa_report": lambda ex, s: ex.numa_report(),
     "linear": lambda ex, s: ex.linear(np.zeros((1, 8), cf.numerics.BF16), np.zeros((4, 8), cf.numerics.BF16)),
     "attention_raw": lambda ex, s: _attention_raw(ex),
+    "work": lambda ex, s: ex.work(),
 }
 FINE = {"close", "stop_coordinator", "closed", "isa", "threads", "numa",  # teardown stays idempotent; descriptions stay
         "spec", "given_format", "layer_formats", "given_layer_formats", "mixed", "layer_spec", "kernel_isas",
