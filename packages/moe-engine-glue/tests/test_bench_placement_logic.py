@@ -41,7 +41,7 @@ def _fake(monkeypatch, times, cpu_GBps=None):
 
     class Driver:
         def __init__(self, r, layers, T, pool):
-            self.r = r
+            self.r, self.stats = r, {"end_step_us": 1.0, "loads": 0}
 
         def step(self):
             pass

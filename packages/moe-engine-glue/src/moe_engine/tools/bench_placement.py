@@ -49,6 +49,8 @@ class Driver:
         self.pool_w = (torch.rand(pool_ids.shape, generator=g) + 0.05).to(dev)
         self.x = torch.randn(T, runner.H, generator=g).to(torch.bfloat16).to(dev)
         self.i = 0
+        self.end_s = 0.0  # host seconds in end_step() (re-placement, the split's re-choice)
+        self.stats = {}  # the last timed(): end_step's host us per step, experts loaded by hot
         self.graph = None
         if dev.type == "cuda":
             from .bench import Step
@@ -64,7 +66,9 @@ class Driver:
         else:
             out = [self.r.step(li, self.x, self.pool_w[self.i, li], self.pool_ids[self.i, li]) for li in range(self.L)]
         self.i = (self.i + 1) % self.n
+        t0 = time.perf_counter()
         self.r.end_step()
+        self.end_s += time.perf_counter() - t0
         return out
 
     def sync(self):
@@ -78,6 +82,7 @@ class Driver:
         hits = total = 0
         dt = 0.0
         self.sync()
+        self.end_s, loads = 0.0, self.r.hot.loads if self.r.hot is not None else 0
         for _ in range(steps):
             ids = self.ids_np[self.i]
             for li in range(self.L):
@@ -88,6 +93,8 @@ class Driver:
             self.step()
             self.sync()
             dt += time.perf_counter() - t0
+        self.stats = {"end_step_us": 1e6 * self.end_s / steps,
+                      "loads": (self.r.hot.loads if self.r.hot is not None else 0) - loads}
         return 1e6 * dt / (steps * self.L), hits / max(total, 1)
 
 
@@ -140,15 +147,15 @@ def bench_hot(a, fmt, T, banks, s, emit=lambda row: None) -> list[dict]:
 
 
 def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
-    """(median us per layer, hit rate, each run's us, the executor's median GB/s over the timed steps or None) of
-    each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res` over --repeats runs, the q
-    taken in turn within each repeat (a slow phase of the shared host then falls on every q alike). pick(us, hit,
-    GB/s) -> q, after the first q = 0 run: one more q, run in turn with the others from then on (auto's pick, timed
-    beside the grid: the host's rate moves 30-60% between runs minutes apart)."""
+    """(median us per layer, hit rate, each run's us, the executor's median GB/s over the timed steps or None, each
+    run's Driver.stats) of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res` over
+    --repeats runs, the q taken in turn within each repeat (a slow phase of the shared host then falls on every q
+    alike). pick(us, hit, GB/s) -> q, after the first q = 0 run: one more q, run in turn with the others from then on
+    (auto's pick, timed beside the grid: the host's rate moves 30-60% between runs minutes apart)."""
     cap = max(1, round(res * s.E))
     place = dict(residency="hot", capacity=cap, replace_every=a.every) if res > 0 else dict(residency=0.0, capacity=1)
     qs = list(qs)
-    runs, rates = {q: [] for q in qs}, {q: [] for q in qs}
+    runs, rates, stats = {q: [] for q in qs}, {q: [] for q in qs}, {q: [] for q in qs}
     for rep in range(a.repeats):
         i = 0
         while i < len(qs):  # qs grows by pick's q inside the first repeat
@@ -160,6 +167,7 @@ def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
                     d.step()
                 s0, n0 = r.executor.work()
                 runs[q].append(d.timed(a.steps))
+                stats[q].append(d.stats)
                 s1, n1 = r.executor.work()
                 if n1 > n0:
                     rates[q].append((n1 - n0) * r.bytes_per_expert / (s1 - s0) / 1e9)
@@ -167,9 +175,9 @@ def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
                 extra = pick(*runs[q][0], rates[q][0] if rates[q] else None)
                 if extra not in runs:
                     qs.append(extra)
-                    runs[extra], rates[extra] = [], []
+                    runs[extra], rates[extra], stats[extra] = [], [], []
     return {q: (statistics.median(u for u, _ in rs), rs[0][1], [u for u, _ in rs],
-                statistics.median(rates[q]) if rates[q] else None) for q, rs in runs.items()}
+                statistics.median(rates[q]) if rates[q] else None, stats[q]) for q, rs in runs.items()}
 
 
 def bench_split(a, fmt, T, banks, s) -> dict:
@@ -210,6 +218,7 @@ def bench_auto(a, fmt, T, banks, s, profile, emit=lambda row: None) -> list[dict
         row = {"format": fmt, "batch": T, "residency": res, "hit_rate": hit, "us": {str(q): v[0] for q, v in t.items()},
                "us_runs": {str(q): v[2] for q, v in t.items()},
                "cpu_GBps": {str(q): v[3] for q, v in t.items()},
+               "step_stats": {str(q): v[4] for q, v in t.items()},  # per run: end_step's host us, hot's loads
                "auto": {"mode": c.mode, "q": q_auto, "reason": c.reason}, "best_q": best,
                "auto_over_best": t[q_auto][0] / t[best][0]}
         rows.append(row)
