@@ -21,6 +21,13 @@ log = logging.getLogger("moe_engine")
 LIVE_MIN_EXPERTS = 64  # a window's CPU experts below which its rate is not taken (a few steps' wake-ups dominate)
 
 
+def live_GBps(before, after, bytes_per_expert: int, min_experts: int = 1) -> float | None:
+    """GB/s the executor's steps read between two CpuMoeExecutor.work() readings (experts x bytes / their time);
+    None below `min_experts`."""
+    ds, dn = after[0] - before[0], after[1] - before[1]
+    return dn * bytes_per_expert / ds / 1e9 if dn >= min_experts and dn > 0 and ds > 0 else None
+
+
 class MissSplit:
     def __init__(self, runner, split, pinned, profile):
         from .zerocopy import ZeroCopyBank
@@ -88,11 +95,11 @@ class MissSplit:
         """The window just ended: its CPU rate becomes cpu_GBps when it ran with q = 0 and enough experts."""
         if self._work is None:
             return
-        s, n = self.runner.executor.work()
-        ds, dn = s - self._work[0], n - self._work[1]
-        self._work = (s, n)
-        if self.q == 0.0 and dn >= LIVE_MIN_EXPERTS and ds > 0:
-            self.cpu_GBps = dn * self.runner.bytes_per_expert / ds / 1e9
+        now = self.runner.executor.work()
+        rate = live_GBps(self._work, now, self.runner.bytes_per_expert, LIVE_MIN_EXPERTS)
+        self._work = now
+        if self.q == 0.0 and rate is not None:
+            self.cpu_GBps = rate
 
     def step(self, layer: int, x, wf, ids):
         import torch

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..banks import random_layers
 from ..placement.calibrate import CALIBRATED
+from ..placement.missplit import live_GBps
 from ..placement.trace import TraceModel
 from .shapes import MoEShape, preset
 
@@ -82,7 +83,7 @@ class Driver:
         hits = total = 0
         dt = 0.0
         self.sync()
-        self.end_s, loads = 0.0, self.r.hot.loads if self.r.hot is not None else 0
+        self.end_s, loads = 0.0, self._loads()
         for _ in range(steps):
             ids = self.ids_np[self.i]
             for li in range(self.L):
@@ -93,9 +94,12 @@ class Driver:
             self.step()
             self.sync()
             dt += time.perf_counter() - t0
-        self.stats = {"end_step_us": 1e6 * self.end_s / steps,
-                      "loads": (self.r.hot.loads if self.r.hot is not None else 0) - loads}
+        self.stats = {"end_step_us": 1e6 * self.end_s / steps, "loads": self._loads() - loads}
         return 1e6 * dt / (steps * self.L), hits / max(total, 1)
+
+    def _loads(self) -> int:
+        """Experts hot residency has loaded so far (0 without it)."""
+        return self.r.hot.loads if self.r.hot is not None else 0
 
 
 def _shape(a) -> MoEShape:
@@ -165,12 +169,12 @@ def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
                 d = Driver(r, a.layers, T, pool)
                 for _ in range(a.warmup):
                     d.step()
-                s0, n0 = r.executor.work()
+                w0 = r.executor.work()
                 runs[q].append(d.timed(a.steps))
                 stats[q].append(d.stats)
-                s1, n1 = r.executor.work()
-                if n1 > n0:
-                    rates[q].append((n1 - n0) * r.bytes_per_expert / (s1 - s0) / 1e9)
+                rate = live_GBps(w0, r.executor.work(), r.bytes_per_expert)
+                if rate is not None:
+                    rates[q].append(rate)
             if pick is not None and rep == 0 and q == 0.0:
                 extra = pick(*runs[q][0], rates[q][0] if rates[q] else None)
                 if extra not in runs:
