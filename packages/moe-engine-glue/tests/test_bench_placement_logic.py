@@ -1,5 +1,5 @@
-"""bench_placement's grid logic with a stand-in runner (the real one needs a GPU): every q runs --repeats times,
-interleaved, and the median is kept; auto's pick is timed and compared with the best."""
+"""bench_placement's grid logic with a stand-in runner (the real one needs a GPU): one runner per cell, every q timed
+in each of --repeats rounds, in turn and rotated, the median kept; auto's pick is timed and compared with the best."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,7 @@ from moe_engine.tools.shapes import preset
 
 
 class _Executor:
-    """work() as the executor's counters: each timed window adds 1 s and `rate` GB/s worth of experts."""
+    """work() as the executor's counters: each timed block adds 1 s and rate(q) GB/s worth of experts."""
 
     def __init__(self, rate, bpe):
         self.rate, self.bpe, self.s, self.n = rate, bpe, 0.0, 0
@@ -21,44 +21,57 @@ class _Executor:
     def work(self):
         return self.s, self.n
 
-    def run(self):
+    def run(self, q):
         if self.rate:
-            self.s, self.n = self.s + 1.0, self.n + round(self.rate * 1e9 / self.bpe)
+            self.s, self.n = self.s + 1.0, self.n + round(self.rate(q) * 1e9 / self.bpe)
+
+
+class _Order(list):  # the q of each timed block, in order; .opened: the runners' split
+    pass
 
 
 def _fake(monkeypatch, times, cpu_GBps=None):
-    order = []
+    order, opened = _Order(), []
     bpe = 9_437_184
 
     class Runner:
         def __init__(self, q):
             self.q, self.bytes_per_expert = q, bpe
-            self.executor = _Executor(cpu_GBps(q) if cpu_GBps else 0, bpe)
+            self.executor = _Executor(cpu_GBps, bpe)
+
+        def set_split(self, q):
+            self.q = q
 
     @contextlib.contextmanager
     def runner(fmt, banks, s, T, a, split, **kw):
+        opened.append(split)
         yield Runner(split)
 
     class Driver:
         def __init__(self, r, layers, T, pool):
-            self.r, self.stats = r, {"end_step_us": 1.0, "loads": 0}
+            self.r, self.stats, self.i = r, {"end_step_us": 1.0, "loads": 0}, 0
 
         def step(self):
-            pass
+            self.i += 1
+
+        def rewind(self, i):
+            self.i = i
 
         def timed(self, steps):
+            assert self.i == 1 + 1  # --warmup 1, then each block rewinds to it and settles --settle 1 step
             order.append(self.r.q)
-            self.r.executor.run()
+            self.r.executor.run(self.r.q)
             return times[self.r.q].pop(0), 0.5
 
     monkeypatch.setattr(bp, "_runner", runner)
     monkeypatch.setattr(bp, "Driver", Driver)
     monkeypatch.setattr(bp, "_pool", lambda *a, **k: None)
+    order.opened = opened
     return order
 
 
 def _args(**kw):
-    d = dict(repeats=3, warmup=1, steps=1, every=50, layers=2, qs=[0.2, 0.5], residencies=[0.25], smoke=False)
+    d = dict(repeats=3, warmup=1, settle=1, steps=1, every=50, layers=2, qs=[0.2, 0.5], residencies=[0.25], smoke=False)
     d.update(kw)
     return argparse.Namespace(**d)
 
@@ -66,7 +79,8 @@ def _args(**kw):
 def test_modes_interleaves_the_repeats_and_keeps_the_median(monkeypatch):
     order = _fake(monkeypatch, {0.0: [300, 100, 200], 0.5: [50, 90, 70]})
     t = bp._modes(_args(), "bf16", 1, None, preset("qwen3-30b-a3b"), 0.25, [0.0, 0.5], None)
-    assert order == [0.0, 0.5, 0.0, 0.5, 0.0, 0.5]
+    assert order == [0.0, 0.5, 0.5, 0.0, 0.0, 0.5]  # every round each q in turn, rotated a place a round
+    assert order.opened == [0.0]  # one runner for every q and round
     assert t[0.0][0] == 200 and t[0.5][0] == 70 and t[0.0][2] == [300, 100, 200] and t[0.0][1] == 0.5
     assert t[0.0][3] is None  # no CPU work counted: no live rate
 
@@ -101,6 +115,7 @@ def test_auto_row_times_its_pick_against_the_best(monkeypatch):
     q = row["auto"]["q"]
     # picked after the first q = 0 run, then timed in turn with the grid in every repeat (not minutes later)
     grid = [0.0, 1.0, 0.2, 0.5]
-    assert order == (grid + ([q] if q not in grid else [])) * 3
+    qs = grid + ([q] if q not in grid else [])
+    assert order == qs + qs[1:] + qs[:1] + qs[2:] + qs[:2]
     assert row["auto_over_best"] == pytest.approx(row["us"][str(q)] / min(row["us"].values()))
     assert all(len(v) == 3 for v in row["us_runs"].values())

@@ -122,6 +122,35 @@ def test_split_serves_every_route_once(rng):
         assert s1.executor.health()["served"] == served  # every miss read by the GPU: nothing reached the CPU
 
 
+def test_set_split_moves_the_zero_copy_sets(rng):
+    """set_split(q) between steps: every layer's set carries the new share, the step stays right, nothing reaches the
+    CPU at q = 1; bad calls name what is expected."""
+    banks, (E, H, _) = make_banks("bf16", rng, E=8)
+    with _runner(banks, residency=0.25, capacity=2, split=0.0, qualify=False) as sp:
+        x, w, ids = _inputs(rng, 3, E, H)
+        for q in (0.5, 1.0, 0.0):
+            sp.set_split(q)
+            for li in range(sp.num_layers):
+                zc, res = sp.split.host_mask(li), sp.residency.host_mask(li)
+                assert not (zc & res).any() and zc.sum() == round(q * (~res).sum()), (q, li)
+            n0 = sp.executor.work()[1]
+            assert _rel(sp.forward(1, x, w, ids), reference(sp, 1, x, w, ids)) < TOLERANCE["native"], q
+            cpu = ~(sp.split.host_mask(1) | sp.residency.host_mask(1))  # the CPU's experts: none at q = 1
+            assert (sp.executor.work()[1] > n0) == bool(cpu[ids.cpu().numpy().ravel()].any()), q
+        with pytest.raises(ValueError, match=r"split=1.5: expected the fraction"):
+            sp.set_split(1.5)
+        assert sp.split.q == 0.0
+    with pytest.raises(RuntimeError, match="set_split: the runner is closed"):
+        sp.set_split(0.5)
+    with _runner(banks, residency=0.25, capacity=2, qualify=False) as hy:
+        with pytest.raises(RuntimeError, match="set_split: this runner has no miss split"):
+            hy.set_split(0.5)
+    p = Profile(gpu=_gpu_name(), cpu_read=100.0, executor={"bf16": 50.0}, zero_copy={"bf16": 50.0}, hbm=3000.0)
+    with _runner(banks, split="auto", profile=p, qualify=False) as sa:
+        with pytest.raises(ValueError, match="split='auto' chooses q itself"):
+            sa.set_split(0.5)
+
+
 def test_split_auto_takes_the_cpu_rate_live(rng, caplog):
     """The first window runs with q = 0: its executor rate (experts x bytes / the steps' time) replaces the profile's
     in the choice; a window with q > 0 (the CPU beside the zero-copy reads) leaves it as it is."""

@@ -330,6 +330,16 @@ class MoERunner:
             return self.hot.end_step() if self.hot is not None else 0
 
     # ---- the miss split (placement/missplit.py) ---------------------------------------------------------
+    def set_split(self, q: float) -> None:
+        """Between steps, the fraction q of the miss bytes the GPU reads zero-copy from now on (a runner opened with
+        split=<a fraction>); a captured graph replays with it (the tables in place; no recapture)."""
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("set_split: the runner is closed")
+            if self.split is None:
+                raise RuntimeError("set_split: this runner has no miss split; open it with split=<a fraction>")
+            self.split.set_q(q)
+
     def _open_split(self, split, pin_memory, profile, auto: bool) -> None:
         hybrid = self.strategy == "hybrid" and self.residency is not None
         if split is not None and not hybrid:

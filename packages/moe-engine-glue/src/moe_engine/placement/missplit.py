@@ -7,8 +7,8 @@ last re-placement window that ran with q = 0 (the first window always does), the
 profile's until then. A profile's one-off figure can be far off the live one: an H100 host's profile read fp8_block
 at 34.3 GB/s where the runner's CPU-only misses read 91 a minute later, and auto then leaned to the split (+34-46%).
 
-Thread contract: owned by its MoERunner; assign() / rechoose() between steps under the runner's lock, step() is the
-body a graph captures."""
+Thread contract: owned by its MoERunner; assign() / rechoose() / set_q() between steps under the runner's lock,
+step() is the body a graph captures."""
 from __future__ import annotations
 
 import logging
@@ -84,6 +84,16 @@ class MissSplit:
                 log.info("%s", c.reason)
             self.choice, self.q = c, c.q
         for layer in range(r.num_layers):
+            self.assign(layer)
+
+    def set_q(self, q) -> None:
+        """A fixed fraction q from now on: every layer's zero-copy set follows (the tables in place; no recapture)."""
+        if self.auto:
+            raise ValueError("set_split: split='auto' chooses q itself; open the runner with split=<a fraction> to "
+                             "set it")
+        zero_copy_set(np.zeros(self.runner.E, bool), None, q)  # checks the fraction, naming split=
+        self.q = float(q)
+        for layer in range(self.runner.num_layers):
             self.assign(layer)
 
     def restart_window(self) -> None:

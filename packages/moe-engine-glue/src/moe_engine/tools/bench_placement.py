@@ -72,6 +72,12 @@ class Driver:
         self.end_s += time.perf_counter() - t0
         return out
 
+    def rewind(self, i: int) -> None:
+        """The next step takes the pool's routes `i` (the graph's own counter too)."""
+        self.i = i % self.n
+        if self.graph is not None:
+            self.graph.i.fill_(self.i)
+
     def sync(self):
         if self.graph is not None:
             self.torch.cuda.synchronize()
@@ -151,23 +157,33 @@ def bench_hot(a, fmt, T, banks, s, emit=lambda row: None) -> list[dict]:
 
 
 def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
-    """(median us per layer, hit rate, each run's us, the executor's median GB/s over the timed steps or None, each
-    run's Driver.stats) of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res` over
-    --repeats runs, the q taken in turn within each repeat (a slow phase of the shared host then falls on every q
-    alike). pick(us, hit, GB/s) -> q, after the first q = 0 run: one more q, run in turn with the others from then on
-    (auto's pick, timed beside the grid: the host's rate moves 30-60% between runs minutes apart)."""
+    """(median us per layer, hit rate, each round's us, the executor's median GB/s over the timed steps or None, each
+    round's Driver.stats) of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res`.
+
+    One runner per residency: its banks page-locked and hot's placement warmed once (--warmup steps), then --repeats
+    rounds; each round times every q in turn (set_split between blocks: the tables in place, no recapture), rotated
+    one place a round so no q always follows the same one, and every block replays the same stretch of routes
+    (--settle steps, then --steps timed). A runner per q and run cost ~10 s of set-up each, and two runs of one q
+    minutes apart differed by 8% at the median and up to 71% on an H100 host (2026-12-07): more than the 5% the grid
+    must resolve. pick(us, hit, GB/s) -> q, after the first q = 0 block: one more q, timed with the others from then
+    on (auto's pick, as split="auto" makes it after its first window)."""
     cap = max(1, round(res * s.E))
     place = dict(residency="hot", capacity=cap, replace_every=a.every) if res > 0 else dict(residency=0.0, capacity=1)
     qs = list(qs)
     runs, rates, stats = {q: [] for q in qs}, {q: [] for q in qs}, {q: [] for q in qs}
-    for rep in range(a.repeats):
-        i = 0
-        while i < len(qs):  # qs grows by pick's q inside the first repeat
-            q = qs[i]
-            i += 1
-            with _runner(fmt, banks, s, T, a, split=q, **place) as r:
-                d = Driver(r, a.layers, T, pool)
-                for _ in range(a.warmup):
+    with _runner(fmt, banks, s, T, a, split=0.0, **place) as r:
+        d = Driver(r, a.layers, T, pool)
+        for _ in range(a.warmup):
+            d.step()
+        for rep in range(a.repeats):
+            order = qs if rep == 0 else qs[rep % len(qs):] + qs[:rep % len(qs)]
+            i = 0
+            while i < len(order):  # qs (order, in round 0) grows by pick's q
+                q = order[i]
+                i += 1
+                r.set_split(q)
+                d.rewind(a.warmup)
+                for _ in range(a.settle):
                     d.step()
                 w0 = r.executor.work()
                 runs[q].append(d.timed(a.steps))
@@ -175,17 +191,17 @@ def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
                 rate = live_GBps(w0, r.executor.work(), r.bytes_per_expert)
                 if rate is not None:
                     rates[q].append(rate)
-            if pick is not None and rep == 0 and q == 0.0:
-                extra = pick(*runs[q][0], rates[q][0] if rates[q] else None)
-                if extra not in runs:
-                    qs.append(extra)
-                    runs[extra], rates[extra], stats[extra] = [], [], []
+                if pick is not None and rep == 0 and q == 0.0:
+                    extra = pick(*runs[q][0], rates[q][0] if rates[q] else None)
+                    if extra not in runs:
+                        qs.append(extra)
+                        runs[extra], rates[extra], stats[extra] = [], [], []
     return {q: (statistics.median(u for u, _ in rs), rs[0][1], [u for u, _ in rs],
                 statistics.median(rates[q]) if rates[q] else None, stats[q]) for q, rs in runs.items()}
 
 
 def bench_split(a, fmt, T, banks, s) -> dict:
-    pool = _pool(s, a.layers, T, a.warmup + a.steps, seed=2)
+    pool = _pool(s, a.layers, T, a.warmup + a.settle + a.steps, seed=2)
     qs = [0.0, 1.0] + [q for q in a.qs if 0 < q < 1]
     t = _modes(a, fmt, T, banks, s, 0.0, qs, pool)
     single = min(t[0.0][0], t[1.0][0])
@@ -202,7 +218,7 @@ def bench_auto(a, fmt, T, banks, s, profile, emit=lambda row: None) -> list[dict
     from ..placement.choose import choose
 
     rows = []
-    pool = _pool(s, a.layers, T, a.warmup + a.steps, seed=3)
+    pool = _pool(s, a.layers, T, a.warmup + a.settle + a.steps, seed=3)
     for res in a.residencies:
         qs = [0.0, 1.0] + [q for q in a.qs if 0 < q < 1]
         picked = []
@@ -290,8 +306,9 @@ def main(argv=None) -> int:
     p.add_argument("--every", type=int, default=50, help="hot: re-placement period in steps")
     p.add_argument("--warmup", type=int, default=500, help="steps before timing (hot converges)")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
+    p.add_argument("--settle", type=int, default=25, help="split / auto: steps after each change of q, untimed")
     p.add_argument("--replays", type=int, default=1000)
-    p.add_argument("--repeats", type=int, default=1, help="split / auto: runs of each q, interleaved; the median")
+    p.add_argument("--repeats", type=int, default=1, help="split / auto: rounds over every q in turn; the median")
     p.add_argument("--profile", default=None, help="auto: a bandwidth profile (default: this GPU's cached one)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--smoke", action="store_true", help="a tiny shape, eager, any machine")
