@@ -96,8 +96,10 @@ def test_auto_takes_the_live_cpu_rate_of_the_q0_runs(monkeypatch):
     (row,) = bp.bench_auto(_args(residencies=[0.0]), "bf16", 1, None, s, p)
     assert row["cpu_GBps"]["0.0"] == pytest.approx(95.0, rel=1e-3)
     assert "cpu 95.0 GB/s live" in row["auto"]["reason"]
-    assert row["auto"]["q"] <= 0.35  # the profile's 10 GB/s alone gives q >= 0.8
-    assert len(row["us_runs"][str(row["auto"]["q"])]) == 3
+    assert 0 < row["auto"]["model_q"] <= 0.35  # the profile's 10 GB/s alone gives q >= 0.8
+    # every q ran 1000 us: the split's block is no faster than q = 0's, so the live check keeps hybrid
+    assert row["auto"]["q"] == 0.0 and row["auto"]["checked"] is False and row["auto"]["mode"] == "hybrid"
+    assert len(row["us_runs"][str(row["auto"]["model_q"])]) == 3  # the model's pick timed in every round
     from moe_engine.placement.choose import choose
     c = choose(p, "bf16", bytes_per_expert=bp.banks_bpe("bf16", s), E=s.E, top_k=s.top_k, batch=1, miss_rate=1.0,
                residency=0.0, modes=("hybrid", "split", "gpu_misses"))
@@ -108,10 +110,10 @@ def test_auto_row_times_its_pick_against_the_best(monkeypatch):
     s = preset("qwen3-30b-a3b")
     p = Profile(gpu="g", cpu_read=100.0, executor={"bf16": 100.0}, zero_copy={"bf16": 50.0}, hbm=3000.0,
                 cpu_fixed_us=5.0, gpu_fixed_us=5.0)
-    times = {q: [1000 - 100 * abs(q - 0.3)] * 3 for q in [round(0.05 * i, 2) for i in range(21)]}
+    times = {q: [1000 + 100 * abs(q - 0.3)] * 3 for q in [round(0.05 * i, 2) for i in range(21)]}
     order = _fake(monkeypatch, times)
     (row,) = bp.bench_auto(_args(), "bf16", 1, None, s, p)
-    assert row["auto"]["mode"] == "split" and str(row["auto"]["q"]) in row["us"]
+    assert row["auto"]["mode"] == "split" and str(row["auto"]["q"]) in row["us"] and row["auto"]["checked"]
     q = row["auto"]["q"]
     # picked after the first q = 0 run, then timed in turn with the grid in every repeat (not minutes later)
     grid = [0.0, 1.0, 0.2, 0.5]

@@ -197,6 +197,19 @@ def test_split_auto_follows_the_profile(rng, caplog):
         c = sp.split.choice
         assert c is not None and c.mode == "split" and 0 < c.q < 1 and sp.split.q == c.q, c.reason
         assert caplog.text.count("auto: split q=") == 1  # one line when the mode changes; q follows the window
+        # the live check: the split's trial windows against hybrid's, then the faster of the two on the step times
+        for _ in range(12):
+            if sp.split.check.kept is not None:
+                break
+            for li in range(2):
+                x, w, ids = _inputs(rng, 1, E, H)
+                sp.forward(li, x, w, ids)
+        chk = sp.split.check
+        assert chk.kept is not None and chk.kept == (chk.us["split"] < chk.us["hybrid"]), chk.us
+        assert sp.split.q == (sp.split.choice.q if chk.kept else 0.0)
+        assert "auto: the decode's own steps: split q=" in caplog.text
+        if DEVICE == "cpu":  # Triton's interpreter runs the zero-copy experts several times slower than the CPU's
+            assert chk.kept is False and sp.split.q == 0.0, chk.us
     assert sp.split.cpu_GBps is None  # 2-step windows of a few experts: under LIVE_MIN_EXPERTS, the profile's rate
     with pytest.raises(ProfileError, match="no executor figure for format 'bf16'"):
         _runner(banks, split="auto", profile=Profile(gpu=_gpu_name(), cpu_read=1.0, executor={"fp8_block": 1.0}))

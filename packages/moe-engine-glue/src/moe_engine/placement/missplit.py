@@ -2,7 +2,8 @@
 zero-copy sets (split.py) and the step that serves each route once: resident -> its GPU slot, in the zero-copy set ->
 the GPU experts reading host memory, else the CPU executor, the CPU started first and both sides at once.
 
-Under split="auto" the CPU's rate is the runner's own where it has one: the executor's experts per second over the
+Under split="auto" the model's pick of a fraction q > 0 is checked on the decode's own step times before it stands
+(livecheck.py), and the CPU's rate is the runner's own where it has one: the executor's experts per second over the
 last re-placement window that ran with q = 0 (the first window always does), the lone rate the model wants; the
 profile's until then. A profile's one-off figure can be far off the live one: an H100 host's profile read fp8_block
 at 34.3 GB/s where the runner's CPU-only misses read 91 a minute later, and auto then leaned to the split (+34-46%).
@@ -12,6 +13,7 @@ step() is the body a graph captures."""
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -45,9 +47,13 @@ class MissSplit:
             if self.profile is None:
                 log.warning("split='auto': no bandwidth profile for %s; the misses stay on the CPU until one exists "
                             "(run `moe-engine bench --profile`)", gpu)
+            from .livecheck import LiveCheck
+
             self.q = 0.0
             self.cpu_GBps = None  # the CPU's lone rate measured live (windows with q = 0)
             self._work = r.executor.work() if r.executor is not None else None
+            self.check = LiveCheck()  # the model's split against hybrid on the windows' own step times
+            self._clock = (time.perf_counter(), r.hot.steps)  # (seconds, hot's steps) when the window began
         else:
             zero_copy_set(np.zeros(r.E, bool), None, split)  # checks the fraction, naming split=
             self.q = float(split)
@@ -82,7 +88,12 @@ class MissSplit:
                        cpu_GBps=self.cpu_GBps)
             if self.choice is None or c.mode != self.choice.mode:
                 log.info("%s", c.reason)
-            self.choice, self.q = c, c.q
+            kept = self.check.kept
+            self.choice, self.q = c, self.check.next_q(c.q)
+            if self.check.kept is not None and self.check.kept != kept:
+                u = self.check.us
+                log.info("auto: the decode's own steps: split q=%.2f %.0f us, hybrid %.0f us: %s for %d windows",
+                         c.q, u["split"], u["hybrid"], "split" if self.check.kept else "hybrid", self.check.recheck)
         for layer in range(r.num_layers):
             self.assign(layer)
 
@@ -100,9 +111,16 @@ class MissSplit:
         """The live rate's window starts now (the runner: after its start-up qualification's steps)."""
         if self.auto and self.runner.executor is not None:
             self._work = self.runner.executor.work()
+        if self.auto:
+            self._clock = (time.perf_counter(), self.runner.hot.steps)
 
     def _measure(self) -> None:
-        """The window just ended: its CPU rate becomes cpu_GBps when it ran with q = 0 and enough experts."""
+        """The window just ended: its step time goes to the check, and its CPU rate becomes cpu_GBps when it ran with
+        q = 0 and enough experts."""
+        hot, now = self.runner.hot, time.perf_counter()
+        if hot.steps > self._clock[1]:
+            self.check.ended(self.q, (now - self._clock[0]) / (hot.steps - self._clock[1]), hot.tokens_per_step)
+        self._clock = (now, hot.steps)
         if self._work is None:
             return
         now = self.runner.executor.work()

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..banks import random_layers
 from ..placement.calibrate import CALIBRATED
+from ..placement.livecheck import LiveCheck
 from ..placement.missplit import live_GBps
 from ..placement.trace import TraceModel
 from .shapes import MoEShape, preset
@@ -233,17 +234,25 @@ def bench_auto(a, fmt, T, banks, s, profile, emit=lambda row: None) -> list[dict
 
         t = _modes(a, fmt, T, banks, s, res, qs, pool, pick=pick)
         hit, c = t[0.0][1], picked[0]
-        q_auto = c.q
+        # the runner's live check on round 0's blocks: the model's split stands only if its block ran faster than
+        # q = 0's (the runner compares its re-placement windows the same way)
+        check = LiveCheck(trial=1)
+        check.ended(0.0, t[0.0][2][0], T)
+        check.next_q(c.q)
+        if c.q > 0:
+            check.ended(c.q, t[c.q][2][0], T)
+        q_auto = check.next_q(c.q)
         best = min(t, key=lambda q: t[q][0])
         row = {"format": fmt, "batch": T, "residency": res, "hit_rate": hit, "us": {str(q): v[0] for q, v in t.items()},
                "us_runs": {str(q): v[2] for q, v in t.items()},
                "cpu_GBps": {str(q): v[3] for q, v in t.items()},
                "step_stats": {str(q): v[4] for q, v in t.items()},  # per run: end_step's host us, hot's loads
-               "auto": {"mode": c.mode, "q": q_auto, "reason": c.reason}, "best_q": best,
+               "auto": {"mode": c.mode if q_auto == c.q else "hybrid", "q": q_auto, "model_q": c.q,
+                        "reason": c.reason, "checked": check.kept}, "best_q": best,
                "auto_over_best": t[q_auto][0] / t[best][0]}
         rows.append(row)
         emit(row)  # main() saves each row as it comes
-        _say(f"auto {fmt} T={T} {res:.0%}: auto q={q_auto:.2f} {t[q_auto][0]:.0f} us, best q={best} "
+        _say(f"auto {fmt} T={T} {res:.0%}: model q={c.q:.2f}, auto q={q_auto:.2f} {t[q_auto][0]:.0f} us, best q={best} "
              f"{t[best][0]:.0f} us ({100 * (row['auto_over_best'] - 1):+.1f}%)")
     return rows
 
