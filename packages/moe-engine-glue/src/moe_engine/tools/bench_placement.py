@@ -237,10 +237,10 @@ def bench_auto(a, fmt, T, banks, s, profile, emit=lambda row: None) -> list[dict
         # the runner's live check on round 0's blocks: the model's split stands only if its block ran faster than
         # q = 0's (the runner compares its re-placement windows the same way)
         check = LiveCheck(trial=1)
-        check.ended(0.0, t[0.0][2][0], T)
+        check.ended(0.0, 1e-6 * t[0.0][2][0], T)
         check.next_q(c.q)
         if c.q > 0:
-            check.ended(c.q, t[c.q][2][0], T)
+            check.ended(c.q, 1e-6 * t[c.q][2][0], T)
         q_auto = check.next_q(c.q)
         best = min(t, key=lambda q: t[q][0])
         row = {"format": fmt, "batch": T, "residency": res, "hit_rate": hit, "us": {str(q): v[0] for q, v in t.items()},
