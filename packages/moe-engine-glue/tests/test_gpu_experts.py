@@ -12,10 +12,10 @@ rounding: half a bf16 ulp, up to 2^-8 = 3.9e-3 of |y|. Measured in the interpret
 (GPU_EXPERTS_STATS=1 prints them): every element equal to bf16(reference) bit for bit (the intermediate's bf16
 rounding of fp32 values matched the reference's each time), max|y - ref| / max|ref| between 1.9e-4 and 3.7e-3.
 The checks allow fp32 accumulation in another order (tensor cores, other block sizes) to flip a rounding of the
-intermediate or the output now and then: max|y - ref| / max|ref| < 1e-2 (2.5x the rounding bound) and at most 25%
-of the elements differing from bf16(reference). One intermediate element whose rounding flips moves every output by
-w * ulp(h_j) * down[:, j] and so flips a share of them at once (q4_k/q6_k, CPUMOE_TEST_SEED=560613285, T=1: 6.1% at
-2.6e-3); a wrong rounding or a lost term differs in most elements.
+intermediate or the output now and then: max|y - ref| / max|ref| < 1e-2 (2.5x the rounding bound) and at most 5%
+of the elements differing from bf16(reference) beyond what intermediates within 1e-2 ulps of a rounding tie explain
+(check_close; the reference's tie_slack). One such intermediate flipping moves every output by w * ulp(g_j) *
+down[:, j] at once: q4_k/q6_k, CPUMOE_TEST_SEED=560613285, T=1, flipped 6.1% of the outputs that way.
 
 Runs: the interpreter (no GPU) 62 passed, 68 skipped (the [cuda] cases and the graph replays); one H200 (torch
 2.11, Triton 3.6, pytest -n 8) 70 passed, 60 skipped (the [cpu] cases), before config.py's defaults became the
@@ -129,6 +129,27 @@ def _routes(rng, T, E):
     return slots, w, ids_ref
 
 
+TIE_ULPS = 1e-2  # intermediates this near a bf16 rounding tie may round either way (fp32 sums: ~1e-3 ulps off)
+
+
+def check_close(what, y, ref, slack):
+    """y (the kernel's bf16 output, float64) against the float64 reference: max error < 1e-2 of max|ref|, and at most
+    5% of the elements differing from bf16(ref) beyond what near-tie intermediates explain (slack: the reference's
+    tie_slack) and half an output ulp."""
+    assert np.isfinite(y).all(), "output not fully written (NaN poison left) or not finite"
+    scale = np.abs(ref).max()
+    assert scale > 0
+    err = np.abs(y - ref).max() / scale
+    off = y != round_bf16(ref)
+    differ = float(np.mean(off))
+    unexplained = float(np.mean(off & (np.abs(y - ref) > 0.5 * cf.numerics.ulp_bf16(y) * (1 + TIE_ULPS) + slack)))
+    if os.environ.get("GPU_EXPERTS_STATS"):
+        print(f"STATS {what} err={err:.3e} differ={differ:.4f} unexplained={unexplained:.4f}", file=sys.stderr)
+    assert err < 1e-2 and unexplained <= 0.05, \
+        f"{what}: max err {err:.3g} of max|ref|, {differ:.1%} != bf16(ref), {unexplained:.1%} beyond near ties"
+    return err
+
+
 def _check(fmt, banks, ge, rng, T, device, **ref_kw):
     E, H, I = SHAPES[fmt]
     slots, w, ids_ref = _routes(rng, T, E)
@@ -137,15 +158,8 @@ def _check(fmt, banks, ge, rng, T, device, **ref_kw):
     y = ge.forward(1, x.to(device), torch.from_numpy(w).to(device), torch.from_numpy(slots).to(device), out=out)
     assert y is out
     y = y.float().cpu().numpy().astype(np.float64)
-    ref = cf.reference.moe(fmt, banks, x.float().numpy(), w, ids_ref, **ref_kw)
-    assert np.isfinite(y).all(), "output not fully written (NaN poison left) or not finite"
-    scale = np.abs(ref).max()
-    assert scale > 0
-    err = np.abs(y - ref).max() / scale
-    differ = float(np.mean(y != round_bf16(ref)))
-    if os.environ.get("GPU_EXPERTS_STATS"):
-        print(f"STATS {fmt} T={T} device={device} err={err:.3e} differ={differ:.4f}", file=sys.stderr)
-    assert err < 1e-2 and differ <= 0.25, f"{fmt} T={T}: max err {err:.3g} of max|ref|, {differ:.1%} != bf16(ref)"
+    ref, slack = cf.reference.moe(fmt, banks, x.float().numpy(), w, ids_ref, tie_slack=TIE_ULPS, **ref_kw)
+    err = check_close(f"{fmt} T={T} device={device}", y, ref, slack)
     if T >= 3:
         assert (y[-1] == 0).all()  # no resident route
     return err

@@ -11,23 +11,21 @@ gate_up and the down format's dequantized down (`dequantized=`; native mode read
 Tolerance, as tests/test_gpu_experts.py: the reference is float64 before the output's bf16 rounding, so the error
 is at least half a bf16 ulp (2^-9 of |y|); fp32 accumulation in another order (tensor cores, block sizes, q4_k's
 dot path folding d * sc and dmin * m after the sums) may flip the intermediate's or the output's bf16 rounding
-now and then: max|y - ref| / max|ref| < 1e-2 and at most 25% of the elements differing from bf16(reference) (one
-flipped intermediate moves every output at once: why in test_gpu_experts.py). Measured in the interpreter
+now and then: max|y - ref| / max|ref| < 1e-2 and at most 5% of the elements differing from bf16(reference) beyond
+what near-tie intermediates explain (check_close in test_gpu_experts.py). Measured in the interpreter
 (GPU_EXPERTS_STATS=1; q4_k/q6_k over 17 seeds at T = 1 and 8): max error 1.4e-3 .. 3.4e-3 of max|ref|; 0-0.4% of the
-elements differing, and 6.1% in one case (CPUMOE_TEST_SEED=560613285, T=1: one intermediate's rounding flipped).
+elements differing, and 6.1% in one case (CPUMOE_TEST_SEED=560613285, T=1: one intermediate 0.49998 ulps from its
+tie rounded the other way; 0% beyond the ties' slack).
 
 The interpreter runs the kernels with large row blocks (cpu_config: it pays per Triton op and program); on a GPU
 the same cases run the default configs (config.py), and test_kernel_variants runs the other kernel combinations.
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 import torch
-from test_gpu_experts import DEVICES, HAVE_CUDA, gpu
+from test_gpu_experts import DEVICES, HAVE_CUDA, TIE_ULPS, check_close, gpu
 
 import cpumoe_formats as cf
 
@@ -122,8 +120,9 @@ def _run(fmts, banks, ge, x, rng, device):
     return y.float().cpu().numpy().astype(np.float64), w, ids_ref
 
 
-def _reference(fmts, full_a, deq, x, w, ids_ref):
-    return cf.reference.moe(fmts[0], full_a, x.float().numpy(), w, ids_ref, mode="native", dequantized=deq)
+def _reference(fmts, full_a, deq, x, w, ids_ref, tie_slack=None):
+    return cf.reference.moe(fmts[0], full_a, x.float().numpy(), w, ids_ref, mode="native", dequantized=deq,
+                            tie_slack=tie_slack)
 
 
 def _check(fmts, T, device, rng):
@@ -132,15 +131,8 @@ def _check(fmts, T, device, rng):
     H = SHAPES[fmts[0]][1]
     x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
     y, w, ids_ref = _run(fmts, banks, ge, x, rng, device)
-    ref = _reference(fmts, full_a, deq, x, w, ids_ref)
-    assert np.isfinite(y).all(), "output not fully written (NaN poison left) or not finite"
-    scale = np.abs(ref).max()
-    assert scale > 0
-    err = np.abs(y - ref).max() / scale
-    differ = float(np.mean(y != round_bf16(ref)))
-    if os.environ.get("GPU_EXPERTS_STATS"):
-        print(f"STATS {fmts} T={T} device={device} err={err:.3e} differ={differ:.4f}", file=sys.stderr)
-    assert err < 1e-2 and differ <= 0.25, f"{fmts} T={T}: max err {err:.3g} of max|ref|, {differ:.1%} != bf16(ref)"
+    ref, slack = _reference(fmts, full_a, deq, x, w, ids_ref, tie_slack=TIE_ULPS)
+    check_close(f"{fmts} T={T} device={device}", y, ref, slack)
     if T >= 3:
         assert (y[-1] == 0).all()  # no resident route
     return ge

@@ -70,6 +70,11 @@ def round_bf16(a) -> np.ndarray:
         return to_bf16(np.asarray(a, np.float64)).astype(np.float64)
 
 
+def ulp_bf16(a) -> np.ndarray:
+    """The bf16 spacing above |a| (a bf16 value), as float64: 2^(exponent - 7); 2^-133 at zero and subnormals."""
+    return np.spacing(np.abs(np.asarray(a, np.float32))).astype(np.float64) * 65536.0
+
+
 def to_e4m3(a) -> np.ndarray:
     """Round to e4m3fn, nearest even, saturating at +-448 (never NaN)."""
     return np.clip(np.asarray(a, np.float32), -448.0, 448.0).astype(E4M3)

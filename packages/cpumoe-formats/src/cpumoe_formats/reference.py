@@ -16,7 +16,7 @@ from . import activations
 from .formats import get_format
 from .inputs import check_routing, check_x
 from .layers import model_mode, validate_layer
-from .numerics import round_bf16
+from .numerics import round_bf16, ulp_bf16
 
 
 def _pair(fmt):
@@ -42,8 +42,15 @@ def dequantize(fmt, banks) -> tuple[np.ndarray, np.ndarray]:
 
 def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alpha: float | None = None,
         limit: float | None = None, apply_router_weight_on_input: bool = False, mode: str | None = None,
-        dequantized: tuple | None = None) -> np.ndarray:
+        dequantized: tuple | None = None, tie_slack: float | None = None):
     """y [T, H] float64, before the final bf16 rounding of the output.
+
+    tie_slack (in ulps): also return slack [T, H], what the output may move where an intermediate's bf16 rounding
+    could go the other way: for each intermediate element within tie_slack ulps of a rounding tie, one ulp of it
+    through its down column and route weight (|down[:, j]| ulp(g_j) |w|, summed). A kernel summing in fp32 in
+    another order rounds those either way (fp32 sums sit ~1e-3 bf16 ulps off float64's); one flip moves every
+    output at once (q4_k/q6_k, CPUMOE_TEST_SEED=560613285: one g at 0.49998 ulps from its tie flipped 6.1% of the
+    outputs' rounding, and 0 differed with it flipped here).
 
     fmt: a format name, or a (gate_up_format, down_format) pair: a layer of two formats, composed per role (x as
     the gate_up format's mode prepares it, g as the down format's; the gate_up format's gate/up rounding, the down
@@ -73,6 +80,7 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
         bgu, bdn = gs.biases_role("gate_up", banks), ds.biases_role("down", banks)
     T, K = ids.shape
     y = np.zeros((T, H), np.float64)
+    slack = None if tie_slack is None else np.zeros((T, H), np.float64)
     for t in range(T):
         xa = gs.act_in(xv[t], mode)
         for k in range(K):
@@ -87,7 +95,12 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
             gate, up = gate_up[:I] * w_in, gate_up[I:] * w_in
             if gs.round_gate_up:
                 gate, up = round_bf16(gate), round_bf16(up)
-            g = round_bf16(act(gate, up))
+            a = act(gate, up)
+            g = round_bf16(a)
+            if slack is not None:
+                u = ulp_bf16(g)
+                near = np.abs(np.abs(a - g) - 0.5 * u) <= tie_slack * u
+                slack[t] += np.abs(dn[e][:, near]) @ u[near] * abs(w_out)
             o = dn[e] @ ds.act_in(g, mode)
             if bdn is not None:
                 o = o + bdn[e]
@@ -95,7 +108,7 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
             if ds.round_route_term:
                 o = round_bf16(o)
             y[t] += o
-    return y
+    return y if slack is None else (y, slack)
 
 
 def attention(q, k, v, mask=None, scale: float | None = None) -> np.ndarray:
