@@ -20,6 +20,7 @@ import statistics
 TRIAL = 2  # windows of each side a verdict compares
 RECHECK = 20  # windows a verdict stands
 TOLERANCE = 0.1  # the model's q may move this far under a standing verdict (window-to-window jitter of the miss rate)
+BATCH_CHANGE = 0.1  # a window's mean batch this far (relative) from the last one's: the windows no longer compare
 
 
 class LiveCheck:
@@ -37,7 +38,7 @@ class LiveCheck:
 
     def ended(self, q: float, step_s: float, batch: float) -> None:
         """The window that just ended ran fraction q at step_s seconds a step and a mean batch of `batch` tokens."""
-        if self._batch is not None and abs(batch - self._batch) > 0.1 * self._batch:
+        if self._batch is not None and abs(batch - self._batch) > BATCH_CHANGE * self._batch:
             self._restart()  # windows of different batches do not compare
             self._seen["hybrid"] = []
         self._batch = batch

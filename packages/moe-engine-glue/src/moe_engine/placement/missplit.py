@@ -30,6 +30,11 @@ def live_GBps(before, after, bytes_per_expert: int, min_experts: int = 1) -> flo
     return dn * bytes_per_expert / ds / 1e9 if dn >= min_experts and dn > 0 and ds > 0 else None
 
 
+def _fraction(q, E: int) -> float:
+    zero_copy_set(np.zeros(E, bool), None, q)  # checks the fraction, naming split=
+    return float(q)
+
+
 class MissSplit:
     def __init__(self, runner, split, pinned, profile):
         from .zerocopy import ZeroCopyBank
@@ -55,8 +60,7 @@ class MissSplit:
             self.check = LiveCheck()  # the model's split against hybrid on the windows' own step times
             self._clock = (time.perf_counter(), r.hot.steps)  # (seconds, hot's steps) when the window began
         else:
-            zero_copy_set(np.zeros(r.E, bool), None, split)  # checks the fraction, naming split=
-            self.q = float(split)
+            self.q = _fraction(split, r.E)
         flags = pinned.pinned if pinned is not None else [True] * r.num_layers  # the interpreter reads CPU tensors
         self.bank = ZeroCopyBank(r.format, r.host_banks, flags, E=r.E, H=r.H, I=r.I, device=r.device)
         self.table = SplitTable(r.num_layers, r.E, r.device)
@@ -102,8 +106,7 @@ class MissSplit:
         if self.auto:
             raise ValueError("set_split: split='auto' chooses q itself; open the runner with split=<a fraction> to "
                              "set it")
-        zero_copy_set(np.zeros(self.runner.E, bool), None, q)  # checks the fraction, naming split=
-        self.q = float(q)
+        self.q = _fraction(q, self.runner.E)
         for layer in range(self.runner.num_layers):
             self.assign(layer)
 
