@@ -10,7 +10,7 @@
 # split:   0% resident: CPU-only misses, GPU-only zero-copy, split fractions (both formats; REPEATS rounds, as auto)
 # auto:    the grid residency RES (default 0/10/25/50/90%) for FORMAT and BATCH (1 or 8): each q and auto's pick
 #          (profile first); one runner per residency, 500 warm-up steps, then REPEATS (default 5) rounds of every q
-#          in turn on the same 225 steps of routes; the median
+#          in turn on the same 25 + STEPS (default 200) steps of routes; the median
 # replay:  1,000 replays, hot re-placement every 50 steps, split q=0.3, against eager bit for bit (batch 1 and 8)
 # prefill: staged prefill from page-locked banks (copy_GBps against the profile's h2d) and the crossover re-measured
 set -uo pipefail
@@ -52,7 +52,7 @@ stage() {  # $1: the stage; $2: its own limit in seconds (cut to what is left of
   hot) timeout "$t" $B hot --formats "$F" --residencies 0.1,0.25,0.5 --json "$OUT/placement_hot_${F}_${SUF}.json" ;;
   split) timeout "$t" $B split --formats bf16,fp8_block --qs 0.2,0.3,0.4,0.5 --repeats "${REPEATS:-5}" \
           --json "$OUT/placement_split_${SUF}.json" ;;
-  auto) timeout "$t" $B auto --formats "$F" --batch "${BATCH:-1}" --residencies "${RES:-0,0.1,0.25,0.5,0.9}" --qs 0.2,0.35,0.5 --warmup 500 --settle 25 --steps 200 --repeats "${REPEATS:-5}" \
+  auto) timeout "$t" $B auto --formats "$F" --batch "${BATCH:-1}" --residencies "${RES:-0,0.1,0.25,0.5,0.9}" --qs 0.2,0.35,0.5 --warmup 500 --settle 25 --steps "${STEPS:-200}" --repeats "${REPEATS:-5}" \
           --profile "$PROFILE" --json "$OUT/placement_auto_${F}_b$(echo "${BATCH:-1}" | tr , -)_${SUF}.json" ;;
   replay) timeout "$t" $B replay --formats bf16 --json "$OUT/placement_replay_${SUF}.json" ;;
   prefill) timeout "$t" $PY -m moe_engine.tools.bench prefill --pin-memory --repeats 3 \
