@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../packages/cpumoe-formats/tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../packages/cpumoe-formats/tests"))
 from fp4_helpers import prep, to_bf16_bits, views  # noqa: E402
 
 import cpumoe_formats as cf  # noqa: E402
