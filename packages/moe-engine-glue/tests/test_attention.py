@@ -153,3 +153,61 @@ def test_on_an_executors_threads_the_same_bits():
         assert ex._x.attention_runs == runs + 2  # one call a batch row
         assert torch.equal(on_ex, alone)
         assert ex.attention_isa == attention._native().name
+
+
+class Attention(_Mod):  # bind() takes modules whose class name ends in "Attention"
+    pass
+
+
+@pytest.mark.parametrize("on_executor", [False, True])
+def test_compiled_it_is_one_opaque_node_with_the_same_bits(on_executor):
+    """Under torch.compile a call it takes is torch.ops.moe_engine.attention (sdpa would read and expand every cached
+    position): the traced graph holds that op and no sdpa, and returns the eager call's bits, on the calling thread or
+    on a bound executor's (its handle made by bind(), outside the trace)."""
+    import contextlib
+
+    import cpumoe_executor as ce
+
+    rng = np.random.default_rng(1)
+    g = torch.Generator().manual_seed(12)
+    q, k, v = _qkv(g, 1, 32, 4, 1, 300, 128)
+    mask = _static_mask(1, 1, 300, 37)
+    ctx = ce.CpuMoeExecutor("bf16", [cf.get_format("bf16").random_banks(2, 64, 32, rng)], top_k=2, threads=1) \
+        if on_executor else contextlib.nullcontext()
+    with ctx as ex:
+        mod = Attention(8)
+        assert attention.bind(mod, ex) == 1 and (mod._moe_engine_handle > 0) == on_executor
+        want = attention.decode_attention(mod, q, k, v, mask, scaling=0.07)[0]
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        f = torch.compile(lambda q, k, v, m: attention.decode_attention(mod, q, k, v, m, scaling=0.07)[0],
+                          backend=backend, fullgraph=True)
+        with torch.no_grad():
+            got = f(q, k, v, mask)
+        code = graphs[0].code
+        assert "moe_engine.attention" in code and "scaled_dot_product" not in code, code
+        assert torch.equal(got, want)
+        if on_executor:
+            runs = ex._x.attention_runs
+            f(q, k, v, mask)
+            assert ex._x.attention_runs == runs + 1  # the compiled call ran on the executor
+
+
+def test_the_op_plans_again_on_the_tensors_it_is_given():
+    """torch.ops.moe_engine.attention on tensors whose last dimension is strided (as a compiled graph may hand them
+    in): the same bits as on contiguous ones; a shape the kernel does not take is a clear error."""
+    g = torch.Generator().manual_seed(13)
+    q, k, v = _qkv(g, 1, 8, 2, 1, 40, 64)
+    mask = _static_mask(1, 1, 40, 40)
+    want = torch.ops.moe_engine.attention(q, k, v, mask, 0.1, 0)
+    ks = torch.empty(1, 2, 40, 128, dtype=torch.bfloat16)[..., ::2]
+    ks.copy_(k)
+    assert ks.stride(-1) == 2
+    assert torch.equal(torch.ops.moe_engine.attention(q, ks, v, mask, 0.1, 0), want)
+    with pytest.raises(ValueError, match="moe_engine.attention: query"):
+        torch.ops.moe_engine.attention(q.float(), k, v, mask, 0.1, 0)

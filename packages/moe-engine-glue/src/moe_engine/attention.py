@@ -14,6 +14,10 @@ at 34 positions; the full-size model decodes 1.29-1.38x llama.cpp at depth 2048 
     register()                                   # once; idempotent
     model.set_attn_implementation("moe_engine")  # or config._attn_implementation
 
+Under torch.compile (GraphLoop's `compile` step) a call the kernel takes is one opaque node,
+torch.ops.moe_engine.attention, instead of sdpa: inductor's sdpa path expands a static cache's kv heads to the query
+heads and reads every position (4 layers on the 2-core VM, a 512-position cache: 2.2-2.5 ms a layer against 26 us).
+
 Numerics: fp32 dots and softmax of the bf16 inputs, output rounded once to bf16 (cpumoe_formats.reference.attention
 is its float64 reference); sdpa's CPU kernel rounds differently, so logits differ from sdpa's within bf16 rounding.
 Thread contract: a pure function of its inputs; any number of threads may call it."""
@@ -22,6 +26,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from . import op as _op  # noqa: F401  (registers torch.ops.moe_engine.attention, the compiled call)
 
 NAME = "moe_engine"
 MAX_TOKENS = 16  # query tokens a call runs natively (decode steps, a speculative draft); prompts go to sdpa
@@ -45,7 +51,7 @@ def _plan(module, query, key, value, attention_mask, dropout, kwargs):
     """The native call's sizes and element strides, or None where the call goes to sdpa (see the module's doc).
     One pass over the tensors' attributes: at decode each read costs a fraction of a microsecond, 48 layers a token."""
     bf = torch.bfloat16
-    if query.dtype is not bf or key.dtype is not bf or value.dtype is not bf or torch.compiler.is_compiling():
+    if query.dtype is not bf or key.dtype is not bf or value.dtype is not bf:
         return None
     if (dropout and module.training) or kwargs and any(kwargs.get(k) is not None for k in _NOT_TAKEN):
         return None
@@ -89,10 +95,19 @@ def decode_attention(module, query, key, value, attention_mask, dropout: float =
     plan = _plan(module, query, key, value, attention_mask, dropout, kwargs)
     if plan is None:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    B, Hq, n, D, Hkv, L, qs, ks, vs, ms = plan
-    scale = float(scaling) if scaling is not None else D ** -0.5
-    out = torch.empty((B, n, Hq, D), dtype=torch.bfloat16)
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     ex = getattr(module, "_moe_engine_executor", None)
+    if torch.compiler.is_compiling():  # one opaque node; the op plans again on the real tensors
+        h = getattr(module, "_moe_engine_handle", 0) if ex is not None else 0  # bind()'s, made eagerly
+        return torch.ops.moe_engine.attention(query, key, value, attention_mask, scale, h), None
+    return _run(plan, query, key, value, attention_mask, scale, ex), None
+
+
+def _run(plan, query, key, value, attention_mask, scale: float, ex):
+    """The native call on a plan of _plan: attn_output [B, n, Hq, D] (ex: a CpuMoeExecutor, or None for the calling
+    thread)."""
+    B, Hq, n, D, Hkv, L, qs, ks, vs, ms = plan
+    out = torch.empty((B, n, Hq, D), dtype=torch.bfloat16)
     run = ex.attention_raw if ex is not None else _native().run_raw
     qp, kp, vp, op = query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr()
     mp = 0 if attention_mask is None else attention_mask.data_ptr()
@@ -100,16 +115,19 @@ def decode_attention(module, query, key, value, attention_mask, dropout: float =
         run(n, Hq // Hkv, D, L, Hkv, qp + 2 * b * qs[0], qs[2], qs[1], kp + 2 * b * ks[0], ks[1], ks[2],
             vp + 2 * b * vs[0], vs[1], vs[2], mp + b * ms[0] if mp else 0, ms[2], scale, op + 2 * b * n * Hq * D,
             Hq * D, D)
-    return out, None
+    return out
 
 
 def bind(model, executor) -> int:
     """Runs the attention of every module of `model` whose class name ends in "Attention" (transformers' naming) on
     `executor`'s threads (a cpumoe_executor.CpuMoeExecutor; None: the calling thread again). Returns how many."""
+    from .op import register as handle_of
+
+    h = 0 if executor is None else handle_of(executor)  # the compiled step's name for it (op.attention)
     n = 0
     for m in model.modules():
         if type(m).__name__.endswith("Attention"):
-            m._moe_engine_executor = executor
+            m._moe_engine_executor, m._moe_engine_handle = executor, h
             n += 1
     return n
 

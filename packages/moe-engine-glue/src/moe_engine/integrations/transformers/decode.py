@@ -10,9 +10,11 @@ which one runs, chosen once at load (`decode=`), with one log line naming it and
   static   packed, plus transformers' static cache (generation_config.cache_implementation = "static"): no cache
            growth per token (torch.cat of every layer's keys and values).
   compile  static cache and torch.compile of the whole forward (inductor, fullgraph, dynamic=False; the experts are
-           one opaque node, torch.ops.moe_engine.experts) on plain bf16 weights. Measured on the CPU it takes the
-           same CPU time as static (76.6 vs 76.4 ms a token on the 2-layer full-width file: the token is bf16
-           matrix-vector products, which inductor leaves to aten) and compiles for a minute, so auto never picks it.
+           one opaque node, torch.ops.moe_engine.experts). With the runner's CPU executor (strategy cpu on the CPU)
+           the linears, routers and decode attention are gemv's, each an opaque node too (torch.ops.moe_engine.linear
+           / .attention), and inductor fuses what is left (norms, rotary, the cache update, residuals, the routers'
+           softmax and top-k); elsewhere the weights stay plain bf16 (aten's products). It compiles for a minute
+           or more before the first token, so auto does not pick it.
            On a GPU, GraphLoop (moe-engine bench / generate) compiles its step and captures inductor's kernels: the
            full-size Q4_0 file with a quarter of the expert bytes on an H200 decoded 110.9 tok/s against eager's
            70.7 (docs/end-to-end.md). auto leaves it to be asked for: the compile adds ~45 s before the first
@@ -208,12 +210,13 @@ def apply(model, decode: str, device, runner=None, attention: str = "auto") -> t
     if path in ("packed", "static"):
         n = pack_linears(model)
         detail = f"; {n} linears packed"
-    if path == "gemv":
+    on_ex = path == "gemv" or (path == "compile" and device.type == "cpu" and _executor(runner) is not None)
+    if on_ex:  # compile with a CPU executor: gemv's linears and attention, each one opaque node of the graph
         n, r = dense_linears(model, runner)
         detail = f"; {n} linears and {r} routers on the executor"
     if path in ("static", "compile", "gemv"):
         gc.cache_implementation = "static"
-    if path in ("packed", "static", "gemv") and device.type == "cpu":
+    if (path in ("packed", "static", "gemv") or on_ex) and device.type == "cpu":
         detail += "; " + (use_decode_attention(model, runner) if check_attention(attention) == "auto"
                           else "attention sdpa (asked for)")
     if path == "compile":
