@@ -27,7 +27,9 @@ import functools
 
 import torch
 
-from . import op as _op  # noqa: F401  (registers torch.ops.moe_engine.attention, the compiled call)
+# the compiled call's executor, named by an int handle (op.py's registry)
+from .op import register as _handle_of
+from .op import runner_of as _object_of
 
 NAME = "moe_engine"
 MAX_TOKENS = 16  # query tokens a call runs natively (decode steps, a speculative draft); prompts go to sdpa
@@ -121,9 +123,7 @@ def _run(plan, query, key, value, attention_mask, scale: float, ex):
 def bind(model, executor) -> int:
     """Runs the attention of every module of `model` whose class name ends in "Attention" (transformers' naming) on
     `executor`'s threads (a cpumoe_executor.CpuMoeExecutor; None: the calling thread again). Returns how many."""
-    from .op import register as handle_of
-
-    h = 0 if executor is None else handle_of(executor)  # the compiled step's name for it (op.attention)
+    h = 0 if executor is None else _handle_of(executor)  # the compiled step's name for it (attention_op)
     n = 0
     for m in model.modules():
         if type(m).__name__.endswith("Attention"):
@@ -142,3 +142,28 @@ def register() -> str:
     AttentionInterface.register(NAME, decode_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
     return NAME
+
+
+@torch.library.custom_op("moe_engine::attention", mutates_args=())
+def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                 scale: float, executor: int) -> torch.Tensor:
+    """moe_engine.attention's decode kernel: query [B, Hq, n, D], key and value [B, Hkv, L, D] bf16, attention_mask
+    bool [B, 1, n, L] or None -> [B, n, Hq, D]. The caller planned on the traced tensors; the strides a compiled graph
+    hands in may differ, so the plan is made again (last dimensions made contiguous where they are not)."""
+    ex = _object_of(executor) if executor else None
+    plan = _plan(None, query, key, value, attention_mask, 0.0, {})
+    if plan is None:
+        query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+        if attention_mask is not None and attention_mask.stride(-1) != 1:
+            attention_mask = attention_mask.contiguous()
+        plan = _plan(None, query, key, value, attention_mask, 0.0, {})
+        if plan is None:
+            raise ValueError(f"moe_engine.attention: query {tuple(query.shape)} {query.dtype}, key "
+                             f"{tuple(key.shape)}: expected the decode shapes moe_engine.attention.native_ok takes")
+    return _run(plan, query, key, value, attention_mask, scale, ex)
+
+
+@attention_op.register_fake
+def _(query, key, value, attention_mask, scale, executor):
+    B, Hq, n, D = query.shape
+    return query.new_empty((B, n, Hq, D))

@@ -1,8 +1,8 @@
 """torch.ops.moe_engine.experts: MoERunner.forward as a torch custom operator with a fake (meta) implementation, so
 torch.compile and engines that capture graphs see one opaque node (as vLLM registers its fused-MoE op). A runner is
 named by an integer handle: the op's arguments stay tensors and ints. torch.ops.moe_engine.linear (a runner's dense
-linear) and torch.ops.moe_engine.attention (moe_engine.attention's decode kernel; its executor by handle, 0 for the
-calling thread) are the same for the other parts of a compiled decode step."""
+linear) is the same for the linears of a compiled decode step (moe_engine.attention registers the attention's op,
+its executor named by a handle of this registry)."""
 from __future__ import annotations
 
 import itertools
@@ -28,7 +28,7 @@ def runner_of(handle: int):
     r = _RUNNERS.get(int(handle))
     r = r() if r is not None else None
     if r is None:
-        raise ValueError(f"moe_engine.experts: runner handle {handle} is not open (closed or garbage-collected)")
+        raise ValueError(f"moe_engine: handle {handle} is not open (its runner or executor closed or garbage-collected)")
     return r
 
 
@@ -58,29 +58,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, run
 def _(x, weight, bias, runner):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
-
-@torch.library.custom_op("moe_engine::attention", mutates_args=())
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-              scale: float, executor: int) -> torch.Tensor:
-    """moe_engine.attention's decode kernel: query [B, Hq, n, D], key and value [B, Hkv, L, D] bf16, attention_mask
-    bool [B, 1, n, L] or None -> [B, n, Hq, D]. The caller planned on the traced tensors; the strides a compiled graph
-    hands in may differ, so the plan is made again (last dimensions made contiguous where they are not)."""
-    from .attention import _plan, _run
-
-    ex = runner_of(executor) if executor else None
-    plan = _plan(None, query, key, value, attention_mask, 0.0, {})
-    if plan is None:
-        query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
-        if attention_mask is not None and attention_mask.stride(-1) != 1:
-            attention_mask = attention_mask.contiguous()
-        plan = _plan(None, query, key, value, attention_mask, 0.0, {})
-        if plan is None:
-            raise ValueError(f"moe_engine.attention: query {tuple(query.shape)} {query.dtype}, key "
-                             f"{tuple(key.shape)}: expected the decode shapes moe_engine.attention.native_ok takes")
-    return _run(plan, query, key, value, attention_mask, scale, ex)
-
-
-@attention.register_fake
-def _(query, key, value, attention_mask, scale, executor):
-    B, Hq, n, D = query.shape
-    return query.new_empty((B, n, Hq, D))
