@@ -28,7 +28,7 @@ def runner_of(handle: int):
     r = _RUNNERS.get(int(handle))
     r = r() if r is not None else None
     if r is None:
-        raise ValueError(f"moe_engine: handle {handle} is not open (its runner or executor closed or garbage-collected)")
+        raise ValueError(f"moe_engine: handle {handle} is not open (its runner or executor closed or collected)")
     return r
 
 
