@@ -135,14 +135,14 @@ TIE_ULPS = 1e-2  # intermediates this near a bf16 rounding tie may round either 
 def check_close(what, y, ref, slack):
     """y (the kernel's bf16 output, float64) against the float64 reference: max error < 1e-2 of max|ref|, and at most
     5% of the elements differing from bf16(ref) beyond what near-tie intermediates explain (slack: the reference's
-    tie_slack) and half an output ulp."""
+    tie_slack) and half the gap from y to its bf16 neighbour on ref's side."""
     assert np.isfinite(y).all(), "output not fully written (NaN poison left) or not finite"
     scale = np.abs(ref).max()
     assert scale > 0
     err = np.abs(y - ref).max() / scale
     off = y != round_bf16(ref)
     differ = float(np.mean(off))
-    unexplained = float(np.mean(off & (np.abs(y - ref) > 0.5 * cf.numerics.ulp_bf16(y) * (1 + TIE_ULPS) + slack)))
+    unexplained = float(np.mean(off & (np.abs(y - ref) > 0.5 * cf.numerics.gap_bf16(y, ref) * (1 + TIE_ULPS) + slack)))
     if os.environ.get("GPU_EXPERTS_STATS"):
         print(f"STATS {what} err={err:.3e} differ={differ:.4f} unexplained={unexplained:.4f}", file=sys.stderr)
     assert err < 1e-2 and unexplained <= 0.05, \

@@ -75,6 +75,17 @@ def ulp_bf16(a) -> np.ndarray:
     return np.spacing(np.abs(np.asarray(a, np.float32))).astype(np.float64) * 65536.0
 
 
+def gap_bf16(g, toward) -> np.ndarray:
+    """The distance from each bf16 value g to its bf16 neighbour on `toward`'s side, as float64: ulp_bf16(g) away from
+    zero, and half of it toward zero from a power of two (the binade below is twice as fine; not below the smallest
+    normal, whose subnormal neighbours keep its spacing)."""
+    g = np.asarray(g, np.float64)
+    bits = np.abs(g).astype(np.float32).view(np.uint32)
+    pow2 = ((bits & 0x7F0000) == 0) & ((bits >> 23) > 1)
+    u = ulp_bf16(g)
+    return np.where(pow2 & (np.abs(np.asarray(toward, np.float64)) < np.abs(g)), 0.5 * u, u)
+
+
 def to_e4m3(a) -> np.ndarray:
     """Round to e4m3fn, nearest even, saturating at +-448 (never NaN)."""
     return np.clip(np.asarray(a, np.float32), -448.0, 448.0).astype(E4M3)

@@ -16,7 +16,7 @@ from . import activations
 from .formats import get_format
 from .inputs import check_routing, check_x
 from .layers import model_mode, validate_layer
-from .numerics import round_bf16, ulp_bf16
+from .numerics import gap_bf16, round_bf16
 
 
 def _pair(fmt):
@@ -45,12 +45,12 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
         dequantized: tuple | None = None, tie_slack: float | None = None):
     """y [T, H] float64, before the final bf16 rounding of the output.
 
-    tie_slack (in ulps): also return slack [T, H], what the output may move where an intermediate's bf16 rounding
-    could go the other way: for each intermediate element within tie_slack ulps of a rounding tie, one ulp of it
-    through its down column and route weight (|down[:, j]| ulp(g_j) |w|, summed). A kernel summing in fp32 in
-    another order rounds those either way (fp32 sums sit ~1e-3 bf16 ulps off float64's); one flip moves every
-    output at once (q4_k/q6_k, CPUMOE_TEST_SEED=560613285: one g at 0.49998 ulps from its tie flipped 6.1% of the
-    outputs' rounding, and 0 differed with it flipped here).
+    tie_slack (in gaps): also return slack [T, H], what the output may move where an intermediate's bf16 rounding
+    could go the other way: for each intermediate element within tie_slack gaps of a rounding tie, the gap to the
+    other candidate (numerics.gap_bf16) through its down column and route weight (|down[:, j]| gap_j |w|, summed).
+    A kernel summing in fp32 in another order rounds those either way (fp32 sums sit ~1e-3 bf16 ulps off float64's);
+    one flip moves every output at once (q4_k/q6_k, CPUMOE_TEST_SEED=560613285: one g at 0.49998 ulps from its tie
+    flipped 6.1% of the outputs' rounding, and 0 differed with it flipped here).
 
     fmt: a format name, or a (gate_up_format, down_format) pair: a layer of two formats, composed per role (x as
     the gate_up format's mode prepares it, g as the down format's; the gate_up format's gate/up rounding, the down
@@ -98,7 +98,7 @@ def moe(fmt, banks, x, topk_weights, topk_ids, *, activation: str = "silu", alph
             a = act(gate, up)
             g = round_bf16(a)
             if slack is not None:
-                u = ulp_bf16(g)
+                u = gap_bf16(g, a)  # g to the other rounding candidate, on a's side (finer below a power of two)
                 near = np.abs(np.abs(a - g) - 0.5 * u) <= tie_slack * u
                 slack[t] += np.abs(dn[e][:, near]) @ u[near] * abs(w_out)
             o = dn[e] @ ds.act_in(g, mode)

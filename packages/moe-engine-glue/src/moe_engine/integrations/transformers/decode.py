@@ -216,7 +216,7 @@ def apply(model, decode: str, device, runner=None, attention: str = "auto") -> t
         detail = f"; {n} linears and {r} routers on the executor"
     if path in ("static", "compile", "gemv"):
         gc.cache_implementation = "static"
-    if (path in ("packed", "static", "gemv") or on_ex) and device.type == "cpu":
+    if (path in ("packed", "static") or on_ex) and device.type == "cpu":
         detail += "; " + (use_decode_attention(model, runner) if check_attention(attention) == "auto"
                           else "attention sdpa (asked for)")
     if path == "compile":
