@@ -16,7 +16,8 @@ at 34 positions; the full-size model decodes 1.29-1.38x llama.cpp at depth 2048 
 
 Under torch.compile (GraphLoop's `compile` step) a call the kernel takes is one opaque node,
 torch.ops.moe_engine.attention, instead of sdpa: inductor's sdpa path expands a static cache's kv heads to the query
-heads and reads every position (4 layers on the 2-core VM, a 512-position cache: 2.2-2.5 ms a layer against 26 us).
+heads and reads every position (4 layers on the 2-core VM, a 512-position cache, under torch.profiler: 2.2-2.5 ms a
+layer against 26 us).
 
 Numerics: fp32 dots and softmax of the bf16 inputs, output rounded once to bf16 (cpumoe_formats.reference.attention
 is its float64 reference); sdpa's CPU kernel rounds differently, so logits differ from sdpa's within bf16 rounding.
