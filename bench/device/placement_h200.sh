@@ -7,7 +7,8 @@
 # test:    the placement / split suites with their cuda cases (zero-copy reads of page-locked banks, counts on the GPU)
 # profile: moe-engine bench --profile at Qwen3-30B-A3B's shape, bf16 and fp8_block (the profile auto reads; + PNG)
 # hot:     hot vs random at equal slots, 8 layers under CUDA graphs, batch 1 and 8 (FORMAT=bf16|fp8_block)
-# split:   0% resident: CPU-only misses, GPU-only zero-copy, split fractions (both formats; REPEATS rounds, as auto)
+# split:   0% resident: CPU-only misses, GPU-only zero-copy, split fractions QS under each split rule RULES (default
+#          step,expert), FORMATS (default both) at BATCH (default 1,8); REPEATS rounds, as auto
 # auto:    the grid residency RES (default 0/10/25/50/90%) for FORMAT and BATCH (1 or 8): each q and auto's pick
 #          (profile first); one runner per residency, 500 warm-up steps, then REPEATS (default 5) rounds of every q
 #          in turn on the same 25 + STEPS (default 200) steps of routes; the median
@@ -50,8 +51,9 @@ stage() {  # $1: the stage; $2: its own limit in seconds (cut to what is left of
   profile) timeout "$t" $PY -m moe_engine.tools.cli bench --profile --preset qwen3-30b-a3b --formats bf16,fp8_block \
           --out "$PROFILE" --png "$OUT/profile_${SUF}.png" && cp "$PROFILE" "$OUT/profile_${SUF}.json" ;;
   hot) timeout "$t" $B hot --formats "$F" --residencies 0.1,0.25,0.5 --json "$OUT/placement_hot_${F}_${SUF}.json" ;;
-  split) timeout "$t" $B split --formats bf16,fp8_block --qs 0.2,0.3,0.4,0.5 --repeats "${REPEATS:-5}" \
-          --json "$OUT/placement_split_${SUF}.json" ;;
+  split) timeout "$t" $B split --formats "${FORMATS:-bf16,fp8_block}" --batch "${BATCH:-1,8}" --qs "${QS:-0.2,0.3,0.4,0.5}" \
+          --rules "${RULES:-step,expert}" --repeats "${REPEATS:-5}" \
+          --json "$OUT/placement_split_$(echo "${FORMATS:-all}" | tr , -)_b$(echo "${BATCH:-1,8}" | tr , -)_${SUF}.json" ;;
   auto) timeout "$t" $B auto --formats "$F" --batch "${BATCH:-1}" --residencies "${RES:-0,0.1,0.25,0.5,0.9}" --qs 0.2,0.35,0.5 --warmup 500 --settle 25 --steps "${STEPS:-200}" --repeats "${REPEATS:-5}" \
           --profile "$PROFILE" --json "$OUT/placement_auto_${F}_b$(echo "${BATCH:-1}" | tr , -)_${SUF}.json" ;;
   replay) timeout "$t" $B replay --formats bf16 --json "$OUT/placement_replay_${SUF}.json" ;;

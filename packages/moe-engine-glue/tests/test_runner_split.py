@@ -1,8 +1,9 @@
 """The miss split on any machine (Triton's interpreter where no GPU is): the zero-copy bank reads the host banks in
 the GPU experts' layout (bit-equal to the same experts loaded into slots, every format it serves, edge codes
-included), the split's per-expert sets carry their share of the miss bytes, every route is served once under
-changing routes, residency and q (against the float64 reference), q = 0 is hybrid bit for bit, q = 1 leaves the CPU
-idle and split='auto' follows a profile (pinning: test_pinning.py). The [cuda] cases read real page-locked host
+included), each step gives the GPU round(q n) of the n experts it misses (rule "step"; the kernel against a numpy
+rendering) or the fixed per-expert sets carry their share of the miss bytes (rule "expert"), every route is served
+once under changing routes, residency, rule and q (against the float64 reference), q = 0 is hybrid bit for bit, q = 1
+leaves the CPU idle and split='auto' follows a profile (pinning: test_pinning.py). The [cuda] cases read real page-locked host
 memory."""
 from __future__ import annotations
 
@@ -94,6 +95,41 @@ def test_zero_copy_set_shares():
         zero_copy_set(res, None, 1.5)
 
 
+def _step_split(ids, res, zset, q):
+    """numpy: (skip [E], zero-copy expert per route) of split_routes."""
+    from moe_engine.placement.split import take_count
+
+    E = res.size
+    ok = (ids >= 0) & (ids < E)
+    touched = np.zeros(E, bool)
+    touched[ids[ok]] = True
+    miss = np.flatnonzero(touched & ~res)
+    take = np.zeros(E, bool)
+    take[miss[:take_count(q, miss.size)]] = True
+    take |= zset & touched & ~res
+    return res | take, np.where(ok & take[np.clip(ids, 0, E - 1)], ids, -1)
+
+
+@pytest.mark.parametrize("E,T,K", [(8, 1, 3), (128, 1, 8), (128, 8, 8), (100, 7, 5), (256, 64, 8)])
+def test_split_routes_kernel(E, T, K, rng):
+    """Ragged E and route counts (several chunks at 64 x 8), ids -1 and >= E, resident experts, a fixed set, q at
+    0, 1 and exact halves (q 0.35 of 10 misses rounds to 4: fixed point, not float32's 3.4999)."""
+    from moe_engine.gpu.split_routes import split_routes
+    from moe_engine.placement.split import SHIFT, q_fixed, take_count
+
+    assert take_count(0.35, 10) == 4 and take_count(0.25, 2) == 1 and take_count(0.2, 2) == 0
+    assert take_count(1.0, 512) == 512 and take_count(0.0, 512) == 0
+    for q in (0.0, 0.2, 0.35, 0.5, 1.0):
+        ids = rng.integers(-1, E + 2, (T, K))
+        res, zset = rng.random(E) < 0.3, rng.random(E) < 0.1
+        skip, zc = split_routes(torch.from_numpy(ids).to(DEVICE), torch.from_numpy(res).to(DEVICE),
+                                torch.from_numpy(zset).to(DEVICE),
+                                torch.tensor([q_fixed(q)], dtype=torch.int32, device=DEVICE), SHIFT)
+        want_skip, want_zc = _step_split(ids, res, zset, q)
+        assert np.array_equal(skip.cpu().numpy(), want_skip), q
+        assert np.array_equal(zc.cpu().numpy(), want_zc), q
+
+
 def test_split_serves_every_route_once(rng):
     banks, (E, H, _) = make_banks("bf16", rng, E=8)
     fast = dict(residency=0.25, capacity=4, qualify=False)  # qualification runs on `sp` below
@@ -101,25 +137,40 @@ def test_split_serves_every_route_once(rng):
         x, w, ids = _inputs(rng, 3, E, H)
         assert torch.equal(hy.forward(1, x, w, ids).view(torch.int16), s0.forward(1, x, w, ids).view(torch.int16))
     with _runner(banks, residency=0.25, capacity=4, split=0.5) as sp:
-        for t in range(6):
+        assert sp.split.rule == "step" and "by step" in sp.describe()
+        for t in range(12):
+            if t == 6:
+                sp.split.set_rule("expert")
             x, w, ids = _inputs(rng, 1 + t % 3, E, H)
             li = t % 2
             zc, res = sp.split.host_mask(li), sp.residency.host_mask(li)
-            assert not (zc & res).any() and zc.sum() == round(0.5 * (~res).sum())
+            if sp.split.rule == "expert":
+                assert not (zc & res).any() and zc.sum() == round(0.5 * (~res).sum())
+            else:  # the step's own share: the CPU computes the misses the GPU does not take
+                assert not zc.any()
+                skip, _ = _step_split(ids.cpu().numpy(), res, zc, 0.5)
+                v = ids.cpu().numpy()
+                n0 = sp.executor.work()[1]
             rel = _rel(sp.forward(li, x, w, ids), reference(sp, li, x, w, ids))
             assert rel < TOLERANCE["native"], (t, rel)
-            if t == 2:  # a residency change re-assigns the set; a stale zero-copy entry would count twice
+            if sp.split.rule == "step":
+                assert sp.executor.work()[1] - n0 == len(set(v[v >= 0].tolist()) - set(np.flatnonzero(skip))), t
+            if t == 8:  # a residency change re-assigns the set; a stale zero-copy entry would count twice
                 # every expert, resident ones too: the step's guard keeps each route once
                 sp.split.table.set(0, np.ones(E, bool))
                 rel = _rel(sp.forward(0, x, w, ids), reference(sp, 0, x, w, ids))
                 assert rel < TOLERANCE["native"], rel
                 sp.set_residency(0, np.roll(sp.residency.host_mask(0), 3))
-    with _runner(banks, split=1.0, **fast) as s1:
-        x, w, ids = _inputs(rng, 3, E, H)
-        served = s1.executor.health()["served"]
-        y = s1.forward(0, x, w, ids)
-        assert _rel(y, reference(s1, 0, x, w, ids)) < TOLERANCE["native"]
-        assert s1.executor.health()["served"] == served  # every miss read by the GPU: nothing reached the CPU
+        with pytest.raises(ValueError, match=r"rule='lru': expected one of \['step', 'expert'\]"):
+            sp.split.set_rule("lru")
+    for rule in ("step", "expert"):
+        with _runner(banks, split=1.0, **fast) as s1:
+            s1.split.set_rule(rule)
+            x, w, ids = _inputs(rng, 3, E, H)
+            served = s1.executor.health()["served"]
+            y = s1.forward(0, x, w, ids)
+            assert _rel(y, reference(s1, 0, x, w, ids)) < TOLERANCE["native"]
+            assert s1.executor.health()["served"] == served, rule  # every miss read by the GPU: none reached the CPU
 
 
 def test_set_split_moves_the_zero_copy_sets(rng):
@@ -128,6 +179,7 @@ def test_set_split_moves_the_zero_copy_sets(rng):
     banks, (E, H, _) = make_banks("bf16", rng, E=8)
     with _runner(banks, residency=0.25, capacity=2, split=0.0, qualify=False) as sp:
         x, w, ids = _inputs(rng, 3, E, H)
+        sp.split.set_rule("expert")
         for q in (0.5, 1.0, 0.0):
             sp.set_split(q)
             for li in range(sp.num_layers):

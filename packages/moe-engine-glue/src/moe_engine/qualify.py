@@ -16,6 +16,7 @@ NaN / Inf exactly where the reference is, and within tolerance elsewhere.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 
@@ -36,7 +37,8 @@ def _torch():
 
 
 def _gpu_served(r, layer: int) -> np.ndarray:
-    """bool [E]: the experts whose routes the GPU serves (resident, or read zero-copy under the miss split)."""
+    """bool [E]: the experts whose routes the GPU always serves (resident, or in the miss split's fixed set; its
+    per-step share varies with the routes)."""
     m = r.residency.host_mask(layer) if r.residency is not None else np.zeros(r.E, bool)
     split = getattr(r, "split", None)
     return m | split.host_mask(layer) if split is not None else m
@@ -114,8 +116,10 @@ def check_eager(r, layer: int, gen, allow_nonfinite: bool = False) -> list[str]:
             if kind == "cpu-only" and r.executor is None:
                 continue
             x, w, ids = step_inputs(r, gen, T, kind, layer)
-            y = r.step(layer, x, w, ids)
-            _sync(r)
+            split = getattr(r, "split", None)
+            with split.cpu_only(layer) if kind == "cpu-only" and split is not None else contextlib.nullcontext():
+                y = r.step(layer, x, w, ids)  # the split's per-step share would send some misses to the GPU
+                _sync(r)
             if T in (sizes[0], sizes[-1]) or kind == "mixed":
                 why = compare(y, _reference(r, layer, x, w, ids), tol, allow_nonfinite)
                 if why:

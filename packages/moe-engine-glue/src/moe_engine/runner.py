@@ -67,8 +67,9 @@ class MoERunner:
         of length E. capacity: GPU slots per layer (default: the most
         resident experts of any layer; a quarter of E for the named placements). Routes are counted when residency
         is "hot" or count_routes=True (runner.route_counts).
-    split: hybrid's miss split (placement/split.py): a fraction q in [0, 1] of the expected miss bytes read by the GPU
-        experts zero-copy from pinned host banks while the CPU computes the rest; "auto": q from `profile` (a
+    split: hybrid's miss split (placement/split.py): a fraction q in [0, 1] of each step's missed experts (round(q n)
+        of its n) read by the GPU experts zero-copy from pinned host banks while the CPU computes the rest (the rule
+        "step"; runner.split.set_rule("expert") gives a fixed set per layer instead); "auto": q from `profile` (a
         bandwidth profile, placement/profile.py; default: this GPU's cached one) and the live miss rate, re-chosen
         at each re-placement of residency="hot" (one log line when the mode changes). bf16, fp8_block, nvfp4.
     pin_memory: host banks to page-lock on a GPU (cudaHostRegister), any strategy: bytes, True (half of
@@ -467,7 +468,7 @@ class MoERunner:
             if self.hot is not None:
                 parts.append(f"placement=hot every {self.hot.placer.every} steps")
             if self.split is not None:
-                parts.append(f"split q={self.split.q:.2f}{' (auto)' if self.split.auto else ''}")
+                parts.append(f"split q={self.split.q:.2f} by {self.split.rule}{' (auto)' if self.split.auto else ''}")
         if self.pinned is not None:
             parts.append(f"host banks {self.pinned.summary()}")
         if self.device.type == "cuda":

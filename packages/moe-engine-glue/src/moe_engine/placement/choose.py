@@ -3,14 +3,15 @@ gpu, hybrid (misses on the CPU), hybrid+split (a fraction q of the misses read b
 memory, the rest on the CPU, at once) or gpu-only misses (offload-like: q = 1, the CPU idle).
 
 The model, per layer and step (docs/placement.md): n experts touched (distinct routes of the batch), each missing
-the GPU's slots with probability m, b bytes each; of the k that miss, each is read zero-copy by the GPU with
-probability q (its expert in the split's zero-copy set), else by the CPU:
+the GPU's slots with probability m, b bytes each; of the k that miss, the GPU reads k_gpu zero-copy and the CPU the
+rest: k_gpu = round(q k) under the split's default rule ("step"), k_gpu ~ Binomial(k, q) under rule "expert" (each
+miss's expert in a fixed zero-copy set with probability q):
     t_cpu = c_cpu + (k - k_gpu) b / B_cpu                       (the executor, fixed cost c_cpu: handshake, wake)
     t_gpu = c_gpu + (n - k) b / B_hbm + k_gpu b / B_zc          (the GPU experts, fixed cost c_gpu)
-    t = E[max(t_cpu, t_gpu)] over k ~ Binomial(n, m), k_gpu ~ Binomial(k, q); the CPU part is 0 where it has nothing.
+    t = E[max(t_cpu, t_gpu)] over k ~ Binomial(n, m) and k_gpu; the CPU part is 0 where it has nothing.
 The expectation, not the two sides' mean rates balanced, is what a step pays: at batch 1 a layer misses a handful of
-experts and the split of so few is rarely even (measured on an H100, fp8_block, batch 1, no resident experts: q 0.2
-ran 345 us, q 0.35 374 and q 0 356, where balanced mean rates gave q 0.33 at 250 us). q is the best of 0.05-0.95 in
+experts and under rule "expert" the split of so few is rarely even (measured on an H100, fp8_block, batch 1, no
+resident experts: q 0.2 ran 345 us, q 0.35 374 and q 0 356, where balanced mean rates gave q 0.33 at 250 us). q is the best of 0.05-0.95 in
 steps of 0.05. The lone bandwidths are used: the profile's at-once rates did not predict the runner's split (on that
 H100 fp8_block's executor read 17.3 GB/s beside the zero-copy reads in the profile; at 0% residency the runner's
 split ran 1.01-1.14x this model's step from the lone rates). A mode whose offload-like miss rate differs (a cache
@@ -26,8 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .profile import Profile
+from .split import take_count
 
 MODES = ("gpu", "hybrid", "split", "gpu_misses")
+TIES = ("gpu", "hybrid", "gpu_misses", "split")  # the simpler first
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,12 @@ def _pmf(n: int, p: float) -> np.ndarray:
     return np.exp(lg[n] - lg - lg[::-1] + k * math.log(p) + (n - k) * math.log1p(-p))
 
 
-def _split_weights(n: int, m: float, q: float, k: np.ndarray, g: np.ndarray) -> np.ndarray:
+def _split_weights(n: int, m: float, q: float, k: np.ndarray, g: np.ndarray, rule: str = "step") -> np.ndarray:
     """P[k, g] over the grids k, g of 0..n: k of n touched experts miss (probability m each), g of those are read by
-    the GPU (q each)."""
+    the GPU (round(q k) under rule "step", as split_routes rounds; q each under "expert")."""
     pk = _pmf(n, m)
+    if rule == "step":
+        return np.where(g == take_count(q, k), pk[:, None], 0.0)
     if q <= 0.0 or q >= 1.0:
         return np.where(g == (0 if q <= 0.0 else k), pk[:, None], 0.0)
     lg = _log_factorials(n)
@@ -84,13 +89,13 @@ def _split_weights(n: int, m: float, q: float, k: np.ndarray, g: np.ndarray) -> 
 
 
 def step_us(n: int, m: float, q: float, b: float, *, b_cpu: float, b_zc: float, b_hbm: float, c_cpu: float,
-            c_gpu: float) -> float:
+            c_gpu: float, rule: str = "step") -> float:
     """The model's expected us for one layer step (bytes in, GB/s = 1e3 bytes/us)."""
     k, g = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     res = (n - k) * b / (b_hbm * 1e3) if b_hbm > 0 else 0.0 * k
     t_gpu = c_gpu + res + (g * b / (b_zc * 1e3) if b_zc > 0 else 0.0)
     t_cpu = np.where(k > g, c_cpu + (k - g) * b / (b_cpu * 1e3), 0.0)
-    return float((_split_weights(n, m, q, k, g) * np.maximum(t_gpu, t_cpu)).sum())
+    return float((_split_weights(n, m, q, k, g, rule) * np.maximum(t_gpu, t_cpu)).sum())
 
 
 SPLIT_QS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # the split's q tried: 0.05-0.95
@@ -98,9 +103,10 @@ SPLIT_QS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # the split's q trie
 
 def choose(profile: Profile, format: str, *, bytes_per_expert: int, E: int, top_k: int, batch: int,
            miss_rate: float, residency: float, gpu_misses_miss_rate: float | None = None,
-           modes=MODES, cpu_GBps: float | None = None) -> Choice:
+           modes=MODES, cpu_GBps: float | None = None, rule: str = "step") -> Choice:
     """The mode among `modes` (those the runner can run) with the smallest modelled step time (ties go to the simpler
-    mode, in MODES order). cpu_GBps: the executor's lone rate measured live (MissSplit), in place of the profile's."""
+    mode, in TIES order). cpu_GBps: the executor's lone rate measured live (MissSplit), in place of the profile's.
+    rule: the split's ("step" or "expert", placement/split.py)."""
     modes = tuple(modes)
     if not modes or any(x not in MODES for x in modes):
         raise ValueError(f"modes={modes!r}: expected a non-empty subset of {list(MODES)}")
@@ -127,11 +133,12 @@ def choose(profile: Profile, format: str, *, bytes_per_expert: int, E: int, top_
             mo = m if gpu_misses_miss_rate is None else _pos("gpu_misses_miss_rate", gpu_misses_miss_rate, zero_ok=True)
             t["gpu_misses"] = step_us(n, mo, 1.0, b, b_zc=b_zc, **kw)
             if "split" in modes:
-                ts = {x: step_us(n, m, x, b, b_zc=b_zc, **kw) for x in SPLIT_QS}
+                ts = {x: step_us(n, m, x, b, b_zc=b_zc, rule=rule, **kw) for x in SPLIT_QS}
                 q = min(ts, key=ts.get)
                 t["split"] = ts[q]
     t = {k: v for k, v in t.items() if k in modes} or {k: v for k, v in t.items() if k in ("gpu", "hybrid")}
-    mode = min(t, key=lambda k: (t[k], MODES.index(k)))
+    low = min(t.values())  # ties (a q whose rounded counts are all or none of the misses) go to the simpler mode
+    mode = min((k for k in t if t[k] <= low * (1 + 1e-9)), key=TIES.index)
     q_out = {"gpu": 0.0, "hybrid": 0.0, "gpu_misses": 1.0}.get(mode, q if mode == "split" else 0.0)
     others = ", ".join(f"{k} {v:.0f} us" for k, v in t.items() if k != mode)
     M = m * U * b

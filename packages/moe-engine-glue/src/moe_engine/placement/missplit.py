@@ -1,6 +1,7 @@
-"""A MoERunner's miss split (split=q | "auto"): the zero-copy bank over its page-locked host banks, the per-layer
-zero-copy sets (split.py) and the step that serves each route once: resident -> its GPU slot, in the zero-copy set ->
-the GPU experts reading host memory, else the CPU executor, the CPU started first and both sides at once.
+"""A MoERunner's miss split (split=q | "auto"): the zero-copy bank over its page-locked host banks, the split's device
+tables (split.py: by default each step's misses divided round(q * n) to the GPU; rule "expert" a fixed set per layer)
+and the step that serves each route once: resident -> its GPU slot, taken by the GPU -> the GPU experts reading host
+memory, else the CPU executor, the CPU started first and both sides at once.
 
 Under split="auto" the model's pick of a fraction q > 0 is checked on the decode's own step times before it stands
 (livecheck.py), and the CPU's rate is the runner's own where it has one: the executor's experts per second over the
@@ -8,16 +9,19 @@ last re-placement window that ran with q = 0 (the first window always does), the
 profile's until then. A profile's one-off figure can be far off the live one: an H100 host's profile read fp8_block
 at 34.3 GB/s where the runner's CPU-only misses read 91 a minute later, and auto then leaned to the split (+34-46%).
 
-Thread contract: owned by its MoERunner; assign() / rechoose() / set_q() between steps under the runner's lock,
-step() is the body a graph captures."""
+Thread contract: owned by its MoERunner; assign() / rechoose() / set_q() / set_rule() between steps under the runner's
+lock, step() is the body a graph captures."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 import numpy as np
 
 from .split import SplitTable, zero_copy_set
+
+RULES = ("step", "expert")
 
 log = logging.getLogger("moe_engine")
 LIVE_MIN_EXPERTS = 64  # a window's CPU experts below which its rate is not taken (a few steps' wake-ups dominate)
@@ -41,6 +45,7 @@ class MissSplit:
 
         r = runner
         self.runner, self.auto, self.profile, self.choice = r, split == "auto", None, None
+        self.rule = "step"
         if self.auto:
             if r.hot is None:
                 raise ValueError("split='auto' sets q from the live miss rate of residency='hot'; give a fraction "
@@ -71,11 +76,35 @@ class MissSplit:
         return self.table.host_mask(layer)
 
     def assign(self, layer: int) -> None:
-        """The layer's zero-copy set from its residency, hot's routing rates (else equal) and q."""
+        """The layer's tables from q and the rule: "step", q itself; "expert", the zero-copy set from its residency
+        and hot's routing rates (else equal)."""
         r = self.runner
+        ok = self.bank.layers[layer]
+        if self.rule == "step":
+            self.table.set(layer, np.zeros(r.E, bool), self.q if ok else 0.0)
+            return
         load = r.hot.placer.rate()[layer] if r.hot is not None else None
-        self.table.set(layer, zero_copy_set(r.residency.host_mask(layer), load, self.q,
-                                            eligible=self.bank.layers[layer]))
+        self.table.set(layer, zero_copy_set(r.residency.host_mask(layer), load, self.q, eligible=ok))
+
+    def set_rule(self, rule: str) -> None:
+        """"step" or "expert" from now on (module docstring of split.py); a captured graph follows (no recapture)."""
+        if rule not in RULES:
+            raise ValueError(f"rule={rule!r}: expected one of {list(RULES)}")
+        self.rule = rule
+        for layer in range(self.runner.num_layers):
+            self.assign(layer)
+
+    @contextlib.contextmanager
+    def cpu_only(self, layer: int):
+        """Every miss of `layer` on the CPU while inside (qualification's CPU-only steps, compared with the executor
+        bit for bit); the tables as they were after."""
+        q, self.q = self.q, 0.0
+        try:
+            self.assign(layer)
+            yield
+        finally:
+            self.q = q
+            self.assign(layer)
 
     def rechoose(self) -> None:
         """After a re-placement: under "auto", the mode and q from the profile and the last window's miss rate and
@@ -89,7 +118,7 @@ class MissSplit:
             c = choose(self.profile, r.format, bytes_per_expert=r.bytes_per_expert, E=r.E, top_k=r.top_k,
                        batch=max(1, round(r.hot.tokens_per_step)), miss_rate=1.0 - r.hot.hit_rate,
                        residency=r.residency.fraction(), modes=("hybrid", "split", "gpu_misses"),
-                       cpu_GBps=self.cpu_GBps)
+                       cpu_GBps=self.cpu_GBps, rule=self.rule)
             if self.choice is None or c.mode != self.choice.mode:
                 log.info("%s", c.reason)
             kept = self.check.kept
@@ -137,12 +166,12 @@ class MissSplit:
 
         r = self.runner
         mask = r.residency.mask[layer]
+        ok = self.bank.layers[layer]
+        zc, skip = self.table.routes(layer, ids, mask) if ok else (None, mask)
         # the CPU starts first; it skips what the GPU serves: resident or read zero-copy (the live tables)
-        r.sync.submit(layer, x, wf, ids, mask | self.table.zc[layer], check=False)
+        r.sync.submit(layer, x, wf, ids, skip, check=False)
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-        res = r.residency.slots(layer, ids)
-        y = r.gpu.forward(layer, xb, wf, res)
-        if self.bank.layers[layer]:
-            zc, _ = self.table.routes(layer, ids, res, mask)
+        y = r.gpu.forward(layer, xb, wf, r.residency.slots(layer, ids))
+        if ok:
             y = y + r.gpu.forward(layer, xb, wf, zc, bank=self.bank)
         return r.sync.finish(layer, partial=y)

@@ -1,16 +1,32 @@
-"""The miss split: of each layer's non-resident experts, a set the GPU experts read zero-copy from pinned host memory
-(zerocopy.py) while the CPU executor computes the rest, at once. The set is chosen per expert (an expert touched by
-several tokens of a step is read once either way) so that it carries a fraction q of the expected miss bytes, and is
-kept in device tables rewritten in place between steps, like the residency.
+"""The miss split: of each step's non-resident experts, a share the GPU experts read zero-copy from pinned host memory
+(zerocopy.py) while the CPU executor computes the rest, at once. It goes by expert (an expert touched by several
+tokens of a step is read once either way) and follows one of two rules, both kept in device tables rewritten in
+place between steps, like the residency:
+  "step" (the default): each step, round(q * n) of the n distinct experts it misses (gpu/split_routes.py);
+  "expert": a fixed zero-copy set per layer carrying a fraction q of the expected miss bytes (zero_copy_set), so a
+    step's share is what its routes happen to draw (kept to compare with).
 
-The step derives both sides from the live tables with fixed-shape ops, so no route is lost or counted twice whatever
-order the tables were rewritten in: a route resident on the GPU goes to its slot; else, if its expert is in the
-zero-copy set, to the zero-copy bank; else to the CPU (the CPU skips resident | zero-copy).
+The step derives both sides from the live tables in one kernel, so no route is lost or counted twice whatever order
+the tables were rewritten in: a route resident on the GPU goes to its slot; else, if the GPU takes its expert this
+step, to the zero-copy bank; else to the CPU (the CPU skips resident | taken).
 
 Thread contract: owned by its MoERunner; assign() between steps under the runner's lock, tensors read in the step."""
 from __future__ import annotations
 
 import numpy as np
+
+SHIFT = 20  # q in fixed point, 2^20 for 1: round(q n) exact on the GPU and here alike (q 0.35, n 10: 3.5 in float64,
+Q_ONE = 1 << SHIFT  # 3.4999 in float32)
+
+
+def q_fixed(q: float) -> int:
+    """q in [0, 1] as the device table holds it."""
+    return int(round(float(q) * Q_ONE))
+
+
+def take_count(q: float, n):
+    """round(q n), halves up, as gpu/split_routes.py computes it (n: an int or an int array)."""
+    return (q_fixed(q) * n + (Q_ONE >> 1)) >> SHIFT
 
 
 def zero_copy_set(resident, load, q: float, eligible: bool = True) -> np.ndarray:
@@ -43,30 +59,30 @@ class SplitTable:
         import torch
 
         self.layers, self.E = layers, E
-        self.zc = torch.zeros((layers, E), dtype=torch.bool, device=device)  # True: read zero-copy by the GPU
-        self.slot_of = torch.full((layers, E), -1, dtype=torch.int32, device=device)  # expert id, -1 = not
+        self.zc = torch.zeros((layers, E), dtype=torch.bool, device=device)  # rule "expert": the fixed set
+        self.q = torch.zeros((layers, 1), dtype=torch.int32, device=device)  # rule "step": each step's share (q_fixed)
         self._zc = np.zeros((layers, E), bool)
+        self._q = np.zeros(layers)
 
     def host_mask(self, layer: int) -> np.ndarray:
+        """bool [E]: the layer's fixed zero-copy set (none under the "step" rule)."""
         return self._zc[layer].copy()
 
-    def set(self, layer: int, mask) -> None:
-        """Make `mask` (bool [E]) layer `layer`'s zero-copy set (stream-ordered on the current stream)."""
+    def set(self, layer: int, mask, q: float = 0.0) -> None:
+        """Make `mask` (bool [E]) layer `layer`'s fixed zero-copy set and q its per-step share (stream-ordered on the
+        current stream)."""
         import torch
 
         m = np.asarray(mask, bool)
         if m.shape != (self.E,):
             raise ValueError(f"zero-copy set for layer {layer}: shape {m.shape}, expected [E={self.E}]")
-        self._zc[layer] = m
-        ids = np.where(m, np.arange(self.E), -1).astype(np.int32)
-        self.slot_of[layer].copy_(torch.from_numpy(ids))
+        self._zc[layer], self._q[layer] = m, float(q)
         self.zc[layer].copy_(torch.from_numpy(m.copy()))
+        self.q[layer].fill_(q_fixed(q))
 
-    def routes(self, layer: int, ids, resident_slots, resident_mask):
-        """(zero-copy slot per route [T, K], -1 where not; the CPU's skip mask [E]): capture-safe tensor ops."""
-        import torch
+    def routes(self, layer: int, ids, resident_mask):
+        """(zero-copy expert per route [T, K], -1 where not; the CPU's skip mask [E]): one capture-safe kernel."""
+        from ..gpu.split_routes import split_routes
 
-        ids64 = ids.long()
-        z = self.slot_of[layer][ids64.clamp(0, self.E - 1)]
-        ok = (ids64 >= 0) & (ids64 < self.E) & (resident_slots < 0)
-        return torch.where(ok, z, torch.full_like(z, -1)), resident_mask | self.zc[layer]
+        skip, zc = split_routes(ids, resident_mask, self.zc[layer], self.q[layer], SHIFT)
+        return zc, skip

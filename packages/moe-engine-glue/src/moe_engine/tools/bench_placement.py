@@ -5,7 +5,7 @@ pool on the device; the engine's end_step() runs between replays, as an engine w
     python -m moe_engine.tools.bench_placement hot [--json F]
         hot vs random placement at equal slots: step us and hit rate
     python -m moe_engine.tools.bench_placement split [--json F]
-        0% resident: CPU-only misses (q=0), GPU-only zero-copy (q=1) and split fractions between
+        0% resident: CPU-only misses (q=0), GPU-only zero-copy (q=1) and split fractions between, per split rule
     python -m moe_engine.tools.bench_placement auto [--json F]
         a grid (residency x batch x format): each q's step time and what split='auto' picks from the profile
     python -m moe_engine.tools.bench_placement replay [--json F]
@@ -159,7 +159,8 @@ def bench_hot(a, fmt, T, banks, s, emit=lambda row: None) -> list[dict]:
 
 def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
     """(median us per layer, hit rate, each round's us, the executor's median GB/s over the timed steps or None, each
-    round's Driver.stats) of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res`.
+    round's Driver.stats) of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res`; a
+    q given as (q, rule) runs under that split rule (split.py), a plain q under "step".
 
     One runner per residency: its banks page-locked and hot's placement warmed once (--warmup steps), then --repeats
     rounds; each round times every q in turn (set_split between blocks: the tables in place, no recapture), rotated
@@ -182,7 +183,10 @@ def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
             while i < len(order):  # qs (order, in round 0) grows by pick's q
                 q = order[i]
                 i += 1
-                r.set_split(q)
+                rule, qv = (q[1], q[0]) if isinstance(q, tuple) else ("step", q)
+                if getattr(getattr(r, "split", None), "rule", "step") != rule:
+                    r.split.set_rule(rule)
+                r.set_split(qv)
                 d.rewind(a.warmup)
                 for _ in range(a.settle):
                     d.step()
@@ -201,17 +205,28 @@ def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
                 statistics.median(rates[q]) if rates[q] else None, stats[q]) for q, rs in runs.items()}
 
 
+def _key(q) -> str:
+    return f"{q[0]}/{q[1]}" if isinstance(q, tuple) else str(q)
+
+
 def bench_split(a, fmt, T, banks, s) -> dict:
+    """0% resident: q = 0 and 1, and each split fraction under each of --rules (step first); the best split of each
+    rule against the better single path."""
     pool = _pool(s, a.layers, T, a.warmup + a.settle + a.steps, seed=2)
-    qs = [0.0, 1.0] + [q for q in a.qs if 0 < q < 1]
+    rules = a.rules.split(",")
+    mid = [q for q in a.qs if 0 < q < 1]
+    qs = [0.0, 1.0] + [q if rule == "step" else (q, rule) for rule in rules for q in mid]
     t = _modes(a, fmt, T, banks, s, 0.0, qs, pool)
     single = min(t[0.0][0], t[1.0][0])
-    best_q = min((q for q in qs if 0 < q < 1), key=lambda q: t[q][0])
-    row = {"format": fmt, "batch": T, "us": {str(q): v[0] for q, v in t.items()},
-           "us_runs": {str(q): v[2] for q, v in t.items()}, "best_q": best_q,
-           "speedup_vs_better_single": single / t[best_q][0]}
-    _say(f"split {fmt} T={T}: cpu-only {t[0.0][0]:.0f} us, gpu-only {t[1.0][0]:.0f} us, best q={best_q} "
-         f"{t[best_q][0]:.0f} us: {row['speedup_vs_better_single']:.2f}x")
+    row = {"format": fmt, "batch": T, "us": {_key(q): v[0] for q, v in t.items()},
+           "us_runs": {_key(q): v[2] for q, v in t.items()}, "best_q": {}, "speedup_vs_better_single": {}}
+    for rule in rules:
+        cands = [q for q in qs[2:] if (q if isinstance(q, tuple) else (q, "step"))[1] == rule]
+        best = min(cands, key=lambda q: t[q][0])
+        row["best_q"][rule] = best[0] if isinstance(best, tuple) else best
+        row["speedup_vs_better_single"][rule] = single / t[best][0]
+        _say(f"split {fmt} T={T} by {rule}: cpu-only {t[0.0][0]:.0f} us, gpu-only {t[1.0][0]:.0f} us, best q="
+             f"{row['best_q'][rule]} {t[best][0]:.0f} us: {single / t[best][0]:.2f}x")
     return row
 
 
@@ -312,6 +327,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", default="1,8")
     p.add_argument("--residencies", default="0,0.1,0.25,0.5,0.9")
     p.add_argument("--qs", default="0.2,0.3,0.4,0.5,0.6", help="split fractions to try besides 0 and 1")
+    p.add_argument("--rules", default="step,expert", help="split: the split rules to time (placement/split.py)")
     p.add_argument("--every", type=int, default=50, help="hot: re-placement period in steps")
     p.add_argument("--warmup", type=int, default=500, help="steps before timing (hot converges)")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
