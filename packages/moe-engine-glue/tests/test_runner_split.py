@@ -1,9 +1,9 @@
-"""The miss split on any machine (Triton's interpreter where no GPU is): the zero-copy bank reads the host banks in
-the GPU experts' layout (bit-equal to the same experts loaded into slots, every format it serves, edge codes
-included), each step gives the GPU round(q n) of the n experts it misses (rule "step"; the kernel against a numpy
-rendering) or the fixed per-expert sets carry their share of the miss bytes (rule "expert"), every route is served
-once under changing routes, residency, rule and q (against the float64 reference), q = 0 is hybrid bit for bit, q = 1
-leaves the CPU idle and split='auto' follows a profile (pinning: test_pinning.py). The [cuda] cases read real page-locked host
+"""The miss split on any machine (Triton's interpreter where no GPU is): the zero-copy bank reads the host banks in the
+GPU experts' layout (bit-equal to the same experts loaded into slots, every format it serves, edge codes included),
+each step gives the GPU round(q n) of the n experts it misses (rule "step"; the kernel against a numpy rendering) or
+the fixed per-expert sets carry their share of the miss bytes (rule "expert"), every route is served once under
+changing routes, residency, rule and q (against the float64 reference), q = 0 is hybrid bit for bit, q = 1 leaves the
+CPU idle and split='auto' follows a profile (pinning: test_pinning.py). The [cuda] cases read real page-locked host
 memory."""
 from __future__ import annotations
 

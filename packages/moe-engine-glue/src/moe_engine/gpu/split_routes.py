@@ -27,7 +27,7 @@ def _split_kernel(ids_ptr, R, res_ptr, set_ptr, q_ptr, skip_ptr, zc_ptr, E, BE: 
     touched = tl.zeros([BE], dtype=tl.int32)
     for c0 in range(0, R, CH):  # the routes in chunks: an [E, CH] comparison each
         r = c0 + tl.arange(0, CH)
-        ids = tl.load(ids_ptr + r, mask=r < R, other=-1)  # compared in their own dtype; ids outside [0, E) touch nothing
+        ids = tl.load(ids_ptr + r, mask=r < R, other=-1)  # in their own dtype; ids outside [0, E) touch nothing
         touched = tl.maximum(touched, tl.max((ids[None, :] == e[:, None]).to(tl.int32), axis=1))
     res = tl.load(res_ptr + e, mask=em, other=0) != 0
     fixed = tl.load(set_ptr + e, mask=em, other=0) != 0

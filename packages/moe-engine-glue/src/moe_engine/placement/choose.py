@@ -10,12 +10,12 @@ miss's expert in a fixed zero-copy set with probability q):
     t_gpu = c_gpu + (n - k) b / B_hbm + k_gpu b / B_zc          (the GPU experts, fixed cost c_gpu)
     t = E[max(t_cpu, t_gpu)] over k ~ Binomial(n, m) and k_gpu; the CPU part is 0 where it has nothing.
 The expectation, not the two sides' mean rates balanced, is what a step pays: at batch 1 a layer misses a handful of
-experts and under rule "expert" the split of so few is rarely even (measured on an H100, fp8_block, batch 1, no
-resident experts: q 0.2 ran 345 us, q 0.35 374 and q 0 356, where balanced mean rates gave q 0.33 at 250 us). q is the best of 0.05-0.95 in
-steps of 0.05. The lone bandwidths are used: the profile's at-once rates did not predict the runner's split (on that
-H100 fp8_block's executor read 17.3 GB/s beside the zero-copy reads in the profile; at 0% residency the runner's
-split ran 1.01-1.14x this model's step from the lone rates). A mode whose offload-like miss rate differs (a cache
-that loads every miss) is given its own rate.
+experts and under rule "expert" the split of so few is rarely even (measured on an H100, fp8_block, batch 1, no resident
+experts: q 0.2 ran 345 us, q 0.35 374 and q 0 356, where balanced mean rates gave q 0.33 at 250 us). q is the best of
+0.05-0.95 in steps of 0.05. The lone bandwidths are used: the profile's at-once rates did not predict the runner's split
+(on that H100 fp8_block's executor read 17.3 GB/s beside the zero-copy reads in the profile; at 0% residency the
+runner's split ran 1.01-1.14x this model's step from the lone rates). A mode whose offload-like miss rate differs (a
+cache that loads every miss) is given its own rate.
 
 Thread contract: pure functions."""
 from __future__ import annotations
