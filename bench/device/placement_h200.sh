@@ -8,11 +8,12 @@
 # profile: moe-engine bench --profile at Qwen3-30B-A3B's shape, bf16 and fp8_block (the profile auto reads; + PNG)
 # hot:     hot vs random at equal slots, 8 layers under CUDA graphs, batch 1 and 8 (FORMAT=bf16|fp8_block)
 # split:   0% resident: CPU-only misses, GPU-only zero-copy, split fractions QS under each split rule RULES (default
-#          step,expert), FORMATS (default both) at BATCH (default 1,8); REPEATS rounds, as auto
+#          expert,step), FORMATS (default both) at BATCH (default 1,8); REPEATS rounds, as auto
 # auto:    the grid residency RES (default 0/10/25/50/90%) for FORMAT and BATCH (1 or 8): each q and auto's pick
 #          (profile first); one runner per residency, 500 warm-up steps, then REPEATS (default 5) rounds of every q
 #          in turn on the same 25 + STEPS (default 200) steps of routes; the median
-# replay:  1,000 replays, hot re-placement every 50 steps, split q=0.3, against eager bit for bit (batch 1 and 8)
+# replay:  1,000 replays, hot re-placement every 50 steps, split q=0.3 (split rule RULE, default the runner's), against
+#          eager bit for bit (batch 1 and 8)
 # prefill: staged prefill from page-locked banks (copy_GBps against the profile's h2d) and the crossover re-measured
 set -uo pipefail
 END=$(( $(date +%s) + ${BUDGET_S:-570} ))  # the build counts too
@@ -56,7 +57,7 @@ stage() {  # $1: the stage; $2: its own limit in seconds (cut to what is left of
           --json "$OUT/placement_split_$(echo "${FORMATS:-all}" | tr , -)_b$(echo "${BATCH:-1,8}" | tr , -)_${SUF}.json" ;;
   auto) timeout "$t" $B auto --formats "$F" --batch "${BATCH:-1}" --residencies "${RES:-0,0.1,0.25,0.5,0.9}" --qs 0.2,0.35,0.5 --warmup 500 --settle 25 --steps "${STEPS:-200}" --repeats "${REPEATS:-5}" \
           --profile "$PROFILE" --json "$OUT/placement_auto_${F}_b$(echo "${BATCH:-1}" | tr , -)_${SUF}.json" ;;
-  replay) timeout "$t" $B replay --formats bf16 --json "$OUT/placement_replay_${SUF}.json" ;;
+  replay) timeout "$t" $B replay --formats bf16 ${RULE:+--rule "$RULE"} --json "$OUT/placement_replay${RULE:+_$RULE}_${SUF}.json" ;;
   prefill) timeout "$t" $PY -m moe_engine.tools.bench prefill --pin-memory --repeats 3 \
           --json "$OUT/moe_engine_prefill_pinned_${SUF}.json" ;;
   *) echo "STAGE $1: expected test, profile, hot, split, auto, replay or prefill"; return 2 ;;

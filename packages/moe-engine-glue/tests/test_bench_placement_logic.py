@@ -124,18 +124,18 @@ def test_auto_row_times_its_pick_against_the_best(monkeypatch):
 
 
 def test_split_times_each_rule_in_the_same_rounds(monkeypatch):
-    """--rules step,expert: each fraction under each rule, in turn in every round on one runner (the rule switched
+    """--rules expert,step: each fraction under each rule, in turn in every round on one runner (the rule switched
     in place between blocks); the best of each rule against the better single path."""
     rules_seen = []
 
     class Split:
-        rule = "step"
+        rule = "expert"  # the runner's default
 
         def set_rule(self, rule):
             rules_seen.append(rule)
             self.rule = rule
 
-    times = {0.0: [400] * 3, 1.0: [800] * 3, 0.2: [300] * 3, 0.5: [350] * 3}
+    times = {0.0: [400] * 3, 1.0: [800] * 3, 0.2: [330] * 3, 0.5: [385] * 3}
     order = _fake(monkeypatch, times)
     real_runner = bp._runner
 
@@ -145,15 +145,15 @@ def test_split_times_each_rule_in_the_same_rounds(monkeypatch):
             r.split = Split()
             base = r.set_split
 
-            def set_split(q, r=r, base=base):  # the blocks under rule "expert" run 10% slower
-                base(q if r.split.rule == "step" else (q, "expert"))
+            def set_split(q, r=r, base=base):  # the blocks under rule "step" run 10% faster
+                base(q if r.split.rule == "expert" else (q, "step"))  # keys of `times`
             r.set_split = set_split
             yield r
 
     monkeypatch.setattr(bp, "_runner", runner)
-    times.update({(0.2, "expert"): [330] * 3, (0.5, "expert"): [385] * 3})
-    row = bp.bench_split(_args(rules="step,expert"), "bf16", 1, None, preset("qwen3-30b-a3b"))
+    times.update({(0.2, "step"): [300] * 3, (0.5, "step"): [350] * 3})
+    row = bp.bench_split(_args(rules="expert,step"), "bf16", 1, None, preset("qwen3-30b-a3b"))
     assert row["best_q"] == {"step": 0.2, "expert": 0.2}
     assert row["speedup_vs_better_single"] == {"step": pytest.approx(400 / 300), "expert": pytest.approx(400 / 330)}
-    assert row["us"]["0.5/expert"] == 385 and row["us"]["0.5"] == 350
-    assert len(order) == 6 * 3 and order.opened == [0.0] and rules_seen.count("expert") == 3
+    assert row["us"]["0.5"] == 385 and row["us"]["0.5/step"] == 350  # plain keys: the default rule's
+    assert len(order) == 6 * 3 and order.opened == [0.0] and rules_seen.count("step") == 3

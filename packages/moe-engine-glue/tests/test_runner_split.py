@@ -136,7 +136,12 @@ def test_split_serves_every_route_once(rng):
     with _runner(banks, **fast) as hy, _runner(banks, split=0.0, **fast) as s0:
         x, w, ids = _inputs(rng, 3, E, H)
         assert torch.equal(hy.forward(1, x, w, ids).view(torch.int16), s0.forward(1, x, w, ids).view(torch.int16))
-    with _runner(banks, residency=0.25, capacity=4, split=0.5) as sp:
+    with _runner(banks, residency=0.25, capacity=2, split=0.5, qualify=False) as de:
+        assert de.split.rule == "expert" and "by expert" in de.describe()  # the default: the rule measured on a GPU
+    with pytest.raises(ValueError, match="split_rule='step': it says how the miss split divides the misses; give "
+                                         "split="):
+        _runner(banks, split_rule="step", **fast)
+    with _runner(banks, residency=0.25, capacity=4, split=0.5, split_rule="step") as sp:  # qualified by step
         assert sp.split.rule == "step" and "by step" in sp.describe()
         for t in range(12):
             if t == 6:
@@ -161,7 +166,7 @@ def test_split_serves_every_route_once(rng):
                 rel = _rel(sp.forward(0, x, w, ids), reference(sp, 0, x, w, ids))
                 assert rel < TOLERANCE["native"], rel
                 sp.set_residency(0, np.roll(sp.residency.host_mask(0), 3))
-        with pytest.raises(ValueError, match=r"rule='lru': expected one of \['step', 'expert'\]"):
+        with pytest.raises(ValueError, match=r"split_rule='lru': expected one of \['expert', 'step'\]"):
             sp.split.set_rule("lru")
     for rule in ("step", "expert"):
         with _runner(banks, split=1.0, **fast) as s1:

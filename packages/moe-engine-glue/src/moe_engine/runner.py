@@ -67,11 +67,12 @@ class MoERunner:
         of length E. capacity: GPU slots per layer (default: the most
         resident experts of any layer; a quarter of E for the named placements). Routes are counted when residency
         is "hot" or count_routes=True (runner.route_counts).
-    split: hybrid's miss split (placement/split.py): a fraction q in [0, 1] of each step's missed experts (round(q n)
-        of its n) read by the GPU experts zero-copy from pinned host banks while the CPU computes the rest (the rule
-        "step"; runner.split.set_rule("expert") gives a fixed set per layer instead); "auto": q from `profile` (a
+    split: hybrid's miss split (placement/split.py): a fraction q in [0, 1] of the expected miss bytes read by the GPU
+        experts zero-copy from pinned host banks while the CPU computes the rest; "auto": q from `profile` (a
         bandwidth profile, placement/profile.py; default: this GPU's cached one) and the live miss rate, re-chosen
         at each re-placement of residency="hot" (one log line when the mode changes). bf16, fp8_block, nvfp4.
+        split_rule: "expert" (the default: a fixed set of experts per layer) or "step" (round(q n) of each step's n
+        missed experts; not yet measured on a GPU); runner.split.set_rule() changes it between steps.
     pin_memory: host banks to page-lock on a GPU (cudaHostRegister), any strategy: bytes, True (half of
         MemAvailable), False (none); None: True when split is on, else False. Layers past the budget, or whose
         registration fails, stay pageable (one warning); pinned ones make staged prefill and hot's copies run at
@@ -105,7 +106,7 @@ class MoERunner:
                  prefill: str = "auto", tp_group=None, progress: bool = True, check_ids: bool = True,
                  spin_us: int | None = None, replace_every: int = 50, routing_profile=None,
                  count_routes: bool = False, split=None, pin_memory=None, profile=None, team: str | None = None,
-                 gpu_layers=None, repack: bool | None = None):
+                 gpu_layers=None, repack: bool | None = None, split_rule: str | None = None):
         import torch
 
         self.closed = False
@@ -205,7 +206,7 @@ class MoERunner:
             if self.strategy in ("hybrid", "gpu"):
                 self._open_gpu(residency, masks, capacity, act_kw)
             self._open_placement(residency, count_routes)
-            self._open_split(split, pin_memory, profile, strategy == "auto")
+            self._open_split(split, pin_memory, profile, strategy == "auto", split_rule)
             self.prefill_policy = PrefillPolicy(self, prefill)  # prefill.py; .set() changes it between steps
             if qualify:
                 from .qualify import qualify_runner
@@ -341,7 +342,7 @@ class MoERunner:
                 raise RuntimeError("set_split: this runner has no miss split; open it with split=<a fraction>")
             self.split.set_q(q)
 
-    def _open_split(self, split, pin_memory, profile, auto: bool) -> None:
+    def _open_split(self, split, pin_memory, profile, auto: bool, rule=None) -> None:
         hybrid = self.strategy == "hybrid" and self.residency is not None
         if split is not None and not hybrid:
             raise ValueError(f"split={split!r}: the miss split runs under strategy='hybrid', not {self.strategy!r}")
@@ -361,6 +362,8 @@ class MoERunner:
             if self.format == self.gpu_format and resolve(profile, gpu=self.torch_device_name(),
                                                           format=self.gpu_format) is not None:
                 split = "auto"
+        if rule is not None and split is None:
+            raise ValueError(f"split_rule={rule!r}: it says how the miss split divides the misses; give split=")
         if pin_memory is None:
             pin_memory = split is not None  # pinned banks come with the split unless asked for
         if self.device.type == "cuda" and self.host_banks is not None and pin_memory is not False:
@@ -372,7 +375,7 @@ class MoERunner:
         if split is not None:
             from .placement.missplit import MissSplit
 
-            self.split = MissSplit(self, split, self.pinned, profile)
+            self.split = MissSplit(self, split, self.pinned, profile, **({} if rule is None else {"rule": rule}))
 
     def torch_device_name(self) -> str | None:
         import torch

@@ -4,8 +4,8 @@ memory, the rest on the CPU, at once) or gpu-only misses (offload-like: q = 1, t
 
 The model, per layer and step (docs/placement.md): n experts touched (distinct routes of the batch), each missing
 the GPU's slots with probability m, b bytes each; of the k that miss, the GPU reads k_gpu zero-copy and the CPU the
-rest: k_gpu = round(q k) under the split's default rule ("step"), k_gpu ~ Binomial(k, q) under rule "expert" (each
-miss's expert in a fixed zero-copy set with probability q):
+rest: k_gpu ~ Binomial(k, q) under the split's default rule, "expert" (each miss's expert in a fixed zero-copy set
+with probability q), k_gpu = round(q k) under rule "step":
     t_cpu = c_cpu + (k - k_gpu) b / B_cpu                       (the executor, fixed cost c_cpu: handshake, wake)
     t_gpu = c_gpu + (n - k) b / B_hbm + k_gpu b / B_zc          (the GPU experts, fixed cost c_gpu)
     t = E[max(t_cpu, t_gpu)] over k ~ Binomial(n, m) and k_gpu; the CPU part is 0 where it has nothing.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .profile import Profile
-from .split import take_count
+from .split import DEFAULT_RULE, take_count
 
 MODES = ("gpu", "hybrid", "split", "gpu_misses")
 TIES = ("gpu", "hybrid", "gpu_misses", "split")  # the simpler first
@@ -73,7 +73,7 @@ def _pmf(n: int, p: float) -> np.ndarray:
     return np.exp(lg[n] - lg - lg[::-1] + k * math.log(p) + (n - k) * math.log1p(-p))
 
 
-def _split_weights(n: int, m: float, q: float, k: np.ndarray, g: np.ndarray, rule: str = "step") -> np.ndarray:
+def _split_weights(n: int, m: float, q: float, k: np.ndarray, g: np.ndarray, rule: str = DEFAULT_RULE) -> np.ndarray:
     """P[k, g] over the grids k, g of 0..n: k of n touched experts miss (probability m each), g of those are read by
     the GPU (round(q k) under rule "step", as split_routes rounds; q each under "expert")."""
     pk = _pmf(n, m)
@@ -89,7 +89,7 @@ def _split_weights(n: int, m: float, q: float, k: np.ndarray, g: np.ndarray, rul
 
 
 def step_us(n: int, m: float, q: float, b: float, *, b_cpu: float, b_zc: float, b_hbm: float, c_cpu: float,
-            c_gpu: float, rule: str = "step") -> float:
+            c_gpu: float, rule: str = DEFAULT_RULE) -> float:
     """The model's expected us for one layer step (bytes in, GB/s = 1e3 bytes/us)."""
     k, g = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     res = (n - k) * b / (b_hbm * 1e3) if b_hbm > 0 else 0.0 * k
@@ -103,7 +103,7 @@ SPLIT_QS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # the split's q trie
 
 def choose(profile: Profile, format: str, *, bytes_per_expert: int, E: int, top_k: int, batch: int,
            miss_rate: float, residency: float, gpu_misses_miss_rate: float | None = None,
-           modes=MODES, cpu_GBps: float | None = None, rule: str = "step") -> Choice:
+           modes=MODES, cpu_GBps: float | None = None, rule: str = DEFAULT_RULE) -> Choice:
     """The mode among `modes` (those the runner can run) with the smallest modelled step time (ties go to the simpler
     mode, in TIES order). cpu_GBps: the executor's lone rate measured live (MissSplit), in place of the profile's.
     rule: the split's ("step" or "expert", placement/split.py)."""

@@ -1,7 +1,7 @@
 """A MoERunner's miss split (split=q | "auto"): the zero-copy bank over its page-locked host banks, the split's device
-tables (split.py: by default each step's misses divided round(q * n) to the GPU; rule "expert" a fixed set per layer)
-and the step that serves each route once: resident -> its GPU slot, taken by the GPU -> the GPU experts reading host
-memory, else the CPU executor, the CPU started first and both sides at once.
+tables (split.py: rule "expert", the default, a fixed set per layer; rule "step", round(q n) of each step's n misses
+to the GPU) and the step that serves each route once: resident -> its GPU slot, taken by the GPU -> the GPU experts
+reading host memory, else the CPU executor, the CPU started first and both sides at once.
 
 Under split="auto" the model's pick of a fraction q > 0 is checked on the decode's own step times before it stands
 (livecheck.py), and the CPU's rate is the runner's own where it has one: the executor's experts per second over the
@@ -19,9 +19,7 @@ import time
 
 import numpy as np
 
-from .split import SplitTable, zero_copy_set
-
-RULES = ("step", "expert")
+from .split import DEFAULT_RULE, RULES, SplitTable, zero_copy_set
 
 log = logging.getLogger("moe_engine")
 LIVE_MIN_EXPERTS = 64  # a window's CPU experts below which its rate is not taken (a few steps' wake-ups dominate)
@@ -40,12 +38,14 @@ def _fraction(q, E: int) -> float:
 
 
 class MissSplit:
-    def __init__(self, runner, split, pinned, profile):
+    def __init__(self, runner, split, pinned, profile, rule: str = DEFAULT_RULE):
         from .zerocopy import ZeroCopyBank
 
         r = runner
         self.runner, self.auto, self.profile, self.choice = r, split == "auto", None, None
-        self.rule = "step"
+        if rule not in RULES:
+            raise ValueError(f"split_rule={rule!r}: expected one of {list(RULES)}")
+        self.rule = rule
         if self.auto:
             if r.hot is None:
                 raise ValueError("split='auto' sets q from the live miss rate of residency='hot'; give a fraction "
@@ -89,7 +89,7 @@ class MissSplit:
     def set_rule(self, rule: str) -> None:
         """"step" or "expert" from now on (module docstring of split.py); a captured graph follows (no recapture)."""
         if rule not in RULES:
-            raise ValueError(f"rule={rule!r}: expected one of {list(RULES)}")
+            raise ValueError(f"split_rule={rule!r}: expected one of {list(RULES)}")
         self.rule = rule
         for layer in range(self.runner.num_layers):
             self.assign(layer)

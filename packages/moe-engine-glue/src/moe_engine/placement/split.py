@@ -2,9 +2,10 @@
 (zerocopy.py) while the CPU executor computes the rest, at once. It goes by expert (an expert touched by several
 tokens of a step is read once either way) and follows one of two rules, both kept in device tables rewritten in
 place between steps, like the residency:
-  "step" (the default): each step, round(q * n) of the n distinct experts it misses (gpu/split_routes.py);
-  "expert": a fixed zero-copy set per layer carrying a fraction q of the expected miss bytes (zero_copy_set), so a
-    step's share is what its routes happen to draw (kept to compare with).
+  "expert" (the default): a fixed zero-copy set per layer carrying a fraction q of the expected miss bytes
+    (zero_copy_set), so a step's share is what its routes happen to draw;
+  "step": each step, round(q * n) of the n distinct experts it misses (gpu/split_routes.py), so a batch-1 step's
+    ~8 misses divide as evenly as whole experts allow.
 
 The step derives both sides from the live tables in one kernel, so no route is lost or counted twice whatever order
 the tables were rewritten in: a route resident on the GPU goes to its slot; else, if the GPU takes its expert this
@@ -15,6 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+# "expert" is the rule measured on a GPU (docs/moe-engine.md); "step" is tested against numpy in Triton's interpreter
+# and waits for its device run (bench/device/placement_h200.sh STAGE="split replay" RULE=step) before it replaces it
+DEFAULT_RULE = "expert"
+RULES = ("expert", "step")
 SHIFT = 20  # q in fixed point, 2^20 for 1: round(q n) exact on the GPU and here alike (q 0.35, n 10: 3.5 in float64,
 Q_ONE = 1 << SHIFT  # 3.4999 in float32)
 

@@ -28,6 +28,7 @@ from ..banks import random_layers
 from ..placement.calibrate import CALIBRATED
 from ..placement.livecheck import LiveCheck
 from ..placement.missplit import live_GBps
+from ..placement.split import DEFAULT_RULE
 from ..placement.trace import TraceModel
 from .shapes import MoEShape, preset
 
@@ -160,7 +161,7 @@ def bench_hot(a, fmt, T, banks, s, emit=lambda row: None) -> list[dict]:
 def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
     """(median us per layer, hit rate, each round's us, the executor's median GB/s over the timed steps or None, each
     round's Driver.stats) of each split fraction q (0: CPU-only misses, 1: GPU-only zero-copy) at residency `res`; a
-    q given as (q, rule) runs under that split rule (split.py), a plain q under "step".
+    q given as (q, rule) runs under that split rule (split.py), a plain q under the default one.
 
     One runner per residency: its banks page-locked and hot's placement warmed once (--warmup steps), then --repeats
     rounds; each round times every q in turn (set_split between blocks: the tables in place, no recapture), rotated
@@ -183,8 +184,8 @@ def _modes(a, fmt, T, banks, s, res, qs, pool, pick=None) -> dict:
             while i < len(order):  # qs (order, in round 0) grows by pick's q
                 q = order[i]
                 i += 1
-                rule, qv = (q[1], q[0]) if isinstance(q, tuple) else ("step", q)
-                if getattr(getattr(r, "split", None), "rule", "step") != rule:
+                rule, qv = (q[1], q[0]) if isinstance(q, tuple) else (DEFAULT_RULE, q)
+                if getattr(getattr(r, "split", None), "rule", DEFAULT_RULE) != rule:
                     r.split.set_rule(rule)
                 r.set_split(qv)
                 d.rewind(a.warmup)
@@ -210,18 +211,18 @@ def _key(q) -> str:
 
 
 def bench_split(a, fmt, T, banks, s) -> dict:
-    """0% resident: q = 0 and 1, and each split fraction under each of --rules (step first); the best split of each
-    rule against the better single path."""
+    """0% resident: q = 0 and 1, and each split fraction under each of --rules; the best split of each rule against
+    the better single path."""
     pool = _pool(s, a.layers, T, a.warmup + a.settle + a.steps, seed=2)
     rules = a.rules.split(",")
     mid = [q for q in a.qs if 0 < q < 1]
-    qs = [0.0, 1.0] + [q if rule == "step" else (q, rule) for rule in rules for q in mid]
+    qs = [0.0, 1.0] + [q if rule == DEFAULT_RULE else (q, rule) for rule in rules for q in mid]
     t = _modes(a, fmt, T, banks, s, 0.0, qs, pool)
     single = min(t[0.0][0], t[1.0][0])
     row = {"format": fmt, "batch": T, "us": {_key(q): v[0] for q, v in t.items()},
            "us_runs": {_key(q): v[2] for q, v in t.items()}, "best_q": {}, "speedup_vs_better_single": {}}
     for rule in rules:
-        cands = [q for q in qs[2:] if (q if isinstance(q, tuple) else (q, "step"))[1] == rule]
+        cands = [q for q in qs[2:] if (q if isinstance(q, tuple) else (q, DEFAULT_RULE))[1] == rule]
         best = min(cands, key=lambda q: t[q][0])
         row["best_q"][rule] = best[0] if isinstance(best, tuple) else best
         row["speedup_vs_better_single"][rule] = single / t[best][0]
@@ -297,7 +298,8 @@ def bench_replay(a, fmt, T, banks, s) -> dict:
     pool = _pool(s, a.layers, T, a.replays, seed=4)
     cap = max(1, round(0.25 * s.E))
     mismatches = moves = 0
-    with _runner(fmt, banks, s, T, a, residency="hot", capacity=cap, replace_every=a.every, split=0.3) as r:
+    with _runner(fmt, banks, s, T, a, residency="hot", capacity=cap, replace_every=a.every, split=0.3,
+                 split_rule=a.rule) as r:
         d = Driver(r, a.layers, T, pool)
         for _ in range(a.replays):
             idx = d.i
@@ -312,7 +314,8 @@ def bench_replay(a, fmt, T, banks, s) -> dict:
             d.i = (idx + 1) % d.n
             moves += r.end_step() > 0
         out = {"format": fmt, "batch": T, "replays": a.replays, "layers": a.layers, "mismatches": int(mismatches),
-               "replacements_with_loads": int(moves), "split_q": r.split.q, "runner": r.describe()}
+               "replacements_with_loads": int(moves), "split_q": r.split.q, "split_rule": r.split.rule,
+               "runner": r.describe()}
     _say(f"replay {fmt} T={T}: {out}")
     return out
 
@@ -327,7 +330,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", default="1,8")
     p.add_argument("--residencies", default="0,0.1,0.25,0.5,0.9")
     p.add_argument("--qs", default="0.2,0.3,0.4,0.5,0.6", help="split fractions to try besides 0 and 1")
-    p.add_argument("--rules", default="step,expert", help="split: the split rules to time (placement/split.py)")
+    p.add_argument("--rules", default="expert,step", help="split: the split rules to time (placement/split.py)")
+    p.add_argument("--rule", default=None, help="replay: the split rule (default: the runner's)")
     p.add_argument("--every", type=int, default=50, help="hot: re-placement period in steps")
     p.add_argument("--warmup", type=int, default=500, help="steps before timing (hot converges)")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
