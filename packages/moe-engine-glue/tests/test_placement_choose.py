@@ -175,3 +175,24 @@ def test_stale_or_foreign_profiles(tmp_path, monkeypatch, caplog):
     with pytest.raises(ProfileError, match=r"executor=\{'bf16': -1\.0\}"):
         Profile(gpu="g", cpu_read=1.0, executor={"bf16": -1.0})
     assert not os.path.exists(tmp_path / "moe-engine" / "profile-none.json")
+
+
+def test_split_model_tool(tmp_path, capsys):
+    """tools/split_model: per format, batch and rule, the model's best split from a profile's lone and at-once
+    rates. At equal rates (the CPU twice the link) the even division of each step's misses beats the binomial draw
+    of a fixed set; a profile without a format's figures is refused by name."""
+    from moe_engine.tools.split_model import main
+
+    p = Profile(gpu="g", cpu_read=100.0, executor={"bf16": 100.0}, zero_copy={"bf16": 50.0}, hbm=3000.0,
+                both={"bf16": {"cpu": 80.0, "zero_copy": 40.0}}, cpu_fixed_us=5.0, gpu_fixed_us=5.0)
+    path = prof.save(p, str(tmp_path / "p.json"))
+    assert main(["--profile", path, "--formats", "bf16", "--json", str(tmp_path / "m.json")]) == 0
+    rows = {(r["batch"], r["rule"]): r for r in json.load(open(tmp_path / "m.json"))["rows"]}
+    assert set(rows) == {(1, "expert"), (1, "step"), (8, "expert"), (8, "step")}
+    for T in (1, 8):
+        assert rows[T, "step"]["lone"]["speedup"] > rows[T, "expert"]["lone"]["speedup"] > 1.0
+        assert rows[T, "step"]["at_once"]["speedup"] < rows[T, "step"]["lone"]["speedup"]  # the shared memory
+        assert rows[T, "step"]["lone"]["speedup"] <= 1.5 + 1e-9  # the two rates' sum over the CPU's: (100 + 50) / 100
+    assert "bf16 batch 1 by   step" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"lacks executor, zero-copy or both-at-once figures for \['fp8_block'\]"):
+        main(["--profile", path, "--formats", "fp8_block"])
