@@ -194,5 +194,15 @@ def test_split_model_tool(tmp_path, capsys):
         assert rows[T, "step"]["at_once"]["speedup"] < rows[T, "step"]["lone"]["speedup"]  # the shared memory
         assert rows[T, "step"]["lone"]["speedup"] <= 1.5 + 1e-9  # the two rates' sum over the CPU's: (100 + 50) / 100
     assert "bf16 batch 1 by   step" in capsys.readouterr().out
+    # a grid cell replayed: each rate choice's pick and how it ran in the cell (None where it was not timed)
+    cell = {"format": "bf16", "batch": 1, "residency": 0.0, "hit_rate": 0.0, "best_q": 0.2, "cpu_GBps": {"0.0": 100.0},
+            "us": {"0.0": 500.0, "0.2": 400.0, "1.0": 900.0}}
+    grid = tmp_path / "g.json"
+    grid.write_text(json.dumps({"shape": "qwen3-30b-a3b", "rows": [cell, dict(cell, hit_rate=1.0)]}))
+    assert main(["--profile", path, "--formats", "bf16", "--grid", str(grid), "--json", str(tmp_path / "m.json")]) == 0
+    (g,) = json.load(open(tmp_path / "m.json"))["grid"]  # the all-hit row has no misses to place
+    # lone rates: a split (q 0.2 timed at the best, any other q untimed); at once (80 / 40 GB/s) the CPU alone wins
+    assert 0 < g["lone"]["q"] < 1 and g["lone"]["over_best"] == {0.2: 0.0}.get(g["lone"]["q"]), g
+    assert g["at_once"] == {"q": 0.0, "over_best": pytest.approx(500 / 400 - 1)}, g
     with pytest.raises(SystemExit, match=r"lacks executor, zero-copy or both-at-once figures for \['fp8_block'\]"):
         main(["--profile", path, "--formats", "fp8_block"])

@@ -1,8 +1,11 @@
 """The miss split at 0% residency as the step-time model (placement/choose.py) sees it from a bandwidth profile, per
 format, batch and split rule: the best q and its speed-up over the CPU alone, with the profile's lone rates (what
 split="auto" uses) and with its both-at-once rates (the CPU beside the zero-copy reads). No GPU needed.
+With --grid, auto's grid files (bench_placement auto) replayed offline: in each cell, the q the model picks from
+the cell's hit rate and live CPU rate with the split's rates lone (as choose() does) or at once (the CPU's live
+rate scaled by the profile's at-once / lone ratio), and how that q ran in the cell where it was timed.
 
-    python -m moe_engine.tools.split_model --profile docs/results/profile_h100.json [--json F]
+    python -m moe_engine.tools.split_model --profile docs/results/profile_h100.json [--grid F ...] [--json F]
 """
 from __future__ import annotations
 
@@ -37,6 +40,39 @@ def rows(p, formats, batches, s) -> list[dict]:
     return out
 
 
+def replay_grid(p, files) -> list[dict]:
+    """Each grid cell: the picks of the two rate choices and their measured us over the cell's best (None where
+    that q was not timed)."""
+    import cpumoe_formats as cf
+
+    out = []
+    for path in files:
+        with open(path) as f:
+            g = json.load(f)
+        s = preset(g.get("shape", "qwen3-30b-a3b"))
+        for r in g["rows"]:
+            fmt, T, m = r["format"], r["batch"], 1.0 - r["hit_rate"]
+            if m <= 0:
+                continue
+            b = cf.get_format(fmt).bytes_per_expert(s.H, s.I)
+            n = max(1, round(touched(s.E, s.top_k, T)))
+            live = r["cpu_GBps"].get("0.0") or p.executor[fmt]
+            kw = dict(b_hbm=p.hbm, c_cpu=p.cpu_fixed_us, c_gpu=p.gpu_fixed_us)
+            hybrid = step_us(n, m, 0.0, b, b_cpu=live, b_zc=p.zero_copy[fmt], **kw)
+            gpu = step_us(n, m, 1.0, b, b_cpu=live, b_zc=p.zero_copy[fmt], **kw)
+            us = {float(k): v for k, v in r["us"].items()}
+            best = min(us.values())
+            row = {"format": fmt, "batch": T, "residency": r["residency"], "best_q": r["best_q"]}
+            for name, cpu, zc in (("lone", live, p.zero_copy[fmt]),
+                                  ("at_once", live * p.both[fmt]["cpu"] / p.executor[fmt], p.both[fmt]["zero_copy"])):
+                ts = {q: step_us(n, m, q, b, b_cpu=cpu, b_zc=zc, rule="expert", **kw) for q in SPLIT_QS}
+                q = min(ts, key=ts.get)
+                pick = 0.0 if hybrid <= min(ts[q], gpu) else (1.0 if gpu < ts[q] else q)
+                row[name] = {"q": pick, "over_best": us[pick] / best - 1 if pick in us else None}
+            out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_engine.tools.split_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,6 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", default="bf16,fp8_block")
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--preset", default="qwen3-30b-a3b")
+    ap.add_argument("--grid", nargs="*", default=[], help="auto's grid files (bench_placement auto --json) to replay")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args(argv)
     p = prof.load(a.profile)
@@ -58,6 +95,13 @@ def main(argv=None) -> int:
         lone, both = r["lone"], r["at_once"]
         print(f"{r['format']:>9} batch {r['batch']} by {r['rule']:>6}: CPU alone {r['cpu_alone_us']:.0f} us; lone "
               f"rates q {lone['q']} {lone['speedup']:.2f}x; at-once rates q {both['q']} {both['speedup']:.2f}x")
+    if a.grid:
+        out["grid"] = replay_grid(p, a.grid)
+        for r in out["grid"]:
+            say = {k: f"q {r[k]['q']}" + (f" {100 * r[k]['over_best']:+.1f}%" if r[k]["over_best"] is not None
+                                          else " (not timed)") for k in ("lone", "at_once")}
+            print(f"grid {r['format']:>9} batch {r['batch']} {r['residency']:.0%}: best q {r['best_q']}; lone rates "
+                  f"{say['lone']}, at-once rates {say['at_once']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, separators=(",", ":"))
