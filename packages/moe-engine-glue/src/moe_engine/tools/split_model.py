@@ -73,6 +73,17 @@ def replay_grid(p, files) -> list[dict]:
     return out
 
 
+def _rounded(v):
+    """Floats to 3 decimals (us and ratios: the model's own precision is far coarser)."""
+    if isinstance(v, float):
+        return round(v, 3)
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    return v
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_engine.tools.split_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,7 +115,7 @@ def main(argv=None) -> int:
                   f"{say['lone']}, at-once rates {say['at_once']}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(out, f, separators=(",", ":"))
+            json.dump(_rounded(out), f, separators=(",", ":"))
     return 0
 
 
