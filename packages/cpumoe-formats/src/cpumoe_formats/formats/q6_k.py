@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..numerics import int8_blocks
-from ..schema import BankSpec, FormatSpec
+from ._gguf import GgufBlockFormat, gguf_banks
 from ._kquant_search import GROUP_MAX_EPS, make_qx_quants_rmse1, nearest_int
 
 QK = 256
@@ -111,58 +110,18 @@ def quantize_rows(x: np.ndarray) -> np.ndarray:
     return out.reshape(lead + (K // QK * BLOCK_BYTES,))
 
 
-class Q6KFormat(FormatSpec):
-    def dims(self, banks):
-        gu, dn = banks["gate_up"], banks["down"]
-        if gu.ndim != 3 or dn.ndim != 3:
-            raise ValueError(f"q6_k banks must be 3-D, got gate_up {gu.shape}, down {dn.shape}")
-        if gu.shape[1] % 2:
-            raise ValueError(f"q6_k bank 'gate_up': dim 1 = {gu.shape[1]} must be 2*I (even)")
-        return gu.shape[0], dn.shape[1], gu.shape[1] // 2
-
-    def check_dims(self, H: int, I: int) -> None:  # noqa: E741
-        if H <= 0 or I <= 0 or H % QK or I % QK:
-            raise ValueError(f"q6_k: H and I must be positive multiples of {QK} (a Q6_K block is {QK} elements; "
-                             f"Qwen3-30B-A3B has H=2048, I=768), got H={H}, I={I}")
-
-    def quantize(self, gate_up, down, **opts):
-        if opts:
-            raise TypeError(f"q6_k quantize takes no options, got {sorted(opts)}")
-        return {"gate_up": quantize_rows(gate_up), "down": quantize_rows(down)}
-
-    def random_banks(self, E, H, I, rng):  # noqa: E741
-        self.check_dims(H, I)
-
-        def bank(rows, K):
-            nb = K // QK
-            raw = np.frombuffer(rng.bytes(E * rows * nb * BLOCK_BYTES), np.uint8).copy()
-            b = raw.reshape(E, rows, nb, BLOCK_BYTES)
-            # |d| in [1, 2) * 2^-14 (the smallest normal fp16 binade), random sign, random int8 scales and codes:
-            # weights ~0.13 rms
-            mag = rng.random((E, rows, nb), dtype=np.float32) + _F32(1)
-            sign = np.where(rng.random((E, rows, nb)) < 0.5, _F32(-1), _F32(1))
-            b[..., 208:210] = (mag * sign * _F32(2.0 ** -14)).astype("<f2")[..., None].view(np.uint8)
-            return raw.reshape(E, rows, nb * BLOCK_BYTES)
-
-        return {"gate_up": bank(2 * I, H), "down": bank(H, I)}
-
-    def dequantize(self, banks):
-        return decode_blocks(banks["gate_up"]), decode_blocks(banks["down"])
-
-    def act_in(self, v, mode):
-        v = np.asarray(v, np.float64)
-        if mode == "native":
-            return v
-        if mode != "w4a8":
-            raise ValueError(f"q6_k: unknown mode {mode!r}")
-        q, d = int8_blocks(v, QK)
-        return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(v.shape)
+class Q6KFormat(GgufBlockFormat):
+    QK, BLOCK_BYTES, GGUF_TYPE = QK, BLOCK_BYTES, "Q6_K"
+    # |d| in [1, 2) * 2^-14 (the smallest normal fp16 binade), random sign, random int8 scales and codes:
+    # weights ~0.13 rms
+    RANDOM_SCALES = ((208, 1.0, 2.0 ** -14),)
+    quantize_rows = staticmethod(quantize_rows)
+    decode_blocks = staticmethod(decode_blocks)
 
 
 SPEC = Q6KFormat(
     name="q6_k", id=15,
-    banks=(BankSpec("gate_up", (np.uint8,), lambda E, H, I: (E, 2 * I, H // QK * BLOCK_BYTES), align=1),
-           BankSpec("down", (np.uint8,), lambda E, H, I: (E, H, I // QK * BLOCK_BYTES), align=1)),
+    banks=gguf_banks(QK, BLOCK_BYTES),
     k_multiple=QK,
     input_weight=True,
     modes=("w4a8", "native"),

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..numerics import int8_blocks
-from ..schema import BankSpec, FormatSpec
+from ._gguf import GgufBlockFormat, gguf_banks
 
 QK = 32  # elements per block
 BLOCK_BYTES = 34  # fp16 d + 32 int8
@@ -66,52 +65,17 @@ def quantize_rows(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape[:-1] + (K // QK * BLOCK_BYTES,))
 
 
-class Q80Format(FormatSpec):
-    def dims(self, banks):
-        gu, dn = banks["gate_up"], banks["down"]
-        if gu.ndim != 3 or dn.ndim != 3:
-            raise ValueError(f"q8_0 banks must be 3-D, got gate_up {gu.shape}, down {dn.shape}")
-        if gu.shape[1] % 2:
-            raise ValueError(f"q8_0 bank 'gate_up': dim 1 = {gu.shape[1]} must be 2*I (even)")
-        return gu.shape[0], dn.shape[1], gu.shape[1] // 2
-
-    def quantize(self, gate_up, down, **opts):
-        if opts:
-            raise TypeError(f"q8_0 quantize takes no options, got {sorted(opts)}")
-        return {"gate_up": quantize_rows(gate_up), "down": quantize_rows(down)}
-
-    def random_banks(self, E, H, I, rng):  # noqa: E741
-        self.check_dims(H, I)
-
-        def bank(rows, K):
-            nb = K // QK
-            raw = np.frombuffer(rng.bytes(E * rows * nb * BLOCK_BYTES), np.uint8).copy()
-            b = raw.reshape(E, rows, nb, BLOCK_BYTES)
-            # |d| in [1, 2) * 1e-4 (normal fp16), random sign: weights ~ 0.011 rms (uniform int8 codes)
-            mag = rng.random((E, rows, nb), dtype=np.float32) + _F32(1)
-            sign = np.where(rng.random((E, rows, nb)) < 0.5, _F32(-1), _F32(1))
-            b[..., 0:2] = (mag * sign * _F32(1e-4)).astype("<f2")[..., None].view(np.uint8)
-            return raw.reshape(E, rows, nb * BLOCK_BYTES)
-
-        return {"gate_up": bank(2 * I, H), "down": bank(H, I)}
-
-    def dequantize(self, banks):
-        return decode_blocks(banks["gate_up"]), decode_blocks(banks["down"])
-
-    def act_in(self, v, mode):
-        v = np.asarray(v, np.float64)
-        if mode == "native":
-            return v
-        if mode != "w4a8":
-            raise ValueError(f"q8_0: unknown mode {mode!r}")
-        q, d = int8_blocks(v, QK)
-        return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(v.shape)
+class Q80Format(GgufBlockFormat):
+    QK, BLOCK_BYTES, GGUF_TYPE = QK, BLOCK_BYTES, "Q8_0"
+    # |d| in [1, 2) * 1e-4 (normal fp16), random sign: weights ~ 0.011 rms (uniform int8 codes)
+    RANDOM_SCALES = ((0, 1.0, 1e-4),)
+    quantize_rows = staticmethod(quantize_rows)
+    decode_blocks = staticmethod(decode_blocks)
 
 
 SPEC = Q80Format(
     name="q8_0", id=13,
-    banks=(BankSpec("gate_up", (np.uint8,), lambda E, H, I: (E, 2 * I, H // QK * BLOCK_BYTES), align=1),
-           BankSpec("down", (np.uint8,), lambda E, H, I: (E, H, I // QK * BLOCK_BYTES), align=1)),
+    banks=gguf_banks(QK, BLOCK_BYTES),
     k_multiple=QK,
     input_weight=True,
     modes=("w4a8", "native"),
