@@ -130,6 +130,15 @@ def test_choose_bad_input():
         choose(p, "bf16", miss_rate=0.5, **kw)
     with pytest.raises(ValueError, match=r"modes=\('offload',\)"):
         choose(p, "fp8_block", miss_rate=0.5, modes=("offload",), **kw)
+    with pytest.raises(ValueError, match="split_rates='both': expected 'lone' or 'at_once'"):
+        choose(p, "fp8_block", miss_rate=0.5, split_rates="both", **kw)
+    with pytest.raises(ProfileError, match="split_rates='at_once': the profile has no both-at-once figures for "
+                                           "'fp8_block'"):
+        choose(p, "fp8_block", miss_rate=0.9, split_rates="at_once", **kw)
+    # at once (the CPU 80 of its 100 lone, the link 20 of 25) the split is modelled slower than from the lone rates
+    pb = seed002_profile(both={"fp8_block": {"cpu": 0.8 * B_CPU, "zero_copy": 20.0}})
+    lone, once = (choose(pb, "fp8_block", miss_rate=0.9, split_rates=s, **kw) for s in ("lone", "at_once"))
+    assert once.step_us["split"] > lone.step_us["split"] and once.step_us["hybrid"] == lone.step_us["hybrid"]
     with pytest.raises(ValueError, match="smaller than one expert"):
         slots_from_budget(BPE - 1, BPE, LAYERS, E)
     assert slots_from_budget(10 * BPE * LAYERS + 5, BPE, LAYERS, E) == 10

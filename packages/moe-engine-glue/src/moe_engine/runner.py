@@ -375,7 +375,7 @@ class MoERunner:
         if split is not None:
             from .placement.missplit import MissSplit
 
-            self.split = MissSplit(self, split, self.pinned, profile, **({} if rule is None else {"rule": rule}))
+            self.split = MissSplit(self, split, self.pinned, profile, rule)
 
     def torch_device_name(self) -> str | None:
         import torch

@@ -45,8 +45,7 @@ def _split_kernel(ids_ptr, R, res_ptr, set_ptr, q_ptr, skip_ptr, zc_ptr, E, BE: 
         tl.store(zc_ptr + r, tl.where(by_route, ids, -1), mask=rm)
 
 
-def split_routes(ids: torch.Tensor, resident: torch.Tensor, zc_set: torch.Tensor, q: torch.Tensor, shift: int,
-                 skip: torch.Tensor | None = None, zc: torch.Tensor | None = None):
+def split_routes(ids: torch.Tensor, resident: torch.Tensor, zc_set: torch.Tensor, q: torch.Tensor, shift: int):
     """-> (skip [E] bool, zc [T, K] int32) as the module docstring says; capture-safe (one kernel)."""
     E = resident.numel()
     flat = ids.reshape(-1)
@@ -54,10 +53,8 @@ def split_routes(ids: torch.Tensor, resident: torch.Tensor, zc_set: torch.Tensor
         flat = flat.contiguous()
     R = flat.numel()
     BE = triton.next_power_of_2(E)
-    if skip is None:
-        skip = torch.empty(E, dtype=torch.bool, device=resident.device)
-    if zc is None:
-        zc = torch.empty(ids.shape, dtype=torch.int32, device=resident.device)
+    skip = torch.empty(E, dtype=torch.bool, device=resident.device)
+    zc = torch.empty(ids.shape, dtype=torch.int32, device=resident.device)
     _split_kernel[(1,)](flat, R, resident.view(torch.int8), zc_set.view(torch.int8), q, skip.view(torch.int8), zc, E,
                         BE=BE, CH=max(16, min(64, 4096 // BE)), SHIFT=shift, HALF=1 << (shift - 1), num_warps=4)
     return skip, zc

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .profile import Profile
+from .profile import Profile, ProfileError
 from .split import DEFAULT_RULE, take_count
 
 MODES = ("gpu", "hybrid", "split", "gpu_misses")
@@ -103,10 +103,15 @@ SPLIT_QS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # the split's q trie
 
 def choose(profile: Profile, format: str, *, bytes_per_expert: int, E: int, top_k: int, batch: int,
            miss_rate: float, residency: float, gpu_misses_miss_rate: float | None = None,
-           modes=MODES, cpu_GBps: float | None = None, rule: str = DEFAULT_RULE) -> Choice:
+           modes=MODES, cpu_GBps: float | None = None, rule: str = DEFAULT_RULE,
+           split_rates: str = "lone") -> Choice:
     """The mode among `modes` (those the runner can run) with the smallest modelled step time (ties go to the simpler
     mode, in TIES order). cpu_GBps: the executor's lone rate measured live (MissSplit), in place of the profile's.
-    rule: the split's ("step" or "expert", placement/split.py)."""
+    rule: the split's ("step" or "expert", placement/split.py). split_rates: the split mode's two rates, "lone" (as
+    the other modes) or "at_once" (the CPU's rate scaled by the profile's both-at-once / lone ratio, the link's
+    both-at-once rate; tools/split_model replays a measured grid with either)."""
+    if split_rates not in ("lone", "at_once"):
+        raise ValueError(f"split_rates={split_rates!r}: expected 'lone' or 'at_once'")
     modes = tuple(modes)
     if not modes or any(x not in MODES for x in modes):
         raise ValueError(f"modes={modes!r}: expected a non-empty subset of {list(MODES)}")
@@ -133,7 +138,14 @@ def choose(profile: Profile, format: str, *, bytes_per_expert: int, E: int, top_
             mo = m if gpu_misses_miss_rate is None else _pos("gpu_misses_miss_rate", gpu_misses_miss_rate, zero_ok=True)
             t["gpu_misses"] = step_us(n, mo, 1.0, b, b_zc=b_zc, **kw)
             if "split" in modes:
-                ts = {x: step_us(n, m, x, b, b_zc=b_zc, rule=rule, **kw) for x in SPLIT_QS}
+                sk = dict(kw, b_zc=b_zc)
+                if split_rates == "at_once":
+                    both = profile.both.get(format)
+                    if not both:
+                        raise ProfileError(f"split_rates='at_once': the profile has no both-at-once figures for "
+                                           f"{format!r}; rerun `moe-engine bench --profile --formats {format}`")
+                    sk.update(b_cpu=b_cpu * both["cpu"] / profile.executor[format], b_zc=both["zero_copy"])
+                ts = {x: step_us(n, m, x, b, rule=rule, **sk) for x in SPLIT_QS}
                 q = min(ts, key=ts.get)
                 t["split"] = ts[q]
     t = {k: v for k, v in t.items() if k in modes} or {k: v for k, v in t.items() if k in ("gpu", "hybrid")}

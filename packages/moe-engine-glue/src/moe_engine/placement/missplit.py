@@ -32,20 +32,24 @@ def live_GBps(before, after, bytes_per_expert: int, min_experts: int = 1) -> flo
     return dn * bytes_per_expert / ds / 1e9 if dn >= min_experts and dn > 0 and ds > 0 else None
 
 
+def _rule(rule) -> str:
+    if rule not in RULES:
+        raise ValueError(f"split_rule={rule!r}: expected one of {list(RULES)}")
+    return rule
+
+
 def _fraction(q, E: int) -> float:
     zero_copy_set(np.zeros(E, bool), None, q)  # checks the fraction, naming split=
     return float(q)
 
 
 class MissSplit:
-    def __init__(self, runner, split, pinned, profile, rule: str = DEFAULT_RULE):
+    def __init__(self, runner, split, pinned, profile, rule: str | None = None):
         from .zerocopy import ZeroCopyBank
 
         r = runner
         self.runner, self.auto, self.profile, self.choice = r, split == "auto", None, None
-        if rule not in RULES:
-            raise ValueError(f"split_rule={rule!r}: expected one of {list(RULES)}")
-        self.rule = rule
+        self.rule = _rule(DEFAULT_RULE if rule is None else rule)
         if self.auto:
             if r.hot is None:
                 raise ValueError("split='auto' sets q from the live miss rate of residency='hot'; give a fraction "
@@ -88,9 +92,7 @@ class MissSplit:
 
     def set_rule(self, rule: str) -> None:
         """"step" or "expert" from now on (module docstring of split.py); a captured graph follows (no recapture)."""
-        if rule not in RULES:
-            raise ValueError(f"split_rule={rule!r}: expected one of {list(RULES)}")
-        self.rule = rule
+        self.rule = _rule(rule)
         for layer in range(self.runner.num_layers):
             self.assign(layer)
 

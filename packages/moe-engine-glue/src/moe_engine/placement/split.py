@@ -67,7 +67,6 @@ class SplitTable:
         self.zc = torch.zeros((layers, E), dtype=torch.bool, device=device)  # rule "expert": the fixed set
         self.q = torch.zeros((layers, 1), dtype=torch.int32, device=device)  # rule "step": each step's share (q_fixed)
         self._zc = np.zeros((layers, E), bool)
-        self._q = np.zeros(layers)
 
     def host_mask(self, layer: int) -> np.ndarray:
         """bool [E]: the layer's fixed zero-copy set (none under the "step" rule)."""
@@ -81,7 +80,7 @@ class SplitTable:
         m = np.asarray(mask, bool)
         if m.shape != (self.E,):
             raise ValueError(f"zero-copy set for layer {layer}: shape {m.shape}, expected [E={self.E}]")
-        self._zc[layer], self._q[layer] = m, float(q)
+        self._zc[layer] = m
         self.zc[layer].copy_(torch.from_numpy(m.copy()))
         self.q[layer].fill_(q_fixed(q))
 

@@ -14,7 +14,7 @@ import json
 import sys
 
 from ..placement import profile as prof
-from ..placement.choose import SPLIT_QS, step_us, touched
+from ..placement.choose import SPLIT_QS, choose, step_us, touched
 from ..placement.split import RULES
 from .shapes import preset
 
@@ -41,8 +41,8 @@ def rows(p, formats, batches, s) -> list[dict]:
 
 
 def replay_grid(p, files) -> list[dict]:
-    """Each grid cell: the picks of the two rate choices and their measured us over the cell's best (None where
-    that q was not timed)."""
+    """Each grid cell: choose()'s pick with either split_rates, from the cell's hit rate and live CPU rate, and how
+    that q ran in the cell over its best (None where the q was not timed)."""
     import cpumoe_formats as cf
 
     out = []
@@ -51,24 +51,17 @@ def replay_grid(p, files) -> list[dict]:
             g = json.load(f)
         s = preset(g.get("shape", "qwen3-30b-a3b"))
         for r in g["rows"]:
-            fmt, T, m = r["format"], r["batch"], 1.0 - r["hit_rate"]
-            if m <= 0:
-                continue
-            b = cf.get_format(fmt).bytes_per_expert(s.H, s.I)
-            n = max(1, round(touched(s.E, s.top_k, T)))
-            live = r["cpu_GBps"].get("0.0") or p.executor[fmt]
-            kw = dict(b_hbm=p.hbm, c_cpu=p.cpu_fixed_us, c_gpu=p.gpu_fixed_us)
-            hybrid = step_us(n, m, 0.0, b, b_cpu=live, b_zc=p.zero_copy[fmt], **kw)
-            gpu = step_us(n, m, 1.0, b, b_cpu=live, b_zc=p.zero_copy[fmt], **kw)
+            if r["hit_rate"] >= 1.0:
+                continue  # no misses to place
+            fmt = r["format"]
             us = {float(k): v for k, v in r["us"].items()}
-            best = min(us.values())
-            row = {"format": fmt, "batch": T, "residency": r["residency"], "best_q": r["best_q"]}
-            for name, cpu, zc in (("lone", live, p.zero_copy[fmt]),
-                                  ("at_once", live * p.both[fmt]["cpu"] / p.executor[fmt], p.both[fmt]["zero_copy"])):
-                ts = {q: step_us(n, m, q, b, b_cpu=cpu, b_zc=zc, rule="expert", **kw) for q in SPLIT_QS}
-                q = min(ts, key=ts.get)
-                pick = 0.0 if hybrid <= min(ts[q], gpu) else (1.0 if gpu < ts[q] else q)
-                row[name] = {"q": pick, "over_best": us[pick] / best - 1 if pick in us else None}
+            row = {"format": fmt, "batch": r["batch"], "residency": r["residency"], "best_q": r["best_q"]}
+            for rates in ("lone", "at_once"):
+                q = choose(p, fmt, bytes_per_expert=cf.get_format(fmt).bytes_per_expert(s.H, s.I), E=s.E,
+                           top_k=s.top_k, batch=r["batch"], miss_rate=1.0 - r["hit_rate"], residency=r["residency"],
+                           modes=("hybrid", "split", "gpu_misses"), cpu_GBps=r["cpu_GBps"].get("0.0"),
+                           rule="expert", split_rates=rates).q
+                row[rates] = {"q": q, "over_best": us[q] / min(us.values()) - 1 if q in us else None}
             out.append(row)
     return out
 
